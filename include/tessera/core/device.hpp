@@ -1,0 +1,264 @@
+// Device kinds (types) and devices (run-time {kind, index}). The kind of a tensor is a template
+// parameter; its ordinal is a value. The CPU can be split into N virtual devices
+// (TESSERA_CPU_DEVICES=N) so that multi-device code runs on machines without GPUs.
+#pragma once
+
+#include <charconv>
+#include <concepts>
+#include <cstdint>
+#include <cstdlib>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+#include "tessera/core/config.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+
+/// Run-time tag of a device kind.
+enum class DeviceType : std::uint8_t { cpu, cuda };
+
+inline const char* to_string(DeviceType type) noexcept {
+  return type == DeviceType::cpu ? "cpu" : "cuda";
+}
+
+namespace detail {
+/// Parses TESSERA_CPU_DEVICES; unset or empty means 1. Anything but an integer in [1, 1024] throws.
+inline int parse_cpu_device_count(const char* text) {
+  if (text == nullptr || *text == '\0') return 1;
+  std::string_view view(text);
+  int value = 0;
+  auto [end, code] = std::from_chars(view.data(), view.data() + view.size(), value);
+  if (code != std::errc() || end != view.data() + view.size() || value < 1 || value > 1024) {
+    throw std::invalid_argument("TESSERA_CPU_DEVICES='" + std::string(view) +
+                                "' is not a device count in [1, 1024]");
+  }
+  return value;
+}
+
+inline int& current_cpu_device_slot() noexcept {
+  thread_local int current = 0;
+  return current;
+}
+}  // namespace detail
+
+/// The CPU device kind. Virtual CPU devices share the host's memory but each has its own pool,
+/// statistics and (later) worker, like JAX's forced host device count.
+struct cpu {
+  static constexpr DeviceType type = DeviceType::cpu;
+  static constexpr const char* name = "cpu";
+
+  /// Number of virtual CPU devices: env TESSERA_CPU_DEVICES, read once, default 1.
+  static int device_count() {
+    static const int count = detail::parse_cpu_device_count(std::getenv("TESSERA_CPU_DEVICES"));
+    return count;
+  }
+  static bool is_available() noexcept { return true; }
+  /// The calling thread's current CPU ordinal (0 unless a DeviceGuard or set_device changed it).
+  static int current_device() noexcept { return detail::current_cpu_device_slot(); }
+  /// Makes ordinal i current for the calling thread; throws device_error for a bad ordinal.
+  static void set_device(int index);
+  /// CPU work is synchronous for now; kept so device-agnostic code can call it.
+  static void synchronize(int index = -1);
+};
+
+/// The CUDA device kind. Every query treats "no driver" and "no device" as "not available".
+struct cuda {
+  static constexpr DeviceType type = DeviceType::cuda;
+  static constexpr const char* name = "cuda";
+
+  /// True when CUDA support is compiled in and a driver and at least one device are present.
+  static bool is_available() noexcept { return device_count() > 0; }
+  /// Number of CUDA devices; 0 without CUDA support, without a driver or without a device.
+  static int device_count() noexcept {
+#if TESSERA_CUDA
+    static const int count = [] {
+      int n = 0;
+      if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        (void)cudaGetLastError();  // clear the sticky "insufficient driver" / "no device" error
+        return 0;
+      }
+      return n;
+    }();
+    return count;
+#else
+    return 0;
+#endif
+  }
+  /// Marketing name of device i, e.g. "NVIDIA H100 80GB HBM3".
+  static std::string device_name(int index);
+  /// The calling thread's current CUDA ordinal.
+  static int current_device();
+  /// Makes ordinal i current for the calling thread (cudaSetDevice).
+  static void set_device(int index);
+  /// Waits for all work on device i (current device when -1).
+  static void synchronize(int index = -1);
+};
+
+/// A device kind: `tessera::cpu` or `tessera::cuda`.
+template <class K>
+concept DeviceKind = std::same_as<K, cpu> || std::same_as<K, cuda>;
+
+/// A device at run time: kind and ordinal. `Device::parse("cuda:1")`; "cpu" means cpu:0.
+struct Device {
+  DeviceType type = DeviceType::cpu;
+  int index = 0;
+
+  constexpr Device() = default;
+  constexpr Device(DeviceType t, int i) : type(t), index(i) {}
+
+  template <DeviceKind K>
+  static constexpr Device of(int index) noexcept {
+    return Device{K::type, index};
+  }
+
+  constexpr bool is_cpu() const noexcept { return type == DeviceType::cpu; }
+  constexpr bool is_cuda() const noexcept { return type == DeviceType::cuda; }
+  std::string str() const { return std::string(to_string(type)) + ":" + std::to_string(index); }
+
+  /// Parses "cpu", "cpu:N", "cuda", "cuda:N" (bare kind = ordinal 0). Throws
+  /// std::invalid_argument naming the text. Does not check that the ordinal exists.
+  static Device parse(std::string_view text) {
+    auto fail = [&]() -> Device {
+      throw std::invalid_argument("Device::parse: '" + std::string(text) +
+                                  "' is not a device (expected cpu, cpu:N, cuda or cuda:N)");
+    };
+    std::string_view kind = text;
+    std::string_view ordinal;
+    if (auto colon = text.find(':'); colon != std::string_view::npos) {
+      kind = text.substr(0, colon);
+      ordinal = text.substr(colon + 1);
+      if (ordinal.empty()) return fail();
+    }
+    Device device;
+    if (kind == "cpu") {
+      device.type = DeviceType::cpu;
+    } else if (kind == "cuda") {
+      device.type = DeviceType::cuda;
+    } else {
+      return fail();
+    }
+    if (!ordinal.empty()) {
+      auto [end, code] =
+          std::from_chars(ordinal.data(), ordinal.data() + ordinal.size(), device.index);
+      if (code != std::errc() || end != ordinal.data() + ordinal.size() || device.index < 0) {
+        return fail();
+      }
+    }
+    return device;
+  }
+
+  friend constexpr bool operator==(const Device&, const Device&) = default;
+  friend std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
+};
+
+/// Number of devices of a run-time kind.
+inline int device_count(DeviceType type) {
+  return type == DeviceType::cpu ? cpu::device_count() : cuda::device_count();
+}
+
+/// Throws device_error naming the device when its ordinal does not exist on this machine.
+inline void check_device(Device device) {
+  int count = device_count(device.type);
+  if (device.index < 0 || device.index >= count) {
+    throw device_error("device " + device.str() + " does not exist: " +
+                       std::to_string(count) + " " + to_string(device.type) +
+                       (count == 1 ? " device is" : " devices are") + " available" +
+                       (device.is_cpu() ? " (set TESSERA_CPU_DEVICES for more virtual CPU devices)"
+                                        : ""));
+  }
+}
+
+/// The current ordinal of kind K for the calling thread.
+template <DeviceKind K>
+int current_device() {
+  return K::current_device();
+}
+
+/// Resolves a user-given ordinal: -1 means the current device of the kind. Checks it exists.
+template <DeviceKind K>
+Device resolve_device(int index) {
+  Device device{K::type, index < 0 ? K::current_device() : index};
+  check_device(device);
+  return device;
+}
+
+inline void cpu::set_device(int index) {
+  check_device(Device{DeviceType::cpu, index});
+  detail::current_cpu_device_slot() = index;
+}
+
+inline void cpu::synchronize(int index) {
+  if (index >= 0) check_device(Device{DeviceType::cpu, index});
+}
+
+inline std::string cuda::device_name(int index) {
+  check_device(Device{DeviceType::cuda, index});
+#if TESSERA_CUDA
+  cudaDeviceProp properties{};
+  TESSERA_CUDA_CHECK(cudaGetDeviceProperties(&properties, index));
+  return properties.name;
+#else
+  return {};
+#endif
+}
+
+inline int cuda::current_device() {
+#if TESSERA_CUDA
+  if (!is_available()) return 0;
+  int index = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&index));
+  return index;
+#else
+  return 0;
+#endif
+}
+
+inline void cuda::set_device(int index) {
+  check_device(Device{DeviceType::cuda, index});
+#if TESSERA_CUDA
+  TESSERA_CUDA_CHECK(cudaSetDevice(index));
+#endif
+}
+
+inline void cuda::synchronize(int index) {
+#if TESSERA_CUDA
+  if (!is_available()) return;
+  int previous = current_device();
+  int target = index < 0 ? previous : index;
+  check_device(Device{DeviceType::cuda, target});
+  if (target != previous) TESSERA_CUDA_CHECK(cudaSetDevice(target));
+  cudaError_t status = cudaDeviceSynchronize();
+  if (target != previous) TESSERA_CUDA_CHECK(cudaSetDevice(previous));
+  TESSERA_CUDA_CHECK(status);
+#else
+  if (index >= 0) check_device(Device{DeviceType::cuda, index});
+#endif
+}
+
+/// RAII: makes ordinal `index` of kind K current for the calling thread; restores the previous
+/// ordinal on exit. A bad ordinal throws device_error before anything changes.
+template <DeviceKind K>
+class DeviceGuard {
+ public:
+  explicit DeviceGuard(int index) : previous_(K::current_device()) { K::set_device(index); }
+  ~DeviceGuard() {
+    try {
+      K::set_device(previous_);
+    } catch (...) {  // destructors must not throw; the previous ordinal was valid when taken
+    }
+  }
+  DeviceGuard(const DeviceGuard&) = delete;
+  DeviceGuard& operator=(const DeviceGuard&) = delete;
+
+  int previous() const noexcept { return previous_; }
+
+ private:
+  int previous_;
+};
+
+template <DeviceKind K>
+DeviceGuard(int) -> DeviceGuard<K>;
+
+}  // namespace tessera

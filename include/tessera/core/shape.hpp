@@ -1,0 +1,181 @@
+// Shape: up to max_dims (8) extents held by value, so tensors and expression nodes copy it
+// without allocating. Also used for strides. `-1` in a requested shape is inferred by
+// Shape::infer; negative dimension indices count from the end (normalize_dim).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <initializer_list>
+#include <ostream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "tessera/core/config.hpp"
+#include "tessera/core/error.hpp"
+
+namespace tessera {
+
+class Shape {
+ public:
+  using value_type = std::int64_t;
+
+  constexpr Shape() = default;
+  Shape(std::initializer_list<std::int64_t> extents) { assign(extents.begin(), extents.end()); }
+  explicit Shape(std::span<const std::int64_t> extents) { assign(extents.begin(), extents.end()); }
+  explicit Shape(const std::vector<std::int64_t>& extents) {
+    assign(extents.begin(), extents.end());
+  }
+  /// `rank` copies of `value` (e.g. Shape::filled(3, 1) = [1, 1, 1]).
+  static Shape filled(int rank, std::int64_t value) {
+    check_rank(rank);
+    Shape s;
+    s.rank_ = rank;
+    for (int i = 0; i < rank; ++i) s.extents_[i] = value;
+    return s;
+  }
+
+  TESSERA_HOST_DEVICE constexpr int size() const noexcept { return rank_; }
+  TESSERA_HOST_DEVICE constexpr int rank() const noexcept { return rank_; }
+  TESSERA_HOST_DEVICE constexpr bool empty() const noexcept { return rank_ == 0; }
+  TESSERA_HOST_DEVICE constexpr std::int64_t operator[](int i) const noexcept {
+    return extents_[i];
+  }
+  TESSERA_HOST_DEVICE constexpr std::int64_t& operator[](int i) noexcept { return extents_[i]; }
+  const std::int64_t* begin() const noexcept { return extents_; }
+  const std::int64_t* end() const noexcept { return extents_ + rank_; }
+  std::int64_t* begin() noexcept { return extents_; }
+  std::int64_t* end() noexcept { return extents_ + rank_; }
+  std::int64_t back() const noexcept { return extents_[rank_ - 1]; }
+
+  /// Product of the extents (1 for a 0-dim shape). Only meaningful for a shape without -1.
+  TESSERA_HOST_DEVICE constexpr std::int64_t numel() const noexcept {
+    std::int64_t n = 1;
+    for (int i = 0; i < rank_; ++i) n *= extents_[i];
+    return n;
+  }
+
+  void push_back(std::int64_t extent) {
+    check_rank(rank_ + 1);
+    extents_[rank_++] = extent;
+  }
+  void insert(int position, std::int64_t extent) {
+    check_rank(rank_ + 1);
+    for (int i = rank_; i > position; --i) extents_[i] = extents_[i - 1];
+    extents_[position] = extent;
+    ++rank_;
+  }
+  void erase(int position) {
+    for (int i = position; i + 1 < rank_; ++i) extents_[i] = extents_[i + 1];
+    --rank_;
+  }
+
+  /// Maps a possibly negative dimension index into [0, rank) (for rank 0, -1 and 0 map to 0 when
+  /// `allow_scalar`). Throws shape_error naming the dimension and the rank.
+  int normalize_dim(std::int64_t dim, const char* operation = "dim") const {
+    return normalize_dim(dim, rank_, operation);
+  }
+  static int normalize_dim(std::int64_t dim, int rank, const char* operation = "dim") {
+    if (dim < -rank || dim >= rank) {
+      throw shape_error(std::string(operation) + ": dimension " + std::to_string(dim) +
+                        " is out of range for a tensor of " + std::to_string(rank) +
+                        " dimensions (expected [" + std::to_string(-rank) + ", " +
+                        std::to_string(rank - 1) + "])");
+    }
+    return static_cast<int>(dim < 0 ? dim + rank : dim);
+  }
+
+  /// Resolves one `-1` so that the product equals `numel`. Throws shape_error (naming the shape
+  /// and the element count) for two -1, other negative extents, or a product that cannot match.
+  Shape infer(std::int64_t numel, const char* operation = "view") const {
+    Shape out = *this;
+    int unknown = -1;
+    std::int64_t known = 1;
+    for (int i = 0; i < rank_; ++i) {
+      if (extents_[i] == -1) {
+        if (unknown >= 0) {
+          throw shape_error(std::string(operation) + ": only one dimension can be inferred in " +
+                            str());
+        }
+        unknown = i;
+      } else if (extents_[i] < 0) {
+        throw shape_error(std::string(operation) + ": invalid extent " +
+                          std::to_string(extents_[i]) + " in " + str());
+      } else {
+        known *= extents_[i];
+      }
+    }
+    if (unknown >= 0) {
+      if (known == 0 || numel % known != 0) {
+        throw shape_error(std::string(operation) + ": shape " + str() +
+                          " is invalid for input of size " + std::to_string(numel));
+      }
+      out.extents_[unknown] = numel / known;
+    } else if (known != numel) {
+      throw shape_error(std::string(operation) + ": shape " + str() +
+                        " is invalid for input of size " + std::to_string(numel));
+    }
+    return out;
+  }
+
+  /// Throws shape_error when an extent is negative (factories call this).
+  void check_non_negative(const char* operation) const {
+    for (int i = 0; i < rank_; ++i) {
+      if (extents_[i] < 0) {
+        throw shape_error(std::string(operation) + ": negative extent " +
+                          std::to_string(extents_[i]) + " in shape " + str());
+      }
+    }
+  }
+
+  /// Row-major (C-contiguous) strides of this shape, in elements.
+  Shape contiguous_strides() const {
+    Shape strides = *this;
+    std::int64_t stride = 1;
+    for (int i = rank_ - 1; i >= 0; --i) {
+      strides.extents_[i] = stride;
+      stride *= std::max<std::int64_t>(extents_[i], 1);
+    }
+    return strides;
+  }
+
+  std::vector<std::int64_t> to_vector() const { return {begin(), end()}; }
+
+  /// "[2, 3]" (PyTorch prints torch.Size([2, 3]); the bare list reads better in messages).
+  std::string str() const {
+    std::string s = "[";
+    for (int i = 0; i < rank_; ++i) {
+      if (i) s += ", ";
+      s += std::to_string(extents_[i]);
+    }
+    return s + "]";
+  }
+
+  friend bool operator==(const Shape& a, const Shape& b) noexcept {
+    return a.rank_ == b.rank_ && std::equal(a.begin(), a.end(), b.begin());
+  }
+  friend std::ostream& operator<<(std::ostream& os, const Shape& s) { return os << s.str(); }
+
+ private:
+  template <class It>
+  void assign(It first, It last) {
+    auto n = std::distance(first, last);
+    check_rank(static_cast<int>(n));
+    rank_ = static_cast<int>(n);
+    std::copy(first, last, extents_);
+  }
+  static void check_rank(int rank) {
+    if (rank > max_dims) {
+      throw shape_error("Shape: " + std::to_string(rank) + " dimensions requested; at most " +
+                        std::to_string(max_dims) + " are supported");
+    }
+  }
+
+  std::int64_t extents_[max_dims] = {};
+  int rank_ = 0;
+};
+
+/// Strides are held in the same fixed-capacity container, in elements.
+using Strides = Shape;
+
+}  // namespace tessera
