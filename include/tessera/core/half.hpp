@@ -262,13 +262,11 @@ struct half : detail::float16_operators<half> {
 #if TESSERA_CUDA
   /// From CUDA's type (same bits).
   TESSERA_HOST_DEVICE constexpr half(__half value) noexcept
-      : bits_(static_cast<__half_raw>(value).x) {}
+      : bits_(__builtin_bit_cast(std::uint16_t, value)) {}
   /// To CUDA's type (same bits). Explicit: an implicit one would make T op T ambiguous with
   /// cuda_fp16.h's operators.
-  TESSERA_HOST_DEVICE explicit operator __half() const noexcept {
-    __half_raw raw;
-    raw.x = bits_;
-    return __half(raw);
+  TESSERA_HOST_DEVICE explicit constexpr operator __half() const noexcept {
+    return __builtin_bit_cast(__half, bits_);
   }
 #endif
 
@@ -311,12 +309,10 @@ struct bfloat16 : detail::float16_operators<bfloat16> {
 #if TESSERA_CUDA
   /// From CUDA's type (same bits).
   TESSERA_HOST_DEVICE constexpr bfloat16(__nv_bfloat16 value) noexcept
-      : bits_(static_cast<__nv_bfloat16_raw>(value).x) {}
+      : bits_(__builtin_bit_cast(std::uint16_t, value)) {}
   /// To CUDA's type (same bits). Explicit for the same reason as half's.
-  TESSERA_HOST_DEVICE explicit operator __nv_bfloat16() const noexcept {
-    __nv_bfloat16_raw raw;
-    raw.x = bits_;
-    return __nv_bfloat16(raw);
+  TESSERA_HOST_DEVICE explicit constexpr operator __nv_bfloat16() const noexcept {
+    return __builtin_bit_cast(__nv_bfloat16, bits_);
   }
 #endif
 
