@@ -178,4 +178,50 @@ class Shape {
 /// Strides are held in the same fixed-capacity container, in elements.
 using Strides = Shape;
 
+/// NumPy/PyTorch broadcasting: the shape both operands expand to (aligned at the last
+/// dimension; each pair of extents must be equal or contain a 1). Throws shape_error printing
+/// both shapes.
+inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* operation = "broadcast") {
+  const int rank = std::max(a.size(), b.size());
+  Shape out = Shape::filled(rank, 1);
+  for (int i = 0; i < rank; ++i) {
+    const int ia = a.size() - rank + i;
+    const int ib = b.size() - rank + i;
+    const std::int64_t ea = ia >= 0 ? a[ia] : 1;
+    const std::int64_t eb = ib >= 0 ? b[ib] : 1;
+    if (ea != eb && ea != 1 && eb != 1) {
+      throw shape_error(std::string(operation) + ": shapes " + a.str() + " and " + b.str() +
+                        " cannot be broadcast (dimension " + std::to_string(i) + ": " +
+                        std::to_string(ea) + " vs " + std::to_string(eb) + ")");
+    }
+    out[i] = ea == 1 ? eb : ea;
+  }
+  return out;
+}
+
+/// Strides that read a view of shape `from` (strides `strides`) as if it had the broadcast shape
+/// `to`: stride 0 where an extent is 1 or missing. Throws shape_error when `from` does not
+/// broadcast to `to`.
+inline Strides expand_strides(const Shape& from, const Strides& strides, const Shape& to,
+                              const char* operation = "expand") {
+  if (from.size() > to.size()) {
+    throw shape_error(std::string(operation) + ": shape " + from.str() +
+                      " cannot be broadcast to " + to.str());
+  }
+  Strides out = Shape::filled(to.size(), 0);
+  for (int i = 0; i < to.size(); ++i) {
+    const int j = from.size() - to.size() + i;
+    if (j < 0) continue;
+    if (from[j] == to[i]) {
+      out[i] = to[i] == 1 ? 0 : strides[j];
+    } else if (from[j] != 1) {
+      throw shape_error(std::string(operation) + ": shape " + from.str() +
+                        " cannot be broadcast to " + to.str() + " (dimension " +
+                        std::to_string(i) + ": " + std::to_string(from[j]) + " vs " +
+                        std::to_string(to[i]) + ")");
+    }
+  }
+  return out;
+}
+
 }  // namespace tessera

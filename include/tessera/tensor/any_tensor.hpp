@@ -1,0 +1,107 @@
+// AnyTensor: a type-erased tensor handle (dtype and device known at run time) that every
+// Tensor<T, Kind> converts to. Modules, optimisers and checkpoints store these; `as<T, Kind>()`
+// gets the typed tensor back, sharing storage.
+#pragma once
+
+#include <ostream>
+#include <string>
+#include <utility>
+
+#include "tessera/tensor/print.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera {
+
+class AnyTensor {
+ public:
+  /// An undefined handle.
+  AnyTensor() = default;
+
+  /// Type-erases `tensor` (shares its storage).
+  template <Dtype T, DeviceKind K>
+  AnyTensor(const Tensor<T, K>& tensor)  // NOLINT: implicit by design, as the contract says
+      : storage_(tensor.storage()),
+        shape_(tensor.shape()),
+        strides_(tensor.strides()),
+        offset_(tensor.storage_offset()),
+        dtype_(scalar_type_of<T>),
+        device_(tensor.device()) {}
+
+  bool defined() const noexcept { return storage_.defined(); }
+  ScalarType dtype() const noexcept { return dtype_; }
+  Device device() const noexcept { return device_; }
+  const Shape& shape() const noexcept { return shape_; }
+  const Strides& strides() const noexcept { return strides_; }
+  int dim() const noexcept { return shape_.size(); }
+  std::int64_t numel() const noexcept { return shape_.numel(); }
+  std::size_t nbytes() const noexcept {
+    return static_cast<std::size_t>(numel()) * element_size(dtype_);
+  }
+  bool is_contiguous() const noexcept { return detail::is_dense(shape_, strides_); }
+  const Storage& storage() const noexcept { return storage_; }
+  std::int64_t storage_offset() const noexcept { return offset_; }
+  /// Address of the first element (device memory for CUDA tensors).
+  void* data_ptr() const noexcept {
+    return static_cast<char*>(storage_.data()) +
+           offset_ * static_cast<std::int64_t>(element_size(dtype_));
+  }
+
+  /// The typed tensor (same storage). Throws dtype_error naming both dtypes when T is not this
+  /// tensor's dtype, device_mismatch_error when Kind is not its device kind.
+  template <Dtype T, DeviceKind K = cpu>
+  Tensor<T, K> as() const {
+    if (!defined()) throw error("AnyTensor::as: the tensor is undefined");
+    if (scalar_type_of<T> != dtype_) {
+      throw dtype_error(std::string("AnyTensor::as: the tensor has dtype ") + name(dtype_) +
+                        ", not " + name(scalar_type_of<T>));
+    }
+    if (K::type != device_.type) {
+      throw device_mismatch_error("AnyTensor::as: the tensor is on " + device_.str() +
+                                  ", not on a " + K::name + " device");
+    }
+    return Tensor<T, K>(storage_, shape_, strides_, offset_);
+  }
+
+  /// Calls fn(Tensor<T, K>) with this tensor's dtype and device kind.
+  template <class Fn>
+  decltype(auto) visit(Fn&& fn) const {
+    return visit_dtype(dtype_, [&](auto tag) -> decltype(auto) {
+      using T = typename decltype(tag)::type;
+      if (device_.is_cuda()) return fn(as<T, cuda>());
+      return fn(as<T, cpu>());
+    });
+  }
+
+  /// A copy on `device` (a handle to the same storage when it is already there).
+  AnyTensor to(Device device) const {
+    return visit([&](const auto& t) -> AnyTensor {
+      if (device.is_cuda()) return t.template to<cuda>(device.index);
+      return t.template to<cpu>(device.index);
+    });
+  }
+
+  /// A copy converted to dtype `type` (a handle to the same storage when it already has it).
+  AnyTensor to(ScalarType type) const {
+    return visit([&](const auto& t) -> AnyTensor {
+      return visit_dtype(type, [&](auto tag) -> AnyTensor {
+        return t.template to<typename decltype(tag)::type>();
+      });
+    });
+  }
+
+  friend std::ostream& operator<<(std::ostream& os, const AnyTensor& t) {
+    if (!t.defined()) return os << "tensor(undefined)";
+    t.visit([&](const auto& typed) { os << typed; });
+    return os;
+  }
+
+ private:
+  Storage storage_;
+  Shape shape_;
+  Strides strides_;
+  std::int64_t offset_ = 0;
+  ScalarType dtype_ = ScalarType::float32;
+  Device device_;
+};
+
+}  // namespace tessera

@@ -1,0 +1,190 @@
+// Element copies between any two devices and dtypes, and fills, on raw strided memory. The
+// tensor layer (copy_, to, contiguous, cat, fill_) calls only these two functions. On the CPU they
+// run the strided loop; on CUDA, kernels when the unit is compiled by nvcc, otherwise the bytes are
+// staged through the host so that g++ units can still copy CUDA tensors.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <type_traits>
+
+#include "tessera/backend/cpu/strided_loop.hpp"
+#include "tessera/core/device.hpp"
+#include "tessera/core/shape.hpp"
+#include "tessera/core/stream.hpp"
+#include "tessera/memory/memory.hpp"
+#if TESSERA_CUDA_KERNELS
+#include "tessera/backend/cuda/strided_loop.cuh"
+#endif
+
+namespace tessera::detail {
+
+/// Element range [first, last) that a strided view touches, relative to its data pointer.
+struct element_span {
+  std::int64_t first = 0;
+  std::int64_t last = 0;
+};
+
+inline element_span span_of(const Shape& shape, const Strides& strides) {
+  element_span span;
+  if (shape.numel() == 0) return span;
+  for (int d = 0; d < shape.size(); ++d) {
+    std::int64_t reach = strides[d] * (shape[d] - 1);
+    (reach < 0 ? span.first : span.last) += reach;
+  }
+  span.last += 1;
+  return span;
+}
+
+/// True when the view is row-major contiguous (dimensions of extent 1 may have any stride).
+inline bool is_dense(const Shape& shape, const Strides& strides) {
+  std::int64_t expected = 1;
+  for (int d = shape.size() - 1; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
+/// Raw strided operand: element pointer, device and strides (in elements).
+template <class T>
+struct strided_ref {
+  T* data;
+  Device device;
+  Strides strides;
+};
+
+/// Temporary buffer from a device's pool, returned on scope exit.
+struct scratch_buffer {
+  Device device;
+  std::size_t bytes = 0;
+  void* data = nullptr;
+  scratch_buffer(Device d, std::size_t n) : device(d), bytes(n), data(memory::allocate(d, n)) {}
+  ~scratch_buffer() { memory::deallocate(device, data, bytes); }
+  scratch_buffer(const scratch_buffer&) = delete;
+  scratch_buffer& operator=(const scratch_buffer&) = delete;
+};
+
+#if TESSERA_CUDA
+/// Copies raw bytes between any two devices (host memory of any virtual CPU device is one space).
+inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
+                       std::size_t bytes) {
+  if (bytes == 0) return;
+  if (dst_device.is_cpu() && src_device.is_cpu()) {
+    std::memcpy(dst, src, bytes);
+  } else if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
+    TESSERA_CUDA_CHECK(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, bytes));
+  } else {
+    // cudaMemcpy with cudaMemcpyDefault infers the direction from unified addressing and is
+    // ordered after the legacy default stream's work, on which Tessera's kernels run today.
+    Device cuda_side = dst_device.is_cuda() ? dst_device : src_device;
+    DeviceGuard<tessera::cuda> guard(cuda_side.index);
+    TESSERA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+  }
+}
+#endif
+
+/// dst = To(src) over `shape` when both operands are on the same device.
+template <class To, class From>
+void convert_on_device(strided_ref<To> dst, strided_ref<const From> src, const Shape& shape) {
+  if (dst.device.is_cpu()) {
+    backend::cpu::convert(dst.data, dst.strides, src.data, src.strides, shape);
+    return;
+  }
+#if TESSERA_CUDA_KERNELS
+  DeviceGuard<tessera::cuda> guard(dst.device.index);
+  backend::cuda::convert(dst.data, dst.strides, src.data, src.strides, shape, stream_ref{});
+#elif TESSERA_CUDA
+  // Not compiled by nvcc: stage both spans through the host and run the CPU loop.
+  element_span src_span = span_of(shape, src.strides);
+  element_span dst_span = span_of(shape, dst.strides);
+  std::int64_t src_count = src_span.last - src_span.first;
+  std::int64_t dst_count = dst_span.last - dst_span.first;
+  auto src_host = std::make_unique<From[]>(static_cast<std::size_t>(src_count));
+  auto dst_host = std::make_unique<To[]>(static_cast<std::size_t>(dst_count));
+  copy_bytes(src_host.get(), Device{}, src.data + src_span.first, src.device,
+             sizeof(From) * static_cast<std::size_t>(src_count));
+  if (!is_dense(shape, dst.strides)) {  // keep the elements between the view's elements
+    copy_bytes(dst_host.get(), Device{}, dst.data + dst_span.first, dst.device,
+               sizeof(To) * static_cast<std::size_t>(dst_count));
+  }
+  backend::cpu::convert(dst_host.get() - dst_span.first, dst.strides,
+                        src_host.get() - src_span.first, src.strides, shape);
+  copy_bytes(dst.data + dst_span.first, dst.device, dst_host.get(), Device{},
+             sizeof(To) * static_cast<std::size_t>(dst_count));
+#else
+  throw device_error("copy on " + dst.device.str() + ": Tessera was built without CUDA support");
+#endif
+}
+
+/// dst = To(src) elementwise over `shape`, for operands on any two devices (src strides may be 0
+/// for broadcast dimensions). Partial overlap of dst and src is the caller's to resolve.
+template <class To, class From>
+void copy_strided(strided_ref<To> dst, strided_ref<const From> src, const Shape& shape) {
+  if (shape.numel() == 0) return;
+  const bool same_space = dst.device == src.device || (dst.device.is_cpu() && src.device.is_cpu());
+  if (same_space) {
+    convert_on_device(strided_ref<To>{dst.data, dst.device, dst.strides},
+                      strided_ref<const From>{src.data, dst.device, src.strides}, shape);
+    return;
+  }
+#if TESSERA_CUDA
+  const Strides dense = shape.contiguous_strides();
+  const std::size_t count = static_cast<std::size_t>(shape.numel());
+  // 1. src, contiguous, on its own device (skipped when it already is).
+  const From* packed = src.data;
+  std::unique_ptr<scratch_buffer> packed_buffer;
+  if (!is_dense(shape, src.strides)) {
+    packed_buffer = std::make_unique<scratch_buffer>(src.device, count * sizeof(From));
+    convert_on_device(strided_ref<From>{static_cast<From*>(packed_buffer->data), src.device, dense},
+                      src, shape);
+    packed = static_cast<const From*>(packed_buffer->data);
+  }
+  // 2. The bytes across, straight into dst when it is contiguous and of the same dtype.
+  if constexpr (std::is_same_v<To, From>) {
+    if (is_dense(shape, dst.strides)) {
+      copy_bytes(dst.data, dst.device, packed, src.device, count * sizeof(From));
+      return;
+    }
+  }
+  scratch_buffer moved(dst.device, count * sizeof(From));
+  copy_bytes(moved.data, dst.device, packed, src.device, count * sizeof(From));
+  // 3. Convert and scatter on dst's device.
+  convert_on_device(dst, strided_ref<const From>{static_cast<const From*>(moved.data), dst.device, dense},
+                    shape);
+#else
+  throw device_error("copy from " + src.device.str() + " to " + dst.device.str() +
+                     ": Tessera was built without CUDA support");
+#endif
+}
+
+/// dst = value over `shape`.
+template <class T>
+void fill_strided(strided_ref<T> dst, const Shape& shape, T value) {
+  if (shape.numel() == 0) return;
+  if (dst.device.is_cpu()) {
+    backend::cpu::fill(dst.data, dst.strides, shape, value);
+    return;
+  }
+#if TESSERA_CUDA_KERNELS
+  DeviceGuard<tessera::cuda> guard(dst.device.index);
+  backend::cuda::fill(dst.data, dst.strides, shape, value, stream_ref{});
+#elif TESSERA_CUDA
+  // Not compiled by nvcc: fill the span on the host and copy it over.
+  element_span span = span_of(shape, dst.strides);
+  std::size_t count = static_cast<std::size_t>(span.last - span.first);
+  auto host = std::make_unique<T[]>(count);
+  if (!is_dense(shape, dst.strides)) {  // keep the elements between the view's elements
+    copy_bytes(host.get(), Device{}, dst.data + span.first, dst.device, count * sizeof(T));
+  }
+  backend::cpu::fill(host.get() - span.first, dst.strides, shape, value);
+  copy_bytes(dst.data + span.first, dst.device, host.get(), Device{}, count * sizeof(T));
+#else
+  throw device_error("fill on " + dst.device.str() + ": Tessera was built without CUDA support");
+#endif
+}
+
+}  // namespace tessera::detail

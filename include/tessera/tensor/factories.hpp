@@ -1,0 +1,125 @@
+// Tensor factories: empty, zeros, ones, full, arange, rand, randn, from_vector. Each takes the
+// dtype and device kind as template arguments and an ordinal (-1: the kind's current device).
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "tessera/core/random.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera {
+
+/// An uninitialised contiguous tensor. Throws shape_error for a negative extent and device_error
+/// for an ordinal that does not exist.
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> empty(const Shape& shape, int device = -1) {
+  return Tensor<T, K>::empty_on(shape, resolve_device<K>(device));
+}
+
+/// A tensor filled with `value`.
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> full(const Shape& shape, T value, int device = -1) {
+  auto out = empty<T, K>(shape, device);
+  out.fill_(value);
+  return out;
+}
+
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> zeros(const Shape& shape, int device = -1) {
+  return full<T, K>(shape, T(0), device);
+}
+
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> ones(const Shape& shape, int device = -1) {
+  return full<T, K>(shape, T(1), device);
+}
+
+/// A tensor holding `values` in row-major order. Throws shape_error when their count does not
+/// match the shape (nothing is allocated then).
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> from_vector(const std::vector<T>& values, const Shape& shape, int device = -1) {
+  detail::check_value_count(values.size(), shape, "from_vector");
+  auto out = empty<T, K>(shape, device);
+  if constexpr (std::is_same_v<T, bool>) {
+    auto host = std::make_unique<bool[]>(values.size());
+    std::copy(values.begin(), values.end(), host.get());
+    out.copy_from_host(host.get());
+  } else {
+    out.copy_from_host(values.data());
+  }
+  return out;
+}
+
+/// 1-D tensor of start, start + step, ... up to but excluding end (PyTorch's arange; values are
+/// computed as start + i * step in double, then converted).
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> arange(double start, double end, double step = 1.0, int device = -1) {
+  if (step == 0.0 || !std::isfinite(start) || !std::isfinite(end) || !std::isfinite(step)) {
+    throw error("arange: start " + std::to_string(start) + ", end " + std::to_string(end) +
+                " and step " + std::to_string(step) + " must be finite with a non-zero step");
+  }
+  if ((end - start) / step < 0) {
+    throw error("arange: end " + std::to_string(end) + " cannot be reached from start " +
+                std::to_string(start) + " with step " + std::to_string(step));
+  }
+  const auto count = static_cast<std::int64_t>(std::ceil((end - start) / step));
+  std::vector<T> values(static_cast<std::size_t>(count));
+  for (std::int64_t i = 0; i < count; ++i) {
+    values[static_cast<std::size_t>(i)] = static_cast<T>(start + static_cast<double>(i) * step);
+  }
+  return from_vector<T, K>(values, {count}, device);
+}
+
+/// arange(0, end).
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> arange(double end) {
+  return arange<T, K>(0.0, end, 1.0, -1);
+}
+
+namespace detail {
+// The numbers depend only on (seed, offset, element index), so a CPU and a CUDA tensor of the
+// same seed and shape hold the same numbers. They are drawn on the host and copied over.
+template <Dtype T, DeviceKind K, class Fill>
+Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device, Fill&& fill) {
+  static_assert(is_floating_point(scalar_type_of<T>),
+                "rand/randn make floating-point tensors: use float, double, half or bfloat16");
+  shape.check_non_negative(operation);
+  Device target = resolve_device<K>(device);
+  auto out = Tensor<T, K>::empty_on(shape, target);
+  const std::int64_t n = shape.numel();
+  Generator& generator = default_generator(target);
+  const std::uint64_t seed = generator.seed();
+  const std::uint64_t offset = generator.reserve(blocks_needed<T>(static_cast<std::uint64_t>(n)));
+  if constexpr (std::is_same_v<K, cpu>) {
+    fill(out.data(), n, seed, offset);
+  } else {
+    std::vector<T> host(static_cast<std::size_t>(n));
+    fill(host.data(), n, seed, offset);
+    out.copy_from_host(host.data());
+  }
+  return out;
+}
+}  // namespace detail
+
+/// Uniform numbers in [0, 1) from the device's Philox generator (see manual_seed).
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> rand(const Shape& shape, int device = -1) {
+  return detail::random_tensor<T, K>(
+      "rand", shape, device, [](T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
+        fill_uniform(out, n, seed, offset, 0.0, 1.0);
+      });
+}
+
+/// Standard normal numbers from the device's Philox generator (Box-Muller).
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> randn(const Shape& shape, int device = -1) {
+  return detail::random_tensor<T, K>(
+      "randn", shape, device, [](T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
+        fill_normal(out, n, seed, offset, 0.0, 1.0);
+      });
+}
+
+}  // namespace tessera

@@ -1,0 +1,520 @@
+// Tensor<T, Kind>: a cheap handle (shared storage + shape, strides and offset) whose dtype T and
+// device kind are types and whose ordinal is a value. Views share storage; `to`, `cuda`, `cpu`
+// and `to<U>()` copy unless nothing would change, as in PyTorch.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tessera/core/device.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/shape.hpp"
+#include "tessera/tensor/detail/copy.hpp"
+#include "tessera/tensor/storage.hpp"
+
+namespace tessera {
+
+template <Dtype T, DeviceKind Kind = cpu>
+class Tensor;
+
+namespace detail {
+template <class X>
+struct is_tensor : std::false_type {};
+template <class T, class K>
+struct is_tensor<Tensor<T, K>> : std::true_type {};
+
+/// PyTorch's view stride computation: strides for `shape` over the same elements as
+/// (old_shape, old_strides), or nothing when no such strides exist without a copy.
+inline std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_strides,
+                                           const Shape& shape) {
+  Strides strides = Shape::filled(shape.size(), 0);
+  if (old_shape.numel() == 0 || old_shape.size() == 0) {
+    if (old_shape == shape) return old_strides;
+    return shape.contiguous_strides();
+  }
+  int view_d = shape.size() - 1;
+  std::int64_t chunk_base_stride = old_strides.back();
+  std::int64_t tensor_numel = 1;
+  std::int64_t view_numel = 1;
+  for (int tensor_d = old_shape.size() - 1; tensor_d >= 0; --tensor_d) {
+    tensor_numel *= old_shape[tensor_d];
+    // A chunk ends where the next outer dimension is not laid out right after this one.
+    if (tensor_d == 0 || (old_shape[tensor_d - 1] != 1 &&
+                          old_strides[tensor_d - 1] != tensor_numel * chunk_base_stride)) {
+      while (view_d >= 0 && (view_numel < tensor_numel || shape[view_d] == 1)) {
+        strides[view_d] = view_numel * chunk_base_stride;
+        view_numel *= shape[view_d];
+        --view_d;
+      }
+      if (view_numel != tensor_numel) return std::nullopt;
+      if (tensor_d > 0) {
+        chunk_base_stride = old_strides[tensor_d - 1];
+        tensor_numel = 1;
+        view_numel = 1;
+      }
+    }
+  }
+  if (view_d != -1) return std::nullopt;
+  return strides;
+}
+
+/// Throws shape_error unless `count` values fill `shape` exactly. Called before anything is
+/// allocated, so a bad call changes no statistic.
+inline void check_value_count(std::size_t count, const Shape& shape, const char* operation) {
+  shape.check_non_negative(operation);
+  if (static_cast<std::int64_t>(count) != shape.numel()) {
+    throw shape_error(std::string(operation) + ": " + std::to_string(count) +
+                      " values do not fill shape " + shape.str() + " (" +
+                      std::to_string(shape.numel()) + " elements)");
+  }
+}
+
+[[noreturn]] inline void throw_undefined(const char* operation) {
+  throw error(std::string(operation) + ": the tensor is undefined (default-constructed)");
+}
+}  // namespace detail
+
+/// A tensor of dtype T on a device of kind Kind. A default-constructed Tensor is undefined.
+template <Dtype T, DeviceKind Kind>
+class Tensor {
+ public:
+  using value_type = T;
+  using device_kind = Kind;
+
+  /// An undefined tensor (no storage); `defined()` is false.
+  Tensor() = default;
+
+  /// A view of `storage` (not checked against its size: views are made by Tessera's own code).
+  Tensor(Storage storage, Shape shape, Strides strides, std::int64_t storage_offset)
+      : storage_(std::move(storage)),
+        shape_(shape),
+        strides_(strides),
+        offset_(storage_offset) {}
+
+  /// An uninitialised contiguous tensor on `device` (must be of kind Kind).
+  static Tensor empty_on(const Shape& shape, Device device) {
+    shape.check_non_negative("empty");
+    if (device.type != Kind::type) {
+      throw device_mismatch_error("empty: device " + device.str() + " is not a " +
+                                  std::string(Kind::name) + " device");
+    }
+    check_device(device);
+    const auto bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
+    return Tensor(Storage::allocate(device, bytes), shape, shape.contiguous_strides(), 0);
+  }
+
+  // ---- queries ---------------------------------------------------------------------------
+
+  bool defined() const noexcept { return storage_.defined(); }
+  const Shape& shape() const noexcept { return shape_; }
+  /// Extent of dimension `dim` (negative counts from the end).
+  std::int64_t size(std::int64_t dim) const { return shape_[shape_.normalize_dim(dim, "size")]; }
+  int dim() const noexcept { return shape_.size(); }
+  std::int64_t numel() const noexcept { return shape_.numel(); }
+  const Strides& strides() const noexcept { return strides_; }
+  std::int64_t stride(std::int64_t dim) const {
+    return strides_[shape_.normalize_dim(dim, "stride")];
+  }
+  bool is_contiguous() const noexcept { return detail::is_dense(shape_, strides_); }
+  Device device() const noexcept { return Device{Kind::type, storage_.device().index}; }
+  int device_index() const noexcept { return storage_.device().index; }
+  static constexpr bool is_cuda() noexcept { return Kind::type == DeviceType::cuda; }
+  static constexpr ScalarType dtype() noexcept { return scalar_type_of<T>; }
+  static constexpr std::size_t element_size() noexcept { return sizeof(T); }
+  std::size_t nbytes() const noexcept { return static_cast<std::size_t>(numel()) * sizeof(T); }
+  /// Pointer to the first element (device memory for CUDA tensors).
+  T* data() const noexcept { return static_cast<T*>(storage_.data()) + offset_; }
+  const Storage& storage() const noexcept { return storage_; }
+  std::int64_t storage_offset() const noexcept { return offset_; }
+  /// True when both tensors view the same storage (PyTorch: `a.untyped_storage() is ...`).
+  template <class U, class K2>
+  bool shares_storage_with(const Tensor<U, K2>& other) const noexcept {
+    return storage_.is_same(other.storage());
+  }
+
+  // ---- views (share storage, allocate nothing) ---------------------------------------------
+
+  /// Same elements with another shape; `-1` is inferred. Throws shape_error when the element
+  /// count differs or the strides do not allow it without a copy (use reshape).
+  Tensor view(const Shape& shape) const {
+    require_defined("view");
+    Shape target = shape.infer(numel(), "view");
+    auto strides = detail::view_strides(shape_, strides_, target);
+    if (!strides) {
+      throw shape_error("view: shape " + target.str() + " is not compatible with a tensor of shape " +
+                        shape_.str() + " and strides " + strides_.str() +
+                        " (at least one dimension spans two contiguous subspaces); use reshape()");
+    }
+    return Tensor(storage_, target, *strides, offset_);
+  }
+
+  /// view() when possible, otherwise a contiguous copy with the new shape.
+  Tensor reshape(const Shape& shape) const {
+    require_defined("reshape");
+    Shape target = shape.infer(numel(), "reshape");
+    if (auto strides = detail::view_strides(shape_, strides_, target)) {
+      return Tensor(storage_, target, *strides, offset_);
+    }
+    return clone().view(target);
+  }
+
+  /// Swaps dimensions a and b.
+  Tensor transpose(std::int64_t a, std::int64_t b) const {
+    require_defined("transpose");
+    int da = shape_.normalize_dim(a, "transpose");
+    int db = shape_.normalize_dim(b, "transpose");
+    Tensor out = *this;
+    std::swap(out.shape_[da], out.shape_[db]);
+    std::swap(out.strides_[da], out.strides_[db]);
+    return out;
+  }
+
+  /// Transpose of a tensor of at most 2 dimensions.
+  Tensor t() const {
+    if (dim() > 2) {
+      throw shape_error("t: expects a tensor of at most 2 dimensions, got shape " + shape_.str());
+    }
+    return dim() < 2 ? *this : transpose(0, 1);
+  }
+
+  /// Reorders the dimensions: output dimension i is input dimension dims[i].
+  Tensor permute(const Shape& dims) const {
+    require_defined("permute");
+    if (dims.size() != dim()) {
+      throw shape_error("permute: " + dims.str() + " names " + std::to_string(dims.size()) +
+                        " dimensions for a tensor of shape " + shape_.str());
+    }
+    Tensor out = *this;
+    bool seen[max_dims] = {};
+    for (int i = 0; i < dims.size(); ++i) {
+      int d = shape_.normalize_dim(dims[i], "permute");
+      if (seen[d]) {
+        throw shape_error("permute: dimension " + std::to_string(d) + " repeated in " +
+                          dims.str());
+      }
+      seen[d] = true;
+      out.shape_[i] = shape_[d];
+      out.strides_[i] = strides_[d];
+    }
+    return out;
+  }
+
+  /// Elements [start, start + length) of dimension `dim` (negative start counts from the end).
+  Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const {
+    require_defined("narrow");
+    int d = shape_.normalize_dim(dim, "narrow");
+    std::int64_t extent = shape_[d];
+    std::int64_t first = start < 0 ? start + extent : start;
+    if (first < 0 || first > extent || length < 0 || first + length > extent) {
+      throw shape_error("narrow: start " + std::to_string(start) + " and length " +
+                        std::to_string(length) + " are out of range for dimension " +
+                        std::to_string(d) + " of size " + std::to_string(extent) + " (shape " +
+                        shape_.str() + ")");
+    }
+    Tensor out = *this;
+    out.shape_[d] = length;
+    out.offset_ += first * strides_[d];
+    return out;
+  }
+
+  /// Pieces of `split_size` along `dim` (the last may be smaller).
+  std::vector<Tensor> split(std::int64_t split_size, std::int64_t dim = 0) const {
+    require_defined("split");
+    int d = shape_.normalize_dim(dim, "split");
+    if (split_size <= 0 && shape_[d] != 0) {
+      throw shape_error("split: split_size must be positive, got " + std::to_string(split_size));
+    }
+    std::vector<Tensor> pieces;
+    if (shape_[d] == 0) {
+      pieces.push_back(*this);
+      return pieces;
+    }
+    for (std::int64_t start = 0; start < shape_[d]; start += split_size) {
+      pieces.push_back(narrow(d, start, std::min(split_size, shape_[d] - start)));
+    }
+    return pieces;
+  }
+
+  /// At most `chunks` pieces of equal size along `dim` (PyTorch's rule: size ceil(n / chunks),
+  /// so fewer pieces may come back).
+  std::vector<Tensor> chunk(std::int64_t chunks, std::int64_t dim = 0) const {
+    require_defined("chunk");
+    if (chunks <= 0) {
+      throw shape_error("chunk: number of chunks must be positive, got " + std::to_string(chunks));
+    }
+    int d = shape_.normalize_dim(dim, "chunk");
+    std::int64_t size = (shape_[d] + chunks - 1) / chunks;
+    return split(std::max<std::int64_t>(size, 1), d);
+  }
+
+  /// Inserts a dimension of extent 1 at `dim` (in [-dim()-1, dim()]).
+  Tensor unsqueeze(std::int64_t dim) const {
+    require_defined("unsqueeze");
+    int d = Shape::normalize_dim(dim, this->dim() + 1, "unsqueeze");
+    Tensor out = *this;
+    std::int64_t stride = d < this->dim() ? shape_[d] * strides_[d] : 1;
+    out.shape_.insert(d, 1);
+    out.strides_.insert(d, stride);
+    return out;
+  }
+
+  /// Removes dimension `dim` if its extent is 1 (PyTorch leaves other extents alone).
+  Tensor squeeze(std::int64_t dim) const {
+    require_defined("squeeze");
+    int d = shape_.normalize_dim(dim, "squeeze");
+    if (shape_[d] != 1) return *this;
+    Tensor out = *this;
+    out.shape_.erase(d);
+    out.strides_.erase(d);
+    return out;
+  }
+
+  /// The dimensions start..end merged into one (a view when possible).
+  Tensor flatten(std::int64_t start = 0, std::int64_t end = -1) const {
+    require_defined("flatten");
+    if (dim() == 0) return reshape({1});
+    int s = shape_.normalize_dim(start, "flatten");
+    int e = shape_.normalize_dim(end, "flatten");
+    if (s > e) {
+      throw shape_error("flatten: start dimension " + std::to_string(s) +
+                        " comes after end dimension " + std::to_string(e));
+    }
+    Shape target;
+    for (int i = 0; i < s; ++i) target.push_back(shape_[i]);
+    std::int64_t merged = 1;
+    for (int i = s; i <= e; ++i) merged *= shape_[i];
+    target.push_back(merged);
+    for (int i = e + 1; i < dim(); ++i) target.push_back(shape_[i]);
+    return reshape(target);
+  }
+
+  /// A broadcast view with shape `shape` (-1 keeps an extent); no copy, stride 0 where expanded.
+  Tensor expand(const Shape& shape) const {
+    require_defined("expand");
+    Shape target = shape;
+    for (int i = 0; i < target.size(); ++i) {
+      int j = dim() - target.size() + i;
+      if (target[i] == -1) {
+        if (j < 0) {
+          throw shape_error("expand: -1 is not allowed for the new leading dimension " +
+                            std::to_string(i) + " in " + shape.str());
+        }
+        target[i] = shape_[j];
+      }
+    }
+    target.check_non_negative("expand");
+    Tensor out = *this;
+    out.strides_ = expand_strides(shape_, strides_, target, "expand");
+    out.shape_ = target;
+    return out;
+  }
+
+  /// The slice at `index` of dimension `dim`, with that dimension removed.
+  Tensor select(std::int64_t dim, std::int64_t index) const {
+    int d = shape_.normalize_dim(dim, "select");
+    std::int64_t i = index < 0 ? index + shape_[d] : index;
+    if (i < 0 || i >= shape_[d]) {
+      throw shape_error("select: index " + std::to_string(index) +
+                        " is out of range for dimension " + std::to_string(d) + " of size " +
+                        std::to_string(shape_[d]));
+    }
+    return narrow(d, i, 1).squeeze(d);
+  }
+  /// select(0, index).
+  Tensor operator[](std::int64_t index) const { return select(0, index); }
+
+  /// This tensor when contiguous, otherwise a contiguous copy.
+  Tensor contiguous() const {
+    require_defined("contiguous");
+    return is_contiguous() ? *this : clone();
+  }
+
+  /// A contiguous copy on the same device.
+  Tensor clone() const {
+    require_defined("clone");
+    Tensor out = empty_on(shape_, device());
+    out.copy_from(*this);
+    return out;
+  }
+
+  // ---- conversions (copies) ---------------------------------------------------------------
+
+  /// This tensor on ordinal `index` of kind K2 (-1: K2's current device). Returns a handle to the
+  /// same storage when that is where it already is.
+  template <DeviceKind K2>
+  Tensor<T, K2> to(int index = -1) const {
+    require_defined("to");
+    Device target = resolve_device<K2>(index);
+    if constexpr (std::is_same_v<K2, Kind>) {
+      if (target == device()) return *this;
+    }
+    auto out = Tensor<T, K2>::empty_on(shape_, target);
+    out.copy_(*this);
+    return out;
+  }
+
+  /// This tensor on ordinal `index` of the same kind.
+  Tensor to(int index) const { return to<Kind>(index); }
+
+  /// This tensor converted to dtype U (a handle to the same storage when U is T).
+  template <Dtype U>
+  Tensor<U, Kind> to() const {
+    require_defined("to");
+    if constexpr (std::is_same_v<U, T>) {
+      return *this;
+    } else {
+      auto out = Tensor<U, Kind>::empty_on(shape_, device());
+      out.copy_(*this);
+      return out;
+    }
+  }
+
+  /// This tensor on CUDA device `index` (-1: the current CUDA device).
+  Tensor<T, tessera::cuda> cuda(int index = -1) const { return to<tessera::cuda>(index); }
+  /// This tensor on CPU device `index`.
+  Tensor<T, tessera::cpu> cpu(int index = 0) const { return to<tessera::cpu>(index); }
+
+  // ---- tensors beside this one ----------------------------------------------------------
+
+  Tensor new_empty(const Shape& shape) const { return empty_on(shape, device_for_new()); }
+  Tensor new_zeros(const Shape& shape) const { return new_full(shape, T(0)); }
+  Tensor new_ones(const Shape& shape) const { return new_full(shape, T(1)); }
+  Tensor new_full(const Shape& shape, T value) const {
+    Tensor out = new_empty(shape);
+    out.fill_(value);
+    return out;
+  }
+  /// A tensor with this dtype and device holding `values` in row-major order.
+  Tensor new_tensor(const std::vector<T>& values, const Shape& shape) const {
+    detail::check_value_count(values.size(), shape, "new_tensor");
+    Tensor out = new_empty(shape);
+    out.assign_from_host(values);
+    return out;
+  }
+
+  // ---- host access -----------------------------------------------------------------------
+
+  /// The single element of a one-element tensor, copied to the host (synchronises).
+  T item() const {
+    require_defined("item");
+    if (numel() != 1) {
+      throw shape_error("item: a tensor with " + std::to_string(numel()) +
+                        " elements (shape " + shape_.str() + ") cannot be converted to a scalar");
+    }
+    T value{};
+    detail::copy_strided(detail::strided_ref<T>{&value, Device{}, Shape::filled(dim(), 0)},
+                         detail::strided_ref<const T>{data(), device(), strides_}, shape_);
+    return value;
+  }
+
+  /// The elements in row-major order, copied to the host (synchronises).
+  std::vector<T> to_vector() const {
+    require_defined("to_vector");
+    const auto n = static_cast<std::size_t>(numel());
+    if constexpr (std::is_same_v<T, bool>) {
+      auto host = std::make_unique<bool[]>(n);  // std::vector<bool> has no contiguous storage
+      copy_to_host(host.get());
+      return std::vector<bool>(host.get(), host.get() + n);
+    } else {
+      std::vector<T> host(n);
+      copy_to_host(host.data());
+      return host;
+    }
+  }
+
+  /// Copies the numel() elements, in row-major order, into host memory at `host` (synchronises).
+  void copy_to_host(T* host) const {
+    require_defined("copy_to_host");
+    detail::copy_strided(detail::strided_ref<T>{host, Device{}, shape_.contiguous_strides()},
+                         detail::strided_ref<const T>{data(), device(), strides_}, shape_);
+  }
+
+  /// Overwrites the elements with numel() values read in row-major order from host memory.
+  Tensor& copy_from_host(const T* host) {
+    require_defined("copy_from_host");
+    detail::copy_strided(detail::strided_ref<T>{data(), device(), strides_},
+                         detail::strided_ref<const T>{host, Device{}, shape_.contiguous_strides()},
+                         shape_);
+    return *this;
+  }
+
+  // ---- in place --------------------------------------------------------------------------
+
+  /// Sets every element to `value`.
+  Tensor& fill_(T value) {
+    require_defined("fill_");
+    detail::fill_strided(detail::strided_ref<T>{data(), device(), strides_}, shape_, value);
+    return *this;
+  }
+  Tensor& zero_() { return fill_(T(0)); }
+
+  /// Copies `src` into this tensor, converting its dtype and crossing devices as needed; `src`
+  /// broadcasts to this shape. Throws shape_error (both shapes) before writing anything.
+  template <Dtype U, DeviceKind K2>
+  Tensor& copy_(const Tensor<U, K2>& src) {
+    require_defined("copy_");
+    src.require_defined("copy_ (source)");
+    copy_from(src);
+    return *this;
+  }
+
+  template <Dtype, DeviceKind>
+  friend class Tensor;
+
+ private:
+  void require_defined(const char* operation) const {
+    if (!defined()) detail::throw_undefined(operation);
+  }
+
+  // New tensors go where this one is; an undefined tensor has no device, so use the current one.
+  Device device_for_new() const { return defined() ? device() : resolve_device<Kind>(-1); }
+
+  template <class U, class K2>
+  void copy_from(const Tensor<U, K2>& src) {
+    Strides src_strides = expand_strides(src.shape(), src.strides(), shape_, "copy_");
+    if (storage_.is_same(src.storage()) && overlaps(src)) {
+      // Reading and writing one buffer: go through a copy of the source, as PyTorch requires.
+      auto staged = src.clone();
+      copy_from(staged);
+      return;
+    }
+    detail::copy_strided(detail::strided_ref<T>{data(), device(), strides_},
+                         detail::strided_ref<const U>{src.data(), src.device(), src_strides},
+                         shape_);
+  }
+
+  template <class U, class K2>
+  bool overlaps(const Tensor<U, K2>& other) const {
+    if (numel() == 0 || other.numel() == 0) return false;
+    auto mine = detail::span_of(shape_, strides_);
+    auto theirs = detail::span_of(other.shape(), other.strides());
+    std::int64_t a0 = (offset_ + mine.first) * static_cast<std::int64_t>(sizeof(T));
+    std::int64_t a1 = (offset_ + mine.last) * static_cast<std::int64_t>(sizeof(T));
+    std::int64_t b0 = (other.storage_offset() + theirs.first) * static_cast<std::int64_t>(sizeof(U));
+    std::int64_t b1 = (other.storage_offset() + theirs.last) * static_cast<std::int64_t>(sizeof(U));
+    return a0 < b1 && b0 < a1;
+  }
+
+  void assign_from_host(const std::vector<T>& values) {
+    if constexpr (std::is_same_v<T, bool>) {
+      auto host = std::make_unique<bool[]>(values.size());
+      std::copy(values.begin(), values.end(), host.get());
+      copy_from_host(host.get());
+    } else {
+      copy_from_host(values.data());
+    }
+  }
+
+  Storage storage_;
+  Shape shape_;
+  Strides strides_;
+  std::int64_t offset_ = 0;
+};
+
+}  // namespace tessera

@@ -1,0 +1,12 @@
+// Everything Tessera offers, in one include. Users write `namespace ts = tessera;`.
+#pragma once
+
+#include "tessera/core/config.hpp"
+#include "tessera/core/device.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/random.hpp"
+#include "tessera/core/shape.hpp"
+#include "tessera/core/stream.hpp"
+#include "tessera/memory/memory.hpp"
+#include "tessera/tensor.hpp"
