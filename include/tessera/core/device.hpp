@@ -258,7 +258,4 @@ class DeviceGuard {
   int previous_;
 };
 
-template <DeviceKind K>
-DeviceGuard(int) -> DeviceGuard<K>;
-
 }  // namespace tessera

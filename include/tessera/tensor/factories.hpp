@@ -91,13 +91,14 @@ Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device
   auto out = Tensor<T, K>::empty_on(shape, target);
   const std::int64_t n = shape.numel();
   Generator& generator = default_generator(target);
-  const std::uint64_t seed = generator.seed();
-  const std::uint64_t offset = generator.reserve(blocks_needed<T>(static_cast<std::uint64_t>(n)));
+  // Seed and offset are read under one lock, so a concurrent manual_seed cannot mix them.
+  const philox_state state =
+      generator.reserve_state(blocks_needed<T>(static_cast<std::uint64_t>(n)));
   if constexpr (std::is_same_v<K, cpu>) {
-    fill(out.data(), n, seed, offset);
+    fill(out.data(), n, state.seed, state.offset);
   } else {
     std::vector<T> host(static_cast<std::size_t>(n));
-    fill(host.data(), n, seed, offset);
+    fill(host.data(), n, state.seed, state.offset);
     out.copy_from_host(host.data());
   }
   return out;

@@ -93,7 +93,7 @@ inline void print_dimension(std::ostream& os, const std::vector<std::string>& it
     for (std::int64_t i = 0; i < extent; ++i) {
       if (!visible(i)) {
         if (i == options.edge_items) {
-          os << ", ...";
+          os << ",  ...";  // PyTorch joins " ..." with ", "
           first = false;
         }
         continue;
