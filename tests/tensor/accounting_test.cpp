@@ -1,0 +1,107 @@
+// What tensors cost in the device pool: sizes rounded to 512 bytes exactly as PyTorch's caching
+// allocator does, views and no-op conversions allocate nothing, handles release on destruction,
+// and failed calls leave every statistic as it was.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+
+#include "tessera/tessera.hpp"
+
+namespace ts = tessera;
+
+namespace {
+const ts::Device cpu0 = ts::Device::parse("cpu:0");
+std::int64_t allocation_count() { return ts::memory::stats(cpu0).allocations.allocated; }
+}  // namespace
+
+TEST_CASE("tensor sizes are accounted in 512-byte units", "[accounting]") {
+  const auto base = ts::memory::allocated(cpu0);
+  {
+    auto a = ts::empty<float>({1});  // 4 B -> 512
+    CHECK(ts::memory::allocated(cpu0) - base == 512);
+    auto b = ts::empty<float>({128});  // 512 B -> 512
+    CHECK(ts::memory::allocated(cpu0) - base == 1024);
+    auto c = ts::empty<float>({129});  // 516 B -> 1024
+    CHECK(ts::memory::allocated(cpu0) - base == 2048);
+    auto d = ts::empty<float>({1024});  // 4096 B -> 4096
+    CHECK(ts::memory::allocated(cpu0) - base == 6144);
+    CHECK(ts::memory::reserved(cpu0) >= ts::memory::allocated(cpu0));
+    auto e = ts::empty<float>({0});  // nothing, as in PyTorch
+    CHECK(ts::memory::allocated(cpu0) - base == 6144);
+  }
+  CHECK(ts::memory::allocated(cpu0) == base);
+}
+
+TEST_CASE("views and same-device conversions allocate nothing", "[accounting]") {
+  auto t = ts::zeros<float>({4, 8});
+  const auto bytes = ts::memory::allocated(cpu0);
+  const auto count = allocation_count();
+  {
+    auto v = t.view({8, 4});
+    auto tr = t.transpose(0, 1);
+    auto n = t.narrow(1, 2, 3);
+    auto p = t.permute({1, 0});
+    auto s = t.split(2);
+    auto c = t.chunk(3, 1);
+    auto e = t.unsqueeze(0).expand({5, 4, 8});
+    auto same_device = t.to(0);
+    auto same_kind = t.to<ts::cpu>(0);
+    auto same_dtype = t.to<float>();
+    auto contiguous = t.contiguous();
+    auto r = t.reshape({32});
+    ts::AnyTensor any = t;
+    auto back = any.as<float>();
+    CHECK(ts::memory::allocated(cpu0) == bytes);
+    CHECK(allocation_count() == count);
+  }
+  // A real copy allocates exactly its rounded size, once.
+  auto moved = t.to(1);
+  auto converted = t.to<double>();  // 32 doubles = 256 B -> 512
+  CHECK(ts::memory::allocated(cpu0) - bytes == 512);
+  CHECK(allocation_count() == count + 1);
+}
+
+TEST_CASE("storage is released when the last handle goes", "[accounting]") {
+  const auto base = ts::memory::allocated(cpu0);
+  ts::Tensor<float> view;
+  {
+    auto t = ts::zeros<float>({1000});  // 4000 B -> 4096
+    view = t.narrow(0, 10, 5);
+  }
+  CHECK(ts::memory::allocated(cpu0) - base == 4096);  // the view keeps the storage alive
+  CHECK(view.storage().use_count() == 1);
+  view = ts::Tensor<float>();
+  CHECK(ts::memory::allocated(cpu0) == base);
+}
+
+TEST_CASE("failed calls change no statistic", "[accounting][errors]") {
+  auto t = ts::zeros<float>({2, 3});
+  const auto before = ts::memory::stats(cpu0);
+  CHECK_THROWS_AS(ts::from_vector<float>({1, 2, 3}, {2, 2}), ts::shape_error);
+  CHECK_THROWS_AS(t.new_tensor({1, 2}, {3}), ts::shape_error);
+  CHECK_THROWS_AS(t.view({4, 2}), ts::shape_error);
+  CHECK_THROWS_AS(t.copy_(ts::Tensor<float>()), ts::error);
+  CHECK_THROWS_AS(ts::zeros<float>({-1}), ts::shape_error);
+  const auto after = ts::memory::stats(cpu0);
+  CHECK(after.allocations.allocated == before.allocations.allocated);
+  CHECK(after.allocated_bytes.current == before.allocated_bytes.current);
+  CHECK(after.reserved_bytes.current == before.reserved_bytes.current);
+}
+
+TEST_CASE("an OOM while creating a tensor leaves the others intact", "[accounting][errors]") {
+  const auto d1 = ts::Device::parse("cpu:1");
+  ts::memory::empty_cache(d1);
+  ts::memory::set_limit(d1, 4u << 20);
+  auto keep = ts::full<float>({256}, 3.0f, 1);
+  const auto allocated = ts::memory::allocated(d1);
+  const auto ooms = ts::memory::stats(d1).num_ooms;
+  CHECK_THROWS_AS(ts::empty<float>({2 * 1024 * 1024}, 1), ts::out_of_memory_error);  // 8 MiB
+  CHECK_THROWS_WITH(ts::empty<float>({2 * 1024 * 1024}, 1),
+                    Catch::Contains("8.00 MiB") && Catch::Contains("cpu:1"));
+  CHECK(ts::memory::allocated(d1) == allocated);
+  CHECK(ts::memory::stats(d1).num_ooms == ooms + 2);
+  CHECK(keep.to_vector() == std::vector<float>(256, 3.0f));
+  auto fits = ts::zeros<float>({1024}, 1);
+  CHECK(fits.numel() == 1024);
+  ts::memory::set_limit(d1, ts::memory::no_limit);
+}
