@@ -116,8 +116,7 @@ TESSERA_HOST_DEVICE constexpr std::uint16_t float_to_half_bits(float value) noex
   // 65520 (0x477ff000) is halfway between 65504 (odd significand) and 2^16: ties go to inf.
   if (magnitude >= 0x477ff000u) return sign | 0x7c00u;
   if (magnitude >= 0x38800000u) {  // normal half: rebias the exponent from 127 to 15
-    return static_cast<std::uint16_t>(
-        sign | shift_right_round_even(magnitude - 0x38000000u, 13));
+    return static_cast<std::uint16_t>(sign | shift_right_round_even(magnitude - 0x38000000u, 13));
   }
   // Half subnormal (or zero): count units of 2^-24. Below 2^-25 everything rounds to zero.
   const int exponent = static_cast<int>(magnitude >> 23);
@@ -164,29 +163,29 @@ TESSERA_HOST_DEVICE constexpr float bfloat16_bits_to_float(std::uint16_t bits) n
 // T op T -> T, T op float -> float, T op double -> double, T op integer -> T.
 template <class T>
 struct float16_operators {
-#define TESSERA_FLOAT16_BINARY_OPERATOR(op)                                                      \
-  friend TESSERA_HOST_DEVICE constexpr T operator op(T a, T b) noexcept {                         \
-    return T(static_cast<float>(a) op static_cast<float>(b));                                     \
-  }                                                                                                \
-  friend TESSERA_HOST_DEVICE constexpr float operator op(T a, float b) noexcept {                 \
-    return static_cast<float>(a) op b;                                                            \
-  }                                                                                                \
-  friend TESSERA_HOST_DEVICE constexpr float operator op(float a, T b) noexcept {                 \
-    return a op static_cast<float>(b);                                                            \
-  }                                                                                                \
-  friend TESSERA_HOST_DEVICE constexpr double operator op(T a, double b) noexcept {               \
-    return static_cast<double>(static_cast<float>(a)) op b;                                       \
-  }                                                                                                \
-  friend TESSERA_HOST_DEVICE constexpr double operator op(double a, T b) noexcept {               \
-    return a op static_cast<double>(static_cast<float>(b));                                       \
-  }                                                                                                \
-  template <std::integral I>                                                                       \
-  friend TESSERA_HOST_DEVICE constexpr T operator op(T a, I b) noexcept {                         \
-    return a op T(b);                                                                              \
-  }                                                                                                \
-  template <std::integral I>                                                                       \
-  friend TESSERA_HOST_DEVICE constexpr T operator op(I a, T b) noexcept {                         \
-    return T(a) op b;                                                                              \
+#define TESSERA_FLOAT16_BINARY_OPERATOR(op)                                         \
+  friend TESSERA_HOST_DEVICE constexpr T operator op(T a, T b) noexcept {           \
+    return T(static_cast<float>(a) op static_cast<float>(b));                       \
+  }                                                                                 \
+  friend TESSERA_HOST_DEVICE constexpr float operator op(T a, float b) noexcept {   \
+    return static_cast<float>(a) op b;                                              \
+  }                                                                                 \
+  friend TESSERA_HOST_DEVICE constexpr float operator op(float a, T b) noexcept {   \
+    return a op static_cast<float>(b);                                              \
+  }                                                                                 \
+  friend TESSERA_HOST_DEVICE constexpr double operator op(T a, double b) noexcept { \
+    return static_cast<double>(static_cast<float>(a)) op b;                         \
+  }                                                                                 \
+  friend TESSERA_HOST_DEVICE constexpr double operator op(double a, T b) noexcept { \
+    return a op static_cast<double>(static_cast<float>(b));                         \
+  }                                                                                 \
+  template <std::integral I>                                                        \
+  friend TESSERA_HOST_DEVICE constexpr T operator op(T a, I b) noexcept {           \
+    return a op T(b);                                                               \
+  }                                                                                 \
+  template <std::integral I>                                                        \
+  friend TESSERA_HOST_DEVICE constexpr T operator op(I a, T b) noexcept {           \
+    return T(a) op b;                                                               \
   }
   TESSERA_FLOAT16_BINARY_OPERATOR(+)
   TESSERA_FLOAT16_BINARY_OPERATOR(-)
@@ -200,12 +199,12 @@ struct float16_operators {
   friend TESSERA_HOST_DEVICE constexpr T operator+(T a) noexcept { return a; }
 
   // Compound assignment rounds the float (or double) result back to T once.
-#define TESSERA_FLOAT16_COMPOUND_OPERATOR(op)                                                    \
-  template <class U>                                                                               \
-    requires std::is_arithmetic_v<U> || std::same_as<U, T>                                         \
-  friend TESSERA_HOST_DEVICE constexpr T& operator op##=(T& a, U b) noexcept {                    \
-    a = T(a op b);                                                                                 \
-    return a;                                                                                      \
+#define TESSERA_FLOAT16_COMPOUND_OPERATOR(op)                                  \
+  template <class U>                                                           \
+  requires std::is_arithmetic_v<U> || std::same_as<U, T>                       \
+  friend TESSERA_HOST_DEVICE constexpr T& operator op##=(T& a, U b) noexcept { \
+    a = T(a op b);                                                             \
+    return a;                                                                  \
   }
   TESSERA_FLOAT16_COMPOUND_OPERATOR(+)
   TESSERA_FLOAT16_COMPOUND_OPERATOR(-)
@@ -230,7 +229,8 @@ struct float16_operators {
 /// 2^-24. Converts implicitly from float (rounding to nearest even) and to float (exactly);
 /// from double and integers only explicitly (`half(x)`, `static_cast<half>(x)`), each rounded
 /// once to nearest even. `half h = 1.0;` does not compile on purpose: an implicit path through
-/// float would round twice.
+/// float would round twice. With CUDA, cuda_fp16.h declares a global `half` (CUDA's __half), so
+/// spell it tessera::half (or through a namespace alias) rather than `using tessera::half;`.
 struct half : detail::float16_operators<half> {
   half() = default;
 
@@ -331,12 +331,12 @@ static_assert(sizeof(bfloat16) == sizeof(__nv_bfloat16) &&
 #endif
 
 // half op bfloat16 gives float, as PyTorch promotes them; without these it would be ambiguous.
-#define TESSERA_MIXED_FLOAT16_OPERATOR(op)                                                       \
-  TESSERA_HOST_DEVICE constexpr float operator op(half a, bfloat16 b) noexcept {                  \
-    return static_cast<float>(a) op static_cast<float>(b);                                        \
-  }                                                                                                \
-  TESSERA_HOST_DEVICE constexpr float operator op(bfloat16 a, half b) noexcept {                  \
-    return static_cast<float>(a) op static_cast<float>(b);                                        \
+#define TESSERA_MIXED_FLOAT16_OPERATOR(op)                                       \
+  TESSERA_HOST_DEVICE constexpr float operator op(half a, bfloat16 b) noexcept { \
+    return static_cast<float>(a) op static_cast<float>(b);                       \
+  }                                                                              \
+  TESSERA_HOST_DEVICE constexpr float operator op(bfloat16 a, half b) noexcept { \
+    return static_cast<float>(a) op static_cast<float>(b);                       \
   }
 TESSERA_MIXED_FLOAT16_OPERATOR(+)
 TESSERA_MIXED_FLOAT16_OPERATOR(-)

@@ -1,0 +1,28 @@
+# Reference data from independent implementations (numpy, the CUDA toolkit), included at the end
+# of tests/CMakeLists.txt. An oracle script is a CTest fixture: the tests that read its files
+# require it, so `ctest -R core.half_test` runs the script first.
+
+add_test(NAME oracles.half
+  COMMAND ${TESSERA_ORACLE_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracles/half_reference.py
+          ${TESSERA_ORACLE_DIR})
+set_tests_properties(oracles.half PROPERTIES FIXTURES_SETUP oracle_half LABELS oracles)
+if(TEST core.half_test)
+  set_tests_properties(core.half_test PROPERTIES FIXTURES_REQUIRED oracle_half)
+endif()
+
+# half_cuda_oracle_test compares with the CUDA toolkit's host-side conversions in cuda_fp16.h and
+# cuda_bf16.h (header-only for these; no cudart needed), so it needs only the include directory.
+# Without it the test compiles to a failing case that says so: the toolkit is required here.
+if(TARGET core_half_cuda_oracle_test)
+  find_path(TESSERA_CUDA_FP16_INCLUDE_DIR cuda_bf16.h
+    HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{CUDA_HOME}/include $ENV{CUDA_PATH}/include
+    PATHS /usr/local/cuda/include /opt/cuda/include /usr/include)
+  if(TESSERA_CUDA_FP16_INCLUDE_DIR)
+    # SYSTEM: the toolkit's headers are not held to Tessera's -Werror.
+    target_include_directories(core_half_cuda_oracle_test SYSTEM PRIVATE
+      ${TESSERA_CUDA_FP16_INCLUDE_DIR})
+  else()
+    message(WARNING "Tessera: cuda_bf16.h not found; core.half_cuda_oracle_test will fail. "
+                    "Install the CUDA toolkit or set TESSERA_CUDA_FP16_INCLUDE_DIR.")
+  endif()
+endif()
