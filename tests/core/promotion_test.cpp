@@ -12,15 +12,16 @@
 
 #include "tessera/core/promotion.hpp"
 
+// An alias, not `using tessera::half;`: with CUDA, cuda_fp16.h declares a global `half`.
+namespace ts = tessera;
+
 namespace {
 
-using tessera::bfloat16;
-using tessera::half;
 using tessera::ScalarType;
 
 // Row and column order of the table below.
-using dtypes = std::tuple<float, double, half, bfloat16, std::int8_t, std::uint8_t, std::int16_t,
-                          std::int32_t, std::int64_t, bool>;
+using dtypes = std::tuple<float, double, ts::half, ts::bfloat16, std::int8_t, std::uint8_t,
+                          std::int16_t, std::int32_t, std::int64_t, bool>;
 constexpr std::size_t dtype_count = std::tuple_size_v<dtypes>;
 
 constexpr ScalarType f4 = ScalarType::float32;
@@ -107,18 +108,19 @@ TEST_CASE("promotion is symmetric", "[promotion]") {
 TEST_CASE("the documented pairs", "[promotion]") {
   STATIC_REQUIRE(std::is_same_v<tessera::promote_t<std::int8_t, std::uint8_t>, std::int16_t>);
   STATIC_REQUIRE(std::is_same_v<tessera::promote_t<std::uint8_t, std::int16_t>, std::int16_t>);
-  STATIC_REQUIRE(std::is_same_v<tessera::promote_t<half, bfloat16>, float>);
-  STATIC_REQUIRE(std::is_same_v<tessera::promote_t<std::int64_t, half>, half>);
+  STATIC_REQUIRE(std::is_same_v<tessera::promote_t<ts::half, ts::bfloat16>, float>);
+  STATIC_REQUIRE(std::is_same_v<tessera::promote_t<std::int64_t, ts::half>, ts::half>);
   STATIC_REQUIRE(std::is_same_v<tessera::promote_t<bool, bool>, bool>);
   STATIC_REQUIRE(std::is_same_v<tessera::promote_t<bool, std::uint8_t>, std::uint8_t>);
   STATIC_REQUIRE(std::is_same_v<tessera::promote_t<float, double>, double>);
 }
 
 TEST_CASE("result_type_t folds promote_t", "[promotion]") {
-  STATIC_REQUIRE(std::is_same_v<tessera::result_type_t<half>, half>);
+  STATIC_REQUIRE(std::is_same_v<tessera::result_type_t<ts::half>, ts::half>);
   STATIC_REQUIRE(
       std::is_same_v<tessera::result_type_t<std::int8_t, std::uint8_t, bool>, std::int16_t>);
-  STATIC_REQUIRE(std::is_same_v<tessera::result_type_t<half, std::int64_t, bfloat16>, float>);
+  STATIC_REQUIRE(
+      std::is_same_v<tessera::result_type_t<ts::half, std::int64_t, ts::bfloat16>, float>);
   STATIC_REQUIRE(std::is_same_v<tessera::result_type_t<bool, bool, std::int32_t, double>, double>);
 }
 
@@ -131,14 +133,14 @@ TEST_CASE("promote_scalar_t: the scalar counts only from a higher category", "[p
   STATIC_REQUIRE(std::is_same_v<promote_scalar_t<bool, float>, float>);
   STATIC_REQUIRE(std::is_same_v<promote_scalar_t<std::int32_t, double>, float>);
   STATIC_REQUIRE(std::is_same_v<promote_scalar_t<std::uint8_t, float>, float>);
-  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<std::int64_t, half>, float>);
+  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<std::int64_t, ts::half>, float>);
   STATIC_REQUIRE(std::is_same_v<promote_scalar_t<std::int32_t, std::int64_t>, std::int32_t>);
   STATIC_REQUIRE(std::is_same_v<promote_scalar_t<std::uint8_t, int>, std::uint8_t>);
   STATIC_REQUIRE(std::is_same_v<promote_scalar_t<std::int8_t, bool>, std::int8_t>);
-  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<half, double>, half>);
-  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<half, float>, half>);
-  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<bfloat16, double>, bfloat16>);
-  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<half, int>, half>);
+  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<ts::half, double>, ts::half>);
+  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<ts::half, float>, ts::half>);
+  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<ts::bfloat16, double>, ts::bfloat16>);
+  STATIC_REQUIRE(std::is_same_v<promote_scalar_t<ts::half, int>, ts::half>);
   STATIC_REQUIRE(std::is_same_v<promote_scalar_t<float, double>, float>);
   STATIC_REQUIRE(std::is_same_v<promote_scalar_t<double, float>, double>);
   STATIC_REQUIRE(std::is_same_v<promote_scalar_t<float, const double&>, float>);
@@ -152,8 +154,8 @@ TEST_CASE("promote_scalar_t: the scalar counts only from a higher category", "[p
 }
 
 TEST_CASE("dtype categories and accumulation types", "[promotion]") {
-  STATIC_REQUIRE(tessera::is_floating_point_v<half>);
-  STATIC_REQUIRE(tessera::is_floating_point_v<bfloat16>);
+  STATIC_REQUIRE(tessera::is_floating_point_v<ts::half>);
+  STATIC_REQUIRE(tessera::is_floating_point_v<ts::bfloat16>);
   STATIC_REQUIRE(tessera::is_floating_point_v<float>);
   STATIC_REQUIRE(tessera::is_floating_point_v<double>);
   STATIC_REQUIRE_FALSE(tessera::is_floating_point_v<std::int32_t>);
@@ -163,11 +165,11 @@ TEST_CASE("dtype categories and accumulation types", "[promotion]") {
   STATIC_REQUIRE(tessera::is_integral_dtype_v<std::int64_t>);
   STATIC_REQUIRE_FALSE(tessera::is_integral_dtype_v<bool>);
   STATIC_REQUIRE(tessera::is_integral_dtype_v<bool, true>);
-  STATIC_REQUIRE_FALSE(tessera::is_integral_dtype_v<half>);
+  STATIC_REQUIRE_FALSE(tessera::is_integral_dtype_v<ts::half>);
   STATIC_REQUIRE_FALSE(tessera::is_integral_dtype_v<float, true>);
 
-  STATIC_REQUIRE(std::is_same_v<tessera::accumulate_t<half>, float>);
-  STATIC_REQUIRE(std::is_same_v<tessera::accumulate_t<bfloat16>, float>);
+  STATIC_REQUIRE(std::is_same_v<tessera::accumulate_t<ts::half>, float>);
+  STATIC_REQUIRE(std::is_same_v<tessera::accumulate_t<ts::bfloat16>, float>);
   STATIC_REQUIRE(std::is_same_v<tessera::accumulate_t<float>, float>);
   STATIC_REQUIRE(std::is_same_v<tessera::accumulate_t<double>, double>);
   STATIC_REQUIRE(std::is_same_v<tessera::accumulate_t<bool>, std::int64_t>);
