@@ -1,0 +1,113 @@
+// The run-time interface of a device's resource. Pools over different upstreams (host memory,
+// cudaMalloc, cudaMallocAsync) have different types; the per-device registry holds them through
+// this small abstract class, and device_resource_adaptor turns any pool_resource into one.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+#include "tessera/core/device.hpp"
+#include "tessera/core/stream.hpp"
+#include "tessera/memory/pool.hpp"
+#include "tessera/memory/resource.hpp"
+#include "tessera/memory/stats.hpp"
+
+namespace tessera::memory {
+
+/// What the memory:: functions need from a device's resource. Implementations must be
+/// thread-safe. Sizes are in bytes.
+class device_memory_resource {
+ public:
+  virtual ~device_memory_resource() = default;
+
+  /// Memory for work on `stream`; nullptr for 0 bytes. Throws out_of_memory_error.
+  virtual void* allocate(std::size_t bytes, stream_ref stream) = 0;
+  /// Frees memory from allocate (same `bytes`); nullptr is a no-op.
+  virtual void deallocate(void* pointer, std::size_t bytes, stream_ref stream) = 0;
+  /// Marks memory from allocate as used by work on `stream` (see pool_resource::record_stream).
+  virtual void record_stream(void* pointer, stream_ref stream) = 0;
+  /// The device this resource serves.
+  virtual Device device() const = 0;
+  virtual MemoryStats stats() const = 0;
+  virtual void reset_peak() = 0;
+  virtual void reset_accumulated() = 0;
+  /// Returns cached, fully free memory to the upstream.
+  virtual void empty_cache() = 0;
+  /// The statistics as a table (format_summary).
+  virtual std::string summary() const { return format_summary(stats(), device()); }
+  /// Caps reserved bytes (no_limit: none). Throws std::invalid_argument if this resource has no
+  /// limit.
+  virtual void set_limit(std::size_t bytes) {
+    throw std::invalid_argument("set_limit(" + std::to_string(bytes) + "): the resource of " +
+                                device().str() +
+                                " has no limit (install a pool over limit_resource_adaptor)");
+  }
+  /// The cap on reserved bytes, or no_limit.
+  virtual std::size_t limit() const { return no_limit; }
+
+ protected:
+  device_memory_resource() = default;
+  device_memory_resource(const device_memory_resource&) = default;
+  device_memory_resource& operator=(const device_memory_resource&) = default;
+};
+
+/// Wraps a pool-like resource (a pool_resource<...>, constructed in place from the arguments) as
+/// a device_memory_resource. set_limit/limit are forwarded when the pool has them.
+template <class Pool>
+class device_resource_adaptor final : public device_memory_resource {
+ public:
+  template <class... Args>
+  explicit device_resource_adaptor(Args&&... args) : pool_(std::forward<Args>(args)...) {}
+
+  void* allocate(std::size_t bytes, stream_ref stream) override {
+    return pool_.allocate(bytes, stream);
+  }
+  void deallocate(void* pointer, std::size_t bytes, stream_ref stream) override {
+    pool_.deallocate(pointer, bytes, stream);
+  }
+  void record_stream(void* pointer, stream_ref stream) override {
+    pool_.record_stream(pointer, stream);
+  }
+  Device device() const override { return pool_.device(); }
+  MemoryStats stats() const override { return pool_.stats(); }
+  void reset_peak() override { pool_.reset_peak(); }
+  void reset_accumulated() override { pool_.reset_accumulated(); }
+  void empty_cache() override { pool_.empty_cache(); }
+  void set_limit(std::size_t bytes) override {
+    if constexpr (requires { pool_.set_limit(bytes); }) {
+      pool_.set_limit(bytes);
+    } else {
+      device_memory_resource::set_limit(bytes);
+    }
+  }
+  std::size_t limit() const override {
+    if constexpr (requires { pool_.limit(); }) {
+      return pool_.limit();
+    } else {
+      return no_limit;
+    }
+  }
+
+  Pool& pool() noexcept { return pool_; }
+  const Pool& pool() const noexcept { return pool_; }
+
+ private:
+  Pool pool_;
+};
+
+/// A device resource: a pool_resource<Upstream, SizePolicy> for `device` over `upstream`, e.g.
+/// `make_pool_resource(Device::parse("cuda:0"), cuda_async_memory_resource{0})` for
+/// memory::set_device_resource.
+template <memory_resource Upstream, size_policy SizePolicy = pytorch_size_policy,
+          stream_policy StreamPolicy = default_stream_policy_t<Upstream>>
+std::unique_ptr<device_memory_resource> make_pool_resource(Device device, Upstream upstream,
+                                                           SizePolicy policy = SizePolicy{}) {
+  return std::make_unique<
+      device_resource_adaptor<pool_resource<Upstream, SizePolicy, StreamPolicy>>>(
+      device, std::move(upstream), std::move(policy));
+}
+
+}  // namespace tessera::memory

@@ -1,0 +1,226 @@
+// The per-device memory functions (DESIGN §3.2): one caching pool per device, created lazily,
+// with PyTorch's statistics (memory::allocated, reserved, stats, summary ...), a limit for
+// testing OOM on any machine, and the allocate/deallocate/record_stream calls the tensor layer
+// makes. Every function takes a tessera::Device and throws device_error if it does not exist.
+#pragma once
+
+#include <atomic>
+#include <cstddef>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+
+#include "tessera/core/device.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/stream.hpp"
+#include "tessera/memory/cuda_memory_resource.hpp"
+#include "tessera/memory/device_memory_resource.hpp"
+#include "tessera/memory/format.hpp"
+#include "tessera/memory/host_memory_resource.hpp"
+#include "tessera/memory/limit_resource_adaptor.hpp"
+#include "tessera/memory/pool.hpp"
+#include "tessera/memory/resource.hpp"
+#include "tessera/memory/stats.hpp"
+
+namespace tessera::memory {
+
+/// The pool every virtual CPU device gets: PyTorch's policy over aligned host memory, with a
+/// limit (none by default) so OOM behaviour can be tested on the CPU.
+using host_pool_resource = pool_resource<limit_resource_adaptor<host_memory_resource>>;
+#if TESSERA_CUDA
+/// The pool every CUDA device gets: PyTorch's policy and stream events over cudaMalloc.
+using cuda_pool_resource = pool_resource<limit_resource_adaptor<cuda_memory_resource>>;
+#endif
+
+namespace detail {
+
+/// The resource a device gets unless the user installs another.
+inline std::unique_ptr<device_memory_resource> make_default_device_resource(Device device) {
+  if (device.is_cpu()) return std::make_unique<device_resource_adaptor<host_pool_resource>>(device);
+#if TESSERA_CUDA
+  return std::make_unique<device_resource_adaptor<cuda_pool_resource>>(
+      device, limit_resource_adaptor<cuda_memory_resource>(cuda_memory_resource(device.index)));
+#else
+  throw device_error("no memory resource for " + device.str() + ": CUDA support is not compiled in");
+#endif
+}
+
+/// One resource slot per device, read without locking on the hot path.
+class device_registry {
+ public:
+  static device_registry& instance() {
+    // Leaked on purpose (as PyTorch's allocator is): tensors destroyed during static destruction
+    // must still find their pool. LeakSanitizer sees it as reachable, not as a leak.
+    static device_registry* registry = new device_registry();
+    return *registry;
+  }
+
+  /// The resource of an existing device, created on first use.
+  device_memory_resource& get(Device device) {
+    device_memory_resource* resource = slot(device).load(std::memory_order_acquire);
+    if (resource != nullptr) return *resource;
+    std::lock_guard lock(mutex_);
+    resource = slot(device).load(std::memory_order_acquire);
+    if (resource != nullptr) return *resource;  // another thread created it meanwhile
+    std::unique_ptr<device_memory_resource> created = make_default_device_resource(device);
+    slot(device).store(created.get(), std::memory_order_release);
+    return *created.release();
+  }
+
+  /// Installs `resource` for an existing device and returns the previous one (nullptr if none
+  /// was created yet). Throws tessera::error if the previous one has live allocations.
+  std::unique_ptr<device_memory_resource> replace(Device device,
+                                                  std::unique_ptr<device_memory_resource> resource) {
+    std::lock_guard lock(mutex_);
+    device_memory_resource* previous = slot(device).load(std::memory_order_acquire);
+    if (previous != nullptr) {
+      MemoryStats stats = previous->stats();
+      if (stats.active.current != 0) {
+        throw error("memory::set_device_resource(" + device.str() + "): the current resource has " +
+                    std::to_string(stats.active.current) + " live allocation(s) (" +
+                    format_bytes(static_cast<std::size_t>(stats.active_bytes.current)) +
+                    "); free them before replacing it");
+      }
+    }
+    slot(device).store(resource.release(), std::memory_order_release);
+    return std::unique_ptr<device_memory_resource>(previous);
+  }
+
+ private:
+  using slot_type = std::atomic<device_memory_resource*>;
+
+  device_registry()
+      : cpu_(new slot_type[static_cast<std::size_t>(cpu::device_count())]()),
+        cuda_(new slot_type[static_cast<std::size_t>(cuda::device_count())]()) {}
+
+  slot_type& slot(Device device) noexcept {
+    return device.is_cpu() ? cpu_[device.index] : cuda_[device.index];
+  }
+
+  std::mutex mutex_;
+  std::unique_ptr<slot_type[]> cpu_;
+  std::unique_ptr<slot_type[]> cuda_;
+};
+
+/// The resource of `device`; a device that does not exist is a device_error naming the operation
+/// and the device.
+inline device_memory_resource& resource_of(Device device, const char* operation) {
+  if (device.index < 0 || device.index >= device_count(device.type)) {
+    try {
+      check_device(device);
+    } catch (const device_error& e) {
+      throw device_error(std::string("memory::") + operation + ": " + e.what());
+    }
+  }
+  return device_registry::instance().get(device);
+}
+
+}  // namespace detail
+
+/// The resource serving `device` (its pool, unless set_device_resource installed another).
+inline device_memory_resource& get_device_resource(Device device) {
+  return detail::resource_of(device, "get_device_resource");
+}
+
+/// Installs `resource` for `device` (e.g. make_pool_resource over cuda_async_memory_resource, or a
+/// pool with another size policy) and returns the previous one, or nullptr if the device had not
+/// used its default one yet. Do it before the device allocates: throws tessera::error if the
+/// current resource has live allocations, std::invalid_argument for a null resource or one made
+/// for another device, device_error for a device that does not exist. Must not race with
+/// allocations on the same device.
+inline std::unique_ptr<device_memory_resource> set_device_resource(
+    Device device, std::unique_ptr<device_memory_resource> resource) {
+  detail::resource_of(device, "set_device_resource");
+  if (resource == nullptr) {
+    throw std::invalid_argument("memory::set_device_resource(" + device.str() +
+                                "): the resource is null");
+  }
+  if (resource->device() != device) {
+    throw std::invalid_argument("memory::set_device_resource(" + device.str() +
+                                "): the resource was made for " + resource->device().str());
+  }
+  return detail::device_registry::instance().replace(device, std::move(resource));
+}
+
+/// Allocates `bytes` on `device` for work on `stream` from the device's pool. Returns nullptr for
+/// 0 bytes (nothing is accounted, as PyTorch's empty tensors). Throws out_of_memory_error after
+/// releasing cached segments and retrying once; device_error for a device that does not exist.
+inline void* allocate(Device device, std::size_t bytes, stream_ref stream = {}) {
+  device_memory_resource& resource = detail::resource_of(device, "allocate");
+  if (bytes == 0) return nullptr;
+  return resource.allocate(bytes, stream);
+}
+
+/// Frees memory from allocate: `bytes` as passed to allocate, `stream` the stream it was last used
+/// on. nullptr is a no-op. A pointer or size that the device's pool did not hand out is a bug that
+/// terminates the program with a message naming the pointer and the device.
+inline void deallocate(Device device, void* pointer, std::size_t bytes,
+                       stream_ref stream = {}) noexcept {
+  if (pointer == nullptr) return;
+  detail::resource_of(device, "deallocate").deallocate(pointer, bytes, stream);
+}
+
+/// Marks memory from allocate as used by work on `stream`, so that on free it rejoins the pool
+/// only after that work is done (PyTorch's Tensor.record_stream). On CPU devices, whose work is
+/// synchronous, it only checks the pointer. Throws std::invalid_argument for a pointer the pool
+/// did not hand out; nullptr is a no-op.
+inline void record_stream(Device device, void* pointer, stream_ref stream) {
+  detail::resource_of(device, "record_stream").record_stream(pointer, stream);
+}
+
+/// Bytes in live blocks, rounded to the 512-byte granularity (PyTorch memory_allocated).
+inline std::size_t allocated(Device device) {
+  return static_cast<std::size_t>(
+      detail::resource_of(device, "allocated").stats().allocated_bytes.current);
+}
+
+/// The peak of allocated(device) since the start or the last reset_peak (max_memory_allocated).
+inline std::size_t peak_allocated(Device device) {
+  return static_cast<std::size_t>(
+      detail::resource_of(device, "peak_allocated").stats().allocated_bytes.peak);
+}
+
+/// Bytes held from the upstream: live blocks plus the cache (PyTorch memory_reserved).
+inline std::size_t reserved(Device device) {
+  return static_cast<std::size_t>(
+      detail::resource_of(device, "reserved").stats().reserved_bytes.current);
+}
+
+/// The peak of reserved(device) since the start or the last reset_peak (max_memory_reserved).
+inline std::size_t peak_reserved(Device device) {
+  return static_cast<std::size_t>(
+      detail::resource_of(device, "peak_reserved").stats().reserved_bytes.peak);
+}
+
+/// Sets every statistic's peak to its current value (reset_peak_memory_stats).
+inline void reset_peak(Device device) { detail::resource_of(device, "reset_peak").reset_peak(); }
+
+/// Zeroes the running totals and the OOM/retry counters (reset_accumulated_memory_stats).
+inline void reset_accumulated(Device device) {
+  detail::resource_of(device, "reset_accumulated").reset_accumulated();
+}
+
+/// Returns every fully free segment of the device's pool to its upstream (empty_cache). Segments
+/// holding a live block stay reserved ("non-releasable").
+inline void empty_cache(Device device) { detail::resource_of(device, "empty_cache").empty_cache(); }
+
+/// All statistics of the device's pool (memory_stats).
+inline MemoryStats stats(Device device) { return detail::resource_of(device, "stats").stats(); }
+
+/// The statistics as a table like torch.cuda.memory_summary(), titled with the device.
+inline std::string summary(Device device) {
+  return detail::resource_of(device, "summary").summary();
+}
+
+/// Caps the bytes the device's pool may reserve; an allocation that would need more is an OOM.
+/// A cap below reserved() empties the cache first; memory in use above it stays. no_limit removes
+/// the cap. Throws std::invalid_argument if the device's resource has no limit.
+inline void set_limit(Device device, std::size_t bytes) {
+  detail::resource_of(device, "set_limit").set_limit(bytes);
+}
+
+/// The device's cap on reserved bytes, or no_limit (SIZE_MAX) when there is none.
+inline std::size_t limit(Device device) { return detail::resource_of(device, "limit").limit(); }
+
+}  // namespace tessera::memory
