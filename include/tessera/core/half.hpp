@@ -234,7 +234,8 @@ struct float16_operators {
 struct half : detail::float16_operators<half> {
   half() = default;
 
-  /// Rounds to nearest even (implicit, like c10::Half).
+  /// Rounds to nearest even (implicit, like c10::Half). A template taking exactly float, so
+  /// that a double or an int cannot reach it implicitly through a standard conversion.
   template <std::same_as<float> F>
   TESSERA_HOST_DEVICE constexpr half(F value) noexcept : bits_(detail::float_to_half_bits(value)) {}
   /// Rounds to nearest even, once.
@@ -280,7 +281,7 @@ struct half : detail::float16_operators<half> {
 struct bfloat16 : detail::float16_operators<bfloat16> {
   bfloat16() = default;
 
-  /// Rounds to nearest even (implicit, like c10::BFloat16).
+  /// Rounds to nearest even (implicit, like c10::BFloat16); exactly float, as for half.
   template <std::same_as<float> F>
   TESSERA_HOST_DEVICE constexpr bfloat16(F value) noexcept
       : bits_(detail::float_to_bfloat16_bits(value)) {}
