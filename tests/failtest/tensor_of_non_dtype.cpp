@@ -1,4 +1,4 @@
-// expect: required for the satisfaction of .Dtype<T>. .with T = std::
+// expect: satisfaction of .+Dtype<T>.+with T = std::
 // A Tensor's element type must be one of the supported dtypes; the compiler names the concept.
 #include <string>
 

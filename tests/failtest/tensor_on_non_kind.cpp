@@ -1,4 +1,4 @@
-// expect: required for the satisfaction of .DeviceKind<Kind>. .with Kind = tpu
+// expect: satisfaction of .+DeviceKind<Kind>.+with Kind = tpu
 // The second template argument of Tensor is a device kind (tessera::cpu or tessera::cuda).
 #include "tessera/tensor.hpp"
 

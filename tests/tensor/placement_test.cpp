@@ -93,6 +93,6 @@ TEST_CASE("cat rejects tensors on different ordinals, naming both", "[placement]
 TEST_CASE("CUDA tensors are unavailable without a GPU, with a clear error", "[placement]") {
   if (ts::cuda::is_available()) return;  // covered by the CUDA tests on a GPU machine
   CHECK(ts::cuda::device_count() == 0);
-  CHECK_THROWS_AS(ts::zeros<float, ts::cuda>({2}), ts::device_error);
+  CHECK_THROWS_AS((ts::zeros<float, ts::cuda>({2})), ts::device_error);
   CHECK_THROWS_WITH(ts::zeros<float>({2}).cuda(), Catch::Contains("cuda:0"));
 }

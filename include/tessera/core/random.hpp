@@ -329,9 +329,10 @@ void fill_uniform(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offs
   const uniform_transform<C> transform(low, high);
   const auto count = static_cast<std::uint64_t>(n);
   constexpr std::uint64_t per_block = values_per_block<T>;
-  for (std::uint64_t block = 0; block < blocks_needed<T>(count); ++block) {
-    const philox_block r = philox_at(seed, offset + block);
-    const std::uint64_t first = block * per_block;
+  // Stepping over elements (not blocks times per_block) keeps every index expression in range,
+  // which also lets GCC prove the loop free of overflow at -O3.
+  for (std::uint64_t first = 0; first < count; first += per_block) {
+    const philox_block r = philox_at(seed, offset + first / per_block);
     for (std::uint64_t lane = 0; lane < per_block && first + lane < count; ++lane) {
       C u;
       if constexpr (std::is_same_v<C, double>) {
@@ -356,9 +357,10 @@ void fill_normal(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offse
   const normal_transform<C> transform(mean, stddev);
   const auto count = static_cast<std::uint64_t>(n);
   constexpr std::uint64_t per_block = values_per_block<T>;
-  for (std::uint64_t block = 0; block < blocks_needed<T>(count); ++block) {
-    const philox_block r = philox_at(seed, offset + block);
-    const std::uint64_t first = block * per_block;
+  // Stepping over elements (not blocks times per_block) keeps every index expression in range,
+  // which also lets GCC prove the loop free of overflow at -O3.
+  for (std::uint64_t first = 0; first < count; first += per_block) {
+    const philox_block r = philox_at(seed, offset + first / per_block);
     for (std::uint64_t lane = 0; lane < per_block && first + lane < count; ++lane) {
       C z;
       if constexpr (std::is_same_v<C, double>) {

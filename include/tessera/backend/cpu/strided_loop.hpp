@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cstdint>
+#include <tuple>
 
 #include "tessera/core/shape.hpp"
 
