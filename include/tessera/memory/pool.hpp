@@ -383,7 +383,8 @@ class pool_resource {
     std::int64_t net_bytes = 0;
     for (block* neighbour : {b->prev, b->next}) {
       if (neighbour == nullptr || neighbour->allocated || neighbour->event_count > 0) continue;
-      pool_of(small).erase(neighbour);
+      free_set& pool = pool_of(small);
+      pool.erase(pool.find(neighbour));  // find + erase(iterator): one descent, not equal_range's two
       if (neighbour == b->prev) {
         b->pointer = neighbour->pointer;
         b->prev = neighbour->prev;
