@@ -101,7 +101,8 @@ void BM_torch_empty(benchmark::State& state) {
   const auto& sz = sizes();
   std::vector<at::Tensor> ring(ring_size);
   std::size_t next = 0;
-  for (auto& t : ring) t = torch::empty({static_cast<std::int64_t>(sz[next++ % num_sizes])}, torch::kUInt8);
+  for (auto& t : ring)
+    t = torch::empty({static_cast<std::int64_t>(sz[next++ % num_sizes])}, torch::kUInt8);
   std::size_t i = 0;
   for (auto _ : state) {
     at::Tensor& t = ring[i++ % ring_size];

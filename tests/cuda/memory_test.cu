@@ -22,11 +22,11 @@
 #include "tessera/memory/pool.hpp"
 
 namespace mem = tessera::memory;
+using pool_suite::KiB;
+using pool_suite::MiB;
 using tessera::Device;
 using tessera::DeviceType;
 using tessera::stream_ref;
-using pool_suite::KiB;
-using pool_suite::MiB;
 
 namespace cuda_fixtures {
 
@@ -50,7 +50,8 @@ struct cuda_malloc {
   static Device device() { return cuda0; }
   static std::unique_ptr<pool_type> make() {
     return std::make_unique<pool_type>(
-        cuda0, mem::limit_resource_adaptor<mem::cuda_memory_resource>(mem::cuda_memory_resource(0)));
+        cuda0,
+        mem::limit_resource_adaptor<mem::cuda_memory_resource>(mem::cuda_memory_resource(0)));
   }
   static void fill(void* p, std::size_t n, std::uint8_t v) { cuda_fixtures::fill(p, n, v); }
   static bool holds(const void* p, std::size_t n, std::uint8_t v) {
@@ -232,8 +233,8 @@ TEST_CASE("memory: a cudaMallocAsync pool can be installed for a CUDA device", "
   mem::deallocate(cuda1, p, 1000);
   auto mine = mem::set_device_resource(
       cuda1, previous ? std::move(previous)
-                      : mem::make_pool_resource(cuda1, mem::limit_resource_adaptor<
-                                                           mem::cuda_memory_resource>(
-                                                           mem::cuda_memory_resource(1))));
+                      : mem::make_pool_resource(
+                            cuda1, mem::limit_resource_adaptor<mem::cuda_memory_resource>(
+                                       mem::cuda_memory_resource(1))));
   CHECK(mine != nullptr);
 }

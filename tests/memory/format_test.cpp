@@ -14,7 +14,8 @@ TEST_CASE("format_bytes: bytes below 1 KiB are exact", "[memory][format]") {
   CHECK(format_bytes(1023) == "1023 B");
 }
 
-TEST_CASE("format_bytes: larger counts use the largest unit that is at least 1", "[memory][format]") {
+TEST_CASE("format_bytes: larger counts use the largest unit that is at least 1",
+          "[memory][format]") {
   CHECK(format_bytes(1024) == "1.00 KiB");
   CHECK(format_bytes(1536) == "1.50 KiB");
   CHECK(format_bytes(1024 * 1024) == "1.00 MiB");

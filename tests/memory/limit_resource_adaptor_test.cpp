@@ -21,13 +21,14 @@ TEST_CASE("limit_resource_adaptor: no limit by default", "[memory][limit]") {
   CHECK(resource.held() == 0);
 }
 
-TEST_CASE("limit_resource_adaptor: over the cap is an OOM that changes nothing", "[memory][limit]") {
+TEST_CASE("limit_resource_adaptor: over the cap is an OOM that changes nothing",
+          "[memory][limit]") {
   limited resource(mem::host_memory_resource{}, 3000);
   void* a = resource.allocate(2000, {});
   CHECK_THROWS_AS(resource.allocate(1001, {}), tessera::out_of_memory_error);
-  CHECK_THROWS_WITH(resource.allocate(1001, {}),
-                    Catch::Contains("1001 B") && Catch::Contains("2.93 KiB") &&
-                        Catch::Contains("1.95 KiB held"));
+  CHECK_THROWS_WITH(resource.allocate(1001, {}), Catch::Contains("1001 B") &&
+                                                     Catch::Contains("2.93 KiB") &&
+                                                     Catch::Contains("1.95 KiB held"));
   CHECK(resource.held() == 2000);
   void* b = resource.allocate(1000, {});  // exactly at the cap
   CHECK(resource.held() == 3000);

@@ -154,7 +154,8 @@ TEST_CASE("memory: a limit turns a large request into an OOM that changes nothin
   }
   // The example of DESIGN §3.2, on cpu:1.
   CHECK_THAT(message, Catch::Contains("Tried to allocate 2.00 MiB (device cpu:1; "));
-  CHECK_THAT(message, Catch::Contains("; 1.00 MiB limit; 512 B allocated; 2.00 MiB reserved in total by Tessera; 2.00 MiB free in reserved segments)"));
+  CHECK_THAT(message, Catch::Contains("; 1.00 MiB limit; 512 B allocated; 2.00 MiB reserved in "
+                                      "total by Tessera; 2.00 MiB free in reserved segments)"));
   mem::MemoryStats after = mem::stats(cpu1);
   CHECK(after.num_ooms == before.num_ooms + 1);
   CHECK(after.num_alloc_retries == before.num_alloc_retries + 1);
@@ -190,11 +191,12 @@ TEST_CASE("memory: summary names the device and has PyTorch's rows", "[memory]")
   void* p = mem::allocate(cpu1, 4096);
   const std::string text = mem::summary(cpu1);
   CHECK_THAT(text, Catch::Contains("device cpu:1"));
-  CHECK_THAT(text, Catch::Contains("Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed"));
-  for (const char* row : {"Allocated memory", "Active memory", "Requested memory", "Reserved memory",
-                          "Non-releasable memory", "Allocations", "Active allocs",
-                          "Reserved segments", "Non-releasable allocs", "from large pool",
-                          "from small pool"}) {
+  CHECK_THAT(text,
+             Catch::Contains("Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed"));
+  for (const char* row :
+       {"Allocated memory", "Active memory", "Requested memory", "Reserved memory",
+        "Non-releasable memory", "Allocations", "Active allocs", "Reserved segments",
+        "Non-releasable allocs", "from large pool", "from small pool"}) {
     CHECK_THAT(text, Catch::Contains(row));
   }
   mem::deallocate(cpu1, p, 4096);
@@ -245,15 +247,15 @@ TEST_CASE("memory: set_device_resource installs another pool for a device", "[me
   }
   SECTION("a null resource or one made for another device is refused") {
     CHECK_THROWS_AS(mem::set_device_resource(cpu1, nullptr), std::invalid_argument);
-    CHECK_THROWS_WITH(mem::set_device_resource(
-                          cpu1, mem::make_pool_resource(cpu0, mem::host_memory_resource{})),
-                      Catch::Contains("cpu:0") && Catch::Contains("cpu:1"));
+    CHECK_THROWS_WITH(
+        mem::set_device_resource(cpu1, mem::make_pool_resource(cpu0, mem::host_memory_resource{})),
+        Catch::Contains("cpu:0") && Catch::Contains("cpu:1"));
     CHECK(mem::allocated(cpu1) == 4096);
   }
   mem::deallocate(cpu1, p, 1);
-  auto mine = mem::set_device_resource(cpu1, previous ? std::move(previous)
-                                                      : mem::make_pool_resource(
-                                                            cpu1, mem::host_memory_resource{}));
+  auto mine = mem::set_device_resource(
+      cpu1,
+      previous ? std::move(previous) : mem::make_pool_resource(cpu1, mem::host_memory_resource{}));
   REQUIRE(mine != nullptr);
   CHECK(mine->stats().reserved_bytes.current == 65536);
   CHECK(mem::reserved(cpu1) == 0);

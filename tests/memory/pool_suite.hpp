@@ -158,8 +158,8 @@ void peaks() {
 template <class F>
 void empty_cache_keeps_non_releasable() {
   auto pool = F::make();
-  void* small_live = pool->allocate(512);      // small segment, stays live
-  void* small_freed = pool->allocate(4096);    // same segment
+  void* small_live = pool->allocate(512);    // small segment, stays live
+  void* small_freed = pool->allocate(4096);  // same segment
   void* large_freed = pool->allocate(12 * MiB);
   void* medium_freed = pool->allocate(2 * MiB);  // a 20 MiB segment
   pool->deallocate(small_freed, 4096);
@@ -197,7 +197,9 @@ void split_and_merge() {
     auto pool = F::make();
     void* p[4];
     for (auto& q : p) q = pool->allocate(512 * KiB);
-    for (int i = 1; i < 4; ++i) CHECK(static_cast<char*>(p[i]) == static_cast<char*>(p[0]) + i * 512 * KiB);
+    for (int i = 1; i < 4; ++i) {
+      CHECK(static_cast<char*>(p[i]) == static_cast<char*>(p[0]) + i * 512 * KiB);
+    }
     CHECK(pool->stats().segments.current == 1);
     CHECK(pool->stats().inactive_split.current == 0);  // the segment is exactly full
     pool->deallocate(p[1], 512 * KiB);                 // the middle
@@ -266,8 +268,12 @@ void best_fit() {
   CHECK(q == four);
   void* r = pool->allocate(1 * KiB);  // exact fit
   CHECK(r == one);
-  for (auto [pointer, bytes] : {std::pair{p, std::size_t{1536}}, {q, 3 * KiB}, {r, 1 * KiB},
-                                {sep1, 512}, {sep2, 512}, {sep3, 512}}) {
+  for (auto [pointer, bytes] : {std::pair{p, std::size_t{1536}},
+                                {q, 3 * KiB},
+                                {r, 1 * KiB},
+                                {sep1, 512},
+                                {sep2, 512},
+                                {sep3, 512}}) {
     pool->deallocate(pointer, bytes);
   }
   CHECK(pool->stats().allocated_bytes.current == 0);
@@ -428,7 +434,8 @@ void randomized(std::uint64_t seed = 20240607, int steps = 3000) {
   for (int step = 0; step < steps; ++step) {
     const bool do_alloc = shadow.empty() || (shadow.size() < 64 && (rng() % 100) < 55);
     if (do_alloc) {
-      const auto bytes = std::max<std::size_t>(1, static_cast<std::size_t>(std::exp(log_size(rng))));
+      const auto bytes =
+          std::max<std::size_t>(1, static_cast<std::size_t>(std::exp(log_size(rng))));
       char* p = static_cast<char*>(pool->allocate(bytes));
       REQUIRE(p != nullptr);
       REQUIRE(reinterpret_cast<std::uintptr_t>(p) % 256 == 0);
@@ -480,27 +487,27 @@ void randomized(std::uint64_t seed = 20240607, int steps = 3000) {
 }  // namespace pool_suite
 
 /// Instantiates the whole suite for the fixture types given (a Catch2 TEMPLATE_TEST_CASE each).
-#define TESSERA_POOL_SUITE(tag, ...)                                                              \
+#define TESSERA_POOL_SUITE(tag, ...)                                                               \
   TEMPLATE_TEST_CASE("pool: rounding and reservation follow PyTorch's policy", tag, __VA_ARGS__) { \
-    pool_suite::rounding_and_reservation<TestType>();                                             \
-  }                                                                                               \
+    pool_suite::rounding_and_reservation<TestType>();                                              \
+  }                                                                                                \
   TEMPLATE_TEST_CASE("pool: peak and reset_peak", tag, __VA_ARGS__) {                              \
-    pool_suite::peaks<TestType>();                                                                \
-  }                                                                                               \
+    pool_suite::peaks<TestType>();                                                                 \
+  }                                                                                                \
   TEMPLATE_TEST_CASE("pool: empty_cache returns free segments, keeps non-releasable ones", tag,    \
-                     __VA_ARGS__) {                                                               \
-    pool_suite::empty_cache_keeps_non_releasable<TestType>();                                     \
-  }                                                                                               \
+                     __VA_ARGS__) {                                                                \
+    pool_suite::empty_cache_keeps_non_releasable<TestType>();                                      \
+  }                                                                                                \
   TEMPLATE_TEST_CASE("pool: split and merge", tag, __VA_ARGS__) {                                  \
-    pool_suite::split_and_merge<TestType>();                                                      \
-  }                                                                                               \
+    pool_suite::split_and_merge<TestType>();                                                       \
+  }                                                                                                \
   TEMPLATE_TEST_CASE("pool: best fit", tag, __VA_ARGS__) { pool_suite::best_fit<TestType>(); }     \
   TEMPLATE_TEST_CASE("pool: bad input is refused and changes nothing", tag, __VA_ARGS__) {         \
-    pool_suite::bad_input<TestType>();                                                            \
-  }                                                                                               \
+    pool_suite::bad_input<TestType>();                                                             \
+  }                                                                                                \
   TEMPLATE_TEST_CASE("pool: limit, OOM and the retry ladder", tag, __VA_ARGS__) {                  \
-    pool_suite::limit_and_oom<TestType>();                                                        \
-  }                                                                                               \
+    pool_suite::limit_and_oom<TestType>();                                                         \
+  }                                                                                                \
   TEMPLATE_TEST_CASE("pool: randomized allocations against a shadow model", tag, __VA_ARGS__) {    \
-    pool_suite::randomized<TestType>();                                                           \
+    pool_suite::randomized<TestType>();                                                            \
   }

@@ -20,9 +20,9 @@ using tessera::Device;
 using tessera::DeviceType;
 using tessera::stream_ref;
 namespace mem = tessera::memory;
+using pool_suite::i64;
 using pool_suite::KiB;
 using pool_suite::MiB;
-using pool_suite::i64;
 
 TESSERA_POOL_SUITE("[pool]", host_fixtures::host, host_fixtures::limited_host)
 

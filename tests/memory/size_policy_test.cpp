@@ -52,9 +52,9 @@ TEST_CASE("pytorch_size_policy: the oversize rule with max_split_size", "[memory
   CHECK(policy.may_use(100 * MiB, 2 * MiB));  // unlimited by default
   tessera::memory::pytorch_size_policy capped;
   capped.max_split_size = 64 * MiB;
-  CHECK_FALSE(capped.may_use(64 * MiB, 2 * MiB));        // small request, oversize block
+  CHECK_FALSE(capped.may_use(64 * MiB, 2 * MiB));              // small request, oversize block
   CHECK(capped.may_use(64 * MiB + 20 * MiB - 512, 64 * MiB));  // wastes less than 20 MiB
-  CHECK_FALSE(capped.may_use(84 * MiB, 64 * MiB));       // wastes 20 MiB
+  CHECK_FALSE(capped.may_use(84 * MiB, 64 * MiB));             // wastes 20 MiB
   CHECK_FALSE(capped.should_split(false, 200 * MiB, 64 * MiB));
   CHECK(capped.should_split(false, 20 * MiB, 2 * MiB));
 }

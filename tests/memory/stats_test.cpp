@@ -53,18 +53,28 @@ TEST_CASE("format_summary: PyTorch's layout, rows and units", "[memory][stats]")
   CHECK_THAT(text, Catch::Contains("Tessera memory summary, device cpu:1"));
   CHECK_THAT(text, Catch::Contains("OOMs: 3"));
   CHECK_THAT(text, Catch::Contains("alloc retries: 4"));
-  CHECK_THAT(text, Catch::Contains("        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "));
-  for (const char* row : {"Allocated memory", "Active memory", "Requested memory", "Reserved memory",
-                          "Non-releasable memory", "Allocations", "Active allocs",
-                          "Reserved segments", "Non-releasable allocs", "from large pool",
-                          "from small pool"}) {
+  CHECK_THAT(text,
+             Catch::Contains(
+                 "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  "));
+  for (const char* row :
+       {"Allocated memory", "Active memory", "Requested memory", "Reserved memory",
+        "Non-releasable memory", "Allocations", "Active allocs", "Reserved segments",
+        "Non-releasable allocs", "from large pool", "from small pool"}) {
     CHECK_THAT(text, Catch::Contains(row));
   }
   // 1536 B stays in bytes (below 768 KiB); 2 MiB moves to KiB (2048) and no further.
-  CHECK_THAT(text, Catch::Contains("| Allocated memory      |   1536 B   |   1536 B   |   1536 B   |      0 B   |"));
-  CHECK_THAT(text, Catch::Contains("| Reserved memory       |   2048 KiB |   2048 KiB |   2048 KiB |      0 B   |"));
-  CHECK_THAT(text, Catch::Contains("|       from large pool |      0 KiB |      0 KiB |      0 KiB |      0 B   |"));
-  CHECK_THAT(text, Catch::Contains("| Allocations           |       2    |       2    |       2    |       0    |"));
+  CHECK_THAT(text,
+             Catch::Contains(
+                 "| Allocated memory      |   1536 B   |   1536 B   |   1536 B   |      0 B   |"));
+  CHECK_THAT(text,
+             Catch::Contains(
+                 "| Reserved memory       |   2048 KiB |   2048 KiB |   2048 KiB |      0 B   |"));
+  CHECK_THAT(text,
+             Catch::Contains(
+                 "|       from large pool |      0 KiB |      0 KiB |      0 KiB |      0 B   |"));
+  CHECK_THAT(text,
+             Catch::Contains(
+                 "| Allocations           |       2    |       2    |       2    |       0    |"));
   // Every line is the 75-column box plus its borders.
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) CHECK(line.size() == 77);

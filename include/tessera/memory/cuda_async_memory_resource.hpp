@@ -1,7 +1,8 @@
 // Stream-ordered device memory from CUDA's own pool allocator (cudaMallocFromPoolAsync /
 // cudaFreeAsync), over a memory pool this resource creates for its device. Used under
 // pool_resource it gives a Tessera pool (same statistics) whose segments come from the driver's
-// pool instead of cudaMalloc; cudaFreeAsync does not synchronise the device. Only with TESSERA_CUDA.
+// pool instead of cudaMalloc; cudaFreeAsync does not synchronise the device. Only with
+// TESSERA_CUDA.
 #pragma once
 
 #include <cstddef>
@@ -66,12 +67,12 @@ class cuda_async_memory_resource {
   void* allocate(std::size_t bytes, stream_ref stream = {}) {
     detail::cuda_device_scope scope(device_);
     void* pointer = nullptr;
-    detail::check_cuda_allocation(
-        cudaMallocFromPoolAsync(&pointer, bytes, pool_, stream.native()),
-        "cudaMallocFromPoolAsync(&pointer, bytes, pool, stream)",
-        "cudaMallocFromPoolAsync of " + format_bytes(bytes) + " on cuda:" +
-            std::to_string(device_) + " failed: out of memory",
-        __FILE__, __LINE__);
+    detail::check_cuda_allocation(cudaMallocFromPoolAsync(&pointer, bytes, pool_, stream.native()),
+                                  "cudaMallocFromPoolAsync(&pointer, bytes, pool, stream)",
+                                  "cudaMallocFromPoolAsync of " + format_bytes(bytes) +
+                                      " on cuda:" + std::to_string(device_) +
+                                      " failed: out of memory",
+                                  __FILE__, __LINE__);
     return pointer;
   }
 

@@ -25,7 +25,7 @@ class host_memory_resource {
   /// Allocates `bytes` (> 0) bytes aligned to 256; the stream is ignored (host memory is usable by
   /// any host work). Throws out_of_memory_error when the heap cannot provide them.
   void* allocate(std::size_t bytes, stream_ref = {}) {
-    void* pointer = ::operator new(bytes, std::align_val_t{alignment}, std::nothrow);
+    void* pointer = ::operator new (bytes, std::align_val_t{alignment}, std::nothrow);
     if (pointer == nullptr) {
       throw out_of_memory_error("host_memory_resource: the heap cannot provide " +
                                 format_bytes(bytes));
@@ -35,7 +35,7 @@ class host_memory_resource {
 
   /// Returns memory from allocate; `bytes` must be the size that was allocated.
   void deallocate(void* pointer, std::size_t, stream_ref = {}) noexcept {
-    ::operator delete(pointer, std::align_val_t{alignment});
+    ::operator delete (pointer, std::align_val_t{alignment});
   }
 
   /// Physical memory of the machine in bytes (0 when the platform cannot tell).

@@ -69,17 +69,13 @@ class limit_resource_adaptor {
   std::size_t held() const noexcept { return held_.load(std::memory_order_relaxed); }
 
   /// The upstream's capacity, when it has one.
-  std::size_t capacity() const
-    requires requires(const Upstream& upstream) { upstream.capacity(); }
-  {
-    return upstream_.capacity();
-  }
+  std::size_t capacity() const requires requires(const Upstream& upstream) { upstream.capacity(); }
+  { return upstream_.capacity(); }
   /// The upstream's free capacity, when it has one.
-  std::size_t free_capacity() const
-    requires requires(const Upstream& upstream) { upstream.free_capacity(); }
-  {
-    return upstream_.free_capacity();
+  std::size_t free_capacity() const requires requires(const Upstream& upstream) {
+    upstream.free_capacity();
   }
+  { return upstream_.free_capacity(); }
 
   Upstream& upstream() noexcept { return upstream_; }
   const Upstream& upstream() const noexcept { return upstream_; }

@@ -42,7 +42,8 @@ inline std::unique_ptr<device_memory_resource> make_default_device_resource(Devi
   return std::make_unique<device_resource_adaptor<cuda_pool_resource>>(
       device, limit_resource_adaptor<cuda_memory_resource>(cuda_memory_resource(device.index)));
 #else
-  throw device_error("no memory resource for " + device.str() + ": CUDA support is not compiled in");
+  throw device_error("no memory resource for " + device.str() +
+                     ": CUDA support is not compiled in");
 #endif
 }
 
@@ -70,8 +71,8 @@ class device_registry {
 
   /// Installs `resource` for an existing device and returns the previous one (nullptr if none
   /// was created yet). Throws tessera::error if the previous one has live allocations.
-  std::unique_ptr<device_memory_resource> replace(Device device,
-                                                  std::unique_ptr<device_memory_resource> resource) {
+  std::unique_ptr<device_memory_resource> replace(
+      Device device, std::unique_ptr<device_memory_resource> resource) {
     std::lock_guard lock(mutex_);
     device_memory_resource* previous = slot(device).load(std::memory_order_acquire);
     if (previous != nullptr) {

@@ -17,19 +17,19 @@ namespace tessera::memory {
 
 /// Pinned host memory. It declares no stream policy: a pool over it treats it as host memory, so
 /// callers synchronise the copy streams before freeing, or give the pool cuda_stream_policy and a
-/// CUDA device (pool_resource<pinned_host_memory_resource, pytorch_size_policy, cuda_stream_policy>)
-/// to have frees wait for recorded streams.
+/// CUDA device (pool_resource<pinned_host_memory_resource, pytorch_size_policy,
+/// cuda_stream_policy>) to have frees wait for recorded streams.
 class pinned_host_memory_resource {
  public:
   /// cudaHostAlloc of `bytes` (portable: pinned for every device). Throws out_of_memory_error when
   /// the host cannot pin that much, cuda_error for any other failure.
   void* allocate(std::size_t bytes, stream_ref = {}) {
     void* pointer = nullptr;
-    detail::check_cuda_allocation(cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable),
-                                  "cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable)",
-                                  "cudaHostAlloc of " + format_bytes(bytes) +
-                                      " failed: out of pinned host memory",
-                                  __FILE__, __LINE__);
+    detail::check_cuda_allocation(
+        cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable),
+        "cudaHostAlloc(&pointer, bytes, cudaHostAllocPortable)",
+        "cudaHostAlloc of " + format_bytes(bytes) + " failed: out of pinned host memory", __FILE__,
+        __LINE__);
     return pointer;
   }
 

@@ -181,8 +181,9 @@ class pool_resource {
 
   /// Sets the upstream's cap on reserved bytes (no_limit removes it); when reserved memory is
   /// above the new cap, the cache is emptied first. Only for upstreams with a limit.
-  void set_limit(std::size_t bytes)
-    requires requires(Upstream& upstream) { upstream.set_limit(bytes); }
+  void set_limit(std::size_t bytes) requires requires(Upstream& upstream) {
+    upstream.set_limit(bytes);
+  }
   {
     std::lock_guard lock(mutex_);
     if (static_cast<std::size_t>(stats_.reserved_bytes.current) > bytes) {
@@ -192,17 +193,11 @@ class pool_resource {
     upstream_.set_limit(bytes);
   }
   /// The upstream's cap in bytes, or no_limit.
-  std::size_t limit() const
-    requires requires(const Upstream& upstream) { upstream.limit(); }
-  {
-    return upstream_.limit();
-  }
+  std::size_t limit() const requires requires(const Upstream& upstream) { upstream.limit(); }
+  { return upstream_.limit(); }
   /// The upstream's capacity in bytes, when it has one.
-  std::size_t capacity() const
-    requires requires(const Upstream& upstream) { upstream.capacity(); }
-  {
-    return upstream_.capacity();
-  }
+  std::size_t capacity() const requires requires(const Upstream& upstream) { upstream.capacity(); }
+  { return upstream_.capacity(); }
 
   Device device() const noexcept { return device_; }
   /// The upstream. Allocating from it directly bypasses the pool's accounting.
@@ -384,7 +379,8 @@ class pool_resource {
     for (block* neighbour : {b->prev, b->next}) {
       if (neighbour == nullptr || neighbour->allocated || neighbour->event_count > 0) continue;
       free_set& pool = pool_of(small);
-      pool.erase(pool.find(neighbour));  // find + erase(iterator): one descent, not equal_range's two
+      pool.erase(
+          pool.find(neighbour));  // find + erase(iterator): one descent, not equal_range's two
       if (neighbour == b->prev) {
         b->pointer = neighbour->pointer;
         b->prev = neighbour->prev;

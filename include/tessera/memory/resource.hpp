@@ -1,7 +1,8 @@
 // The shape every Tessera memory resource has: RMM's and cuda::mr's stream-ordered
 // `allocate(bytes, stream)` / `deallocate(p, bytes, stream)`. Upstreams (host, pinned, cudaMalloc,
 // cudaMallocAsync), adaptors (limit, statistics, trace) and the pool all satisfy `memory_resource`,
-// so they compose as template arguments: pool_resource<limit_resource_adaptor<host_memory_resource>>.
+// so they compose as template arguments:
+// pool_resource<limit_resource_adaptor<host_memory_resource>>.
 #pragma once
 
 #include <concepts>
@@ -18,7 +19,8 @@ namespace tessera::memory {
 /// "no memory" (release the cache and retry) from any other failure. `deallocate` takes the size
 /// that was passed to `allocate` and the stream on which the memory was last used.
 template <class R>
-concept memory_resource = requires(R& resource, void* pointer, std::size_t bytes, stream_ref stream) {
+concept memory_resource = requires(R& resource, void* pointer, std::size_t bytes,
+                                   stream_ref stream) {
   { resource.allocate(bytes, stream) } -> std::same_as<void*>;
   resource.deallocate(pointer, bytes, stream);
 };

@@ -66,26 +66,18 @@ class statistics_resource_adaptor {
   }
 
   /// Forwarded to the upstream when it has a limit (so a pool over this adaptor keeps set_limit).
-  void set_limit(std::size_t bytes)
-    requires requires(Upstream& upstream) { upstream.set_limit(bytes); }
-  {
-    upstream_.set_limit(bytes);
+  void set_limit(std::size_t bytes) requires requires(Upstream& upstream) {
+    upstream.set_limit(bytes);
   }
-  std::size_t limit() const
-    requires requires(const Upstream& upstream) { upstream.limit(); }
-  {
-    return upstream_.limit();
+  { upstream_.set_limit(bytes); }
+  std::size_t limit() const requires requires(const Upstream& upstream) { upstream.limit(); }
+  { return upstream_.limit(); }
+  std::size_t capacity() const requires requires(const Upstream& upstream) { upstream.capacity(); }
+  { return upstream_.capacity(); }
+  std::size_t free_capacity() const requires requires(const Upstream& upstream) {
+    upstream.free_capacity();
   }
-  std::size_t capacity() const
-    requires requires(const Upstream& upstream) { upstream.capacity(); }
-  {
-    return upstream_.capacity();
-  }
-  std::size_t free_capacity() const
-    requires requires(const Upstream& upstream) { upstream.free_capacity(); }
-  {
-    return upstream_.free_capacity();
-  }
+  { return upstream_.free_capacity(); }
 
   Upstream& upstream() noexcept { return upstream_; }
   const Upstream& upstream() const noexcept { return upstream_; }

@@ -148,7 +148,8 @@ inline std::string format_summary(const MemoryStats& stats, Device device) {
                 static_cast<long long>(stats.num_alloc_retries));
   out += detail::summary_line(counts);
   out += "|" + double_rule + "|\n";
-  out += detail::summary_line("        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ");
+  out += detail::summary_line(
+      "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ");
 
   struct metric {
     const char* name;

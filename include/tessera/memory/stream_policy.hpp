@@ -20,8 +20,8 @@ namespace tessera::memory {
 /// What pool_resource needs from a stream policy. When `tracks_streams` is false the pool treats
 /// every stream as the default one and never calls the event functions.
 template <class P>
-concept stream_policy = std::constructible_from<P, Device> && requires(P& policy, stream_ref stream,
-                                                                        typename P::event_type event) {
+concept stream_policy = std::constructible_from<P, Device> &&
+    requires(P& policy, stream_ref stream, typename P::event_type event) {
   { P::tracks_streams } -> std::convertible_to<bool>;
   { policy.record(stream) } -> std::same_as<typename P::event_type>;
   { policy.query(event) } -> std::same_as<bool>;
@@ -113,7 +113,7 @@ struct default_stream_policy {
   using type = host_stream_policy;
 };
 template <class Upstream>
-  requires requires { typename Upstream::stream_policy; }
+requires requires { typename Upstream::stream_policy; }
 struct default_stream_policy<Upstream> {
   using type = typename Upstream::stream_policy;
 };

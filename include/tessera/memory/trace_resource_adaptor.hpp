@@ -52,12 +52,11 @@ class trace_resource_adaptor {
     init(capacity);
   }
   /// Moves the upstream and the events; only meant for building a resource before use.
-  trace_resource_adaptor(trace_resource_adaptor&& other) noexcept
-    requires std::is_nothrow_move_constructible_v<Upstream>
-      : upstream_(std::move(other.upstream_)),
-        ring_(std::move(other.ring_)),
-        next_(other.next_),
-        count_(other.count_) {}
+  trace_resource_adaptor(trace_resource_adaptor&& other) noexcept requires
+      std::is_nothrow_move_constructible_v<Upstream> : upstream_(std::move(other.upstream_)),
+                                                       ring_(std::move(other.ring_)),
+                                                       next_(other.next_),
+                                                       count_(other.count_) {}
   trace_resource_adaptor(const trace_resource_adaptor&) = delete;
   trace_resource_adaptor& operator=(const trace_resource_adaptor&) = delete;
 
@@ -99,26 +98,18 @@ class trace_resource_adaptor {
     count_ = 0;
   }
 
-  void set_limit(std::size_t bytes)
-    requires requires(Upstream& upstream) { upstream.set_limit(bytes); }
-  {
-    upstream_.set_limit(bytes);
+  void set_limit(std::size_t bytes) requires requires(Upstream& upstream) {
+    upstream.set_limit(bytes);
   }
-  std::size_t limit() const
-    requires requires(const Upstream& upstream) { upstream.limit(); }
-  {
-    return upstream_.limit();
+  { upstream_.set_limit(bytes); }
+  std::size_t limit() const requires requires(const Upstream& upstream) { upstream.limit(); }
+  { return upstream_.limit(); }
+  std::size_t capacity() const requires requires(const Upstream& upstream) { upstream.capacity(); }
+  { return upstream_.capacity(); }
+  std::size_t free_capacity() const requires requires(const Upstream& upstream) {
+    upstream.free_capacity();
   }
-  std::size_t capacity() const
-    requires requires(const Upstream& upstream) { upstream.capacity(); }
-  {
-    return upstream_.capacity();
-  }
-  std::size_t free_capacity() const
-    requires requires(const Upstream& upstream) { upstream.free_capacity(); }
-  {
-    return upstream_.free_capacity();
-  }
+  { return upstream_.free_capacity(); }
 
   Upstream& upstream() noexcept { return upstream_; }
   const Upstream& upstream() const noexcept { return upstream_; }

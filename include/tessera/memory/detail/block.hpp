@@ -19,7 +19,7 @@ struct block {
   stream_ref stream;          // the stream it was allocated on; reuse without events only there
   block* prev = nullptr;      // neighbours in the same segment
   block* next = nullptr;
-  bool small = false;         // from the small pool
+  bool small = false;  // from the small pool
   bool allocated = false;
   int event_count = 0;                  // events still pending after a cross-stream free
   std::vector<stream_ref> stream_uses;  // other streams it was used on (record_stream)

@@ -78,13 +78,13 @@ class node_allocator {
     if (count == 1 && sizeof(T) <= node_arena::slot_size && alignof(T) <= 16) {
       return static_cast<T*>(arena_->allocate());
     }
-    return static_cast<T*>(::operator new(count * sizeof(T), std::align_val_t{alignof(T)}));
+    return static_cast<T*>(::operator new (count * sizeof(T), std::align_val_t{alignof(T)}));
   }
   void deallocate(T* pointer, std::size_t count) noexcept {
     if (count == 1 && sizeof(T) <= node_arena::slot_size && alignof(T) <= 16) {
       arena_->deallocate(pointer);
     } else {
-      ::operator delete(pointer, std::align_val_t{alignof(T)});
+      ::operator delete (pointer, std::align_val_t{alignof(T)});
     }
   }
   node_arena* arena() const noexcept { return arena_; }
