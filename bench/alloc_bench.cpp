@@ -16,6 +16,7 @@
 
 #include "tessera/core/device.hpp"
 #include "tessera/memory/memory.hpp"
+#include "tessera/tensor/factories.hpp"
 
 #if TESSERA_BENCH_TORCH
 #include <torch/torch.h>
@@ -93,8 +94,25 @@ void BM_malloc(benchmark::State& state) {
 }
 BENCHMARK(BM_malloc);
 
-// The tensor-level variant, ts::empty<float>(shape) on cpu:0 with the same ring and sizes (bytes
-// / 4 floats), belongs here as BM_tessera_empty, with its ratio added in main below.
+// Whole tensors: ts::empty<uint8_t>({n}) on cpu:0, the same bytes as torch::empty's kUInt8 below.
+// A tensor is a refcounted storage handle plus shape and strides on top of the pool's block.
+void BM_tessera_empty(benchmark::State& state) {
+  const auto& sz = sizes();
+  std::vector<tessera::Tensor<std::uint8_t>> ring(ring_size);
+  std::size_t next = 0;
+  for (auto& t : ring)
+    t = tessera::empty<std::uint8_t>({static_cast<std::int64_t>(sz[next++ % num_sizes])});
+  std::size_t i = 0;
+  for (auto _ : state) {
+    auto& t = ring[i++ % ring_size];
+    t = tessera::Tensor<std::uint8_t>();  // free first, as the other contenders do
+    t = tessera::empty<std::uint8_t>({static_cast<std::int64_t>(sz[next++ % num_sizes])});
+    (void)keep(t.data());
+  }
+  ring.clear();
+  tessera::memory::empty_cache(tessera::Device{});
+}
+BENCHMARK(BM_tessera_empty);
 
 #if TESSERA_BENCH_TORCH
 void BM_torch_empty(benchmark::State& state) {
@@ -163,6 +181,8 @@ int main(int argc, char** argv) {
   std::printf("\nper alloc+free pair (32 live, sizes 512 B..4 MiB):\n");
   print_ratio(reporter.results, "tessera / malloc", "BM_tessera_pool", "BM_malloc");
   print_ratio(reporter.results, "torch / tessera", "BM_torch_empty", "BM_tessera_pool");
+  print_ratio(reporter.results, "tessera tensor / malloc", "BM_tessera_empty", "BM_malloc");
+  print_ratio(reporter.results, "torch / tessera tensor", "BM_torch_empty", "BM_tessera_empty");
 #if !TESSERA_BENCH_TORCH
   std::printf("torch / tessera: LibTorch not found at configure time\n");
 #endif
