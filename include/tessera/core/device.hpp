@@ -3,6 +3,8 @@
 // (TESSERA_CPU_DEVICES=N) so that multi-device code runs on machines without GPUs.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <concepts>
 #include <cstdint>
@@ -10,6 +12,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <thread>
 
 #include "tessera/core/config.hpp"
 #include "tessera/core/error.hpp"
@@ -61,6 +64,11 @@ struct cpu {
   static void set_device(int index);
   /// CPU work is synchronous for now; kept so device-agnostic code can call it.
   static void synchronize(int index = -1);
+  /// Threads a CPU device's loops use: set_num_threads's value, else the cores divided among
+  /// the virtual devices (at least 1).
+  static int num_threads();
+  /// Sets the threads every CPU device's loops use (std::invalid_argument below 1).
+  static void set_num_threads(int threads);
 };
 
 /// The CUDA device kind. Every query treats "no driver" and "no device" as "not available".
@@ -187,6 +195,28 @@ Device resolve_device(int index) {
 inline void cpu::set_device(int index) {
   check_device(Device{DeviceType::cpu, index});
   detail::current_cpu_device_slot() = index;
+}
+
+namespace detail {
+inline std::atomic<int>& cpu_thread_setting() {
+  static std::atomic<int> threads{0};  // 0: the default share of the cores
+  return threads;
+}
+}  // namespace detail
+
+inline int cpu::num_threads() {
+  int set = detail::cpu_thread_setting().load(std::memory_order_relaxed);
+  if (set > 0) return set;
+  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, cores / device_count());
+}
+
+inline void cpu::set_num_threads(int threads) {
+  if (threads < 1) {
+    throw std::invalid_argument("cpu::set_num_threads: " + std::to_string(threads) +
+                                " threads requested; at least 1 is needed");
+  }
+  detail::cpu_thread_setting().store(threads, std::memory_order_relaxed);
 }
 
 inline void cpu::synchronize(int index) {
