@@ -1,7 +1,8 @@
 // Element copies between any two devices and dtypes, and fills, on raw strided memory. The
-// tensor layer (copy_, to, contiguous, cat, fill_) calls only these two functions. On the CPU they
-// run the strided loop; on CUDA, kernels when the unit is compiled by nvcc, otherwise the bytes are
-// staged through the host so that g++ units can still copy CUDA tensors.
+// tensor layer (copy_, to, contiguous, cat, fill_) calls only these two functions. They run on the
+// expression engine's executors (a cast of one operand, or a constant), so a copy is one pass like
+// any fused statement. CUDA needs nvcc for kernels; a g++ unit stages the bytes through the host
+// and runs the CPU executor, so it can still copy CUDA tensors.
 #pragma once
 
 #include <algorithm>
@@ -10,13 +11,14 @@
 #include <memory>
 #include <type_traits>
 
-#include "tessera/backend/cpu/strided_loop.hpp"
+#include "tessera/backend/cpu/executor.hpp"
+#include "tessera/backend/evaluator.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/core/stream.hpp"
 #include "tessera/memory/memory.hpp"
 #if TESSERA_CUDA_KERNELS
-#include "tessera/backend/cuda/strided_loop.cuh"
+#include "tessera/backend/cuda/executor.cuh"
 #endif
 
 namespace tessera::detail {
@@ -68,6 +70,24 @@ struct scratch_buffer {
   scratch_buffer& operator=(const scratch_buffer&) = delete;
 };
 
+/// dst = To(src) over `shape` on the CPU executor (one pass).
+template <class To, class From>
+void cpu_convert(To* dst, const Strides& dst_strides, const From* src, const Strides& src_strides,
+                 const Shape& shape) {
+  backend::cpu::execute(dst, dst_strides, shape, std::array<Strides, 1>{src_strides},
+                        [&](const Strides* strides, int rank) {
+                          using leaf = backend::leaf_evaluator<From>;
+                          return backend::cast_evaluator<To, leaf>{leaf(src, strides[0], rank)};
+                        });
+}
+
+/// dst = value over `shape` on the CPU executor (one pass).
+template <class T>
+void cpu_fill(T* dst, const Strides& dst_strides, const Shape& shape, T value) {
+  backend::cpu::execute(dst, dst_strides, shape, std::array<Strides, 0>{},
+                        [&](const Strides*, int) { return backend::scalar_evaluator<T>{value}; });
+}
+
 #if TESSERA_CUDA
 /// Copies raw bytes between any two devices (host memory of any virtual CPU device is one space).
 inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
@@ -91,12 +111,16 @@ inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src
 template <class To, class From>
 void convert_on_device(strided_ref<To> dst, strided_ref<const From> src, const Shape& shape) {
   if (dst.device.is_cpu()) {
-    backend::cpu::convert(dst.data, dst.strides, src.data, src.strides, shape);
+    cpu_convert(dst.data, dst.strides, src.data, src.strides, shape);
     return;
   }
 #if TESSERA_CUDA_KERNELS
   DeviceGuard<tessera::cuda> guard(dst.device.index);
-  backend::cuda::convert(dst.data, dst.strides, src.data, src.strides, shape, stream_ref{});
+  backend::cuda::execute(dst.data, dst.strides, shape, std::array<Strides, 1>{src.strides},
+                         [&](const Strides* strides, int rank) {
+                           using leaf = backend::leaf_evaluator<From>;
+                           return backend::cast_evaluator<To, leaf>{leaf(src.data, strides[0], rank)};
+                         });
 #elif TESSERA_CUDA
   // Not compiled by nvcc: stage both spans through the host and run the CPU loop.
   element_span src_span = span_of(shape, src.strides);
@@ -111,8 +135,8 @@ void convert_on_device(strided_ref<To> dst, strided_ref<const From> src, const S
     copy_bytes(dst_host.get(), Device{}, dst.data + dst_span.first, dst.device,
                sizeof(To) * static_cast<std::size_t>(dst_count));
   }
-  backend::cpu::convert(dst_host.get() - dst_span.first, dst.strides,
-                        src_host.get() - src_span.first, src.strides, shape);
+  cpu_convert(dst_host.get() - dst_span.first, dst.strides, src_host.get() - src_span.first,
+              src.strides, shape);
   copy_bytes(dst.data + dst_span.first, dst.device, dst_host.get(), Device{},
              sizeof(To) * static_cast<std::size_t>(dst_count));
 #else
@@ -166,12 +190,13 @@ template <class T>
 void fill_strided(strided_ref<T> dst, const Shape& shape, T value) {
   if (shape.numel() == 0) return;
   if (dst.device.is_cpu()) {
-    backend::cpu::fill(dst.data, dst.strides, shape, value);
+    cpu_fill(dst.data, dst.strides, shape, value);
     return;
   }
 #if TESSERA_CUDA_KERNELS
   DeviceGuard<tessera::cuda> guard(dst.device.index);
-  backend::cuda::fill(dst.data, dst.strides, shape, value, stream_ref{});
+  backend::cuda::execute(dst.data, dst.strides, shape, std::array<Strides, 0>{},
+                         [&](const Strides*, int) { return backend::scalar_evaluator<T>{value}; });
 #elif TESSERA_CUDA
   // Not compiled by nvcc: fill the span on the host and copy it over.
   element_span span = span_of(shape, dst.strides);
@@ -180,7 +205,7 @@ void fill_strided(strided_ref<T> dst, const Shape& shape, T value) {
   if (!is_dense(shape, dst.strides)) {  // keep the elements between the view's elements
     copy_bytes(host.get(), Device{}, dst.data + span.first, dst.device, count * sizeof(T));
   }
-  backend::cpu::fill(host.get() - span.first, dst.strides, shape, value);
+  cpu_fill(host.get() - span.first, dst.strides, shape, value);
   copy_bytes(dst.data + span.first, dst.device, host.get(), Device{}, count * sizeof(T));
 #else
   throw device_error("fill on " + dst.device.str() + ": Tessera was built without CUDA support");

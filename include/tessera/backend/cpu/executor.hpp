@@ -1,0 +1,95 @@
+// The CPU executor: runs one evaluator over an output in one pass (one "launch"), threaded with
+// parallel_for. When the output and every operand are contiguous with the output's shape it loops
+// over a linear index the compiler can vectorise; otherwise it merges dimensions (strided_layout)
+// and walks rows: one dot product per row to place each operand, then a strided inner loop.
+#pragma once
+
+#include <array>
+#include <cstdint>
+
+#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/strided_loop.hpp"
+#include "tessera/backend/evaluator.hpp"
+#include "tessera/core/profiler.hpp"
+#include "tessera/core/shape.hpp"
+
+namespace tessera::backend::cpu {
+
+/// True when `strides` lay `shape` out row-major without gaps (extent-1 dimensions may have any
+/// stride): the condition for walking an operand with a linear index.
+inline bool is_row_major(const Shape& shape, const Strides& strides) {
+  std::int64_t expected = 1;
+  for (int d = shape.size() - 1; d >= 0; --d) {
+    if (shape[d] == 1) continue;
+    if (strides[d] != expected) return false;
+    expected *= shape[d];
+  }
+  return true;
+}
+
+/// Elements per task: below this a loop runs on one thread (thread start-up costs about as much).
+inline constexpr std::int64_t grain_size = 32768;
+
+/// out[index] = store_cast<T>(evaluator.get(index)) for every index of `shape`.
+/// `leaf_strides` holds each operand's strides already expanded to `shape` (0 where broadcast),
+/// in the order the factory consumes them; make_evaluator(strides, rank) builds the evaluator
+/// for the (possibly merged) layout it is given. Counts one launch.
+template <class T, std::size_t L, class MakeEvaluator>
+void execute(T* out, const Strides& out_strides, const Shape& shape,
+             const std::array<Strides, L>& leaf_strides, MakeEvaluator&& make_evaluator) {
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+
+  bool linear = is_row_major(shape, out_strides);
+  for (std::size_t k = 0; linear && k < L; ++k) linear = is_row_major(shape, leaf_strides[k]);
+  if (linear) {
+    const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    parallel_for(0, n, grain_size, [&](std::int64_t first, std::int64_t last) {
+      for (std::int64_t i = first; i < last; ++i) {
+        out[i] = store_cast<T>(evaluator.get(linear_access{i}));
+      }
+    });
+    return;
+  }
+
+  std::array<Strides, L + 1> all;
+  all[0] = out_strides;
+  for (std::size_t k = 0; k < L; ++k) all[k + 1] = leaf_strides[k];
+  const strided_layout<static_cast<int>(L + 1)> layout(shape, all);
+  const int rank = layout.shape.size();
+  if (rank == 0) {  // a single element behind unusual strides
+    const auto evaluator = make_evaluator(layout.strides.data() + 1, 0);
+    out[0] = store_cast<T>(evaluator.get(index_access{nullptr}));
+    return;
+  }
+  const std::int64_t inner = layout.shape[rank - 1];
+  const std::int64_t rows = n / inner;
+  const std::int64_t out_inner = layout.strides[0][rank - 1];
+  const auto prototype = make_evaluator(layout.strides.data() + 1, rank);
+  parallel_for(0, rows, std::max<std::int64_t>(1, grain_size / inner),
+               [&](std::int64_t first_row, std::int64_t last_row) {
+                 auto evaluator = prototype;
+                 std::int64_t index[max_dims] = {};
+                 // Row number -> index over the outer dimensions (the last one stays 0).
+                 for (std::int64_t r = first_row, d = rank - 2; d >= 0; --d) {
+                   index[d] = r % layout.shape[static_cast<int>(d)];
+                   r /= layout.shape[static_cast<int>(d)];
+                 }
+                 for (std::int64_t row = first_row; row < last_row; ++row) {
+                   std::int64_t out_offset = 0;
+                   for (int d = 0; d + 1 < rank; ++d) out_offset += index[d] * layout.strides[0][d];
+                   evaluator.bind_row(index);
+                   T* out_row = out + out_offset;
+                   for (std::int64_t i = 0; i < inner; ++i) {
+                     out_row[i * out_inner] = store_cast<T>(evaluator.get(row_access{i}));
+                   }
+                   for (int d = rank - 2; d >= 0; --d) {  // odometer over the outer dimensions
+                     if (++index[d] < layout.shape[d]) break;
+                     index[d] = 0;
+                   }
+                 }
+               });
+}
+
+}  // namespace tessera::backend::cpu

@@ -1,0 +1,128 @@
+// The CUDA executor: one kernel per assignment. A grid-stride loop with several elements per
+// thread; operands contiguous with the output's shape are read at a linear index (coalesced),
+// others through the N-d index of the merged layout. The evaluator is passed by value, so its
+// size is checked against the kernel-parameter limit. Included only by nvcc-compiled units.
+#pragma once
+
+#include "tessera/core/config.hpp"
+
+#if TESSERA_CUDA_KERNELS
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <mutex>
+#include <vector>
+
+#include "tessera/backend/cpu/executor.hpp"
+#include "tessera/backend/evaluator.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/profiler.hpp"
+#include "tessera/core/stream.hpp"
+
+namespace tessera::backend::cuda {
+
+/// Elements each thread handles per grid-stride step (independent loads in flight).
+inline constexpr int elements_per_thread = 4;
+inline constexpr int threads_per_block = 256;
+
+template <class T, class Evaluator>
+__global__ void __launch_bounds__(threads_per_block)
+    linear_kernel(T* out, Evaluator evaluator, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  // Unrolled so each thread has elements_per_thread independent loads in flight; consecutive
+  // threads touch consecutive elements, so every access is coalesced.
+  for (; i + (elements_per_thread - 1) * stride < n; i += elements_per_thread * stride) {
+#pragma unroll
+    for (int k = 0; k < elements_per_thread; ++k) {
+      out[i + k * stride] = store_cast<T>(evaluator.get(linear_access{i + k * stride}));
+    }
+  }
+  for (; i < n; i += stride) out[i] = store_cast<T>(evaluator.get(linear_access{i}));
+}
+
+struct strided_layout_args {
+  int rank = 0;
+  std::int64_t sizes[max_dims] = {};
+  std::int64_t out_strides[max_dims] = {};
+};
+
+template <class T, class Evaluator>
+__global__ void __launch_bounds__(threads_per_block)
+    strided_kernel(T* out, Evaluator evaluator, strided_layout_args layout, std::int64_t n) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
+       i += stride) {
+    std::int64_t index[max_dims];
+    std::int64_t rest = i;
+    std::int64_t out_offset = 0;
+    for (int d = layout.rank - 1; d >= 0; --d) {
+      index[d] = rest % layout.sizes[d];
+      rest /= layout.sizes[d];
+      out_offset += index[d] * layout.out_strides[d];
+    }
+    out[out_offset] = store_cast<T>(evaluator.get(index_access{index}));
+  }
+}
+
+/// Streaming multiprocessors of the current device (cached per device).
+inline int multiprocessor_count() {
+  static std::mutex mutex;
+  static std::vector<int> counts;
+  int device = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mutex);
+  if (counts.size() <= static_cast<std::size_t>(device)) counts.resize(device + 1, 0);
+  if (counts[device] == 0) {
+    TESSERA_CUDA_CHECK(cudaDeviceGetAttribute(&counts[device], cudaDevAttrMultiProcessorCount, device));
+  }
+  return counts[device];
+}
+
+inline unsigned grid_for(std::int64_t n) {
+  // Enough blocks to fill every SM several times over; the grid-stride loop covers the rest.
+  const std::int64_t wanted = (n + threads_per_block * elements_per_thread - 1) /
+                              (threads_per_block * elements_per_thread);
+  const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count()) * 8;
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(wanted, cap)));
+}
+
+/// CUDA twin of backend::cpu::execute, on the current device and `stream`. Counts one launch.
+template <class T, std::size_t L, class MakeEvaluator>
+void execute(T* out, const Strides& out_strides, const Shape& shape,
+             const std::array<Strides, L>& leaf_strides, MakeEvaluator&& make_evaluator,
+             stream_ref stream = {}) {
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  bool linear = cpu::is_row_major(shape, out_strides);
+  for (std::size_t k = 0; linear && k < L; ++k) linear = cpu::is_row_major(shape, leaf_strides[k]);
+  if (linear) {
+    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    static_assert(sizeof(evaluator) <= 4096,
+                  "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
+                  "of parameters); split the statement into two assignments");
+    linear_kernel<<<grid_for(n), threads_per_block, 0, stream.native()>>>(out, evaluator, n);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  std::array<Strides, L + 1> all;
+  all[0] = out_strides;
+  for (std::size_t k = 0; k < L; ++k) all[k + 1] = leaf_strides[k];
+  const cpu::strided_layout<static_cast<int>(L + 1)> merged(shape, all);
+  strided_layout_args layout;
+  layout.rank = merged.shape.size();
+  for (int d = 0; d < layout.rank; ++d) {
+    layout.sizes[d] = merged.shape[d];
+    layout.out_strides[d] = merged.strides[0][d];
+  }
+  auto evaluator = make_evaluator(merged.strides.data() + 1, layout.rank);
+  static_assert(sizeof(evaluator) <= 4096,
+                "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
+                "of parameters); split the statement into two assignments");
+  strided_kernel<<<grid_for(n), threads_per_block, 0, stream.native()>>>(out, evaluator, layout, n);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace tessera::backend::cuda
+#endif

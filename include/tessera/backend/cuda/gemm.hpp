@@ -1,0 +1,171 @@
+// CUDA matrix products through cuBLAS (cublasGemmEx, cublasGemmStridedBatchedEx), with one
+// handle per device and every call checked by TESSERA_CUBLAS_CHECK. cuBLAS is a host library, so
+// this works from g++ translation units too; without CUDA (TESSERA_CUDA 0) gemm throws.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <type_traits>
+
+#include "tessera/core/config.hpp"
+#include "tessera/core/device.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/half.hpp"
+#include "tessera/core/stream.hpp"
+
+#if TESSERA_CUDA
+#include <cublas_v2.h>
+
+#include <climits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+namespace tessera::detail {
+[[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* call,
+                                            const char* file, int line) {
+  throw cuda_error(std::string(call) + " failed: " + cublasGetStatusName(status) + " (" +
+                       std::to_string(static_cast<int>(status)) +
+                       "): " + cublasGetStatusString(status) + " at " + file + ":" +
+                       std::to_string(line),
+                   static_cast<int>(status));
+}
+}  // namespace tessera::detail
+
+/// Checks a cuBLAS call; throws tessera::cuda_error naming the call, the status and its text.
+#define TESSERA_CUBLAS_CHECK(call)                                                       \
+  do {                                                                                   \
+    cublasStatus_t tessera_cublas_status_ = (call);                                      \
+    if (tessera_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                               \
+      ::tessera::detail::throw_cublas_error(tessera_cublas_status_, #call, __FILE__, __LINE__); \
+    }                                                                                    \
+  } while (0)
+#endif
+
+namespace tessera::backend::cuda {
+
+/// True for the dtypes cuBLAS multiplies here: float, double, half, bfloat16 (the integer GEMMs
+/// of cuBLAS need int8 inputs with int32 outputs and aligned sizes, which matmul's same-dtype
+/// contract does not give).
+template <class T>
+inline constexpr bool gemm_supports = std::is_same_v<T, float> || std::is_same_v<T, double> ||
+                                      std::is_same_v<T, half> || std::is_same_v<T, bfloat16>;
+
+#if TESSERA_CUDA
+namespace detail {
+
+/// One cuBLAS handle per device, shared by every thread: a per-device mutex is held while the
+/// stream is set and the call enqueued (microseconds), so two threads never race on the
+/// handle's stream. PyTorch keeps a handle per (device, thread) instead; one per device is
+/// enough while Tessera enqueues from few threads. Handles are created on first use with their
+/// device current, and never destroyed: static destructors may run after the CUDA runtime has
+/// shut down, where cublasDestroy would fail (PyTorch leaks them for the same reason).
+class cublas_handles {
+ public:
+  static cublas_handles& instance() {
+    static cublas_handles* handles = new cublas_handles(::tessera::cuda::device_count());
+    return *handles;
+  }
+
+  /// Calls fn(handle) with the handle of `device` bound to `stream`, under that device's lock
+  /// and with the device current.
+  template <class Fn>
+  void with_handle(int device, stream_ref stream, Fn&& fn) {
+    check_device(Device{DeviceType::cuda, device});
+    slot& s = *slots_[static_cast<std::size_t>(device)];
+    DeviceGuard<::tessera::cuda> guard(device);
+    std::lock_guard<std::mutex> lock(s.mutex);
+    if (s.handle == nullptr) TESSERA_CUBLAS_CHECK(cublasCreate(&s.handle));
+    TESSERA_CUBLAS_CHECK(cublasSetStream(s.handle, stream.native()));
+    fn(s.handle);
+  }
+
+ private:
+  struct slot {
+    std::mutex mutex;
+    cublasHandle_t handle = nullptr;
+  };
+  explicit cublas_handles(int devices) {
+    for (int i = 0; i < devices; ++i) slots_.push_back(std::make_unique<slot>());
+  }
+  std::vector<std::unique_ptr<slot>> slots_;
+};
+
+template <class T>
+constexpr cudaDataType_t cuda_data_type() {
+  if constexpr (std::is_same_v<T, float>) return CUDA_R_32F;
+  if constexpr (std::is_same_v<T, double>) return CUDA_R_64F;
+  if constexpr (std::is_same_v<T, half>) return CUDA_R_16F;
+  if constexpr (std::is_same_v<T, bfloat16>) return CUDA_R_16BF;
+}
+
+inline int to_cublas_int(std::int64_t value, const char* what) {
+  if (value < 0 || value > INT_MAX) {
+    throw shape_error(std::string("matmul: ") + what + " " + std::to_string(value) +
+                      " exceeds cuBLAS's int range");
+  }
+  return static_cast<int>(value);
+}
+
+}  // namespace detail
+#endif
+
+/// C[e] = op(A[e]) x op(B[e]) for e in [0, batch), row-major as tensors are: op(A) is [m, k] and
+/// op(B) [k, n]; an operand that is `trans`posed is stored column-major (its rows are its
+/// columns), with leading dimension lda / ldb. C is row-major [m, n] with leading dimension ldc.
+/// Batch strides may be 0 (one matrix shared by the batch). Sums run in fp32 for float, half and
+/// bfloat16 (CUBLAS_COMPUTE_32F: no TF32, as PyTorch's default) and in fp64 for double. Runs on
+/// `stream` of device `device` (enqueued; the caller synchronises as usual). Throws dtype_error
+/// for other dtypes, shape_error for sizes beyond cuBLAS's int, cuda_error for cuBLAS failures,
+/// and device_error in a build without CUDA.
+template <class T>
+void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
+          const T* a, bool a_trans, std::int64_t lda, std::int64_t a_batch_stride, const T* b,
+          bool b_trans, std::int64_t ldb, std::int64_t b_batch_stride, T* c, std::int64_t ldc,
+          std::int64_t c_batch_stride, stream_ref stream = {}) {
+  if constexpr (!gemm_supports<T>) {
+    throw dtype_error(std::string("matmul: cuBLAS has no ") + dtype_name<T>() +
+                      " GEMM here (float32, float64, float16 and bfloat16 only); multiply on the "
+                      "CPU or convert with .to<float>()");
+  } else {
+#if TESSERA_CUDA
+    if (batch <= 0 || m <= 0 || n <= 0) return;
+    const int im = detail::to_cublas_int(m, "m"), in = detail::to_cublas_int(n, "n"),
+              ik = detail::to_cublas_int(k, "k"), ilda = detail::to_cublas_int(lda, "lda"),
+              ildb = detail::to_cublas_int(ldb, "ldb"), ildc = detail::to_cublas_int(ldc, "ldc"),
+              ibatch = detail::to_cublas_int(batch, "batch");
+    // cuBLAS is column-major: a row-major [r, c] matrix is its column-major transpose. So
+    // row-major C = A x B is column-major C^T = B^T x A^T: pass B first, then A, with n and m
+    // swapped. A row-major (untransposed) operand is then read as is (N); a transposed view,
+    // column-major in memory, needs T.
+    const cublasOperation_t op_b = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    const cublasOperation_t op_a = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+    constexpr cudaDataType_t type = detail::cuda_data_type<T>();
+    constexpr bool is_double = std::is_same_v<T, double>;
+    constexpr cublasComputeType_t compute = is_double ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+    // alpha and beta have the compute type's precision (host pointers: the default mode).
+    using scale_t = std::conditional_t<is_double, double, float>;
+    const scale_t alpha = 1, beta = 0;
+    detail::cublas_handles::instance().with_handle(device, stream, [&](cublasHandle_t handle) {
+      if (batch == 1) {
+        TESSERA_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, in, im, ik, &alpha, b, type, ildb,
+                                          a, type, ilda, &beta, c, type, ildc, compute,
+                                          CUBLAS_GEMM_DEFAULT));
+      } else {
+        TESSERA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
+            handle, op_b, op_a, in, im, ik, &alpha, b, type, ildb, b_batch_stride, a, type, ilda,
+            a_batch_stride, &beta, c, type, ildc, c_batch_stride, ibatch, compute,
+            CUBLAS_GEMM_DEFAULT));
+      }
+    });
+#else
+    (void)device, (void)batch, (void)m, (void)n, (void)k, (void)a, (void)a_trans, (void)lda;
+    (void)a_batch_stride, (void)b, (void)b_trans, (void)ldb, (void)b_batch_stride, (void)c;
+    (void)ldc, (void)c_batch_stride, (void)stream;
+    throw device_error("matmul: this build has no CUDA support (configure with TESSERA_WITH_CUDA)");
+#endif
+  }
+}
+
+}  // namespace tessera::backend::cuda

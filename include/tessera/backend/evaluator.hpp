@@ -1,0 +1,121 @@
+// Evaluators: the trivially copyable objects that executors run, on host and device. A leaf
+// reads one operand (pointer + strides); nodes (expr/node.hpp) combine children. Every evaluator
+// answers get(access) for three ways of walking the index space:
+//   linear_access  - every operand contiguous with the output's shape: element i is data[i];
+//   index_access   - a full N-d index of the (coalesced) output: offset = sum(index[d] * stride[d]);
+//   row_access     - element i of the current row, after bind_row() set each leaf's row pointer
+//                    (the CPU's strided path: one dot product per row, not per element).
+// They depend only on core/, so the tensor layer's copies and fills run on the same executors
+// as fused expressions.
+#pragma once
+
+#include <cstdint>
+#include <type_traits>
+
+#include "tessera/core/config.hpp"
+#include "tessera/core/half.hpp"
+#include "tessera/core/shape.hpp"
+
+namespace tessera {
+
+/// The type arithmetic on T is carried out in: float for half and bfloat16 (rounded once when
+/// stored, as PyTorch's kernels do), T otherwise.
+template <class T>
+using opmath_t = std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
+                                    float, T>;
+
+namespace backend {
+
+struct linear_access {
+  std::int64_t i;
+};
+struct index_access {
+  const std::int64_t* index;
+};
+struct row_access {
+  std::int64_t i;
+};
+
+/// Converts a computed value to the stored type T; bool is "non-zero" (NaN is true, as in
+/// PyTorch), half/bfloat16 round to nearest even.
+template <class T, class V>
+TESSERA_HOST_DEVICE constexpr T store_cast(const V& value) {
+  if constexpr (std::is_same_v<T, V>) {
+    return value;
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return !(value == V(0));
+  } else {
+    return static_cast<T>(value);
+  }
+}
+
+/// Reads one operand of stored type T; returns opmath_t<T>.
+template <class T>
+struct leaf_evaluator {
+  using value_type = T;
+  using result_type = opmath_t<T>;
+  static constexpr int leaf_count = 1;
+
+  const T* data = nullptr;
+  std::int64_t strides[max_dims] = {};
+  int rank = 0;
+  const T* row = nullptr;
+  std::int64_t inner_stride = 0;
+
+  leaf_evaluator() = default;
+  TESSERA_HOST_DEVICE leaf_evaluator(const T* pointer, const Strides& s, int r)
+      : data(pointer), rank(r), row(pointer) {
+    for (int d = 0; d < r; ++d) strides[d] = s[d];
+    inner_stride = r > 0 ? strides[r - 1] : 0;
+  }
+
+  TESSERA_HOST_DEVICE result_type get(linear_access a) const { return result_type(data[a.i]); }
+  TESSERA_HOST_DEVICE result_type get(index_access a) const {
+    std::int64_t offset = 0;
+    for (int d = 0; d < rank; ++d) offset += a.index[d] * strides[d];
+    return result_type(data[offset]);
+  }
+  TESSERA_HOST_DEVICE result_type get(row_access a) const {
+    return result_type(row[a.i * inner_stride]);
+  }
+  /// Points `row` at the start of the row `index[0 .. rank-2]`.
+  TESSERA_HOST_DEVICE void bind_row(const std::int64_t* index) {
+    std::int64_t offset = 0;
+    for (int d = 0; d + 1 < rank; ++d) offset += index[d] * strides[d];
+    row = data + offset;
+  }
+};
+
+/// A constant (a scalar operand, or a fill value), already in its compute type.
+template <class T>
+struct scalar_evaluator {
+  using value_type = T;
+  using result_type = T;
+  static constexpr int leaf_count = 0;
+  T value;
+
+  template <class Access>
+  TESSERA_HOST_DEVICE constexpr T get(Access) const {
+    return value;
+  }
+  TESSERA_HOST_DEVICE constexpr void bind_row(const std::int64_t*) {}
+};
+
+/// Converts a child's value to U (rounding through U, so cast<half> really rounds), then to
+/// opmath_t<U> for the parent.
+template <class U, class Child>
+struct cast_evaluator {
+  using value_type = U;
+  using result_type = opmath_t<U>;
+  static constexpr int leaf_count = Child::leaf_count;
+  Child child;
+
+  template <class Access>
+  TESSERA_HOST_DEVICE result_type get(Access a) const {
+    return result_type(store_cast<U>(child.get(a)));
+  }
+  TESSERA_HOST_DEVICE void bind_row(const std::int64_t* index) { child.bind_row(index); }
+};
+
+}  // namespace backend
+}  // namespace tessera
