@@ -75,6 +75,11 @@ inline void check_value_count(std::size_t count, const Shape& shape, const char*
   }
 }
 
+/// A lazy expression node (expr/node.hpp), as opposed to a tensor or a number. Declared here so
+/// Tensor can be constructed from and assigned an expression; expr/assign.hpp defines how.
+template <class E>
+concept expression_node = requires { typename E::expression_node_tag; } && !E::is_scalar;
+
 [[noreturn]] inline void throw_undefined(const char* operation) {
   throw error(std::string(operation) + ": the tensor is undefined (default-constructed)");
 }
@@ -96,6 +101,22 @@ class Tensor {
         shape_(shape),
         strides_(strides),
         offset_(storage_offset) {}
+
+  /// Evaluates a lazy expression (`Tensor<float> y = a * 2 + b;`) into a new tensor on the
+  /// expression's device, in one pass; values are converted to T. Defined in expr/assign.hpp.
+  template <detail::expression_node E>
+  Tensor(const E& expression);  // NOLINT: implicit, so `Tensor<float> y = a + b;` reads naturally
+
+  /// Evaluates a lazy expression into this tensor's storage when the shapes match (one pass;
+  /// views of this storage see the result), otherwise rebinds this handle to a new tensor.
+  /// Defined in expr/assign.hpp.
+  template <detail::expression_node E>
+  Tensor& operator=(const E& expression);
+
+  Tensor(const Tensor&) = default;
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(const Tensor&) = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
 
   /// An uninitialised contiguous tensor on `device` (must be of kind Kind).
   static Tensor empty_on(const Shape& shape, Device device) {

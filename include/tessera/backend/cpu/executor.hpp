@@ -4,6 +4,7 @@
 // and walks rows: one dot product per row to place each operand, then a strided inner loop.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <cstdint>
 
@@ -42,7 +43,7 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   if (n == 0) return;
 
   bool linear = is_row_major(shape, out_strides);
-  for (std::size_t k = 0; linear && k < L; ++k) linear = is_row_major(shape, leaf_strides[k]);
+  for (const Strides& strides : leaf_strides) linear = linear && is_row_major(shape, strides);
   if (linear) {
     const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
     parallel_for(0, n, grain_size, [&](std::int64_t first, std::int64_t last) {
@@ -55,7 +56,7 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
 
   std::array<Strides, L + 1> all;
   all[0] = out_strides;
-  for (std::size_t k = 0; k < L; ++k) all[k + 1] = leaf_strides[k];
+  std::copy(leaf_strides.begin(), leaf_strides.end(), all.begin() + 1);
   const strided_layout<static_cast<int>(L + 1)> layout(shape, all);
   const int rank = layout.shape.size();
   if (rank == 0) {  // a single element behind unusual strides

@@ -96,7 +96,7 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   const std::int64_t n = shape.numel();
   if (n == 0) return;
   bool linear = cpu::is_row_major(shape, out_strides);
-  for (std::size_t k = 0; linear && k < L; ++k) linear = cpu::is_row_major(shape, leaf_strides[k]);
+  for (const Strides& strides : leaf_strides) linear = linear && cpu::is_row_major(shape, strides);
   if (linear) {
     auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
     static_assert(sizeof(evaluator) <= 4096,
@@ -108,7 +108,7 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   }
   std::array<Strides, L + 1> all;
   all[0] = out_strides;
-  for (std::size_t k = 0; k < L; ++k) all[k + 1] = leaf_strides[k];
+  std::copy(leaf_strides.begin(), leaf_strides.end(), all.begin() + 1);
   const cpu::strided_layout<static_cast<int>(L + 1)> merged(shape, all);
   strided_layout_args layout;
   layout.rank = merged.shape.size();

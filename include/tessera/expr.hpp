@@ -1,0 +1,7 @@
+// The expression engine in one include: lazy elementwise expressions, evaluation, matmul.
+#pragma once
+
+#include "tessera/expr/assign.hpp"
+#include "tessera/expr/functors.hpp"
+#include "tessera/expr/node.hpp"
+#include "tessera/expr/operators.hpp"

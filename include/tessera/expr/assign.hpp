@@ -1,0 +1,163 @@
+// Evaluation: where a lazy expression becomes a tensor. `Tensor<T, K> y = e;`, `y = e;`,
+// `y += e;` and `ts::eval(e)` each run one executor pass (one CUDA kernel or one CPU loop) that
+// reads every operand and writes the output once; nothing else is allocated but the output.
+#pragma once
+
+#include <array>
+#include <string>
+#include <type_traits>
+
+#include "tessera/backend/cpu/executor.hpp"
+#include "tessera/expr/operators.hpp"
+#if TESSERA_CUDA_KERNELS
+#include "tessera/backend/cuda/executor.cuh"
+#endif
+
+namespace tessera {
+
+namespace detail {
+
+template <class>
+inline constexpr bool always_false = false;
+
+/// Runs `node` into `out` (shapes already agree: every operand broadcasts to out's shape).
+template <class T, class K, class E>
+void run_expression(const Tensor<T, K>& out, const E& node) {
+  constexpr int leaves = E::leaf_count;
+  std::array<Strides, leaves> strides;
+  int next = 0;
+  node.collect_strides(out.shape(), strides.data(), next);
+  auto make_evaluator = [&node](const Strides* leaf_strides, int rank) {
+    int position = 0;
+    return node.evaluator(leaf_strides, rank, position);
+  };
+  if constexpr (std::is_same_v<K, cpu>) {
+    backend::cpu::execute(out.data(), out.strides(), out.shape(), strides, make_evaluator);
+  } else {
+#if TESSERA_CUDA_KERNELS
+    DeviceGuard<cuda> guard(out.device_index());
+    backend::cuda::execute(out.data(), out.strides(), out.shape(), strides, make_evaluator);
+#else
+    static_assert(always_false<E>,
+                  "Tessera: evaluating an expression on cuda tensors launches a CUDA kernel, so "
+                  "this translation unit must be compiled by nvcc (a .cu file, or "
+                  "set_source_files_properties(file.cpp PROPERTIES LANGUAGE CUDA)).");
+#endif
+  }
+}
+
+/// True when writing `out` while reading `node` could read already-written elements: an operand
+/// shares out's storage but is not exactly out's own elements in out's order.
+template <class T, class K, class E>
+bool aliases_output(const Tensor<T, K>& out, const E& node) {
+  bool unsafe = false;
+  node.for_each_tensor([&](const auto& tensor) {
+    if (!tensor.storage().is_same(out.storage())) return;
+    using U = typename std::remove_cvref_t<decltype(tensor)>::value_type;
+    const bool same_elements =
+        sizeof(U) == sizeof(T) &&
+        static_cast<const void*>(tensor.data()) == static_cast<const void*>(out.data()) &&
+        expand_strides(tensor.shape(), tensor.strides(), out.shape()) == out.strides();
+    if (!same_elements) unsafe = true;
+  });
+  return unsafe;
+}
+
+/// A new tensor of dtype T holding the expression's values.
+template <class T, class K, class E>
+Tensor<T, K> evaluate_as(const E& node) {
+  static_assert(std::is_same_v<typename E::device_kind, K>,
+                "Tessera: the expression's operands are on another kind of device than the tensor "
+                "it is assigned to; move it with .to<...>() after evaluating it");
+  auto out = Tensor<T, K>::empty_on(node.shape(), device_of(node, "evaluate"));
+  run_expression(out, node);
+  return out;
+}
+
+/// out's elements = the expression's values (converted to T), in one pass. The expression must
+/// broadcast to out's shape and live on out's device.
+template <class T, class K, class E>
+void evaluate_into(Tensor<T, K>& out, const E& node, const char* operation) {
+  const Device device = device_of(node, operation);
+  if (device != out.device()) {
+    throw device_mismatch_error(std::string(operation) + ": the output is on " +
+                                out.device().str() + " but the expression is on " + device.str());
+  }
+  if (broadcast_shapes(out.shape(), node.shape(), operation) != out.shape()) {
+    throw shape_error(std::string(operation) + ": an output of shape " + out.shape().str() +
+                      " cannot hold the result of shape " + node.shape().str());
+  }
+  if (aliases_output(out, node)) {
+    // Reading and writing one buffer in different orders: evaluate aside, then copy (2 passes).
+    out.copy_(evaluate_as<T, K>(node));
+    return;
+  }
+  run_expression(out, node);
+}
+
+/// PyTorch's rule for in-place results: float cannot go into an integer tensor, nor a non-bool
+/// into a bool tensor.
+template <class Result, class Out>
+inline constexpr bool can_cast_v =
+    !(is_floating_point_v<Result> && !is_floating_point_v<Out>) &&
+    !(std::is_same_v<Out, bool> && !std::is_same_v<Result, bool>);
+
+template <class Op, class T, class K, class B>
+Tensor<T, K>& compound_assign(Tensor<T, K>& out, const B& operand, const char* operation) {
+  if (!out.defined()) throw error(std::string(operation) + ": the tensor is undefined");
+  auto node = make_binary<Op>(out, operand);
+  using result = typename decltype(node)::value_type;
+  static_assert(can_cast_v<result, T>,
+                "Tessera: an in-place operation's result type cannot be cast to the tensor's "
+                "dtype (e.g. float into an integer tensor), as in PyTorch; use y = cast<T>(...) "
+                "or compute into a floating tensor");
+  evaluate_into(out, node, operation);
+  return out;
+}
+
+}  // namespace detail
+
+template <Dtype T, DeviceKind Kind>
+template <detail::expression_node E>
+Tensor<T, Kind>::Tensor(const E& expression) : Tensor(detail::evaluate_as<T, Kind>(expression)) {}
+
+template <Dtype T, DeviceKind Kind>
+template <detail::expression_node E>
+Tensor<T, Kind>& Tensor<T, Kind>::operator=(const E& expression) {
+  if (defined() && expression.shape() == shape_) {
+    detail::evaluate_into(*this, expression, "assign");
+  } else {
+    *this = detail::evaluate_as<T, Kind>(expression);
+  }
+  return *this;
+}
+
+/// The expression's values in a new tensor of its own dtype, on its device (one pass).
+template <Expression E>
+auto eval(const E& expression) {
+  if constexpr (detail::is_tensor<E>::value) {
+    return expression.clone();
+  } else {
+    return detail::evaluate_as<typename E::value_type, typename E::device_kind>(expression);
+  }
+}
+
+#define TESSERA_COMPOUND_ASSIGNMENT(symbol, functor)                                     \
+  template <Dtype T, DeviceKind K, class B>                                              \
+    requires detail::operand<B>                                                          \
+  Tensor<T, K>& operator symbol(Tensor<T, K>& out, const B& operand) {                   \
+    return detail::compound_assign<ops::functor>(out, operand, #symbol);                 \
+  }                                                                                      \
+  template <Dtype T, DeviceKind K, class B>                                              \
+    requires detail::operand<B>                                                          \
+  Tensor<T, K>& operator symbol(Tensor<T, K>&& out, const B& operand) {                  \
+    return detail::compound_assign<ops::functor>(out, operand, #symbol);                 \
+  }
+/// In place, into the tensor's storage (views see it): y += e, y -= e, y *= e, y /= e.
+TESSERA_COMPOUND_ASSIGNMENT(+=, add)
+TESSERA_COMPOUND_ASSIGNMENT(-=, subtract)
+TESSERA_COMPOUND_ASSIGNMENT(*=, multiply)
+TESSERA_COMPOUND_ASSIGNMENT(/=, divide)
+#undef TESSERA_COMPOUND_ASSIGNMENT
+
+}  // namespace tessera

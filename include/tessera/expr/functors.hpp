@@ -1,0 +1,165 @@
+// The elementwise functors: one empty struct per operation, callable on host and device with
+// values in the operation's compute type (float for half/bfloat16, see opmath_t). Each names
+// itself for messages; the expression nodes in expr/node.hpp apply them.
+#pragma once
+
+#include <cmath>
+#include <type_traits>
+
+#include "tessera/core/config.hpp"
+
+namespace tessera {
+
+namespace ops {
+
+// Math functions for the compute types: std:: on the host, CUDA's overloads on the device.
+#if TESSERA_DEVICE_CODE
+#define TESSERA_MATH(name) ::name
+#else
+#define TESSERA_MATH(name) std::name
+#endif
+
+struct negate {
+  static constexpr const char* name = "neg";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr A operator()(A a) const { return -a; }
+};
+struct add {
+  static constexpr const char* name = "add";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const { return a + b; }
+};
+struct subtract {
+  static constexpr const char* name = "sub";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const { return a - b; }
+};
+struct multiply {
+  static constexpr const char* name = "mul";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const { return a * b; }
+};
+struct divide {
+  static constexpr const char* name = "div";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const { return a / b; }
+};
+struct less {
+  static constexpr const char* name = "lt";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr bool operator()(A a, A b) const { return a < b; }
+};
+struct less_equal {
+  static constexpr const char* name = "le";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr bool operator()(A a, A b) const { return a <= b; }
+};
+struct greater {
+  static constexpr const char* name = "gt";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr bool operator()(A a, A b) const { return a > b; }
+};
+struct greater_equal {
+  static constexpr const char* name = "ge";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr bool operator()(A a, A b) const { return a >= b; }
+};
+struct equal {
+  static constexpr const char* name = "eq";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr bool operator()(A a, A b) const { return a == b; }
+};
+struct not_equal {
+  static constexpr const char* name = "ne";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr bool operator()(A a, A b) const { return a != b; }
+};
+struct maximum {
+  static constexpr const char* name = "maximum";
+  // NaN propagates, as torch.maximum does.
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const {
+    if constexpr (std::is_floating_point_v<A>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
+    return a > b ? a : b;
+  }
+};
+struct minimum {
+  static constexpr const char* name = "minimum";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const {
+    if constexpr (std::is_floating_point_v<A>) {
+      if (a != a) return a;
+      if (b != b) return b;
+    }
+    return a < b ? a : b;
+  }
+};
+struct power {
+  static constexpr const char* name = "pow";
+  template <class A>
+  TESSERA_HOST_DEVICE A operator()(A a, A b) const {
+    if constexpr (std::is_integral_v<A>) {
+      // Integer power by squaring (PyTorch: negative exponents give 0 except for bases +-1).
+      if (b < 0) return a == 1 ? A(1) : (a == -1 ? ((b & 1) ? A(-1) : A(1)) : A(0));
+      A result = 1;
+      while (b) {
+        if (b & 1) result = static_cast<A>(result * a);
+        b >>= 1;
+        a = static_cast<A>(a * a);
+      }
+      return result;
+    } else {
+      return TESSERA_MATH(pow)(a, b);
+    }
+  }
+};
+
+#define TESSERA_UNARY_MATH_FUNCTOR(functor, fn)                                             \
+  struct functor {                                                                         \
+    static constexpr const char* name = #fn;                                               \
+    template <class A>                                                                     \
+    TESSERA_HOST_DEVICE A operator()(A a) const { return TESSERA_MATH(fn)(a); }            \
+  };
+TESSERA_UNARY_MATH_FUNCTOR(exp, exp)
+TESSERA_UNARY_MATH_FUNCTOR(log, log)
+TESSERA_UNARY_MATH_FUNCTOR(sqrt, sqrt)
+TESSERA_UNARY_MATH_FUNCTOR(sin, sin)
+TESSERA_UNARY_MATH_FUNCTOR(cos, cos)
+TESSERA_UNARY_MATH_FUNCTOR(tanh, tanh)
+#undef TESSERA_UNARY_MATH_FUNCTOR
+
+struct abs {
+  static constexpr const char* name = "abs";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr A operator()(A a) const {
+    if constexpr (std::is_same_v<A, bool>) {
+      return a;
+    } else {
+      return a < A(0) ? A(-a) : a;
+    }
+  }
+};
+struct rsqrt {
+  static constexpr const char* name = "rsqrt";
+  template <class A>
+  TESSERA_HOST_DEVICE A operator()(A a) const { return A(1) / TESSERA_MATH(sqrt)(a); }
+};
+struct sigmoid {
+  static constexpr const char* name = "sigmoid";
+  template <class A>
+  TESSERA_HOST_DEVICE A operator()(A a) const { return A(1) / (A(1) + TESSERA_MATH(exp)(-a)); }
+};
+struct relu {
+  static constexpr const char* name = "relu";
+  // NaN propagates (a > 0 is false for NaN, but NaN is returned as in torch.relu).
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr A operator()(A a) const { return a > A(0) || a != a ? a : A(0); }
+};
+
+#undef TESSERA_MATH
+
+}  // namespace ops
+}  // namespace tessera

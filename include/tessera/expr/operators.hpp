@@ -1,0 +1,97 @@
+// The operators and functions that build expressions: + - * / and unary -, comparisons (giving
+// bool), exp log sqrt rsqrt abs sin cos tanh sigmoid relu, pow, maximum, minimum, where, cast<U>.
+// Operands are tensors, expressions or numbers, at least one not a number; results broadcast
+// (NumPy rules) and promote (PyTorch rules). Nothing is computed until assignment.
+#pragma once
+
+#include "tessera/expr/node.hpp"
+
+namespace tessera {
+
+namespace detail {
+template <class X>
+concept operand = Expression<X> || scalar_operand<X>;
+
+template <class A, class B>
+concept binary_operands = operand<A> && operand<B> && (Expression<A> || Expression<B>);
+
+template <class Op, class A, class B>
+auto make_binary(const A& a, const B& b) {
+  return binary_expr<Op, node_of<A>, node_of<B>>(as_node(a), as_node(b));
+}
+template <class Op, class A>
+auto make_unary(const A& a) {
+  return unary_expr<Op, node_of<A>>(as_node(a));
+}
+}  // namespace detail
+
+#define TESSERA_BINARY_OPERATOR(symbol, functor)             \
+  template <class A, class B>                                \
+    requires detail::binary_operands<A, B>                   \
+  auto operator symbol(const A& a, const B& b) {             \
+    return detail::make_binary<ops::functor>(a, b);          \
+  }
+TESSERA_BINARY_OPERATOR(+, add)
+TESSERA_BINARY_OPERATOR(-, subtract)
+TESSERA_BINARY_OPERATOR(*, multiply)
+TESSERA_BINARY_OPERATOR(/, divide)
+TESSERA_BINARY_OPERATOR(<, less)
+TESSERA_BINARY_OPERATOR(<=, less_equal)
+TESSERA_BINARY_OPERATOR(>, greater)
+TESSERA_BINARY_OPERATOR(>=, greater_equal)
+TESSERA_BINARY_OPERATOR(==, equal)
+TESSERA_BINARY_OPERATOR(!=, not_equal)
+#undef TESSERA_BINARY_OPERATOR
+
+#define TESSERA_BINARY_FUNCTION(name, functor)      \
+  template <class A, class B>                       \
+    requires detail::binary_operands<A, B>          \
+  auto name(const A& a, const B& b) {               \
+    return detail::make_binary<ops::functor>(a, b); \
+  }
+/// Elementwise a^b (pow(e, 2.0), pow(2.0, e) or pow(e1, e2)).
+TESSERA_BINARY_FUNCTION(pow, power)
+/// Elementwise maximum (NaN propagates).
+TESSERA_BINARY_FUNCTION(maximum, maximum)
+/// Elementwise minimum (NaN propagates).
+TESSERA_BINARY_FUNCTION(minimum, minimum)
+#undef TESSERA_BINARY_FUNCTION
+
+template <Expression A>
+auto operator-(const A& a) {
+  return detail::make_unary<ops::negate>(a);
+}
+
+#define TESSERA_UNARY_FUNCTION(name)               \
+  template <Expression A>                          \
+  auto name(const A& a) {                          \
+    return detail::make_unary<ops::name>(a);       \
+  }
+TESSERA_UNARY_FUNCTION(exp)
+TESSERA_UNARY_FUNCTION(log)
+TESSERA_UNARY_FUNCTION(sqrt)
+TESSERA_UNARY_FUNCTION(rsqrt)
+TESSERA_UNARY_FUNCTION(abs)
+TESSERA_UNARY_FUNCTION(sin)
+TESSERA_UNARY_FUNCTION(cos)
+TESSERA_UNARY_FUNCTION(tanh)
+TESSERA_UNARY_FUNCTION(sigmoid)
+TESSERA_UNARY_FUNCTION(relu)
+#undef TESSERA_UNARY_FUNCTION
+
+/// where(condition, a, b): a where condition holds, else b (all three broadcast; a and b may be
+/// numbers).
+template <Expression C, class A, class B>
+  requires detail::operand<A> && detail::operand<B>
+auto where(const C& condition, const A& a, const B& b) {
+  return where_expr<detail::node_of<C>, detail::node_of<A>, detail::node_of<B>>(
+      detail::as_node(condition), detail::as_node(a), detail::as_node(b));
+}
+
+/// cast<U>(e): e converted to dtype U (half/bfloat16 round to nearest even; bool is non-zero).
+template <Dtype U, Expression A>
+auto cast(const A& a) {
+  return cast_expr<U, detail::node_of<A>>(detail::as_node(a));
+}
+
+}  // namespace tessera
