@@ -611,13 +611,6 @@ void gemm_fallback(const gemm_shape& shape, gemm_operand<T> a, gemm_operand<T> b
 
 // ---- CBLAS ---------------------------------------------------------------------------------------
 
-/// How a BLAS reads one matrix operand: row-major with leading dimension `ld` (NoTrans), or the
-/// transpose of a row-major matrix, i.e. column-major with leading dimension `ld` (Trans).
-struct blas_matrix {
-  bool transposed = false;
-  std::int64_t ld = 1;
-};
-
 #if TESSERA_GEMM_HAS_BLAS
 namespace detail {
 /// OpenBLAS runs its own threads; give it this device's share of the cores like Tessera's own
@@ -635,40 +628,50 @@ inline void sync_blas_threads() {
 inline bool fits_blas_int(std::int64_t value) { return value >= 0 && value <= INT_MAX; }
 }  // namespace detail
 
-/// C[b] = A[b] x B[b] through cblas_sgemm / cblas_dgemm (row-major), one call per batch entry.
-/// `a` is [m, k] and `b` [k, n] as their blas_matrix says; batch strides may be 0 (shared). The
-/// caller has checked the layouts (ld >= the row length BLAS requires). Sizes beyond a BLAS int
-/// throw shape_error.
+/// C[e] = op(A[e]) x op(B[e]) for e in [0, batch) through cblas_sgemm / cblas_dgemm, one call
+/// per batch entry. Row-major, as tensors are: op(A) is [m, k] and op(B) [k, n]; a `trans`posed
+/// operand is stored column-major (CblasTrans) with leading dimension lda / ldb, which the caller
+/// has checked against BLAS's rules. Batch strides may be 0 (one matrix shared by the batch). C
+/// is row-major with leading dimension ldc. Sizes beyond a BLAS int throw shape_error.
 template <class T>
-void gemm_blas(const gemm_shape& shape, const T* a, std::int64_t a_batch_stride, blas_matrix a_layout,
-               const T* b, std::int64_t b_batch_stride, blas_matrix b_layout, gemm_output<T> c) {
+void gemm_blas(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
+               bool a_trans, std::int64_t lda, std::int64_t a_batch_stride, const T* b,
+               bool b_trans, std::int64_t ldb, std::int64_t b_batch_stride, T* c,
+               std::int64_t ldc, std::int64_t c_batch_stride) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "gemm_blas: CBLAS multiplies float and double only");
-  if (shape.batch <= 0 || shape.m <= 0 || shape.n <= 0) return;
-  for (std::int64_t value : {shape.m, shape.n, shape.k, a_layout.ld, b_layout.ld, c.row_stride}) {
+  if (batch <= 0 || m <= 0 || n <= 0) return;
+  for (std::int64_t value : {m, n, k, lda, ldb, ldc}) {
     if (!detail::fits_blas_int(value)) {
       throw shape_error("matmul: size or leading dimension " + std::to_string(value) +
                         " exceeds the BLAS integer range");
     }
   }
   detail::sync_blas_threads();
-  const auto m = static_cast<int>(shape.m), n = static_cast<int>(shape.n),
-             k = static_cast<int>(shape.k);
-  const auto lda = static_cast<int>(a_layout.ld), ldb = static_cast<int>(b_layout.ld),
-             ldc = static_cast<int>(c.row_stride);
-  const CBLAS_TRANSPOSE ta = a_layout.transposed ? CblasTrans : CblasNoTrans;
-  const CBLAS_TRANSPOSE tb = b_layout.transposed ? CblasTrans : CblasNoTrans;
-  for (std::int64_t e = 0; e < shape.batch; ++e) {
+  const auto im = static_cast<int>(m), in = static_cast<int>(n), ik = static_cast<int>(k);
+  const auto ilda = static_cast<int>(lda), ildb = static_cast<int>(ldb),
+             ildc = static_cast<int>(ldc);
+  const CBLAS_TRANSPOSE ta = a_trans ? CblasTrans : CblasNoTrans;
+  const CBLAS_TRANSPOSE tb = b_trans ? CblasTrans : CblasNoTrans;
+  for (std::int64_t e = 0; e < batch; ++e) {
     const T* ae = a + e * a_batch_stride;
     const T* be = b + e * b_batch_stride;
-    T* ce = c.data + e * c.batch_stride;
+    T* ce = c + e * c_batch_stride;
     // k = 0: BLAS scales C by beta = 0, i.e. writes zeros, as a product over nothing must.
     if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, ta, tb, m, n, k, 1.0f, ae, lda, be, ldb, 0.0f, ce, ldc);
+      cblas_sgemm(CblasRowMajor, ta, tb, im, in, ik, 1.0f, ae, ilda, be, ildb, 0.0f, ce, ildc);
     } else {
-      cblas_dgemm(CblasRowMajor, ta, tb, m, n, k, 1.0, ae, lda, be, ldb, 0.0, ce, ldc);
+      cblas_dgemm(CblasRowMajor, ta, tb, im, in, ik, 1.0, ae, ilda, be, ildb, 0.0, ce, ildc);
     }
   }
+}
+#else
+/// Without a BLAS (uses_blas<T>() is false) nothing reaches this; it exists so callers compile.
+template <class T>
+void gemm_blas(std::int64_t, std::int64_t, std::int64_t, std::int64_t, const T*, bool,
+               std::int64_t, std::int64_t, const T*, bool, std::int64_t, std::int64_t, T*,
+               std::int64_t, std::int64_t) {
+  throw error("gemm_blas: this build has no BLAS (configure with TESSERA_WITH_BLAS)");
 }
 #endif
 
