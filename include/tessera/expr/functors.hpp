@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdint>
 #include <type_traits>
 
 #include "tessera/core/config.hpp"
@@ -37,7 +38,13 @@ struct subtract {
 struct multiply {
   static constexpr const char* name = "mul";
   template <class A>
-  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const { return a * b; }
+  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const {
+    if constexpr (std::is_same_v<A, bool>) {
+      return a && b;  // bool * bool is logical and, as in PyTorch
+    } else {
+      return a * b;
+    }
+  }
 };
 struct divide {
   static constexpr const char* name = "div";
@@ -101,16 +108,21 @@ struct power {
   static constexpr const char* name = "pow";
   template <class A>
   TESSERA_HOST_DEVICE A operator()(A a, A b) const {
-    if constexpr (std::is_integral_v<A>) {
+    if constexpr (std::is_same_v<A, bool>) {
+      return a || !b;
+    } else if constexpr (std::is_integral_v<A>) {
       // Integer power by squaring (PyTorch: negative exponents give 0 except for bases +-1).
       if (b < 0) return a == 1 ? A(1) : (a == -1 ? ((b & 1) ? A(-1) : A(1)) : A(0));
-      A result = 1;
+      // In 64-bit unsigned arithmetic: it wraps as PyTorch's results do (truncating to A keeps
+      // the low bits), where signed overflow would be undefined behaviour.
+      std::uint64_t result = 1;
+      std::uint64_t base = static_cast<std::uint64_t>(a);
       while (b) {
-        if (b & 1) result = static_cast<A>(result * a);
+        if (b & 1) result *= base;
         b >>= 1;
-        a = static_cast<A>(a * a);
+        if (b) base *= base;
       }
-      return result;
+      return static_cast<A>(result);
     } else {
       return TESSERA_MATH(pow)(a, b);
     }
