@@ -5,3 +5,4 @@
 #include "tessera/expr/functors.hpp"
 #include "tessera/expr/node.hpp"
 #include "tessera/expr/operators.hpp"
+#include "tessera/expr/reduce.hpp"

@@ -1,0 +1,730 @@
+// Reductions on the CPU, and the reduction operators the CUDA backend shares. A reduction reads its
+// input through an expression evaluator (backend/evaluator.hpp), so `sum(a * b)` never materialises
+// `a * b`. Values are folded in blocks by several independent accumulators (vectorisable) and the
+// block results are combined pairwise (a cascade), so float sums stay accurate over many elements.
+// Threads take contiguous ranges and their partials are combined in index order: a result is
+// deterministic for a given thread count.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <bit>
+#include <cstdint>
+#include <limits>
+#include <mutex>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tessera/backend/cpu/executor.hpp"
+#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/strided_loop.hpp"
+#include "tessera/backend/evaluator.hpp"
+#include "tessera/core/profiler.hpp"
+#include "tessera/core/shape.hpp"
+#include "tessera/expr/functors.hpp"
+
+namespace tessera::backend {
+
+// ---- reduction operators (host and device) ---------------------------------------------------
+//
+// An operator Op describes one reduction over values of a compute type:
+//   Op::acc_type                the accumulator (a value, or a value with its index);
+//   Op::identity()              the accumulator of no elements;
+//   Op::lift(x, index)          the accumulator of the one element x at position `index`;
+//   Op::merge(a, b)             the accumulator of both; associative and commutative (up to
+//                               rounding), so lanes, blocks and threads may combine in any tree.
+
+template <class T>
+TESSERA_HOST_DEVICE constexpr bool is_nan(T value) {
+  if constexpr (std::is_floating_point_v<T>) {
+    return value != value;
+  } else {
+    return false;
+  }
+}
+
+// Constants as variables, not calls: device code may read a constexpr variable, but calling the
+// constexpr std::numeric_limits functions there needs nvcc's --expt-relaxed-constexpr.
+template <class T>
+inline constexpr T lowest_v =
+    std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+template <class T>
+inline constexpr T highest_v =
+    std::is_floating_point_v<T> ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
+template <class T>
+inline constexpr T quiet_nan_v = std::numeric_limits<T>::quiet_NaN();
+inline constexpr std::int64_t no_index = std::numeric_limits<std::int64_t>::max();
+
+/// The expression's value at `access` as a materialised tensor of its dtype V would hold it
+/// (rounded to V), in V's compute type (float for half and bfloat16): a fused reduction then gives
+/// what PyTorch gives for the two statements `t = expression; t.sum()`.
+template <class V, class Evaluator, class Access>
+TESSERA_HOST_DEVICE opmath_t<V> read_as(const Evaluator& evaluator, Access access) {
+  if constexpr (requires { typename Evaluator::value_type; }) {
+    if constexpr (std::is_same_v<typename Evaluator::value_type, V>) {
+      // A leaf or a cast: its values are V's values already.
+      return static_cast<opmath_t<V>>(evaluator.get(access));
+    } else {
+      return static_cast<opmath_t<V>>(store_cast<V>(evaluator.get(access)));
+    }
+  } else {
+    return static_cast<opmath_t<V>>(store_cast<V>(evaluator.get(access)));
+  }
+}
+
+/// Sum in the accumulation type Acc.
+template <class Acc>
+struct sum_op {
+  using acc_type = Acc;
+  TESSERA_HOST_DEVICE static constexpr Acc identity() { return Acc(0); }
+  template <class X>
+  TESSERA_HOST_DEVICE static constexpr Acc lift(X x, std::int64_t) {
+    return static_cast<Acc>(x);
+  }
+  TESSERA_HOST_DEVICE static constexpr Acc merge(Acc a, Acc b) { return a + b; }
+};
+
+/// Maximum; NaN wins (torch.max propagates NaN).
+template <class T>
+struct max_op {
+  using acc_type = T;
+  TESSERA_HOST_DEVICE static constexpr T identity() { return lowest_v<T>; }
+  template <class X>
+  TESSERA_HOST_DEVICE static constexpr T lift(X x, std::int64_t) {
+    return static_cast<T>(x);
+  }
+  TESSERA_HOST_DEVICE static constexpr T merge(T a, T b) { return (b > a || is_nan(b)) ? b : a; }
+};
+
+/// Minimum; NaN wins.
+template <class T>
+struct min_op {
+  using acc_type = T;
+  TESSERA_HOST_DEVICE static constexpr T identity() { return highest_v<T>; }
+  template <class X>
+  TESSERA_HOST_DEVICE static constexpr T lift(X x, std::int64_t) {
+    return static_cast<T>(x);
+  }
+  TESSERA_HOST_DEVICE static constexpr T merge(T a, T b) { return (b < a || is_nan(b)) ? b : a; }
+};
+
+/// A value and the position it came from (argmax, argmin).
+template <class T>
+struct arg_value {
+  T value;
+  std::int64_t index;
+};
+
+/// argmax (Greatest) or argmin: the best value's position; NaN counts as best (as in PyTorch), and
+/// among equal values the lowest position wins, so merging in any order gives the first one.
+template <class T, bool Greatest>
+struct arg_op {
+  using acc_type = arg_value<T>;
+  TESSERA_HOST_DEVICE static constexpr acc_type identity() {
+    return {Greatest ? lowest_v<T> : highest_v<T>, no_index};
+  }
+  template <class X>
+  TESSERA_HOST_DEVICE static constexpr acc_type lift(X x, std::int64_t index) {
+    return {static_cast<T>(x), index};
+  }
+  TESSERA_HOST_DEVICE static constexpr acc_type merge(acc_type a, acc_type b) {
+    const bool a_nan = is_nan(a.value);
+    const bool b_nan = is_nan(b.value);
+    if (a_nan != b_nan) return a_nan ? a : b;
+    if (!a_nan && a.value != b.value) {
+      return (Greatest ? b.value > a.value : b.value < a.value) ? b : a;
+    }
+    return b.index < a.index ? b : a;
+  }
+};
+
+/// The result of a reduction is the accumulator, converted to the output dtype.
+struct finish_value {
+  template <class Out, class Acc>
+  TESSERA_HOST_DEVICE static Out apply(const Acc& acc, std::int64_t) {
+    return store_cast<Out>(acc);
+  }
+};
+/// The accumulator divided by the element count (NaN for no elements, as torch.mean).
+struct finish_mean {
+  template <class Out, class Acc>
+  TESSERA_HOST_DEVICE static Out apply(const Acc& acc, std::int64_t count) {
+    return store_cast<Out>(count == 0 ? quiet_nan_v<Acc> : acc / static_cast<Acc>(count));
+  }
+};
+/// The accumulator's position (argmax, argmin).
+struct finish_index {
+  template <class Out, class Acc>
+  TESSERA_HOST_DEVICE static Out apply(const Acc& acc, std::int64_t) {
+    return static_cast<Out>(acc.index);
+  }
+};
+
+}  // namespace tessera::backend
+
+namespace tessera::backend::cpu {
+
+// ---- blocked, pairwise folding ---------------------------------------------------------------
+
+/// Independent accumulators per block: 16 floats are four SSE or two AVX registers, enough
+/// parallel add chains for the loop to run at memory speed.
+inline constexpr int reduce_lanes = 16;
+/// Elements per block: each lane folds 16 of them, so a lane's rounding error stays tiny before
+/// the block joins the pairwise cascade.
+inline constexpr std::int64_t reduce_block = 256;
+
+/// Pairwise combination of a stream of block results (a binary counter: level k holds the merge
+/// of 2^k blocks), so n blocks are combined in a tree of depth log2(n) with O(log n) memory.
+template <class Op>
+class cascade {
+ public:
+  using acc_type = typename Op::acc_type;
+
+  void push(acc_type block) {
+    std::uint64_t carry = pushes_++;
+    int level = 0;
+    for (; carry & 1; carry >>= 1, ++level) block = Op::merge(levels_[level], block);
+    levels_[level] = block;
+  }
+  /// The merge of every block pushed (the identity for none), earlier blocks on the left.
+  acc_type result() const {
+    acc_type total = Op::identity();
+    for (int level = std::bit_width(pushes_) - 1; level >= 0; --level) {
+      if ((pushes_ >> level) & 1) total = Op::merge(total, levels_[level]);
+    }
+    return total;
+  }
+
+ private:
+  acc_type levels_[64] = {};
+  std::uint64_t pushes_ = 0;
+};
+
+/// Folds get(0) .. get(count - 1) (each already lifted to Op::acc_type) into `sums`.
+template <class Op, class Get>
+void fold(cascade<Op>& sums, std::int64_t count, Get&& get) {
+  using acc_type = typename Op::acc_type;
+  std::int64_t j = 0;
+  for (; j + reduce_block <= count; j += reduce_block) {
+    acc_type lane[reduce_lanes];
+    for (auto& a : lane) a = Op::identity();
+    for (std::int64_t k = j; k < j + reduce_block; k += reduce_lanes) {
+      for (int l = 0; l < reduce_lanes; ++l) lane[l] = Op::merge(lane[l], get(k + l));
+    }
+    for (int width = reduce_lanes / 2; width > 0; width /= 2) {
+      for (int l = 0; l < width; ++l) lane[l] = Op::merge(lane[l], lane[l + width]);
+    }
+    sums.push(lane[0]);
+  }
+  if (j < count) {
+    acc_type tail = Op::identity();
+    for (; j < count; ++j) tail = Op::merge(tail, get(j));
+    sums.push(tail);
+  }
+}
+
+/// Splits [0, n) over parallel_for's threads; chunk(first, last) returns the accumulator of its
+/// range. Partials are merged in index order, so the result depends only on the thread count.
+template <class Op, class Chunk>
+typename Op::acc_type reduce_chunks(std::int64_t n, std::int64_t grain, Chunk&& chunk) {
+  using acc_type = typename Op::acc_type;
+  std::vector<std::pair<std::int64_t, acc_type>> partials;
+  std::mutex mutex;
+  parallel_for(0, n, grain, [&](std::int64_t first, std::int64_t last) {
+    const acc_type partial = chunk(first, last);
+    std::lock_guard<std::mutex> lock(mutex);
+    partials.emplace_back(first, partial);
+  });
+  std::sort(partials.begin(), partials.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  acc_type total = Op::identity();
+  for (const auto& partial : partials) total = Op::merge(total, partial.second);
+  return total;
+}
+
+/// Row-major index of `position` over `shape` (ranks 0..max_dims).
+inline void unravel(std::int64_t position, const Shape& shape, std::int64_t* index) {
+  for (int d = shape.size() - 1; d >= 0; --d) {
+    index[d] = position % shape[d];
+    position /= shape[d];
+  }
+}
+
+/// Advances a row-major index over the first `rank` dimensions of `shape` (an odometer).
+inline void next_index(std::int64_t* index, const Shape& shape, int rank) {
+  for (int d = rank - 1; d >= 0; --d) {
+    if (++index[d] < shape[d]) return;
+    index[d] = 0;
+  }
+}
+
+template <std::size_t L>
+bool all_row_major(const Shape& shape, const std::array<Strides, L>& leaf_strides) {
+  for (const Strides& strides : leaf_strides) {
+    if (!is_row_major(shape, strides)) return false;
+  }
+  return true;
+}
+
+// ---- layouts of a reduction along one dimension -------------------------------------------------
+
+/// A shape split into the kept dimensions (merged where every operand allows; operand 0 is the
+/// output, 1..L the leaves) and the one reduced (or softmax) dimension.
+template <std::size_t L>
+struct split_layout {
+  strided_layout<static_cast<int>(L + 1)> kept;  // without the dimension
+  std::int64_t extent = 0;                        // its extent
+  std::array<std::int64_t, L + 1> stride{};       // each operand's stride along it
+
+  split_layout(const Shape& shape, int dim, const Strides& out_strides,
+               const std::array<Strides, L>& leaf_strides)
+      : kept(without(shape, dim), without_all(dim, out_strides, leaf_strides)),
+        extent(shape[dim]) {
+    stride[0] = out_strides[dim];
+    for (std::size_t k = 0; k < L; ++k) stride[k + 1] = leaf_strides[k][dim];
+  }
+
+  /// True when walking the kept dimensions innermost reads memory more contiguously than walking
+  /// the dimension itself (sum(x, 0) of a row-major matrix): count the operands with unit stride
+  /// in each. Ties go to the dimension (one row per output, the simpler loop).
+  bool kept_is_inner() const {
+    const int rank = kept.shape.size();
+    if (rank == 0) return false;
+    int along_dim = 0;
+    int along_kept = 0;
+    for (std::size_t k = 0; k <= L; ++k) {
+      if (stride[k] == 1 || stride[k] == -1) ++along_dim;
+      const std::int64_t s = kept.strides[k][rank - 1];
+      if (s == 1 || s == -1) ++along_kept;
+    }
+    return along_kept > along_dim;
+  }
+
+  /// Leaf strides with the dimension innermost: [kept..., dim].
+  std::array<Strides, L> dim_innermost() const {
+    std::array<Strides, L> out;
+    for (std::size_t k = 0; k < L; ++k) {
+      out[k] = kept.strides[k + 1];
+      out[k].push_back(stride[k + 1]);
+    }
+    return out;
+  }
+  /// Leaf strides with the dimension second innermost: [kept outer..., dim, kept last].
+  std::array<Strides, L> dim_second_innermost() const {
+    const int rank = kept.shape.size();
+    std::array<Strides, L> out;
+    for (std::size_t k = 0; k < L; ++k) {
+      out[k] = kept.strides[k + 1];
+      out[k].insert(rank - 1, stride[k + 1]);
+    }
+    return out;
+  }
+
+ private:
+  static Shape without(const Shape& shape, int dim) {
+    Shape out = shape;
+    out.erase(dim);
+    return out;
+  }
+  static std::array<Strides, L + 1> without_all(int dim, const Strides& out_strides,
+                                                const std::array<Strides, L>& leaf_strides) {
+    std::array<Strides, L + 1> out;
+    out[0] = without(out_strides, dim);
+    for (std::size_t k = 0; k < L; ++k) out[k + 1] = without(leaf_strides[k], dim);
+    return out;
+  }
+};
+
+/// The accumulators of up to `width` outputs folded side by side (outputs contiguous in the
+/// innermost kept dimension): a cascade per lane, all lanes pushing together.
+template <class Op>
+class lane_cascade {
+ public:
+  using acc_type = typename Op::acc_type;
+
+  explicit lane_cascade(int width) : width_(width) {}
+  void reset() { pushes_ = 0; }
+  /// Pushes block[0 .. n) (clobbering it).
+  void push(acc_type* block, int n) {
+    std::uint64_t carry = pushes_++;
+    std::size_t level = 0;
+    for (; carry & 1; carry >>= 1, ++level) {
+      const acc_type* earlier = levels_.data() + level * width_;
+      for (int w = 0; w < n; ++w) block[w] = Op::merge(earlier[w], block[w]);
+    }
+    if (levels_.size() < (level + 1) * width_) levels_.resize((level + 1) * width_);
+    std::copy(block, block + n, levels_.begin() + static_cast<std::ptrdiff_t>(level * width_));
+  }
+  /// result[w] = the merge of every block pushed for lane w.
+  void result(acc_type* out, int n) const {
+    for (int w = 0; w < n; ++w) out[w] = Op::identity();
+    for (int level = std::bit_width(pushes_) - 1; level >= 0; --level) {
+      if (!((pushes_ >> level) & 1)) continue;
+      const acc_type* sums = levels_.data() + static_cast<std::size_t>(level) * width_;
+      for (int w = 0; w < n; ++w) out[w] = Op::merge(out[w], sums[w]);
+    }
+  }
+
+ private:
+  std::size_t width_;
+  std::vector<acc_type> levels_;
+  std::uint64_t pushes_ = 0;
+};
+
+/// Outputs per tile when outputs are folded side by side (a few cache lines of each input row).
+inline constexpr int output_tile = 64;
+/// Rows a lane folds before its block joins the lane's cascade.
+inline constexpr std::int64_t lane_block_rows = 16;
+
+// ---- full reductions ------------------------------------------------------------------------
+
+/// *out = Finish(Op over every element of the expression of dtype V and shape `shape`), one
+/// threaded pass (one launch; the few per-thread partials are merged on the caller). Elements are
+/// numbered in row-major order (argmax gives that flattened position). `leaf_strides` are the
+/// leaves' strides expanded to `shape`; make_evaluator(strides, rank) builds the evaluator.
+template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
+void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
+                MakeEvaluator&& make_evaluator) {
+  using acc_type = typename Op::acc_type;
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) {
+    *out = Finish::template apply<Out>(Op::identity(), 0);
+    return;
+  }
+  if (all_row_major(shape, leaf_strides)) {
+    const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    const acc_type total = reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
+      cascade<Op> sums;
+      fold(sums, last - first, [&](std::int64_t j) {
+        const std::int64_t i = first + j;
+        return Op::lift(read_as<V>(evaluator, linear_access{i}), i);
+      });
+      return sums.result();
+    });
+    *out = Finish::template apply<Out>(total, n);
+    return;
+  }
+  const strided_layout<static_cast<int>(L)> layout(shape, leaf_strides);
+  const int rank = layout.shape.size();
+  if (rank == 0) {  // one element behind unusual strides
+    const auto evaluator = make_evaluator(layout.strides.data(), 0);
+    *out = Finish::template apply<Out>(
+        Op::merge(Op::identity(), Op::lift(read_as<V>(evaluator, index_access{nullptr}), 0)), 1);
+    return;
+  }
+  const std::int64_t inner = layout.shape[rank - 1];
+  const auto prototype = make_evaluator(layout.strides.data(), rank);
+  const acc_type total = reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
+    auto evaluator = prototype;
+    std::int64_t index[max_dims] = {};
+    unravel(first, layout.shape, index);
+    cascade<Op> sums;
+    // One segment per row: place the row once, then fold along it. The cascade spans rows, so
+    // short rows still sum pairwise.
+    for (std::int64_t i = first; i < last;) {
+      const std::int64_t column = index[rank - 1];
+      const std::int64_t length = std::min(inner - column, last - i);
+      evaluator.bind_row(index);
+      fold(sums, length, [&](std::int64_t j) {
+        return Op::lift(read_as<V>(evaluator, row_access{column + j}), i + j);
+      });
+      i += length;
+      index[rank - 1] = 0;
+      next_index(index, layout.shape, rank - 1);
+    }
+    return sums.result();
+  });
+  *out = Finish::template apply<Out>(total, n);
+}
+
+// ---- reductions along one dimension -------------------------------------------------------------
+
+/// out[o] = Finish(Op over dimension `dim` of the expression), for every position o of the kept
+/// dimensions in row-major order (out is contiguous; keepdim does not change it). One launch.
+/// Outputs run in parallel; a row is folded like a full reduction (blocked, pairwise). When the
+/// kept dimensions are the contiguous ones (sum(x, 0)), tiles of neighbouring outputs are folded
+/// side by side instead, so every input row is read contiguously. Few outputs with long rows
+/// split each row over the threads.
+template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
+void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
+                MakeEvaluator&& make_evaluator) {
+  using acc_type = typename Op::acc_type;
+  profiler::count_launch();
+  const std::int64_t extent = shape[dim];
+  std::int64_t outputs = 1;
+  for (int d = 0; d < shape.size(); ++d) {
+    if (d != dim) outputs *= shape[d];
+  }
+  if (outputs == 0) return;
+  if (extent == 0) {
+    for (std::int64_t o = 0; o < outputs; ++o) out[o] = Finish::template apply<Out>(Op::identity(), 0);
+    return;
+  }
+  const bool few_outputs = outputs < tessera::cpu::num_threads() && extent >= 2 * grain_size;
+
+  // Reads row o: its element r through a linear index, or through a row placed by bind_row.
+  auto run_rows = [&](const auto& prototype, auto place_row, auto access) {
+    if (few_outputs) {
+      for (std::int64_t o = 0; o < outputs; ++o) {
+        const acc_type total =
+            reduce_chunks<Op>(extent, grain_size, [&](std::int64_t first, std::int64_t last) {
+              auto evaluator = prototype;
+              place_row(evaluator, o);
+              cascade<Op> sums;
+              fold(sums, last - first, [&](std::int64_t j) {
+                return Op::lift(read_as<V>(evaluator, access(o, first + j)), first + j);
+              });
+              return sums.result();
+            });
+        out[o] = Finish::template apply<Out>(total, extent);
+      }
+      return;
+    }
+    parallel_for(0, outputs, std::max<std::int64_t>(1, grain_size / extent),
+                 [&](std::int64_t first, std::int64_t last) {
+                   auto evaluator = prototype;
+                   for (std::int64_t o = first; o < last; ++o) {
+                     place_row(evaluator, o);
+                     cascade<Op> sums;
+                     fold(sums, extent, [&](std::int64_t r) {
+                       return Op::lift(read_as<V>(evaluator, access(o, r)), r);
+                     });
+                     out[o] = Finish::template apply<Out>(sums.result(), extent);
+                   }
+                 });
+  };
+
+  std::int64_t after = 1;  // elements between two neighbours along dim
+  for (int d = dim + 1; d < shape.size(); ++d) after *= shape[d];
+  if (after == 1 && all_row_major(shape, leaf_strides)) {
+    // Rows are contiguous and every leaf reads at the same linear index: element r of row o is
+    // o * extent + r.
+    const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    run_rows(
+        evaluator, [](auto&, std::int64_t) {},
+        [extent](std::int64_t o, std::int64_t r) { return linear_access{o * extent + r}; });
+    return;
+  }
+
+  const split_layout<L> layout(shape, dim, Shape::filled(shape.size(), 0), leaf_strides);
+  const Shape& kept = layout.kept.shape;
+  const int kept_rank = kept.size();
+  if (!layout.kept_is_inner() || few_outputs) {
+    const auto strides = layout.dim_innermost();
+    const auto evaluator = make_evaluator(strides.data(), kept_rank + 1);
+    run_rows(
+        evaluator,
+        [&kept](auto& e, std::int64_t o) {
+          std::int64_t index[max_dims] = {};
+          unravel(o, kept, index);
+          e.bind_row(index);
+        },
+        [](std::int64_t, std::int64_t r) { return row_access{r}; });
+    return;
+  }
+
+  // Neighbouring outputs side by side: for each row r of the reduced dimension, a tile of up to
+  // output_tile outputs reads its elements contiguously and folds them into per-lane blocks.
+  const auto strides = layout.dim_second_innermost();
+  const auto prototype = make_evaluator(strides.data(), kept_rank + 1);
+  const std::int64_t width = kept[kept_rank - 1];
+  const std::int64_t tiles = (width + output_tile - 1) / output_tile;
+  const std::int64_t tasks = outputs / width * tiles;
+  const std::int64_t tile_work = extent * std::min<std::int64_t>(width, output_tile);
+  parallel_for(0, tasks, std::max<std::int64_t>(1, grain_size / tile_work),
+               [&](std::int64_t first, std::int64_t last) {
+                 auto evaluator = prototype;
+                 lane_cascade<Op> sums(output_tile);
+                 acc_type block[output_tile];
+                 for (std::int64_t task = first; task < last; ++task) {
+                   const std::int64_t outer = task / tiles;
+                   const std::int64_t start = task % tiles * output_tile;
+                   const int lanes = static_cast<int>(std::min<std::int64_t>(output_tile, width - start));
+                   std::int64_t index[max_dims] = {};
+                   std::int64_t rest = outer;
+                   for (int d = kept_rank - 2; d >= 0; --d) {
+                     index[d] = rest % kept[d];
+                     rest /= kept[d];
+                   }
+                   sums.reset();
+                   std::fill(block, block + lanes, Op::identity());
+                   for (std::int64_t r = 0; r < extent; ++r) {
+                     index[kept_rank - 1] = r;
+                     evaluator.bind_row(index);
+                     for (int w = 0; w < lanes; ++w) {
+                       block[w] = Op::merge(
+                           block[w], Op::lift(read_as<V>(evaluator, row_access{start + w}), r));
+                     }
+                     if ((r + 1) % lane_block_rows == 0 || r + 1 == extent) {
+                       sums.push(block, lanes);
+                       std::fill(block, block + lanes, Op::identity());
+                     }
+                   }
+                   sums.result(block, lanes);
+                   Out* out_row = out + outer * width + start;
+                   for (int w = 0; w < lanes; ++w) {
+                     out_row[w] = Finish::template apply<Out>(block[w], extent);
+                   }
+                 }
+               });
+}
+
+// ---- softmax --------------------------------------------------------------------------------
+
+/// out = softmax (or log_softmax when Log) of the expression along `dim`: per row, m = max,
+/// s = sum exp(x - m), out = exp(x - m) / s (or x - m - log s), computed in F's compute type and
+/// stored as F. The expression is read three times per row, never stored. `out` is contiguous
+/// with the expression's shape. One launch.
+template <bool Log, class V, class F, std::size_t L, class MakeEvaluator>
+void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
+             MakeEvaluator&& make_evaluator) {
+  using A = opmath_t<F>;
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  const std::int64_t extent = shape[dim];
+  const std::int64_t rows = n / extent;
+
+  // One row: x(r) reads element r, store(r, value) writes it.
+  auto softmax_row = [](std::int64_t length, auto&& x, auto&& store) {
+    cascade<max_op<A>> maximum;
+    fold(maximum, length, [&](std::int64_t r) { return x(r); });
+    const A m = maximum.result();
+    cascade<sum_op<A>> sums;
+    fold(sums, length, [&](std::int64_t r) { return ops::exp{}(A(x(r) - m)); });
+    const A s = sums.result();
+    if constexpr (Log) {
+      const A log_s = ops::log{}(s);
+      for (std::int64_t r = 0; r < length; ++r) store(r, A(x(r) - m - log_s));
+    } else {
+      for (std::int64_t r = 0; r < length; ++r) store(r, A(ops::exp{}(A(x(r) - m)) / s));
+    }
+  };
+
+  std::int64_t after = 1;
+  for (int d = dim + 1; d < shape.size(); ++d) after *= shape[d];
+  if (after == 1 && all_row_major(shape, leaf_strides)) {
+    const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    parallel_for(0, rows, std::max<std::int64_t>(1, grain_size / extent),
+                 [&](std::int64_t first, std::int64_t last) {
+                   for (std::int64_t o = first; o < last; ++o) {
+                     const std::int64_t base = o * extent;
+                     softmax_row(
+                         extent,
+                         [&](std::int64_t r) {
+                           return static_cast<A>(read_as<V>(evaluator, linear_access{base + r}));
+                         },
+                         [&](std::int64_t r, A value) { out[base + r] = store_cast<F>(value); });
+                   }
+                 });
+    return;
+  }
+
+  const Strides out_strides = shape.contiguous_strides();
+  const split_layout<L> layout(shape, dim, out_strides, leaf_strides);
+  const Shape& kept = layout.kept.shape;
+  const int kept_rank = kept.size();
+  const std::int64_t out_step = layout.stride[0];
+  if (!layout.kept_is_inner()) {
+    const auto strides = layout.dim_innermost();
+    const auto prototype = make_evaluator(strides.data(), kept_rank + 1);
+    parallel_for(0, rows, std::max<std::int64_t>(1, grain_size / extent),
+                 [&](std::int64_t first, std::int64_t last) {
+                   auto evaluator = prototype;
+                   std::int64_t index[max_dims] = {};
+                   unravel(first, kept, index);
+                   for (std::int64_t o = first; o < last; ++o) {
+                     evaluator.bind_row(index);
+                     std::int64_t out_offset = 0;
+                     for (int d = 0; d < kept_rank; ++d) out_offset += index[d] * layout.kept.strides[0][d];
+                     F* out_row = out + out_offset;
+                     softmax_row(
+                         extent,
+                         [&](std::int64_t r) {
+                           return static_cast<A>(read_as<V>(evaluator, row_access{r}));
+                         },
+                         [&](std::int64_t r, A value) { out_row[r * out_step] = store_cast<F>(value); });
+                     next_index(index, kept, kept_rank);
+                   }
+                 });
+    return;
+  }
+
+  // Rows side by side (softmax over a dimension that is not the contiguous one): a tile of
+  // neighbouring rows makes the three passes together, reading each input row contiguously.
+  const auto strides = layout.dim_second_innermost();
+  const auto prototype = make_evaluator(strides.data(), kept_rank + 1);
+  const std::int64_t width = kept[kept_rank - 1];
+  const std::int64_t out_lane_step = layout.kept.strides[0][kept_rank - 1];
+  const std::int64_t tiles = (width + output_tile - 1) / output_tile;
+  const std::int64_t tasks = rows / width * tiles;
+  const std::int64_t tile_work = extent * std::min<std::int64_t>(width, output_tile);
+  parallel_for(0, tasks, std::max<std::int64_t>(1, grain_size / tile_work),
+               [&](std::int64_t first, std::int64_t last) {
+                 auto evaluator = prototype;
+                 lane_cascade<max_op<A>> maxima(output_tile);
+                 lane_cascade<sum_op<A>> sums(output_tile);
+                 A m[output_tile];
+                 A s[output_tile];
+                 for (std::int64_t task = first; task < last; ++task) {
+                   const std::int64_t outer = task / tiles;
+                   const std::int64_t start = task % tiles * output_tile;
+                   const int lanes = static_cast<int>(std::min<std::int64_t>(output_tile, width - start));
+                   std::int64_t index[max_dims] = {};
+                   std::int64_t rest = outer;
+                   std::int64_t out_offset = start * out_lane_step;
+                   for (int d = kept_rank - 2; d >= 0; --d) {
+                     index[d] = rest % kept[d];
+                     rest /= kept[d];
+                     out_offset += index[d] * layout.kept.strides[0][d];
+                   }
+                   // Visits every row r of the tile: fn(r, x) with x(w) the value of lane w.
+                   auto each_row = [&](auto&& fn) {
+                     for (std::int64_t r = 0; r < extent; ++r) {
+                       index[kept_rank - 1] = r;
+                       evaluator.bind_row(index);
+                       fn(r, [&](int w) {
+                         return static_cast<A>(read_as<V>(evaluator, row_access{start + w}));
+                       });
+                     }
+                   };
+                   // Folds value(r, x, w) per lane into `into`, pairwise over blocks of rows.
+                   auto fold_lanes = [&](auto& cascade_of_lanes, A* into, auto&& value, auto identity) {
+                     cascade_of_lanes.reset();
+                     std::fill(into, into + lanes, identity);
+                     each_row([&](std::int64_t r, auto&& x) {
+                       for (int w = 0; w < lanes; ++w) into[w] = value(into[w], x(w), w);
+                       if ((r + 1) % lane_block_rows == 0 || r + 1 == extent) {
+                         cascade_of_lanes.push(into, lanes);
+                         std::fill(into, into + lanes, identity);
+                       }
+                     });
+                     cascade_of_lanes.result(into, lanes);
+                   };
+                   fold_lanes(maxima, m, [](A acc, A x, int) { return max_op<A>::merge(acc, x); },
+                              max_op<A>::identity());
+                   fold_lanes(sums, s, [&](A acc, A x, int w) { return A(acc + ops::exp{}(A(x - m[w]))); },
+                              A(0));
+                   if constexpr (Log) {
+                     for (int w = 0; w < lanes; ++w) s[w] = ops::log{}(s[w]);
+                   }
+                   each_row([&](std::int64_t r, auto&& x) {
+                     F* out_row = out + out_offset + r * out_step;
+                     for (int w = 0; w < lanes; ++w) {
+                       const A shifted = A(x(w) - m[w]);
+                       A value;
+                       if constexpr (Log) {
+                         value = A(shifted - s[w]);
+                       } else {
+                         value = A(ops::exp{}(shifted) / s[w]);
+                       }
+                       out_row[w * out_lane_step] = store_cast<F>(value);
+                     }
+                   });
+                 }
+               });
+}
+
+}  // namespace tessera::backend::cpu
