@@ -9,6 +9,7 @@
 // as fused expressions.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
@@ -34,6 +35,17 @@ struct index_access {
 };
 struct row_access {
   std::int64_t i;
+};
+/// V consecutive elements from linear index i (CUDA's vectorised path; all pointers aligned).
+template <int V>
+struct vector_access {
+  std::int64_t i;
+};
+
+/// V values of T in one aligned load or store (16 bytes for 4 floats).
+template <class T, int V>
+struct alignas(sizeof(T) * V) aligned_vector {
+  T values[V];
 };
 
 /// Converts a computed value to the stored type T; bool is "non-zero" (NaN is true, as in
@@ -84,6 +96,15 @@ struct leaf_evaluator {
     for (int d = 0; d + 1 < rank; ++d) offset += index[d] * strides[d];
     row = data + offset;
   }
+  template <int V>
+  TESSERA_HOST_DEVICE void get_vector(vector_access<V> a, result_type (&out)[V]) const {
+    const auto loaded = *reinterpret_cast<const aligned_vector<T, V>*>(data + a.i);
+    for (int k = 0; k < V; ++k) out[k] = result_type(loaded.values[k]);
+  }
+  /// True when `data` allows aligned loads of `vector` elements.
+  bool is_aligned(int vector) const {
+    return reinterpret_cast<std::uintptr_t>(data) % (sizeof(T) * static_cast<std::size_t>(vector)) == 0;
+  }
 };
 
 /// A constant (a scalar operand, or a fill value), already in its compute type.
@@ -99,6 +120,11 @@ struct scalar_evaluator {
     return value;
   }
   TESSERA_HOST_DEVICE constexpr void bind_row(const std::int64_t*) {}
+  template <int V>
+  TESSERA_HOST_DEVICE void get_vector(vector_access<V>, T (&out)[V]) const {
+    for (int k = 0; k < V; ++k) out[k] = value;
+  }
+  bool is_aligned(int) const { return true; }
 };
 
 /// Converts a child's value to U (rounding through U, so cast<half> really rounds), then to
@@ -115,6 +141,13 @@ struct cast_evaluator {
     return result_type(store_cast<U>(child.get(a)));
   }
   TESSERA_HOST_DEVICE void bind_row(const std::int64_t* index) { child.bind_row(index); }
+  template <int V>
+  TESSERA_HOST_DEVICE void get_vector(vector_access<V> a, result_type (&out)[V]) const {
+    typename Child::result_type in[V];
+    child.get_vector(a, in);
+    for (int k = 0; k < V; ++k) out[k] = result_type(store_cast<U>(in[k]));
+  }
+  bool is_aligned(int vector) const { return child.is_aligned(vector); }
 };
 
 }  // namespace backend

@@ -202,6 +202,13 @@ struct unary_evaluator {
     return Op{}(static_cast<opmath_t<Compute>>(child.get(a)));
   }
   TESSERA_HOST_DEVICE void bind_row(const std::int64_t* index) { child.bind_row(index); }
+  template <int V>
+  TESSERA_HOST_DEVICE void get_vector(backend::vector_access<V> a, result_type (&out)[V]) const {
+    typename Child::result_type in[V];
+    child.get_vector(a, in);
+    for (int k = 0; k < V; ++k) out[k] = Op{}(static_cast<opmath_t<Compute>>(in[k]));
+  }
+  bool is_aligned(int vector) const { return child.is_aligned(vector); }
 };
 
 template <class Op, class Compute, class Left, class Right>
@@ -221,6 +228,16 @@ struct binary_evaluator {
     left.bind_row(index);
     right.bind_row(index);
   }
+  template <int V>
+  TESSERA_HOST_DEVICE void get_vector(backend::vector_access<V> a, result_type (&out)[V]) const {
+    using C = opmath_t<Compute>;
+    typename Left::result_type l[V];
+    typename Right::result_type r[V];
+    left.get_vector(a, l);
+    right.get_vector(a, r);
+    for (int k = 0; k < V; ++k) out[k] = Op{}(static_cast<C>(l[k]), static_cast<C>(r[k]));
+  }
+  bool is_aligned(int vector) const { return left.is_aligned(vector) && right.is_aligned(vector); }
 };
 
 template <class Compute, class Condition, class Left, class Right>
@@ -243,6 +260,22 @@ struct where_evaluator {
     condition.bind_row(index);
     left.bind_row(index);
     right.bind_row(index);
+  }
+  template <int V>
+  TESSERA_HOST_DEVICE void get_vector(backend::vector_access<V> a, result_type (&out)[V]) const {
+    typename Condition::result_type c[V];
+    typename Left::result_type l[V];
+    typename Right::result_type r[V];
+    condition.get_vector(a, c);
+    left.get_vector(a, l);
+    right.get_vector(a, r);
+    for (int k = 0; k < V; ++k) {
+      out[k] = backend::store_cast<bool>(c[k]) ? static_cast<result_type>(l[k])
+                                               : static_cast<result_type>(r[k]);
+    }
+  }
+  bool is_aligned(int vector) const {
+    return condition.is_aligned(vector) && left.is_aligned(vector) && right.is_aligned(vector);
   }
 };
 

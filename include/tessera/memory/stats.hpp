@@ -151,9 +151,12 @@ inline std::string format_summary(const MemoryStats& stats, Device device) {
   out += detail::summary_line(
       "        Metric         | Cur Usage  | Peak Usage | Tot Alloc  | Tot Freed  ");
 
+  // An alias, not `Stat PoolStats::*stat`: nvcc's host pass re-emits that declarator with
+  // parentheses that g++ then warns about.
+  using stat_member = Stat PoolStats::*;
   struct metric {
     const char* name;
-    Stat PoolStats::*stat;
+    stat_member stat;
     bool bytes;
   };
   static constexpr metric metrics[] = {

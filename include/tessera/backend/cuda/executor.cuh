@@ -1,6 +1,7 @@
 // The CUDA executor: one kernel per assignment. A grid-stride loop with several elements per
-// thread; operands contiguous with the output's shape are read at a linear index (coalesced),
-// others through the N-d index of the merged layout. The evaluator is passed by value, so its
+// thread; when the output and every operand are contiguous with the output's shape and aligned,
+// each thread moves 16 bytes of output per step with vector loads and stores; other contiguous
+// cases use a linear index (coalesced), strided ones the N-d index of the merged layout. The evaluator is passed by value, so its
 // size is checked against the kernel-parameter limit. Included only by nvcc-compiled units.
 #pragma once
 
@@ -39,6 +40,33 @@ __global__ void __launch_bounds__(threads_per_block)
     }
   }
   for (; i < n; i += stride) out[i] = store_cast<T>(evaluator.get(linear_access{i}));
+}
+
+/// Elements per 16-byte access of the output type (at least 1, at most 8).
+template <class T>
+inline constexpr int vector_elements = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+
+/// The contiguous path with 16-byte vector loads and stores: each thread handles V consecutive
+/// elements per step (the output and every operand are aligned to V elements; checked on the host).
+template <int V, class T, class Evaluator>
+__global__ void __launch_bounds__(threads_per_block)
+    vector_kernel(T* out, Evaluator evaluator, std::int64_t n) {
+  using result_type = typename Evaluator::result_type;
+  const std::int64_t vectors = n / V;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       v < vectors; v += stride) {
+    result_type values[V];
+    evaluator.get_vector(vector_access<V>{v * V}, values);
+    aligned_vector<T, V> stored;
+#pragma unroll
+    for (int k = 0; k < V; ++k) stored.values[k] = store_cast<T>(values[k]);
+    *reinterpret_cast<aligned_vector<T, V>*>(out + v * V) = stored;
+  }
+  // The tail (fewer than V elements) by the first threads.
+  const std::int64_t tail = vectors * V + static_cast<std::int64_t>(blockIdx.x) * blockDim.x +
+                            threadIdx.x;
+  if (tail < n) out[tail] = store_cast<T>(evaluator.get(linear_access{tail}));
 }
 
 struct strided_layout_args {
@@ -102,7 +130,16 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
     static_assert(sizeof(evaluator) <= 4096,
                   "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
                   "of parameters); split the statement into two assignments");
-    linear_kernel<<<grid_for(n), threads_per_block, 0, stream.native()>>>(out, evaluator, n);
+    constexpr int V = vector_elements<T>;
+    const bool vectorisable = V > 1 && n >= V &&
+                              reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * V) == 0 &&
+                              evaluator.is_aligned(V);
+    if (vectorisable) {
+      vector_kernel<V><<<grid_for(n / V * elements_per_thread), threads_per_block, 0,
+                         stream.native()>>>(out, evaluator, n);
+    } else {
+      linear_kernel<<<grid_for(n), threads_per_block, 0, stream.native()>>>(out, evaluator, n);
+    }
     TESSERA_CUDA_CHECK(cudaGetLastError());
     return;
   }

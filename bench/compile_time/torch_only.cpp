@@ -1,0 +1,2 @@
+// Scale of bench/compile_time.sh: LibTorch's C++ API header alone.
+#include <torch/torch.h>
