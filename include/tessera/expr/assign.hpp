@@ -54,10 +54,15 @@ bool aliases_output(const Tensor<T, K>& out, const E& node) {
   node.for_each_tensor([&](const auto& tensor) {
     if (!tensor.storage().is_same(out.storage())) return;
     using U = typename std::remove_cvref_t<decltype(tensor)>::value_type;
-    const bool same_elements =
+    bool same_elements =
         sizeof(U) == sizeof(T) &&
-        static_cast<const void*>(tensor.data()) == static_cast<const void*>(out.data()) &&
-        expand_strides(tensor.shape(), tensor.strides(), out.shape()) == out.strides();
+        static_cast<const void*>(tensor.data()) == static_cast<const void*>(out.data());
+    const Strides expanded = expand_strides(tensor.shape(), tensor.strides(), out.shape());
+    for (int d = 0; same_elements && d < out.dim(); ++d) {
+      // An extent-1 dimension is never stepped through, so its stride does not matter (and
+      // expand_strides writes 0 there): y += 1 on a [3, 1] tensor is still in place.
+      if (out.shape()[d] != 1 && expanded[d] != out.strides()[d]) same_elements = false;
+    }
     if (!same_elements) unsafe = true;
   });
   return unsafe;
@@ -75,7 +80,7 @@ Tensor<T, K> evaluate_as(const E& node) {
 }
 
 /// out's elements = the expression's values (converted to T), in one pass. The expression must
-/// broadcast to out's shape and live on out's device.
+/// broadcast to out's shape and live on out's device; out must not be an expanded view (error).
 template <class T, class K, class E>
 void evaluate_into(Tensor<T, K>& out, const E& node, const char* operation) {
   const Device device = device_of(node, operation);
@@ -86,6 +91,16 @@ void evaluate_into(Tensor<T, K>& out, const E& node, const char* operation) {
   if (broadcast_shapes(out.shape(), node.shape(), operation) != out.shape()) {
     throw shape_error(std::string(operation) + ": an output of shape " + out.shape().str() +
                       " cannot hold the result of shape " + node.shape().str());
+  }
+  if (out.numel() > 0) {
+    for (int d = 0; d < out.dim(); ++d) {
+      if (out.strides()[d] == 0 && out.shape()[d] > 1) {
+        // As PyTorch: writing would store several results into one memory location.
+        throw error(std::string(operation) + ": the output of shape " + out.shape().str() +
+                    " is an expanded view (stride 0 in dimension " + std::to_string(d) +
+                    "), so several of its elements share one memory location; clone() it first");
+      }
+    }
   }
   if (aliases_output(out, node)) {
     // Reading and writing one buffer in different orders: evaluate aside, then copy (2 passes).
