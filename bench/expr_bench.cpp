@@ -100,8 +100,8 @@ void BM_matmul_openblas(benchmark::State& state) {
   auto& x = operands();
   const int n = static_cast<int>(matmul_size);
   for (auto _ : state) {
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, x.a.data(), n,
-                x.b.data(), n, 0.0f, x.c.data(), n);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, n, n, n, 1.0f, x.a.data(), n, x.b.data(),
+                n, 0.0f, x.c.data(), n);
     benchmark::ClobberMemory();
   }
   set_flops(state);
@@ -162,8 +162,7 @@ struct ratio_line {
 // Add a line here for each new contender/baseline pair.
 const ratio_line ratio_lines[] = {
     {"matmul / openblas", "BM_matmul_tessera", "BM_matmul_openblas"},
-    {"matmul of transposed views / openblas", "BM_matmul_tessera_transposed",
-     "BM_matmul_openblas"},
+    {"matmul of transposed views / openblas", "BM_matmul_tessera_transposed", "BM_matmul_openblas"},
     {"fallback / openblas", "BM_matmul_fallback", "BM_matmul_openblas"},
     {"eigen / openblas", "BM_matmul_eigen", "BM_matmul_openblas"},
     {"fallback / eigen", "BM_matmul_fallback", "BM_matmul_eigen"},

@@ -119,7 +119,8 @@ void check_product(const ts::Tensor<T>& a, const ts::Tensor<T>& b) {
   if constexpr (std::is_integral_v<T>) {
     // Integer products wrap modulo 2^bits, as in PyTorch: the exact sum (an integer that
     // float64 holds exactly here) converted to T, which C++20 defines as modular.
-    for (double& v : want.values) v = static_cast<double>(static_cast<T>(static_cast<std::int64_t>(v)));
+    for (double& v : want.values)
+      v = static_cast<double>(static_cast<T>(static_cast<std::int64_t>(v)));
   }
   const ts::Tensor<T> got = ts::matmul(a, b);
   REQUIRE(got.shape() == want.shape);
@@ -162,11 +163,16 @@ const layout all_layouts[] = {layout::contiguous, layout::transposed, layout::na
 
 const char* name(layout l) {
   switch (l) {
-    case layout::contiguous: return "contiguous";
-    case layout::transposed: return "transposed";
-    case layout::narrowed: return "narrowed";
-    case layout::strided: return "strided";
-    case layout::broadcast: return "broadcast";
+    case layout::contiguous:
+      return "contiguous";
+    case layout::transposed:
+      return "transposed";
+    case layout::narrowed:
+      return "narrowed";
+    case layout::strided:
+      return "strided";
+    case layout::broadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -174,16 +180,20 @@ const char* name(layout l) {
 template <class T>
 ts::Tensor<T> make_matrix(std::int64_t rows, std::int64_t cols, layout l, std::mt19937& rng) {
   switch (l) {
-    case layout::contiguous: return random_tensor<T>({rows, cols}, rng);
+    case layout::contiguous:
+      return random_tensor<T>({rows, cols}, rng);
     // Strides (1, rows): a Trans operand.
-    case layout::transposed: return random_tensor<T>({cols, rows}, rng).t();
+    case layout::transposed:
+      return random_tensor<T>({cols, rows}, rng).t();
     // Strides (cols + 3, 1): NoTrans with a leading dimension larger than the row.
     case layout::narrowed:
       return random_tensor<T>({rows + 2, cols + 3}, rng).narrow(0, 1, rows).narrow(1, 2, cols);
     // Strides (2 cols, 2): no BLAS layout, copied on the BLAS path.
-    case layout::strided: return random_tensor<T>({rows, cols, 2}, rng).select(2, 1);
+    case layout::strided:
+      return random_tensor<T>({rows, cols, 2}, rng).select(2, 1);
     // Strides (0, 1): every row is the same one.
-    case layout::broadcast: return random_tensor<T>({1, cols}, rng).expand({rows, cols});
+    case layout::broadcast:
+      return random_tensor<T>({1, cols}, rng).expand({rows, cols});
   }
   return {};
 }
@@ -218,9 +228,9 @@ TEST_CASE("a small product by hand", "[matmul]") {
   });
 }
 
-TEMPLATE_TEST_CASE("every layout pair and odd sizes match the float64 product", "[matmul]",
-                   float, double, ts::half, ts::bfloat16, std::int8_t, std::uint8_t,
-                   std::int16_t, std::int32_t, std::int64_t) {
+TEMPLATE_TEST_CASE("every layout pair and odd sizes match the float64 product", "[matmul]", float,
+                   double, ts::half, ts::bfloat16, std::int8_t, std::uint8_t, std::int16_t,
+                   std::int32_t, std::int64_t) {
   using T = TestType;
   on_each_path([] {
     std::mt19937 rng(7);
@@ -237,8 +247,8 @@ TEMPLATE_TEST_CASE("every layout pair and odd sizes match the float64 product", 
   });
 }
 
-TEMPLATE_TEST_CASE("blocked sizes: several row, depth and column blocks", "[matmul]", float,
-                   double, ts::half, std::int32_t) {
+TEMPLATE_TEST_CASE("blocked sizes: several row, depth and column blocks", "[matmul]", float, double,
+                   ts::half, std::int32_t) {
   using T = TestType;
   on_each_path([] {
     std::mt19937 rng(11);
@@ -266,8 +276,8 @@ TEST_CASE("the built-in kernel splits work over any thread count", "[matmul][thr
   ts::cpu::set_num_threads(saved);
 }
 
-TEMPLATE_TEST_CASE("batches: 3-D x 3-D, 3-D x 2-D, 2-D x 3-D, batch 1 broadcast", "[matmul]",
-                   float, double, ts::half, ts::bfloat16, std::int32_t, std::int64_t) {
+TEMPLATE_TEST_CASE("batches: 3-D x 3-D, 3-D x 2-D, 2-D x 3-D, batch 1 broadcast", "[matmul]", float,
+                   double, ts::half, ts::bfloat16, std::int32_t, std::int64_t) {
   using T = TestType;
   on_each_path([] {
     std::mt19937 rng(3);
@@ -316,8 +326,8 @@ TEMPLATE_TEST_CASE("empty dimensions", "[matmul][empty]", float, double, ts::hal
           ts::Shape{3, 0});
     CHECK(ts::matmul(random_tensor<T>({0, 3, 5}, rng), random_tensor<T>({5, 2}, rng)).shape() ==
           ts::Shape{0, 3, 2});
-    CHECK(ts::matmul(random_tensor<T>({0, 3, 5}, rng), random_tensor<T>({1, 5, 2}, rng))
-              .shape() == ts::Shape{0, 3, 2});
+    CHECK(ts::matmul(random_tensor<T>({0, 3, 5}, rng), random_tensor<T>({1, 5, 2}, rng)).shape() ==
+          ts::Shape{0, 3, 2});
     CHECK(ts::matmul(random_tensor<T>({0, 0}, rng), random_tensor<T>({0, 0}, rng)).shape() ==
           ts::Shape{0, 0});
   });
@@ -351,10 +361,10 @@ TEST_CASE("half and bfloat16 sum in float and round once", "[matmul][half]") {
         {1, 5});
     auto ones = ts::ones<ts::half>({5, 1});
     CHECK(static_cast<float>(ts::matmul(a, ones).item()) == 2052.0f);
-    auto b = ts::from_vector<ts::bfloat16>({ts::bfloat16(256.0f), ts::bfloat16(1.0f),
-                                            ts::bfloat16(1.0f), ts::bfloat16(1.0f),
-                                            ts::bfloat16(1.0f)},
-                                           {1, 5});
+    auto b =
+        ts::from_vector<ts::bfloat16>({ts::bfloat16(256.0f), ts::bfloat16(1.0f), ts::bfloat16(1.0f),
+                                       ts::bfloat16(1.0f), ts::bfloat16(1.0f)},
+                                      {1, 5});
     CHECK(static_cast<float>(ts::matmul(b, ts::ones<ts::bfloat16>({5, 1})).item()) == 260.0f);
   });
 }
@@ -383,8 +393,11 @@ TEST_CASE("every micro-kernel build the CPU runs gives the product", "[matmul][k
                 bound<T>(static_cast<double>(k), want.magnitude[i], want.values[i]));
       }
     };
-    for (auto [m, k, n] : {std::array<std::int64_t, 3>{1, 1, 1}, {7, 13, 5}, {33, 65, 17},
-                           {129, 1, 257}, {150, 300, 70}}) {
+    for (auto [m, k, n] : {std::array<std::int64_t, 3>{1, 1, 1},
+                           {7, 13, 5},
+                           {33, 65, 17},
+                           {129, 1, 257},
+                           {150, 300, 70}}) {
       run(ts::type_tag<float>{}, m, k, n);
       run(ts::type_tag<double>{}, m, k, n);
       run(ts::type_tag<ts::half>{}, m, k, n);

@@ -36,8 +36,7 @@ struct blas_layout {
 /// closer than a row is long) needs a contiguous copy. The stride of an extent-1 dimension is
 /// never followed, so it may be anything; it gets the smallest leading dimension BLAS accepts.
 inline std::optional<blas_layout> blas_layout_of(std::int64_t rows, std::int64_t cols,
-                                                 std::int64_t row_stride,
-                                                 std::int64_t col_stride) {
+                                                 std::int64_t row_stride, std::int64_t col_stride) {
   const std::int64_t min_ld_rows = std::max<std::int64_t>(1, cols);
   const std::int64_t min_ld_cols = std::max<std::int64_t>(1, rows);
   if ((cols <= 1 || col_stride == 1) && (rows <= 1 || row_stride >= min_ld_rows)) {
@@ -215,10 +214,8 @@ Tensor<T, K> matmul(const Tensor<T, K>& a, const Tensor<T, K>& b) {
     }
     backend::cpu::gemm_fallback<T>(
         backend::cpu::gemm_shape{gemm_batch, gemm_m, n, k},
-        backend::cpu::gemm_operand<T>{lhs.data(), lhs.batch_stride, lhs.row_stride,
-                                      lhs.col_stride},
-        backend::cpu::gemm_operand<T>{rhs.data(), rhs.batch_stride, rhs.row_stride,
-                                      rhs.col_stride},
+        backend::cpu::gemm_operand<T>{lhs.data(), lhs.batch_stride, lhs.row_stride, lhs.col_stride},
+        backend::cpu::gemm_operand<T>{rhs.data(), rhs.batch_stride, rhs.row_stride, rhs.col_stride},
         backend::cpu::gemm_output<T>{out.data(), m * n, n}, a.device());
   } else {
     const auto plan = detail::plan_blas(lhs, rhs, batch, m, k);
@@ -232,14 +229,14 @@ Tensor<T, K> matmul(const Tensor<T, K>& a, const Tensor<T, K>& b) {
 /// Operands of different dtypes or device kinds. Kinds are types: mixing cpu and cuda does not
 /// compile. Dtypes must match at run time, as in PyTorch (dtype_error naming both).
 template <Dtype TA, DeviceKind KA, Dtype TB, DeviceKind KB>
-  requires(!(std::is_same_v<TA, TB> && std::is_same_v<KA, KB>))
-Tensor<TA, KA> matmul(const Tensor<TA, KA>&, const Tensor<TB, KB>&) {
+requires(!(std::is_same_v<TA, TB> &&
+           std::is_same_v<KA, KB>)) Tensor<TA, KA> matmul(const Tensor<TA, KA>&,
+                                                          const Tensor<TB, KB>&) {
   static_assert(std::is_same_v<KA, KB>,
                 "matmul: the operands are on different device kinds (cpu and cuda); move one "
                 "with .to<tessera::cuda>(i) or .to<tessera::cpu>(i) first");
   throw dtype_error(std::string("matmul: expected both operands to have the same dtype, got ") +
-                    dtype_name<TA>() + " and " + dtype_name<TB>() +
-                    "; convert one with .to<T>()");
+                    dtype_name<TA>() + " and " + dtype_name<TB>() + "; convert one with .to<T>()");
 }
 
 }  // namespace tessera

@@ -35,6 +35,14 @@
 #define TESSERA_GEMM_X86_KERNELS 0
 #endif
 
+// Full unrolling of the register tile's loops, so the accumulators become registers. Only GCC
+// reads `#pragma GCC unroll` (nvcc's front end rejects it; others unroll at -O3 on their own).
+#if defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define TESSERA_GEMM_UNROLL(n) _Pragma(TESSERA_STRINGIFY(GCC unroll n))
+#else
+#define TESSERA_GEMM_UNROLL(n)
+#endif
+
 namespace tessera::backend::cpu {
 
 /// Sizes of a batched product: `batch` products of [m, k] x [k, n].
@@ -72,7 +80,8 @@ enum class gemm_kernel { automatic, portable, avx2, avx512 };
 inline bool gemm_kernel_supported(gemm_kernel kernel) noexcept {
   switch (kernel) {
     case gemm_kernel::automatic:
-    case gemm_kernel::portable: return true;
+    case gemm_kernel::portable:
+      return true;
 #if TESSERA_GEMM_X86_KERNELS
     case gemm_kernel::avx2:
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
@@ -81,7 +90,8 @@ inline bool gemm_kernel_supported(gemm_kernel kernel) noexcept {
              __builtin_cpu_supports("fma");
 #else
     case gemm_kernel::avx2:
-    case gemm_kernel::avx512: return false;
+    case gemm_kernel::avx512:
+      return false;
 #endif
   }
   return false;
@@ -89,10 +99,14 @@ inline bool gemm_kernel_supported(gemm_kernel kernel) noexcept {
 
 inline const char* name(gemm_kernel kernel) noexcept {
   switch (kernel) {
-    case gemm_kernel::automatic: return "automatic";
-    case gemm_kernel::portable: return "portable";
-    case gemm_kernel::avx2: return "avx2";
-    case gemm_kernel::avx512: return "avx512";
+    case gemm_kernel::automatic:
+      return "automatic";
+    case gemm_kernel::portable:
+      return "portable";
+    case gemm_kernel::avx2:
+      return "avx2";
+    case gemm_kernel::avx512:
+      return "avx512";
   }
   return "unknown";
 }
@@ -131,7 +145,9 @@ class builtin_gemm_scope {
  public:
   builtin_gemm_scope() noexcept
       : previous_(detail::blas_disabled_flag().exchange(true, std::memory_order_relaxed)) {}
-  ~builtin_gemm_scope() { detail::blas_disabled_flag().store(previous_, std::memory_order_relaxed); }
+  ~builtin_gemm_scope() {
+    detail::blas_disabled_flag().store(previous_, std::memory_order_relaxed);
+  }
   builtin_gemm_scope(const builtin_gemm_scope&) = delete;
   builtin_gemm_scope& operator=(const builtin_gemm_scope&) = delete;
 
@@ -216,10 +232,9 @@ struct gemm_blocking {
 template <class Acc, int VectorBytes>
 struct gemm_tile {
   static constexpr int mr = VectorBytes == 64 ? 8 : 4;
-  static constexpr int nr =
-      2 * (VectorBytes / static_cast<int>(sizeof(Acc)) > 0
-               ? VectorBytes / static_cast<int>(sizeof(Acc))
-               : 1);
+  static constexpr int nr = 2 * (VectorBytes / static_cast<int>(sizeof(Acc)) > 0
+                                     ? VectorBytes / static_cast<int>(sizeof(Acc))
+                                     : 1);
 };
 
 /// One MR x NR tile of C from a packed A sliver (kc x MR, column after column) and a packed B
@@ -229,16 +244,15 @@ struct gemm_tile {
 template <class Acc, int MR, int NR, bool Fused>
 [[gnu::always_inline]] inline void micro_kernel(std::int64_t kc, const Acc* __restrict a,
                                                 const Acc* __restrict b, Acc* __restrict c,
-                                                std::int64_t ldc, int mr, int nr,
-                                                bool accumulate) {
+                                                std::int64_t ldc, int mr, int nr, bool accumulate) {
   Acc acc[MR][NR] = {};
   for (std::int64_t p = 0; p < kc; ++p) {
     const Acc* ap = a + p * MR;
     const Acc* bp = b + p * NR;
-#pragma GCC unroll 16
+    TESSERA_GEMM_UNROLL(16)
     for (int i = 0; i < MR; ++i) {
       const Acc ai = ap[i];
-#pragma GCC unroll 64
+      TESSERA_GEMM_UNROLL(64)
       for (int j = 0; j < NR; ++j) {
         // An explicit fma where the ISA has one: with -std=c++20 (not gnu++20) GCC does not
         // contract a*b+c on its own, which would halve the throughput.
@@ -307,8 +321,8 @@ __attribute__((target("avx2,fma"))) void macro_kernel_avx2(std::int64_t mc, std:
 
 template <class Acc, int MR, int NR>
 __attribute__((target("avx512f,avx512vl,avx2,fma"))) void macro_kernel_avx512(
-    std::int64_t mc, std::int64_t nc, std::int64_t kc, const Acc* a_pack, const Acc* b_pack,
-    Acc* c, std::int64_t ldc, bool accumulate) {
+    std::int64_t mc, std::int64_t nc, std::int64_t kc, const Acc* a_pack, const Acc* b_pack, Acc* c,
+    std::int64_t ldc, bool accumulate) {
   macro_kernel<Acc, MR, NR, fusable<Acc>>(mc, nc, kc, a_pack, b_pack, c, ldc, accumulate);
 }
 #endif
@@ -386,30 +400,27 @@ class builtin_gemm {
   // the end, so partial sums over k blocks are never rounded to T.
   static constexpr bool direct_output = std::is_same_v<Acc, T>;
 
-  builtin_gemm(const gemm_shape& shape, macro_kernel_fn<Acc> macro)
-      : shape_(shape), macro_(macro) {
+  builtin_gemm(const gemm_shape& shape, macro_kernel_fn<Acc> macro) : shape_(shape), macro_(macro) {
     kc_ = std::min<std::int64_t>(blocking::kc, std::max<std::int64_t>(shape.k, 1));
     nc_ = std::min<std::int64_t>(blocking::nc, round_up(shape.n, NR));
     const std::int64_t threads = tessera::cpu::num_threads();
     // Many small products: one product per thread, each single-threaded. Otherwise each product
     // in turn uses every thread.
-    const double flops = static_cast<double>(shape.m) * static_cast<double>(shape.n) *
-                         static_cast<double>(shape.k);
+    const double flops =
+        static_cast<double>(shape.m) * static_cast<double>(shape.n) * static_cast<double>(shape.k);
     batch_parallel_ = shape.batch > 1 && (shape.batch >= threads || flops < 64.0 * 64.0 * 64.0);
     slots_ = batch_parallel_ ? parallel_chunks(shape.batch, 1) : 1;
     inner_threads_ = batch_parallel_ ? 1 : threads;
     // mc: the largest multiple of MR up to mc_max that splits m evenly over the threads.
     const std::int64_t blocks =
         inner_threads_ * ceil_div(shape.m, inner_threads_ * blocking::mc_max);
-    mc_ = std::min<std::int64_t>(blocking::mc_max,
-                                 round_up(ceil_div(shape.m, std::max<std::int64_t>(blocks, 1)), MR));
+    mc_ = std::min<std::int64_t>(
+        blocking::mc_max, round_up(ceil_div(shape.m, std::max<std::int64_t>(blocks, 1)), MR));
     a_packs_per_slot_ = batch_parallel_ ? 1 : inner_threads_;
   }
 
   /// Bytes of workspace the call needs.
-  std::size_t workspace_bytes() const {
-    return static_cast<std::size_t>(slots_) * slot_bytes();
-  }
+  std::size_t workspace_bytes() const { return static_cast<std::size_t>(slots_) * slot_bytes(); }
 
   void run(gemm_operand<T> a, gemm_operand<T> b, gemm_output<T> c, std::byte* workspace) const {
     if (batch_parallel_) {
@@ -438,9 +449,9 @@ class builtin_gemm {
     return aligned_bytes(static_cast<std::size_t>(kc_ * round_up(mc_, MR)) * sizeof(Acc));
   }
   std::size_t c_copy_bytes() const {
-    return direct_output ? 0
-                         : aligned_bytes(static_cast<std::size_t>(shape_.m * shape_.n) *
-                                         sizeof(Acc));
+    return direct_output
+               ? 0
+               : aligned_bytes(static_cast<std::size_t>(shape_.m * shape_.n) * sizeof(Acc));
   }
   std::size_t slot_bytes() const {
     return b_pack_bytes() + static_cast<std::size_t>(a_packs_per_slot_) * a_pack_bytes() +
@@ -462,8 +473,8 @@ class builtin_gemm {
       c_acc = c_out;
       ldc = c.row_stride;
     } else {
-      c_acc = reinterpret_cast<Acc*>(a_packs + static_cast<std::size_t>(a_packs_per_slot_) *
-                                                   a_pack_bytes());
+      c_acc = reinterpret_cast<Acc*>(a_packs +
+                                     static_cast<std::size_t>(a_packs_per_slot_) * a_pack_bytes());
       ldc = n;
     }
     const std::int64_t m_blocks = ceil_div(m, mc_);
@@ -472,8 +483,7 @@ class builtin_gemm {
       const std::int64_t nc = std::min(nc_, n - jc);
       const std::int64_t slivers = ceil_div(nc, NR);
       // Few row blocks for many threads: split the columns of the panel too.
-      const std::int64_t n_groups =
-          std::clamp<std::int64_t>(threads / m_blocks, 1, slivers);
+      const std::int64_t n_groups = std::clamp<std::int64_t>(threads / m_blocks, 1, slivers);
       const std::int64_t units = m_blocks * n_groups;
       for (std::int64_t pc = 0; pc < k; pc += kc_) {
         const std::int64_t kc = std::min(kc_, k - pc);
@@ -488,8 +498,8 @@ class builtin_gemm {
         maybe_parallel(chunks, threads, 1, [&](std::int64_t first, std::int64_t last) {
           for (std::int64_t chunk = first; chunk < last; ++chunk) {
             // Each chunk owns A pack `chunk`, so chunks on other threads never share one.
-            Acc* a_pack = reinterpret_cast<Acc*>(a_packs + static_cast<std::size_t>(chunk) *
-                                                               a_pack_bytes());
+            Acc* a_pack =
+                reinterpret_cast<Acc*>(a_packs + static_cast<std::size_t>(chunk) * a_pack_bytes());
             std::int64_t packed_block = -1;
             for (std::int64_t u = units * chunk / chunks; u < units * (chunk + 1) / chunks; ++u) {
               const std::int64_t block = u / n_groups;
@@ -571,8 +581,8 @@ void zero_output(const gemm_shape& shape, gemm_output<T> c) {
 /// from `workspace_device`'s pool in one block (out_of_memory_error before C is touched).
 /// `kernel` picks the micro-kernel build (device_error when the CPU cannot run it).
 template <class T>
-void gemm_fallback(const gemm_shape& shape, gemm_operand<T> a, gemm_operand<T> b,
-                   gemm_output<T> c, Device workspace_device = Device{},
+void gemm_fallback(const gemm_shape& shape, gemm_operand<T> a, gemm_operand<T> b, gemm_output<T> c,
+                   Device workspace_device = Device{},
                    gemm_kernel kernel = gemm_kernel::automatic) {
   static_assert(!std::is_same_v<T, bool>, "gemm: bool tensors have no matrix product");
   using Acc = detail::gemm_accumulator_t<T>;
@@ -599,8 +609,8 @@ void gemm_fallback(const gemm_shape& shape, gemm_operand<T> a, gemm_operand<T> b
   }
   if (kernel == gemm_kernel::avx2) {
     using tile = detail::gemm_tile<Acc, 32>;
-    detail::run_builtin<T, tile::mr, tile::nr>(
-        shape, a, b, c, workspace_device, &detail::macro_kernel_avx2<Acc, tile::mr, tile::nr>);
+    detail::run_builtin<T, tile::mr, tile::nr>(shape, a, b, c, workspace_device,
+                                               &detail::macro_kernel_avx2<Acc, tile::mr, tile::nr>);
     return;
   }
 #endif
@@ -609,7 +619,8 @@ void gemm_fallback(const gemm_shape& shape, gemm_operand<T> a, gemm_operand<T> b
       shape, a, b, c, workspace_device, &detail::macro_kernel_portable<Acc, tile::mr, tile::nr>);
 }
 
-// ---- CBLAS ---------------------------------------------------------------------------------------
+// ---- CBLAS
+// ---------------------------------------------------------------------------------------
 
 #if TESSERA_GEMM_HAS_BLAS
 namespace detail {
@@ -636,8 +647,8 @@ inline bool fits_blas_int(std::int64_t value) { return value >= 0 && value <= IN
 template <class T>
 void gemm_blas(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
                bool a_trans, std::int64_t lda, std::int64_t a_batch_stride, const T* b,
-               bool b_trans, std::int64_t ldb, std::int64_t b_batch_stride, T* c,
-               std::int64_t ldc, std::int64_t c_batch_stride) {
+               bool b_trans, std::int64_t ldb, std::int64_t b_batch_stride, T* c, std::int64_t ldc,
+               std::int64_t c_batch_stride) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "gemm_blas: CBLAS multiplies float and double only");
   if (batch <= 0 || m <= 0 || n <= 0) return;
@@ -668,9 +679,9 @@ void gemm_blas(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t 
 #else
 /// Without a BLAS (uses_blas<T>() is false) nothing reaches this; it exists so callers compile.
 template <class T>
-void gemm_blas(std::int64_t, std::int64_t, std::int64_t, std::int64_t, const T*, bool,
-               std::int64_t, std::int64_t, const T*, bool, std::int64_t, std::int64_t, T*,
-               std::int64_t, std::int64_t) {
+void gemm_blas(std::int64_t, std::int64_t, std::int64_t, std::int64_t, const T*, bool, std::int64_t,
+               std::int64_t, const T*, bool, std::int64_t, std::int64_t, T*, std::int64_t,
+               std::int64_t) {
   throw error("gemm_blas: this build has no BLAS (configure with TESSERA_WITH_BLAS)");
 }
 #endif

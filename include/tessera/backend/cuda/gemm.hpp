@@ -26,20 +26,19 @@ namespace tessera::detail {
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* call,
                                             const char* file, int line) {
   throw cuda_error(std::string(call) + " failed: " + cublasGetStatusName(status) + " (" +
-                       std::to_string(static_cast<int>(status)) +
-                       "): " + cublasGetStatusString(status) + " at " + file + ":" +
-                       std::to_string(line),
+                       std::to_string(static_cast<int>(status)) + "): " +
+                       cublasGetStatusString(status) + " at " + file + ":" + std::to_string(line),
                    static_cast<int>(status));
 }
 }  // namespace tessera::detail
 
 /// Checks a cuBLAS call; throws tessera::cuda_error naming the call, the status and its text.
-#define TESSERA_CUBLAS_CHECK(call)                                                       \
-  do {                                                                                   \
-    cublasStatus_t tessera_cublas_status_ = (call);                                      \
-    if (tessera_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                               \
+#define TESSERA_CUBLAS_CHECK(call)                                                              \
+  do {                                                                                          \
+    cublasStatus_t tessera_cublas_status_ = (call);                                             \
+    if (tessera_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                      \
       ::tessera::detail::throw_cublas_error(tessera_cublas_status_, #call, __FILE__, __LINE__); \
-    }                                                                                    \
+    }                                                                                           \
   } while (0)
 #endif
 
@@ -149,8 +148,8 @@ void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::i
     const scale_t alpha = 1, beta = 0;
     detail::cublas_handles::instance().with_handle(device, stream, [&](cublasHandle_t handle) {
       if (batch == 1) {
-        TESSERA_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, in, im, ik, &alpha, b, type, ildb,
-                                          a, type, ilda, &beta, c, type, ildc, compute,
+        TESSERA_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, in, im, ik, &alpha, b, type, ildb, a,
+                                          type, ilda, &beta, c, type, ildc, compute,
                                           CUBLAS_GEMM_DEFAULT));
       } else {
         TESSERA_CUBLAS_CHECK(cublasGemmStridedBatchedEx(
