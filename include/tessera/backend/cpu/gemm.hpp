@@ -83,9 +83,13 @@ inline bool gemm_kernel_supported(gemm_kernel kernel) noexcept {
     case gemm_kernel::portable:
       return true;
 #if TESSERA_GEMM_X86_KERNELS
+    // __builtin_cpu_init: the CPU model may be read before libgcc's constructor ran (a static
+    // initializer in another translation unit); it is idempotent and cheap.
     case gemm_kernel::avx2:
+      __builtin_cpu_init();
       return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
     case gemm_kernel::avx512:
+      __builtin_cpu_init();
       return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl") &&
              __builtin_cpu_supports("fma");
 #else
@@ -218,7 +222,8 @@ inline T from_accumulator(Acc value) noexcept {
 }
 
 /// Cache blocking. A B micro-panel (kc x NR) stays in L1 while the A block (mc x kc) streams from
-/// L2 and the B panel (kc x nc) sits in L3. kc = 256 floats keeps a 16-wide micro-panel at 16 KiB.
+/// L2 and the B panel (kc x nc) sits in L3: kc = 256 floats makes a 16-wide micro-panel 16 KiB
+/// and a 144-row A block 144 KiB. (On a 2-core Zen 4 host, 128 and 512 floats measured no better.)
 template <class Acc>
 struct gemm_blocking {
   static constexpr std::int64_t kc = 1024 / static_cast<std::int64_t>(sizeof(Acc));
