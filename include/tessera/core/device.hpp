@@ -12,7 +12,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
-#include <thread>
+#include <unistd.h>
 
 #include "tessera/core/config.hpp"
 #include "tessera/core/error.hpp"
@@ -207,7 +207,9 @@ inline std::atomic<int>& cpu_thread_setting() {
 inline int cpu::num_threads() {
   int set = detail::cpu_thread_setting().load(std::memory_order_relaxed);
   if (set > 0) return set;
-  int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  // sysconf, not std::thread::hardware_concurrency: <thread> costs every user compile time.
+  const long online = sysconf(_SC_NPROCESSORS_ONLN);
+  const int cores = online > 0 ? static_cast<int>(online) : 1;
   return std::max(1, cores / device_count());
 }
 

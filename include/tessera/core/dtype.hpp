@@ -3,7 +3,6 @@
 // int16 is supported beyond DESIGN's list because PyTorch promotes int8 with uint8 to int16.
 #pragma once
 
-#include <complex>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>

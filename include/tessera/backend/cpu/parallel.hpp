@@ -7,7 +7,6 @@
 #include <atomic>
 #include <cstdint>
 #include <exception>
-#include <thread>
 
 #include "tessera/core/device.hpp"
 
