@@ -336,46 +336,44 @@ struct split_layout {
   }
 };
 
-/// The accumulators of up to `width` outputs folded side by side (outputs contiguous in the
+/// Outputs per tile when outputs are folded side by side (a few cache lines of each input row).
+inline constexpr int output_tile = 64;
+/// Rows a lane folds before its block joins the lane's cascade.
+inline constexpr std::int64_t lane_block_rows = 16;
+
+/// The accumulators of up to output_tile outputs folded side by side (outputs contiguous in the
 /// innermost kept dimension): a cascade per lane, all lanes pushing together.
 template <class Op>
 class lane_cascade {
  public:
   using acc_type = typename Op::acc_type;
 
-  explicit lane_cascade(int width) : width_(width) {}
   void reset() { pushes_ = 0; }
   /// Pushes block[0 .. n) (clobbering it).
   void push(acc_type* block, int n) {
     std::uint64_t carry = pushes_++;
     std::size_t level = 0;
     for (; carry & 1; carry >>= 1, ++level) {
-      const acc_type* earlier = levels_.data() + level * width_;
+      const auto& earlier = levels_[level];
       for (int w = 0; w < n; ++w) block[w] = Op::merge(earlier[w], block[w]);
     }
-    if (levels_.size() < (level + 1) * width_) levels_.resize((level + 1) * width_);
-    std::copy(block, block + n, levels_.begin() + static_cast<std::ptrdiff_t>(level * width_));
+    if (levels_.size() <= level) levels_.resize(level + 1);
+    std::copy(block, block + n, levels_[level].begin());
   }
-  /// result[w] = the merge of every block pushed for lane w.
+  /// out[w] = the merge of every block pushed for lane w.
   void result(acc_type* out, int n) const {
     for (int w = 0; w < n; ++w) out[w] = Op::identity();
     for (int level = std::bit_width(pushes_) - 1; level >= 0; --level) {
       if (!((pushes_ >> level) & 1)) continue;
-      const acc_type* sums = levels_.data() + static_cast<std::size_t>(level) * width_;
+      const auto& sums = levels_[static_cast<std::size_t>(level)];
       for (int w = 0; w < n; ++w) out[w] = Op::merge(out[w], sums[w]);
     }
   }
 
  private:
-  std::size_t width_;
-  std::vector<acc_type> levels_;
+  std::vector<std::array<acc_type, output_tile>> levels_;  // grows to log2(blocks) levels
   std::uint64_t pushes_ = 0;
 };
-
-/// Outputs per tile when outputs are folded side by side (a few cache lines of each input row).
-inline constexpr int output_tile = 64;
-/// Rows a lane folds before its block joins the lane's cascade.
-inline constexpr std::int64_t lane_block_rows = 16;
 
 // ---- full reductions ------------------------------------------------------------------------
 
@@ -536,7 +534,7 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
   parallel_for(0, tasks, std::max<std::int64_t>(1, grain_size / tile_work),
                [&](std::int64_t first, std::int64_t last) {
                  auto evaluator = prototype;
-                 lane_cascade<Op> sums(output_tile);
+                 lane_cascade<Op> sums;
                  acc_type block[output_tile];
                  for (std::int64_t task = first; task < last; ++task) {
                    const std::int64_t outer = task / tiles;
@@ -664,8 +662,8 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
   parallel_for(0, tasks, std::max<std::int64_t>(1, grain_size / tile_work),
                [&](std::int64_t first, std::int64_t last) {
                  auto evaluator = prototype;
-                 lane_cascade<max_op<A>> maxima(output_tile);
-                 lane_cascade<sum_op<A>> sums(output_tile);
+                 lane_cascade<max_op<A>> maxima;
+                 lane_cascade<sum_op<A>> sums;
                  A m[output_tile];
                  A s[output_tile];
                  for (std::int64_t task = first; task < last; ++task) {
