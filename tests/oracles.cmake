@@ -26,3 +26,20 @@ if(TARGET core_half_cuda_oracle_test)
                     "Install the CUDA toolkit or set TESSERA_CUDA_FP16_INCLUDE_DIR.")
   endif()
 endif()
+
+# random_expr_test evaluates random expression trees with Tessera and runs expr_numpy.py on them
+# itself (std::system, so the script sees exactly the trees of this run); the script's self-test
+# checks its table of PyTorch's promotion rules and a few hand-computed trees.
+add_test(NAME oracles.expr_numpy
+  COMMAND ${TESSERA_ORACLE_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracles/expr_numpy.py --self-test)
+set_tests_properties(oracles.expr_numpy PROPERTIES FIXTURES_SETUP oracle_expr_numpy LABELS oracles)
+if(TARGET expr_random_expr_test)
+  target_compile_definitions(expr_random_expr_test PRIVATE
+    TESSERA_ORACLE_SCRIPTS="${CMAKE_CURRENT_SOURCE_DIR}/oracles"
+    TESSERA_ORACLE_PYTHON="${TESSERA_ORACLE_PYTHON}")
+  # About 300 expression types each instantiate the executor: -O0 compiles the file in a quarter
+  # of the -O3 time (the tensors are tiny), and the other expr tests cover the optimised loops.
+  target_compile_options(expr_random_expr_test PRIVATE -O0)
+  set_tests_properties(expr.random_expr_test PROPERTIES
+    FIXTURES_REQUIRED oracle_expr_numpy LABELS "expr;oracles")
+endif()
