@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "tessera/backend/evaluator.hpp"
 #include "tessera/core/config.hpp"
 
 namespace tessera {
@@ -164,6 +165,16 @@ struct sigmoid {
   template <class A>
   TESSERA_HOST_DEVICE A operator()(A a) const { return A(1) / (A(1) + TESSERA_MATH(exp)(-a)); }
 };
+/// Conversion to U, rounded through U (so cast<half> really rounds), handed on as opmath_t<U>.
+template <class U>
+struct cast_to {
+  static constexpr const char* name = "cast";
+  template <class A>
+  TESSERA_HOST_DEVICE constexpr opmath_t<U> operator()(A a) const {
+    return opmath_t<U>(backend::store_cast<U>(a));
+  }
+};
+
 struct relu {
   static constexpr const char* name = "relu";
   // NaN propagates (a > 0 is false for NaN, but NaN is returned as in torch.relu).

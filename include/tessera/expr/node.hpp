@@ -188,6 +188,11 @@ struct op_types {
   using compute = std::conditional_t<rule_of<Op> == result_rule::floating, floating_of<T>, T>;
   using result = std::conditional_t<rule_of<Op> == result_rule::boolean, bool, compute>;
 };
+template <class U, class T>
+struct op_types<ops::cast_to<U>, T> {
+  using compute = T;
+  using result = U;
+};
 
 // ---- evaluators of nodes ----------------------------------------------------------------------
 
@@ -423,32 +428,7 @@ struct where_expr {
 
 /// cast<U>(e): e's values converted to U (rounded through U).
 template <class U, class A>
-struct cast_expr {
-  using expression_node_tag = void;
-  using value_type = U;
-  using device_kind = typename A::device_kind;
-  using evaluator_type = backend::cast_evaluator<U, typename A::evaluator_type>;
-  static constexpr int leaf_count = A::leaf_count;
-  static constexpr bool is_scalar = false;
-
-  A operand;
-
-  explicit cast_expr(A a) : operand(std::move(a)) {}
-  const Shape& shape() const noexcept { return operand.shape(); }
-  void check_device(std::optional<Device>& device, const char* operation) const {
-    operand.check_device(device, operation);
-  }
-  void collect_strides(const Shape& out, Strides* strides, int& next) const {
-    operand.collect_strides(out, strides, next);
-  }
-  evaluator_type evaluator(const Strides* strides, int rank, int& next) const {
-    return {operand.evaluator(strides, rank, next)};
-  }
-  template <class Fn>
-  void for_each_tensor(Fn&& fn) const {
-    operand.for_each_tensor(fn);
-  }
-};
+using cast_expr = unary_expr<ops::cast_to<U>, A>;
 
 /// A tensor or a lazy expression of tensors.
 template <class E>

@@ -37,7 +37,7 @@ class AnyTensor {
   std::size_t nbytes() const noexcept {
     return static_cast<std::size_t>(numel()) * element_size(dtype_);
   }
-  bool is_contiguous() const noexcept { return detail::is_dense(shape_, strides_); }
+  bool is_contiguous() const noexcept { return backend::cpu::is_row_major(shape_, strides_); }
   const Storage& storage() const noexcept { return storage_; }
   std::int64_t storage_offset() const noexcept { return offset_; }
   /// Address of the first element (device memory for CUDA tensors).

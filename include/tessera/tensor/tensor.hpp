@@ -142,7 +142,7 @@ class Tensor {
   std::int64_t stride(std::int64_t dim) const {
     return strides_[shape_.normalize_dim(dim, "stride")];
   }
-  bool is_contiguous() const noexcept { return detail::is_dense(shape_, strides_); }
+  bool is_contiguous() const noexcept { return backend::cpu::is_row_major(shape_, strides_); }
   Device device() const noexcept { return Device{Kind::type, storage_.device().index}; }
   int device_index() const noexcept { return storage_.device().index; }
   static constexpr bool is_cuda() noexcept { return Kind::type == DeviceType::cuda; }

@@ -40,17 +40,6 @@ inline element_span span_of(const Shape& shape, const Strides& strides) {
   return span;
 }
 
-/// True when the view is row-major contiguous (dimensions of extent 1 may have any stride).
-inline bool is_dense(const Shape& shape, const Strides& strides) {
-  std::int64_t expected = 1;
-  for (int d = shape.size() - 1; d >= 0; --d) {
-    if (shape[d] == 1) continue;
-    if (strides[d] != expected) return false;
-    expected *= shape[d];
-  }
-  return true;
-}
-
 /// Raw strided operand: element pointer, device and strides (in elements).
 template <class T>
 struct strided_ref {
@@ -131,7 +120,7 @@ void convert_on_device(strided_ref<To> dst, strided_ref<const From> src, const S
   auto dst_host = std::make_unique<To[]>(static_cast<std::size_t>(dst_count));
   copy_bytes(src_host.get(), Device{}, src.data + src_span.first, src.device,
              sizeof(From) * static_cast<std::size_t>(src_count));
-  if (!is_dense(shape, dst.strides)) {  // keep the elements between the view's elements
+  if (!backend::cpu::is_row_major(shape, dst.strides)) {  // keep the elements between the view's elements
     copy_bytes(dst_host.get(), Device{}, dst.data + dst_span.first, dst.device,
                sizeof(To) * static_cast<std::size_t>(dst_count));
   }
@@ -161,7 +150,7 @@ void copy_strided(strided_ref<To> dst, strided_ref<const From> src, const Shape&
   // 1. src, contiguous, on its own device (skipped when it already is).
   const From* packed = src.data;
   std::unique_ptr<scratch_buffer> packed_buffer;
-  if (!is_dense(shape, src.strides)) {
+  if (!backend::cpu::is_row_major(shape, src.strides)) {
     packed_buffer = std::make_unique<scratch_buffer>(src.device, count * sizeof(From));
     convert_on_device(strided_ref<From>{static_cast<From*>(packed_buffer->data), src.device, dense},
                       src, shape);
@@ -169,7 +158,7 @@ void copy_strided(strided_ref<To> dst, strided_ref<const From> src, const Shape&
   }
   // 2. The bytes across, straight into dst when it is contiguous and of the same dtype.
   if constexpr (std::is_same_v<To, From>) {
-    if (is_dense(shape, dst.strides)) {
+    if (backend::cpu::is_row_major(shape, dst.strides)) {
       copy_bytes(dst.data, dst.device, packed, src.device, count * sizeof(From));
       return;
     }
@@ -202,7 +191,7 @@ void fill_strided(strided_ref<T> dst, const Shape& shape, T value) {
   element_span span = span_of(shape, dst.strides);
   std::size_t count = static_cast<std::size_t>(span.last - span.first);
   auto host = std::make_unique<T[]>(count);
-  if (!is_dense(shape, dst.strides)) {  // keep the elements between the view's elements
+  if (!backend::cpu::is_row_major(shape, dst.strides)) {  // keep the elements between the view's elements
     copy_bytes(host.get(), Device{}, dst.data + span.first, dst.device, count * sizeof(T));
   }
   cpu_fill(host.get() - span.first, dst.strides, shape, value);
