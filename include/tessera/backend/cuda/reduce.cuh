@@ -1,0 +1,423 @@
+// Reductions on CUDA devices, reading the expression through its evaluator (nothing stored):
+// full reductions run cub::DeviceReduce over a transform iterator that evaluates element i;
+// reductions along a dimension run one block per output (cub::BlockReduce) when rows are long,
+// or one thread per output when rows are short or the kept dimensions are the contiguous ones;
+// softmax runs one block per row. Operators are shared with the CPU (backend/cpu/reduce.hpp).
+// Included only by nvcc-compiled units.
+#pragma once
+
+#include "tessera/core/config.hpp"
+
+#if TESSERA_CUDA_KERNELS
+#include <algorithm>
+#include <array>
+#include <cstdint>
+
+#include <cub/block/block_reduce.cuh>
+#include <cub/device/device_reduce.cuh>
+#include <thrust/iterator/counting_iterator.h>
+#include <thrust/iterator/transform_iterator.h>
+#include <thrust/iterator/transform_output_iterator.h>
+
+#include "tessera/backend/cpu/reduce.hpp"
+#include "tessera/backend/cuda/executor.cuh"
+#include "tessera/backend/evaluator.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/profiler.hpp"
+#include "tessera/core/stream.hpp"
+#include "tessera/expr/functors.hpp"
+#include "tessera/memory/memory.hpp"
+
+namespace tessera::backend::cuda {
+
+/// Kernel parameters are limited to 4 KiB on older drivers; the evaluator travels by value.
+template <class T>
+inline constexpr bool fits_kernel_parameters = sizeof(T) <= 4096;
+
+// ---- full reductions through CUB -------------------------------------------------------------
+
+/// Element i (row-major) of an expression whose leaves are all contiguous, lifted to Op's
+/// accumulator.
+template <class Op, class V, class Evaluator>
+struct linear_element {
+  Evaluator evaluator;
+  __host__ __device__ typename Op::acc_type operator()(std::int64_t i) const {
+    return Op::lift(read_as<V>(evaluator, linear_access{i}), i);
+  }
+};
+
+/// Element i (row-major over the merged layout) of any expression.
+template <class Op, class V, class Evaluator>
+struct strided_element {
+  Evaluator evaluator;
+  strided_layout_args layout;
+  __host__ __device__ typename Op::acc_type operator()(std::int64_t i) const {
+    std::int64_t index[max_dims];
+    std::int64_t rest = i;
+    for (int d = layout.rank - 1; d >= 0; --d) {
+      index[d] = rest % layout.sizes[d];
+      rest /= layout.sizes[d];
+    }
+    return Op::lift(read_as<V>(evaluator, index_access{index}), i);
+  }
+};
+
+template <class Op>
+struct merge_fn {
+  __host__ __device__ typename Op::acc_type operator()(const typename Op::acc_type& a,
+                                                       const typename Op::acc_type& b) const {
+    return Op::merge(a, b);
+  }
+};
+
+template <class Out, class Finish>
+struct finish_fn {
+  std::int64_t count;
+  template <class Acc>
+  __host__ __device__ Out operator()(const Acc& acc) const {
+    return Finish::template apply<Out>(acc, count);
+  }
+};
+
+template <class Out>
+__global__ void write_value_kernel(Out* out, Out value) {
+  *out = value;
+}
+
+/// cub::DeviceReduce::Reduce with its temporary storage from the device's pool.
+template <class Input, class Output, class Merge, class Acc>
+void device_reduce(Input input, Output output, std::int64_t n, Merge merge, Acc init,
+                   stream_ref stream) {
+  std::size_t bytes = 0;
+  TESSERA_CUDA_CHECK(
+      cub::DeviceReduce::Reduce(nullptr, bytes, input, output, n, merge, init, stream.native()));
+  int ordinal = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&ordinal));
+  const Device device{DeviceType::cuda, ordinal};
+  bytes = std::max<std::size_t>(bytes, 1);
+  void* temporary = memory::allocate(device, bytes, stream);
+  const cudaError_t status =
+      cub::DeviceReduce::Reduce(temporary, bytes, input, output, n, merge, init, stream.native());
+  // Freed on the stream that used it: the pool hands it out again only after that work.
+  memory::deallocate(device, temporary, bytes, stream);
+  TESSERA_CUDA_CHECK(status);
+}
+
+/// CUDA twin of backend::cpu::reduce_all: *out (device memory) = Finish(Op over every element),
+/// on the current device and `stream`. Counts one launch (CUB runs two kernels).
+template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
+void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
+                MakeEvaluator&& make_evaluator, stream_ref stream = {}) {
+  using acc_type = typename Op::acc_type;
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) {
+    write_value_kernel<<<1, 1, 0, stream.native()>>>(
+        out, Finish::template apply<Out>(Op::identity(), 0));
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  auto output = thrust::make_transform_output_iterator(out, finish_fn<Out, Finish>{n});
+  if (cpu::all_row_major(shape, leaf_strides)) {
+    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    using element = linear_element<Op, V, decltype(evaluator)>;
+    static_assert(fits_kernel_parameters<element>,
+                  "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
+                  "of parameters); split the statement into two");
+    auto input = thrust::make_transform_iterator(thrust::counting_iterator<std::int64_t>(0),
+                                                 element{evaluator});
+    device_reduce(input, output, n, merge_fn<Op>{}, acc_type(Op::identity()), stream);
+    return;
+  }
+  const cpu::strided_layout<static_cast<int>(L)> merged(shape, leaf_strides);
+  strided_layout_args layout;
+  layout.rank = merged.shape.size();
+  for (int d = 0; d < layout.rank; ++d) layout.sizes[d] = merged.shape[d];
+  auto evaluator = make_evaluator(merged.strides.data(), layout.rank);
+  using element = strided_element<Op, V, decltype(evaluator)>;
+  static_assert(fits_kernel_parameters<element>,
+                "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
+                "of parameters); split the statement into two");
+  auto input = thrust::make_transform_iterator(thrust::counting_iterator<std::int64_t>(0),
+                                               element{evaluator, layout});
+  device_reduce(input, output, n, merge_fn<Op>{}, acc_type(Op::identity()), stream);
+}
+
+// ---- rows: one output (or one softmax row) per position of the kept dimensions -------------------
+
+/// Pairwise combination of one thread's blocks of values (the device twin of cpu::cascade).
+template <class Op>
+struct device_cascade {
+  using acc_type = typename Op::acc_type;
+  static constexpr int levels = 40;  // 2^40 blocks: more than any row
+  acc_type level[levels];
+  std::uint64_t pushes = 0;
+
+  __device__ void push(acc_type block) {
+    std::uint64_t carry = pushes++;
+    int k = 0;
+    for (; carry & 1; carry >>= 1, ++k) block = Op::merge(level[k], block);
+    level[k] = block;
+  }
+  __device__ acc_type result() const {
+    acc_type total = Op::identity();
+    for (int k = levels - 1; k >= 0; --k) {
+      if ((pushes >> k) & 1) total = Op::merge(total, level[k]);
+    }
+    return total;
+  }
+};
+
+/// Values a thread folds before its block joins its cascade.
+inline constexpr int thread_block_values = 16;
+
+/// The kept dimensions (merged) and the reduced one; the output's strides over them for softmax.
+struct row_layout {
+  int kept_rank = 0;
+  std::int64_t kept[max_dims] = {};
+  std::int64_t out_strides[max_dims] = {};
+  std::int64_t extent = 0;
+  std::int64_t out_step = 0;  // the output's stride along the reduced dimension
+};
+
+/// Where row o's elements are: at linear index o * extent + r (every leaf contiguous, the
+/// dimension innermost), or through row_access after bind_row of o's kept index.
+template <bool Linear, class Evaluator>
+struct row_source {
+  Evaluator evaluator;
+  row_layout layout;
+
+  __device__ Evaluator row(std::int64_t o) const {
+    Evaluator placed = evaluator;
+    if constexpr (!Linear) {
+      std::int64_t index[max_dims] = {};
+      for (int d = layout.kept_rank - 1; d >= 0; --d) {
+        index[d] = o % layout.kept[d];
+        o /= layout.kept[d];
+      }
+      placed.bind_row(index);
+    }
+    return placed;
+  }
+  template <class V>
+  __device__ opmath_t<V> get(const Evaluator& placed, std::int64_t o, std::int64_t r) const {
+    if constexpr (Linear) {
+      return read_as<V>(placed, linear_access{o * layout.extent + r});
+    } else {
+      return read_as<V>(placed, row_access{r});
+    }
+  }
+  /// Offset of row o's first element in a contiguous output of the input's shape (softmax).
+  __device__ std::int64_t out_offset(std::int64_t o) const {
+    if constexpr (Linear) {
+      return o * layout.extent;
+    } else {
+      std::int64_t offset = 0;
+      for (int d = layout.kept_rank - 1; d >= 0; --d) {
+        offset += (o % layout.kept[d]) * layout.out_strides[d];
+        o /= layout.kept[d];
+      }
+      return offset;
+    }
+  }
+};
+
+/// One block per output (grid-stride over outputs): threads fold strided elements of the row,
+/// cub::BlockReduce merges the threads.
+template <class Op, class V, class Finish, class Out, class Rows>
+__global__ void __launch_bounds__(threads_per_block)
+    reduce_rows_kernel(Out* out, Rows rows, std::int64_t outputs) {
+  using acc_type = typename Op::acc_type;
+  using block_reduce = cub::BlockReduce<acc_type, threads_per_block>;
+  __shared__ typename block_reduce::TempStorage temporary;
+  const std::int64_t extent = rows.layout.extent;
+  for (std::int64_t o = blockIdx.x; o < outputs; o += gridDim.x) {
+    const auto placed = rows.row(o);
+    device_cascade<Op> sums;
+    acc_type block = Op::identity();
+    int filled = 0;
+    for (std::int64_t r = threadIdx.x; r < extent; r += blockDim.x) {
+      block = Op::merge(block, Op::lift(rows.template get<V>(placed, o, r), r));
+      if (++filled == thread_block_values) {
+        sums.push(block);
+        block = Op::identity();
+        filled = 0;
+      }
+    }
+    sums.push(block);
+    const acc_type total = block_reduce(temporary).Reduce(sums.result(), merge_fn<Op>{});
+    if (threadIdx.x == 0) out[o] = Finish::template apply<Out>(total, extent);
+    __syncthreads();  // the temporary storage is reused by the next output
+  }
+}
+
+/// One thread per output (grid-stride): for short rows, and for rows whose neighbours are
+/// contiguous (sum(x, 0)), where neighbouring threads then read neighbouring elements.
+template <class Op, class V, class Finish, class Out, class Rows>
+__global__ void __launch_bounds__(threads_per_block)
+    reduce_columns_kernel(Out* out, Rows rows, std::int64_t outputs) {
+  using acc_type = typename Op::acc_type;
+  const std::int64_t extent = rows.layout.extent;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       o < outputs; o += stride) {
+    const auto placed = rows.row(o);
+    device_cascade<Op> sums;
+    for (std::int64_t first = 0; first < extent; first += thread_block_values) {
+      acc_type block = Op::identity();
+      const std::int64_t last = first + thread_block_values < extent ? first + thread_block_values : extent;
+      for (std::int64_t r = first; r < last; ++r) {
+        block = Op::merge(block, Op::lift(rows.template get<V>(placed, o, r), r));
+      }
+      sums.push(block);
+    }
+    out[o] = Finish::template apply<Out>(sums.result(), extent);
+  }
+}
+
+inline unsigned blocks_for(std::int64_t work, std::int64_t per_block) {
+  const std::int64_t wanted = (work + per_block - 1) / per_block;
+  const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count()) * 16;
+  return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(wanted, cap)));
+}
+
+/// Rows shorter than this are folded by one thread each (a block would leave most threads idle).
+inline constexpr std::int64_t short_row = 64;
+
+/// Calls launch(rows, kept_is_inner) with the row source that fits the layout: linear when every
+/// leaf is contiguous with the dimension innermost, else bind_row over the merged kept dimensions;
+/// kept_is_inner tells whether the kept dimensions are the contiguous ones (see split_layout).
+template <std::size_t L, class MakeEvaluator, class Launch>
+void with_rows(const Shape& shape, int dim, const Strides& out_strides,
+               const std::array<Strides, L>& leaf_strides, MakeEvaluator& make_evaluator,
+               Launch&& launch) {
+  std::int64_t after = 1;
+  for (int d = dim + 1; d < shape.size(); ++d) after *= shape[d];
+  row_layout layout;
+  layout.extent = shape[dim];
+  if (after == 1 && cpu::all_row_major(shape, leaf_strides)) {
+    layout.out_step = 1;
+    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    launch(row_source<true, decltype(evaluator)>{evaluator, layout}, false);
+    return;
+  }
+  const cpu::split_layout<L> split(shape, dim, out_strides, leaf_strides);
+  layout.kept_rank = split.kept.shape.size();
+  for (int d = 0; d < layout.kept_rank; ++d) {
+    layout.kept[d] = split.kept.shape[d];
+    layout.out_strides[d] = split.kept.strides[0][d];
+  }
+  layout.out_step = split.stride[0];
+  const auto strides = split.dim_innermost();
+  auto evaluator = make_evaluator(strides.data(), layout.kept_rank + 1);
+  launch(row_source<false, decltype(evaluator)>{evaluator, layout}, split.kept_is_inner());
+}
+
+/// CUDA twin of backend::cpu::reduce_dim (out is contiguous over the kept dimensions). One launch.
+template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
+void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
+                MakeEvaluator&& make_evaluator, stream_ref stream = {}) {
+  profiler::count_launch();
+  const std::int64_t extent = shape[dim];
+  std::int64_t outputs = 1;
+  for (int d = 0; d < shape.size(); ++d) {
+    if (d != dim) outputs *= shape[d];
+  }
+  if (outputs == 0) return;
+  with_rows(shape, dim, Shape::filled(shape.size(), 0), leaf_strides, make_evaluator,
+            [&](auto rows, bool kept_is_inner) {
+              static_assert(fits_kernel_parameters<decltype(rows)>,
+                            "Tessera: this expression is too large to pass to one CUDA kernel "
+                            "(over 4 KiB of parameters); split the statement into two");
+              // One thread per output only when there are enough outputs to fill the device.
+              const bool enough_outputs =
+                  outputs >= static_cast<std::int64_t>(multiprocessor_count()) * threads_per_block;
+              if (enough_outputs && (kept_is_inner || extent <= short_row)) {
+                reduce_columns_kernel<Op, V, Finish>
+                    <<<blocks_for(outputs, threads_per_block), threads_per_block, 0,
+                       stream.native()>>>(out, rows, outputs);
+              } else {
+                reduce_rows_kernel<Op, V, Finish>
+                    <<<blocks_for(outputs, 1), threads_per_block, 0, stream.native()>>>(
+                        out, rows, outputs);
+              }
+              TESSERA_CUDA_CHECK(cudaGetLastError());
+            });
+}
+
+// ---- softmax --------------------------------------------------------------------------------
+
+/// One block per row: the row's max, then sum exp(x - max) (cub::BlockReduce each), then the
+/// outputs. The expression is read three times, never stored.
+template <bool Log, class V, class F, class Rows>
+__global__ void __launch_bounds__(threads_per_block)
+    softmax_rows_kernel(F* out, Rows rows, std::int64_t count) {
+  using A = opmath_t<F>;
+  using block_reduce = cub::BlockReduce<A, threads_per_block>;
+  __shared__ typename block_reduce::TempStorage temporary;
+  __shared__ A row_max;
+  __shared__ A row_sum;
+  const std::int64_t extent = rows.layout.extent;
+  for (std::int64_t o = blockIdx.x; o < count; o += gridDim.x) {
+    const auto placed = rows.row(o);
+    auto x = [&](std::int64_t r) { return static_cast<A>(rows.template get<V>(placed, o, r)); };
+    A m = max_op<A>::identity();
+    for (std::int64_t r = threadIdx.x; r < extent; r += blockDim.x) m = max_op<A>::merge(m, x(r));
+    const A block_max = block_reduce(temporary).Reduce(m, merge_fn<max_op<A>>{});
+    if (threadIdx.x == 0) row_max = block_max;
+    __syncthreads();
+    m = row_max;
+    device_cascade<sum_op<A>> sums;
+    A block = A(0);
+    int filled = 0;
+    for (std::int64_t r = threadIdx.x; r < extent; r += blockDim.x) {
+      block += ops::exp{}(A(x(r) - m));
+      if (++filled == thread_block_values) {
+        sums.push(block);
+        block = A(0);
+        filled = 0;
+      }
+    }
+    sums.push(block);
+    const A block_sum = block_reduce(temporary).Sum(sums.result());
+    if (threadIdx.x == 0) row_sum = block_sum;
+    __syncthreads();
+    const A s = row_sum;
+    F* out_row = out + rows.out_offset(o);
+    const std::int64_t step = rows.layout.out_step;
+    if constexpr (Log) {
+      const A log_s = ops::log{}(s);
+      for (std::int64_t r = threadIdx.x; r < extent; r += blockDim.x) {
+        out_row[r * step] = store_cast<F>(A(x(r) - m - log_s));
+      }
+    } else {
+      for (std::int64_t r = threadIdx.x; r < extent; r += blockDim.x) {
+        out_row[r * step] = store_cast<F>(A(ops::exp{}(A(x(r) - m)) / s));
+      }
+    }
+    __syncthreads();  // row_max, row_sum and the temporary storage are reused by the next row
+  }
+}
+
+/// CUDA twin of backend::cpu::softmax (out contiguous with the input's shape). One launch.
+template <bool Log, class V, class F, std::size_t L, class MakeEvaluator>
+void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
+             MakeEvaluator&& make_evaluator, stream_ref stream = {}) {
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  const std::int64_t rows_count = n / shape[dim];
+  with_rows(shape, dim, shape.contiguous_strides(), leaf_strides, make_evaluator,
+            [&](auto rows, bool) {
+              static_assert(fits_kernel_parameters<decltype(rows)>,
+                            "Tessera: this expression is too large to pass to one CUDA kernel "
+                            "(over 4 KiB of parameters); split the statement into two");
+              softmax_rows_kernel<Log, V>
+                  <<<blocks_for(rows_count, 1), threads_per_block, 0, stream.native()>>>(
+                      out, rows, rows_count);
+              TESSERA_CUDA_CHECK(cudaGetLastError());
+            });
+}
+
+}  // namespace tessera::backend::cuda
+#endif
