@@ -218,6 +218,11 @@ TEST_CASE("NaN propagates through maximum, minimum and relu; comparisons are fal
   check_equal(as_doubles(ts::eval(x == x)), {0, 1, 0, 1, 1});
   check_equal(as_doubles(ts::eval(x != x)), {1, 0, 1, 0, 0});
   check_equal(as_doubles(ts::eval(ts::abs(x))), {not_a_number, 1.0, not_a_number, 2.0, 0.0});
+  // where passes a NaN through from the branch it selects, and can replace NaN.
+  check_equal(as_doubles(ts::eval(ts::where(x > -1, x, 7))), {7, 1.0, 7, 7, 0.0});
+  check_equal(as_doubles(ts::eval(ts::where(y >= -1, x, y))),
+              {not_a_number, not_a_number, not_a_number, -2.0, 0.0});
+  check_equal(as_doubles(ts::eval(ts::where(x != x, 0, x))), {0, 1.0, 0, -2.0, 0.0});
   // Half computes in float: NaN survives the round trip.
   const auto h = x.to<ts::half>();
   check_equal(as_doubles(ts::eval(ts::maximum(h, ts::half(0.0f)))), {not_a_number, 1.0, not_a_number, 0.0, 0.0});
