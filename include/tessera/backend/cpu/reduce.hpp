@@ -11,6 +11,7 @@
 #include <bit>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <type_traits>
 #include <utility>
@@ -33,7 +34,12 @@ namespace tessera::backend {
 //   Op::identity()              the accumulator of no elements;
 //   Op::lift(x, index)          the accumulator of the one element x at position `index`;
 //   Op::merge(a, b)             the accumulator of both; associative and commutative (up to
-//                               rounding), so lanes, blocks and threads may combine in any tree.
+//                               rounding), so lanes, blocks and threads may combine in any tree;
+//   Op::step(a, b)              merge(a, b) when b comes from a later position than every
+//                               element of a (folding a run in order): argmax needs no index
+//                               comparison then;
+//   Op::exact                   true when merge does not round (max, min, integer sums): the
+//                               order of merging then cannot matter and needs no cascade.
 
 template <class T>
 TESSERA_HOST_DEVICE constexpr bool is_nan(T value) {
@@ -77,36 +83,42 @@ TESSERA_HOST_DEVICE opmath_t<V> read_as(const Evaluator& evaluator, Access acces
 template <class Acc>
 struct sum_op {
   using acc_type = Acc;
+  static constexpr bool exact = !std::is_floating_point_v<Acc>;
   TESSERA_HOST_DEVICE static constexpr Acc identity() { return Acc(0); }
   template <class X>
   TESSERA_HOST_DEVICE static constexpr Acc lift(X x, std::int64_t) {
     return static_cast<Acc>(x);
   }
   TESSERA_HOST_DEVICE static constexpr Acc merge(Acc a, Acc b) { return a + b; }
+  TESSERA_HOST_DEVICE static constexpr Acc step(Acc a, Acc b) { return a + b; }
 };
 
 /// Maximum; NaN wins (torch.max propagates NaN).
 template <class T>
 struct max_op {
   using acc_type = T;
+  static constexpr bool exact = true;
   TESSERA_HOST_DEVICE static constexpr T identity() { return lowest_v<T>; }
   template <class X>
   TESSERA_HOST_DEVICE static constexpr T lift(X x, std::int64_t) {
     return static_cast<T>(x);
   }
   TESSERA_HOST_DEVICE static constexpr T merge(T a, T b) { return (b > a || is_nan(b)) ? b : a; }
+  TESSERA_HOST_DEVICE static constexpr T step(T a, T b) { return merge(a, b); }
 };
 
 /// Minimum; NaN wins.
 template <class T>
 struct min_op {
   using acc_type = T;
+  static constexpr bool exact = true;
   TESSERA_HOST_DEVICE static constexpr T identity() { return highest_v<T>; }
   template <class X>
   TESSERA_HOST_DEVICE static constexpr T lift(X x, std::int64_t) {
     return static_cast<T>(x);
   }
   TESSERA_HOST_DEVICE static constexpr T merge(T a, T b) { return (b < a || is_nan(b)) ? b : a; }
+  TESSERA_HOST_DEVICE static constexpr T step(T a, T b) { return merge(a, b); }
 };
 
 /// A value and the position it came from (argmax, argmin).
@@ -121,6 +133,7 @@ struct arg_value {
 template <class T, bool Greatest>
 struct arg_op {
   using acc_type = arg_value<T>;
+  static constexpr bool exact = true;
   TESSERA_HOST_DEVICE static constexpr acc_type identity() {
     return {Greatest ? lowest_v<T> : highest_v<T>, no_index};
   }
@@ -129,13 +142,21 @@ struct arg_op {
     return {static_cast<T>(x), index};
   }
   TESSERA_HOST_DEVICE static constexpr acc_type merge(acc_type a, acc_type b) {
+    // Bitwise & and | rather than && and ||: no branches to mispredict on random data, so the
+    // choice compiles to selects.
     const bool a_nan = is_nan(a.value);
     const bool b_nan = is_nan(b.value);
-    if (a_nan != b_nan) return a_nan ? a : b;
-    if (!a_nan && a.value != b.value) {
-      return (Greatest ? b.value > a.value : b.value < a.value) ? b : a;
-    }
-    return b.index < a.index ? b : a;
+    const bool b_better = Greatest ? b.value > a.value : b.value < a.value;
+    const bool tie = (a.value == b.value) | (a_nan & b_nan);
+    const bool take_b = (b_nan & !a_nan) | b_better | (tie & (b.index < a.index));
+    return {take_b ? b.value : a.value, take_b ? b.index : a.index};
+  }
+  TESSERA_HOST_DEVICE static constexpr acc_type step(acc_type a, acc_type b) {
+    // b is later: it wins only by being better, by being the first NaN, or over the identity (a
+    // tie keeps a).
+    const bool b_better = Greatest ? b.value > a.value : b.value < a.value;
+    const bool take_b = b_better | (is_nan(b.value) & !is_nan(a.value)) | (a.index == no_index);
+    return {take_b ? b.value : a.value, take_b ? b.index : a.index};
   }
 };
 
@@ -170,9 +191,10 @@ namespace tessera::backend::cpu {
 /// Independent accumulators per block: 16 floats are four SSE or two AVX registers, enough
 /// parallel add chains for the loop to run at memory speed.
 inline constexpr int reduce_lanes = 16;
-/// Elements per block: each lane folds 16 of them, so a lane's rounding error stays tiny before
-/// the block joins the pairwise cascade.
-inline constexpr std::int64_t reduce_block = 256;
+/// Elements per block: each lane folds 64 of them (an error of at most 64 half-ulps of its sum)
+/// before the block joins the pairwise cascade; the cascade's work per block is then a few
+/// percent of the block's.
+inline constexpr std::int64_t reduce_block = 1024;
 
 /// Pairwise combination of a stream of block results (a binary counter: level k holds the merge
 /// of 2^k blocks), so n blocks are combined in a tree of depth log2(n) with O(log n) memory.
@@ -197,31 +219,54 @@ class cascade {
   }
 
  private:
-  acc_type levels_[64] = {};
+  acc_type levels_[64];  // level k is set while bit k of pushes_ is (not zeroed: per-row cost)
   std::uint64_t pushes_ = 0;
 };
 
-/// Folds get(0) .. get(count - 1) (each already lifted to Op::acc_type) into `sums`.
+/// The merge of get(0) .. get(count - 1) (each already lifted to Op::acc_type) for a count of at
+/// most reduce_block (any count for an exact Op): reduce_lanes independent accumulators (the loop the compiler vectorises),
+/// then a tree over the lanes.
 template <class Op, class Get>
-void fold(cascade<Op>& sums, std::int64_t count, Get&& get) {
+typename Op::acc_type fold_block(std::int64_t count, Get&& get) {
   using acc_type = typename Op::acc_type;
-  std::int64_t j = 0;
-  for (; j + reduce_block <= count; j += reduce_block) {
+  acc_type total = Op::identity();
+  const std::int64_t full = count - count % reduce_lanes;
+  if (full > 0) {
     acc_type lane[reduce_lanes];
     for (auto& a : lane) a = Op::identity();
-    for (std::int64_t k = j; k < j + reduce_block; k += reduce_lanes) {
-      for (int l = 0; l < reduce_lanes; ++l) lane[l] = Op::merge(lane[l], get(k + l));
+    for (std::int64_t k = 0; k < full; k += reduce_lanes) {
+      for (int l = 0; l < reduce_lanes; ++l) lane[l] = Op::step(lane[l], get(k + l));
     }
     for (int width = reduce_lanes / 2; width > 0; width /= 2) {
       for (int l = 0; l < width; ++l) lane[l] = Op::merge(lane[l], lane[l + width]);
     }
-    sums.push(lane[0]);
+    total = lane[0];
   }
-  if (j < count) {
-    acc_type tail = Op::identity();
-    for (; j < count; ++j) tail = Op::merge(tail, get(j));
-    sums.push(tail);
+  for (std::int64_t j = full; j < count; ++j) total = Op::step(total, get(j));
+  return total;
+}
+
+/// Folds get(0) .. get(count - 1) into `sums`, one block at a time (exact operators in one
+/// block: fewer merges, and each lane's running best changes rarely, so its branch predicts).
+template <class Op, class Get>
+void fold(cascade<Op>& sums, std::int64_t count, Get&& get) {
+  if constexpr (Op::exact) {
+    if (count > 0) sums.push(fold_block<Op>(count, get));
+    return;
   }
+  for (std::int64_t first = 0; first < count; first += reduce_block) {
+    sums.push(fold_block<Op>(std::min(reduce_block, count - first),
+                             [&](std::int64_t j) { return get(first + j); }));
+  }
+}
+
+/// The merge of get(0) .. get(count - 1): one block directly, longer runs through a cascade.
+template <class Op, class Get>
+typename Op::acc_type fold_all(std::int64_t count, Get&& get) {
+  if (Op::exact || count <= reduce_block) return fold_block<Op>(count, get);
+  cascade<Op> sums;
+  fold(sums, count, get);
+  return sums.result();
 }
 
 /// Splits [0, n) over parallel_for's threads; chunk(first, last) returns the accumulator of its
@@ -336,16 +381,35 @@ struct split_layout {
   }
 };
 
-/// Outputs per tile when outputs are folded side by side (a few cache lines of each input row).
-inline constexpr int output_tile = 64;
+/// Most outputs per tile when outputs are folded side by side: 1024 floats are a 4 KiB page of
+/// each input row, long enough for the hardware prefetcher to stream it (with short tiles the
+/// loop jumps to a new page every few elements and waits on memory).
+inline constexpr int max_output_tile = 1024;
+
+/// Tile width for `outputs` outputs of rows `width` long: as wide as allowed while leaving each
+/// thread two tiles.
+inline int output_tile_for(std::int64_t outputs, std::int64_t width) {
+  const std::int64_t per_thread = outputs / (2 * static_cast<std::int64_t>(tessera::cpu::num_threads()));
+  const std::int64_t tile = std::clamp<std::int64_t>(per_thread / 16 * 16, 64, max_output_tile);
+  return static_cast<int>(std::min(tile, width));
+}
+
 /// Rows a lane folds before its block joins the lane's cascade.
 inline constexpr std::int64_t lane_block_rows = 16;
 
-/// The accumulators of up to output_tile outputs folded side by side (outputs contiguous in the
+/// True after row r when a lane's block joins its cascade: every lane_block_rows rows for a
+/// rounding Op, only after the last row for an exact one.
+template <class Op>
+constexpr bool ends_lane_block(std::int64_t r, std::int64_t extent) {
+  return r + 1 == extent || (!Op::exact && (r + 1) % lane_block_rows == 0);
+}
+
+/// The accumulators of up to max_output_tile outputs folded side by side (outputs contiguous in the
 /// innermost kept dimension): a cascade per lane, all lanes pushing together.
 template <class Op>
 class lane_cascade {
  public:
+  using op_type = Op;
   using acc_type = typename Op::acc_type;
 
   void reset() { pushes_ = 0; }
@@ -371,8 +435,54 @@ class lane_cascade {
   }
 
  private:
-  std::vector<std::array<acc_type, output_tile>> levels_;  // grows to log2(blocks) levels
+  std::vector<std::array<acc_type, max_output_tile>> levels_;  // grows to log2(blocks) levels
   std::uint64_t pushes_ = 0;
+};
+
+/// A shape and its leaves' strides with the dimensions in memory order (larger strides outside,
+/// as PyTorch's TensorIterator orders them), then merged. Operand 0 is the row-major strides of
+/// the logical shape, so each element's logical position stays known.
+template <std::size_t L>
+struct memory_order_layout {
+  strided_layout<static_cast<int>(L + 1)> merged;
+
+  memory_order_layout(const Shape& shape, const std::array<Strides, L>& leaf_strides)
+      : merged(sorted(shape, leaf_strides)) {}
+
+ private:
+  // True when dimension `a` should be walked inside dimension `b`: the first leaf that steps
+  // through both (stride 0 says nothing) has a smaller stride in a.
+  static bool inside(int a, int b, const std::array<Strides, L>& leaf_strides) {
+    for (const Strides& strides : leaf_strides) {
+      const std::int64_t sa = strides[a] < 0 ? -strides[a] : strides[a];
+      const std::int64_t sb = strides[b] < 0 ? -strides[b] : strides[b];
+      if (sa == 0 || sb == 0 || sa == sb) continue;
+      return sa < sb;
+    }
+    return false;
+  }
+  static strided_layout<static_cast<int>(L + 1)> sorted(const Shape& shape,
+                                                        const std::array<Strides, L>& leaf_strides) {
+    const int rank = shape.size();
+    std::array<int, max_dims> order{};
+    for (int d = 0; d < rank; ++d) order[d] = d;
+    // Insertion sort: stable, and undecided pairs (broadcast dimensions) keep the logical order.
+    for (int i = 1; i < rank; ++i) {
+      for (int j = i; j > 0 && inside(order[j - 1], order[j], leaf_strides); --j) {
+        std::swap(order[j - 1], order[j]);
+      }
+    }
+    const Strides logical = shape.contiguous_strides();
+    Shape extents;
+    std::array<Strides, L + 1> strides;
+    for (int k = 0; k < rank; ++k) {
+      const int d = order[k];
+      extents.push_back(shape[d]);
+      strides[0].push_back(logical[d]);
+      for (std::size_t leaf = 0; leaf < L; ++leaf) strides[leaf + 1].push_back(leaf_strides[leaf][d]);
+    }
+    return strided_layout<static_cast<int>(L + 1)>(extents, strides);
+  }
 };
 
 // ---- full reductions ------------------------------------------------------------------------
@@ -394,43 +504,50 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
   if (all_row_major(shape, leaf_strides)) {
     const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
     const acc_type total = reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
-      cascade<Op> sums;
-      fold(sums, last - first, [&](std::int64_t j) {
+      return fold_all<Op>(last - first, [&](std::int64_t j) {
         const std::int64_t i = first + j;
         return Op::lift(read_as<V>(evaluator, linear_access{i}), i);
       });
-      return sums.result();
     });
     *out = Finish::template apply<Out>(total, n);
     return;
   }
-  const strided_layout<static_cast<int>(L)> layout(shape, leaf_strides);
-  const int rank = layout.shape.size();
+  // Walk in memory order: dimensions sorted so the leaves' strides decrease (as PyTorch's
+  // TensorIterator does), so that a transposed input is read along its rows, not down its columns.
+  // Operand 0 carries each element's row-major position in the logical shape (argmax reports it).
+  const memory_order_layout<L> layout(shape, leaf_strides);
+  const int rank = layout.merged.shape.size();
+  const Shape& extents = layout.merged.shape;
+  const auto& strides = layout.merged.strides;
   if (rank == 0) {  // one element behind unusual strides
-    const auto evaluator = make_evaluator(layout.strides.data(), 0);
+    const auto evaluator = make_evaluator(strides.data() + 1, 0);
     *out = Finish::template apply<Out>(
         Op::merge(Op::identity(), Op::lift(read_as<V>(evaluator, index_access{nullptr}), 0)), 1);
     return;
   }
-  const std::int64_t inner = layout.shape[rank - 1];
-  const auto prototype = make_evaluator(layout.strides.data(), rank);
+  const std::int64_t inner = extents[rank - 1];
+  const std::int64_t position_step = strides[0][rank - 1];
+  const auto prototype = make_evaluator(strides.data() + 1, rank);
   const acc_type total = reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
     auto evaluator = prototype;
     std::int64_t index[max_dims] = {};
-    unravel(first, layout.shape, index);
+    unravel(first, extents, index);
     cascade<Op> sums;
     // One segment per row: place the row once, then fold along it. The cascade spans rows, so
     // short rows still sum pairwise.
     for (std::int64_t i = first; i < last;) {
       const std::int64_t column = index[rank - 1];
       const std::int64_t length = std::min(inner - column, last - i);
+      std::int64_t row_position = 0;
+      for (int d = 0; d + 1 < rank; ++d) row_position += index[d] * strides[0][d];
       evaluator.bind_row(index);
       fold(sums, length, [&](std::int64_t j) {
-        return Op::lift(read_as<V>(evaluator, row_access{column + j}), i + j);
+        return Op::lift(read_as<V>(evaluator, row_access{column + j}),
+                        row_position + (column + j) * position_step);
       });
       i += length;
       index[rank - 1] = 0;
-      next_index(index, layout.shape, rank - 1);
+      next_index(index, extents, rank - 1);
     }
     return sums.result();
   });
@@ -470,11 +587,9 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
             reduce_chunks<Op>(extent, grain_size, [&](std::int64_t first, std::int64_t last) {
               auto evaluator = prototype;
               place_row(evaluator, o);
-              cascade<Op> sums;
-              fold(sums, last - first, [&](std::int64_t j) {
+              return fold_all<Op>(last - first, [&](std::int64_t j) {
                 return Op::lift(read_as<V>(evaluator, access(o, first + j)), first + j);
               });
-              return sums.result();
             });
         out[o] = Finish::template apply<Out>(total, extent);
       }
@@ -485,11 +600,10 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
                    auto evaluator = prototype;
                    for (std::int64_t o = first; o < last; ++o) {
                      place_row(evaluator, o);
-                     cascade<Op> sums;
-                     fold(sums, extent, [&](std::int64_t r) {
+                     const acc_type total = fold_all<Op>(extent, [&](std::int64_t r) {
                        return Op::lift(read_as<V>(evaluator, access(o, r)), r);
                      });
-                     out[o] = Finish::template apply<Out>(sums.result(), extent);
+                     out[o] = Finish::template apply<Out>(total, extent);
                    }
                  });
   };
@@ -523,23 +637,26 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
     return;
   }
 
-  // Neighbouring outputs side by side: for each row r of the reduced dimension, a tile of up to
-  // output_tile outputs reads its elements contiguously and folds them into per-lane blocks.
+  // Neighbouring outputs side by side: for each row r of the reduced dimension, a tile of
+  // neighbouring outputs reads its elements contiguously and folds them into per-lane blocks.
   const auto strides = layout.dim_second_innermost();
   const auto prototype = make_evaluator(strides.data(), kept_rank + 1);
   const std::int64_t width = kept[kept_rank - 1];
-  const std::int64_t tiles = (width + output_tile - 1) / output_tile;
+  const int tile = output_tile_for(outputs, width);
+  const std::int64_t tiles = (width + tile - 1) / tile;
   const std::int64_t tasks = outputs / width * tiles;
-  const std::int64_t tile_work = extent * std::min<std::int64_t>(width, output_tile);
+  const std::int64_t tile_work = extent * tile;
   parallel_for(0, tasks, std::max<std::int64_t>(1, grain_size / tile_work),
                [&](std::int64_t first, std::int64_t last) {
                  auto evaluator = prototype;
                  lane_cascade<Op> sums;
-                 acc_type block[output_tile];
+                 // Not std::vector: acc_type may be bool.
+                 const auto block_storage = std::make_unique<acc_type[]>(static_cast<std::size_t>(tile));
+                 acc_type* block = block_storage.get();
                  for (std::int64_t task = first; task < last; ++task) {
                    const std::int64_t outer = task / tiles;
-                   const std::int64_t start = task % tiles * output_tile;
-                   const int lanes = static_cast<int>(std::min<std::int64_t>(output_tile, width - start));
+                   const std::int64_t start = task % tiles * tile;
+                   const int lanes = static_cast<int>(std::min<std::int64_t>(tile, width - start));
                    std::int64_t index[max_dims] = {};
                    std::int64_t rest = outer;
                    for (int d = kept_rank - 2; d >= 0; --d) {
@@ -552,10 +669,10 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
                      index[kept_rank - 1] = r;
                      evaluator.bind_row(index);
                      for (int w = 0; w < lanes; ++w) {
-                       block[w] = Op::merge(
+                       block[w] = Op::step(
                            block[w], Op::lift(read_as<V>(evaluator, row_access{start + w}), r));
                      }
-                     if ((r + 1) % lane_block_rows == 0 || r + 1 == extent) {
+                     if (ends_lane_block<Op>(r, extent)) {
                        sums.push(block, lanes);
                        std::fill(block, block + lanes, Op::identity());
                      }
@@ -573,31 +690,42 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
 
 /// out = softmax (or log_softmax when Log) of the expression along `dim`: per row, m = max,
 /// s = sum exp(x - m), out = exp(x - m) / s (or x - m - log s), computed in F's compute type and
-/// stored as F. The expression is read three times per row, never stored. `out` is contiguous
-/// with the expression's shape. One launch.
+/// stored as F. The expression is read two or three times per row, never stored: when F is its
+/// own compute type (float, double) softmax keeps exp(x - m) in the output and divides it in
+/// place, so each element costs one exp. `out` is contiguous with the expression's shape. One
+/// launch.
 template <bool Log, class V, class F, std::size_t L, class MakeEvaluator>
 void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
              MakeEvaluator&& make_evaluator) {
   using A = opmath_t<F>;
+  // Storing exp(x - m) in a 16-bit output and dividing it there would round twice.
+  constexpr bool keep_exponentials = !Log && std::is_same_v<F, A>;
   profiler::count_launch();
   const std::int64_t n = shape.numel();
   if (n == 0) return;
   const std::int64_t extent = shape[dim];
   const std::int64_t rows = n / extent;
 
-  // One row: x(r) reads element r, store(r, value) writes it.
-  auto softmax_row = [](std::int64_t length, auto&& x, auto&& store) {
-    cascade<max_op<A>> maximum;
-    fold(maximum, length, [&](std::int64_t r) { return x(r); });
-    const A m = maximum.result();
-    cascade<sum_op<A>> sums;
-    fold(sums, length, [&](std::int64_t r) { return ops::exp{}(A(x(r) - m)); });
-    const A s = sums.result();
-    if constexpr (Log) {
-      const A log_s = ops::log{}(s);
-      for (std::int64_t r = 0; r < length; ++r) store(r, A(x(r) - m - log_s));
+  // One row: x(r) reads element r, slot(r) is its output element.
+  auto softmax_row = [](std::int64_t length, auto&& x, auto&& slot) {
+    const A m = fold_all<max_op<A>>(length, [&](std::int64_t r) { return x(r); });
+    if constexpr (keep_exponentials) {
+      const A s = fold_all<sum_op<A>>(length, [&](std::int64_t r) {
+        const A e = ops::exp{}(A(x(r) - m));
+        slot(r) = e;
+        return e;
+      });
+      for (std::int64_t r = 0; r < length; ++r) slot(r) = A(slot(r) / s);
     } else {
-      for (std::int64_t r = 0; r < length; ++r) store(r, A(ops::exp{}(A(x(r) - m)) / s));
+      const A s = fold_all<sum_op<A>>(length, [&](std::int64_t r) { return ops::exp{}(A(x(r) - m)); });
+      if constexpr (Log) {
+        const A log_s = ops::log{}(s);
+        for (std::int64_t r = 0; r < length; ++r) slot(r) = store_cast<F>(A(x(r) - m - log_s));
+      } else {
+        for (std::int64_t r = 0; r < length; ++r) {
+          slot(r) = store_cast<F>(A(ops::exp{}(A(x(r) - m)) / s));
+        }
+      }
     }
   };
 
@@ -614,7 +742,7 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
                          [&](std::int64_t r) {
                            return static_cast<A>(read_as<V>(evaluator, linear_access{base + r}));
                          },
-                         [&](std::int64_t r, A value) { out[base + r] = store_cast<F>(value); });
+                         [&](std::int64_t r) -> F& { return out[base + r]; });
                    }
                  });
     return;
@@ -643,7 +771,7 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
                          [&](std::int64_t r) {
                            return static_cast<A>(read_as<V>(evaluator, row_access{r}));
                          },
-                         [&](std::int64_t r, A value) { out_row[r * out_step] = store_cast<F>(value); });
+                         [&](std::int64_t r) -> F& { return out_row[r * out_step]; });
                      next_index(index, kept, kept_rank);
                    }
                  });
@@ -651,25 +779,27 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
   }
 
   // Rows side by side (softmax over a dimension that is not the contiguous one): a tile of
-  // neighbouring rows makes the three passes together, reading each input row contiguously.
+  // neighbouring rows makes the passes together, reading each input row contiguously.
   const auto strides = layout.dim_second_innermost();
   const auto prototype = make_evaluator(strides.data(), kept_rank + 1);
   const std::int64_t width = kept[kept_rank - 1];
   const std::int64_t out_lane_step = layout.kept.strides[0][kept_rank - 1];
-  const std::int64_t tiles = (width + output_tile - 1) / output_tile;
+  const int tile = output_tile_for(rows, width);
+  const std::int64_t tiles = (width + tile - 1) / tile;
   const std::int64_t tasks = rows / width * tiles;
-  const std::int64_t tile_work = extent * std::min<std::int64_t>(width, output_tile);
+  const std::int64_t tile_work = extent * tile;
   parallel_for(0, tasks, std::max<std::int64_t>(1, grain_size / tile_work),
                [&](std::int64_t first, std::int64_t last) {
                  auto evaluator = prototype;
                  lane_cascade<max_op<A>> maxima;
                  lane_cascade<sum_op<A>> sums;
-                 A m[output_tile];
-                 A s[output_tile];
+                 std::vector<A> lane_values(2 * static_cast<std::size_t>(tile));
+                 A* m = lane_values.data();
+                 A* s = m + tile;
                  for (std::int64_t task = first; task < last; ++task) {
                    const std::int64_t outer = task / tiles;
-                   const std::int64_t start = task % tiles * output_tile;
-                   const int lanes = static_cast<int>(std::min<std::int64_t>(output_tile, width - start));
+                   const std::int64_t start = task % tiles * tile;
+                   const int lanes = static_cast<int>(std::min<std::int64_t>(tile, width - start));
                    std::int64_t index[max_dims] = {};
                    std::int64_t rest = outer;
                    std::int64_t out_offset = start * out_lane_step;
@@ -678,6 +808,9 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
                      rest /= kept[d];
                      out_offset += index[d] * layout.kept.strides[0][d];
                    }
+                   auto slot = [&](std::int64_t r, int w) -> F& {
+                     return out[out_offset + r * out_step + w * out_lane_step];
+                   };
                    // Visits every row r of the tile: fn(r, x) with x(w) the value of lane w.
                    auto each_row = [&](auto&& fn) {
                      for (std::int64_t r = 0; r < extent; ++r) {
@@ -688,39 +821,51 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
                        });
                      }
                    };
-                   // Folds value(r, x, w) per lane into `into`, pairwise over blocks of rows.
-                   auto fold_lanes = [&](auto& cascade_of_lanes, A* into, auto&& value, auto identity) {
+                   // Folds value(acc, x, r, w) per lane into `into`, pairwise over blocks of rows.
+                   auto fold_lanes = [&](auto& cascade_of_lanes, A* into, auto&& value, A identity) {
                      cascade_of_lanes.reset();
                      std::fill(into, into + lanes, identity);
                      each_row([&](std::int64_t r, auto&& x) {
-                       for (int w = 0; w < lanes; ++w) into[w] = value(into[w], x(w), w);
-                       if ((r + 1) % lane_block_rows == 0 || r + 1 == extent) {
+                       for (int w = 0; w < lanes; ++w) into[w] = value(into[w], x(w), r, w);
+                       if (ends_lane_block<typename std::remove_cvref_t<decltype(cascade_of_lanes)>::op_type>(r, extent)) {
                          cascade_of_lanes.push(into, lanes);
                          std::fill(into, into + lanes, identity);
                        }
                      });
                      cascade_of_lanes.result(into, lanes);
                    };
-                   fold_lanes(maxima, m, [](A acc, A x, int) { return max_op<A>::merge(acc, x); },
-                              max_op<A>::identity());
-                   fold_lanes(sums, s, [&](A acc, A x, int w) { return A(acc + ops::exp{}(A(x - m[w]))); },
-                              A(0));
-                   if constexpr (Log) {
-                     for (int w = 0; w < lanes; ++w) s[w] = ops::log{}(s[w]);
-                   }
-                   each_row([&](std::int64_t r, auto&& x) {
-                     F* out_row = out + out_offset + r * out_step;
-                     for (int w = 0; w < lanes; ++w) {
-                       const A shifted = A(x(w) - m[w]);
-                       A value;
-                       if constexpr (Log) {
-                         value = A(shifted - s[w]);
-                       } else {
-                         value = A(ops::exp{}(shifted) / s[w]);
-                       }
-                       out_row[w * out_lane_step] = store_cast<F>(value);
+                   fold_lanes(
+                       maxima, m,
+                       [](A acc, A x, std::int64_t, int) { return max_op<A>::merge(acc, x); },
+                       max_op<A>::identity());
+                   fold_lanes(
+                       sums, s,
+                       [&](A acc, A x, std::int64_t r, int w) {
+                         const A e = ops::exp{}(A(x - m[w]));
+                         if constexpr (keep_exponentials) slot(r, w) = e;
+                         (void)r;
+                         return A(acc + e);
+                       },
+                       A(0));
+                   if constexpr (keep_exponentials) {
+                     for (std::int64_t r = 0; r < extent; ++r) {
+                       for (int w = 0; w < lanes; ++w) slot(r, w) = A(slot(r, w) / s[w]);
                      }
-                   });
+                   } else {
+                     if constexpr (Log) {
+                       for (int w = 0; w < lanes; ++w) s[w] = ops::log{}(s[w]);
+                     }
+                     each_row([&](std::int64_t r, auto&& x) {
+                       for (int w = 0; w < lanes; ++w) {
+                         const A shifted = A(x(w) - m[w]);
+                         if constexpr (Log) {
+                           slot(r, w) = store_cast<F>(A(shifted - s[w]));
+                         } else {
+                           slot(r, w) = store_cast<F>(A(ops::exp{}(shifted) / s[w]));
+                         }
+                       }
+                     });
+                   }
                  }
                });
 }
