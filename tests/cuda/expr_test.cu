@@ -39,18 +39,19 @@ std::int64_t gpu_allocations() { return ts::memory::stats(gpu0).allocations.allo
 
 TEST_CASE("cuda: every operator and function with broadcasting and a transposed operand",
           "[cuda][expr]") {
-  const auto a = on_gpu<float>({4, 3}, 1).t();                          // [3, 4], strided
-  const auto b = on_gpu<float>({4}, 2, 0.5, 3.0);                       // positive, broadcast
-  const auto c = on_gpu<float>({2, 1, 4}, 3);                           // leading dimension
+  const auto a = on_gpu<float>({4, 3}, 1).t();     // [3, 4], strided
+  const auto b = on_gpu<float>({4}, 2, 0.5, 3.0);  // positive, broadcast
+  const auto c = on_gpu<float>({2, 1, 4}, 3);      // leading dimension
   const values va(a), vb(b), vc(c);
   const ts::Shape s{2, 3, 4};
   const auto zero = a * 0 + c * 0;  // broadcasts a one-operand function to [2, 3, 4]
   auto expect = [&](const auto& result, auto ref, double rel) {
     REQUIRE(result.is_cuda());
     REQUIRE(result.shape() == s);
-    check_close(values(result).data,
-                tabulate(s, [&](std::int64_t i) { return ref(va.at(s, i), vb.at(s, i), vc.at(s, i)); }),
-                rel, rel * 1e-2);
+    check_close(
+        values(result).data,
+        tabulate(s, [&](std::int64_t i) { return ref(va.at(s, i), vb.at(s, i), vc.at(s, i)); }),
+        rel, rel * 1e-2);
   };
   // clang-format off
   { INFO("+ -"); expect(ts::eval(a + c - b), [](double x, double y, double z) { return x + z - y; }, 1e-6); }
@@ -102,13 +103,15 @@ TEST_CASE("cuda: dtype mixing, half, cast rounding and NaN", "[cuda][expr]") {
   check_equal(as_doubles(counts), {2, 1, 2});
   check_equal(as_doubles(ts::eval(ts::pow(i32, 3))), {343, -343, 1});
   // half computes in float and rounds once.
-  const auto h = ts::from_vector<ts::half>({ts::half(2048.0f), ts::half(0.1f), ts::half(-3.0f)}, {3}).cuda();
+  const auto h =
+      ts::from_vector<ts::half>({ts::half(2048.0f), ts::half(0.1f), ts::half(-3.0f)}, {3}).cuda();
   auto hs = ts::eval(h + 1 + 1);
   static_assert(std::is_same_v<decltype(hs), ts::Tensor<ts::half, ts::cuda>>);
   check_equal(as_doubles(hs), {2050, double(float(ts::half(float(ts::half(0.1f)) + 2.0f))), -1});
   // cast<half> rounds as ts::half does (ties to even, overflow to infinity).
   std::vector<float> host = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65519.0f, 65520.0f, 3e-8f};
-  for (double v : expr_test::numbers(1000, 7, -70000.0, 70000.0)) host.push_back(static_cast<float>(v));
+  for (double v : expr_test::numbers(1000, 7, -70000.0, 70000.0))
+    host.push_back(static_cast<float>(v));
   const auto x = ts::from_vector<float>(host, {static_cast<std::int64_t>(host.size())}).cuda();
   ts::Tensor<float, ts::cuda> rounded = ts::cast<float>(ts::cast<ts::half>(x));
   std::vector<double> expected;
@@ -136,12 +139,14 @@ TEST_CASE("cuda: linear and strided kernels at odd and large sizes", "[cuda][exp
     const values va(a), vb(b);
     ts::Tensor<float, ts::cuda> y = a * b + 1;  // linear kernel
     check_close(values(y).data,
-                tabulate({n}, [&](std::int64_t i) { return va.data[i] * vb.data[i] + 1; }), 1e-6, 1e-6);
+                tabulate({n}, [&](std::int64_t i) { return va.data[i] * vb.data[i] + 1; }), 1e-6,
+                1e-6);
     const auto strided = on_gpu<double>({n, 2}, 12 + n).select(1, 1);  // strided kernel
     const values vs(strided);
     auto z = ts::eval(strided - a);
     check_close(values(z).data,
-                tabulate({n}, [&](std::int64_t i) { return vs.data[i] - va.data[i]; }), 1e-12, 1e-12);
+                tabulate({n}, [&](std::int64_t i) { return vs.data[i] - va.data[i]; }), 1e-12,
+                1e-12);
   }
   // A permuted 3-D operand and a transposed output together.
   const auto c = on_gpu<float>({5, 7, 3}, 20).permute({2, 0, 1});  // [3, 5, 7]
@@ -160,7 +165,8 @@ TEST_CASE("cuda: linear and strided kernels at odd and large sizes", "[cuda][exp
   }
   // 0-dim and empty.
   CHECK(ts::eval(ts::full<float, ts::cuda>({}, 2.0f) * 3).item() == 6.0f);
-  CHECK(ts::eval(ts::empty<float, ts::cuda>({0, 3}) + d.narrow(0, 0, 3)).shape() == ts::Shape{0, 3});
+  CHECK(ts::eval(ts::empty<float, ts::cuda>({0, 3}) + d.narrow(0, 0, 3)).shape() ==
+        ts::Shape{0, 3});
 }
 
 TEST_CASE("cuda: assignment, aliasing, one kernel and one allocation per statement",
@@ -177,9 +183,12 @@ TEST_CASE("cuda: assignment, aliasing, one kernel and one allocation per stateme
   ts::Tensor<float, ts::cuda> y = ts::sigmoid(a * b + c) * ts::tanh(d);
   CHECK(ts::profiler::kernel_launches() - launches == 1);
   CHECK(gpu_allocations() - allocated == 1);
-  check_close(values(y).data, tabulate(s, [&](std::int64_t i) {
-                return sigmoid_ref(va.data[i] * vb.at(s, i) + vc.at(s, i)) * std::tanh(vd.data[i]);
-              }),
+  check_close(values(y).data,
+              tabulate(s,
+                       [&](std::int64_t i) {
+                         return sigmoid_ref(va.data[i] * vb.at(s, i) + vc.at(s, i)) *
+                                std::tanh(vd.data[i]);
+                       }),
               1e-5, 1e-7);
   launches = ts::profiler::kernel_launches();
   allocated = gpu_allocations();
@@ -195,13 +204,13 @@ TEST_CASE("cuda: assignment, aliasing, one kernel and one allocation per stateme
   check_equal(as_doubles(square), {0, 4, 8, 4, 8, 12, 8, 12, 16});
   // On the output's device; errors name both shapes / both devices.
   CHECK(ts::eval(a + 1).device() == gpu0);
-  CHECK_THROWS_WITH(a + b.narrow(0, 0, 4), Catch::Matchers::Contains("[64, 33]") &&
-                                              Catch::Matchers::Contains("[4]"));
+  CHECK_THROWS_WITH(a + b.narrow(0, 0, 4),
+                    Catch::Matchers::Contains("[64, 33]") && Catch::Matchers::Contains("[4]"));
   if (ts::cuda::device_count() >= 2) {
     const auto other = on_gpu<float>({33}, 34).to(1);
     CHECK_THROWS_AS(a + other, ts::device_mismatch_error);
-    CHECK_THROWS_WITH(a + other, Catch::Matchers::Contains("cuda:0") &&
-                                     Catch::Matchers::Contains("cuda:1"));
+    CHECK_THROWS_WITH(a + other,
+                      Catch::Matchers::Contains("cuda:0") && Catch::Matchers::Contains("cuda:1"));
     ts::Tensor<float, ts::cuda> on1 = other * 2;  // runs on cuda:1
     CHECK(on1.device_index() == 1);
     const values vother(other);

@@ -15,6 +15,7 @@
 #include "tessera/tessera.hpp"
 
 namespace ts = tessera;
+using Catch::Matchers::Contains;
 using expr_test::as_doubles;
 using expr_test::check_close;
 using expr_test::check_equal;
@@ -22,7 +23,6 @@ using expr_test::sample;
 using expr_test::sigmoid_ref;
 using expr_test::tabulate;
 using expr_test::values;
-using Catch::Matchers::Contains;
 
 namespace {
 std::int64_t allocations() { return ts::memory::stats(ts::Device{}).allocations.allocated; }
@@ -45,12 +45,14 @@ TEST_CASE("Tensor<T> y = e makes a new tensor, converting to T", "[expr][assign]
   CHECK(f.is_contiguous());
   check_equal(as_doubles(f), {4.75, 3.5, 12.25, 0.5});
   ts::Tensor<double> d = a / 3;  // computed in float, then widened
-  check_equal(as_doubles(d), {double(1.25f / 3), double(-2.5f / 3), double(3.75f / 3), double(0.5f / 3)});
+  check_equal(as_doubles(d),
+              {double(1.25f / 3), double(-2.5f / 3), double(3.75f / 3), double(0.5f / 3)});
   ts::Tensor<std::int32_t> i = a * 2;  // truncated toward zero
   check_equal(as_doubles(i), {2, -5, 7, 1});
   ts::Tensor<ts::half> h = a / 3;  // rounded once from the float result
-  check_equal(as_doubles(h), {double(float(ts::half(1.25f / 3))), double(float(ts::half(-2.5f / 3))),
-                              double(float(ts::half(3.75f / 3))), double(float(ts::half(0.5f / 3)))});
+  check_equal(as_doubles(h),
+              {double(float(ts::half(1.25f / 3))), double(float(ts::half(-2.5f / 3))),
+               double(float(ts::half(3.75f / 3))), double(float(ts::half(0.5f / 3)))});
   ts::Tensor<bool> nonzero = a - 0.5;
   check_equal(as_doubles(nonzero), {1, 1, 1, 0});
   // On the operands' device (cpu:1 here).
@@ -68,7 +70,7 @@ TEST_CASE("Tensor<T> y = e makes a new tensor, converting to T", "[expr][assign]
 TEST_CASE("y = e writes into y's storage when the shapes match, else rebinds", "[expr][assign]") {
   const auto a = ts::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3});
   auto y = ts::zeros<float>({2, 3});
-  const auto alias = y;            // another handle to the same storage
+  const auto alias = y;                // another handle to the same storage
   const auto row = y.narrow(0, 1, 1);  // a view
   y = a * 10;
   CHECK(y.shares_storage_with(alias));
@@ -141,7 +143,8 @@ TEST_CASE("outputs that are views receive the values in their own layout", "[exp
   const values vy(y);
   for (std::int64_t i = 0; i < 4; ++i) {
     for (std::int64_t j = 0; j < 3; ++j) {
-      const float expected = static_cast<float>(vb.data[j * 4 + i]) * 2 + static_cast<float>(va.data[i * 3 + j]);
+      const float expected =
+          static_cast<float>(vb.data[j * 4 + i]) * 2 + static_cast<float>(va.data[i * 3 + j]);
       CHECK(vy.data[i * 3 + j] == expected);
     }
   }
@@ -214,10 +217,12 @@ TEST_CASE("one executor pass per statement", "[expr][assign]") {
         cost_of([&] { y.emplace(ts::sigmoid(a * b + c) * ts::tanh(d)); });  // Tensor<float> y = e
     CHECK(launches == 1);
     CHECK(allocated == 1);
-    check_close(as_doubles(*y), tabulate(s, [&](std::int64_t i) {
-                  return sigmoid_ref(va.data[i] * vb.at(s, i) + vc.at(s, i)) *
-                         std::tanh(vd.data[i]);
-                }),
+    check_close(as_doubles(*y),
+                tabulate(s,
+                         [&](std::int64_t i) {
+                           return sigmoid_ref(va.data[i] * vb.at(s, i) + vc.at(s, i)) *
+                                  std::tanh(vd.data[i]);
+                         }),
                 1e-5, 1e-7);
   }
   auto y = ts::zeros<float>(s);
@@ -235,13 +240,13 @@ TEST_CASE("one executor pass per statement", "[expr][assign]") {
     const auto [launches, allocated] = cost_of([&] { y.t() = ts::exp(d.t()) + b.view({33, 1}); });
     CHECK(launches == 1);
     CHECK(allocated == 0);
-    check_close(as_doubles(y), tabulate(s, [&](std::int64_t i) {
-                  return std::exp(vd.data[i]) + vb.at(s, i);
-                }),
+    check_close(as_doubles(y),
+                tabulate(s, [&](std::int64_t i) { return std::exp(vd.data[i]) + vb.at(s, i); }),
                 2e-6, 1e-7);
   }
   {
-    const auto [launches, allocated] = cost_of([&] { CHECK(ts::eval(ts::where(a > c, a, c)).numel() == 64 * 33); });
+    const auto [launches, allocated] =
+        cost_of([&] { CHECK(ts::eval(ts::where(a > c, a, c)).numel() == 64 * 33); });
     CHECK(launches == 1);
     CHECK(allocated == 1);
   }
@@ -260,7 +265,8 @@ TEST_CASE("nothing is allocated but the output", "[expr][assign]") {
   {
     const auto [launches, allocated] = cost_of([&] {
       ts::Tensor<double> y = ts::sqrt(ts::abs(a.t() * b) + 1) / (ts::exp(b) + a);
-      CHECK(ts::memory::allocated(ts::Device{}) - base == 80384);  // 80000 B rounded up to a multiple of 512
+      CHECK(ts::memory::allocated(ts::Device{}) - base ==
+            80384);  // 80000 B rounded up to a multiple of 512
     });
     CHECK(launches == 1);
     CHECK(allocated == 1);

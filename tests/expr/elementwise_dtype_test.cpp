@@ -1,7 +1,8 @@
-// Dtypes in elementwise expressions: PyTorch's promotion for tensors, scalars and functions (checked with static_assert and by value), integer semantics
-// (true division, pow, abs, wrap-around, comparisons), NaN in maximum/minimum/relu and the
-// comparisons, where with scalar branches, and cast rounding (against ts::half / ts::bfloat16,
-// whose conversions are tested exhaustively against numpy in tests/core).
+// Dtypes in elementwise expressions: PyTorch's promotion for tensors, scalars and functions
+// (checked with static_assert and by value), integer semantics (true division, pow, abs,
+// wrap-around, comparisons), NaN in maximum/minimum/relu and the comparisons, where with scalar
+// branches, and cast rounding (against ts::half / ts::bfloat16, whose conversions are tested
+// exhaustively against numpy in tests/core).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -23,9 +24,8 @@ using expr_test::values;
 
 // The dtype an expression evaluates to (its value_type, which ts::eval and Tensor<T> y = e use;
 // reading it does not instantiate an executor, which keeps this file's compile time down).
-#define EXPECT_DTYPE(expression, T)                                                       \
-  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(expression)>::value_type, \
-                               T>,                                                        \
+#define EXPECT_DTYPE(expression, T)                                                                \
+  static_assert(std::is_same_v<typename std::remove_cvref_t<decltype(expression)>::value_type, T>, \
                 #expression " should have dtype " #T)
 
 namespace {
@@ -36,7 +36,8 @@ const double infinity = std::numeric_limits<double>::infinity();
 TEST_CASE("result dtypes follow PyTorch's promotion", "[expr][dtype]") {
   const auto f32 = ts::from_vector<float>({1.5f, -2.25f, 3.0f}, {3});
   const auto f64 = ts::from_vector<double>({0.1, 0.2, -0.3}, {3});
-  const auto f16 = ts::from_vector<ts::half>({ts::half(0.5f), ts::half(-1.0f), ts::half(2.0f)}, {3});
+  const auto f16 =
+      ts::from_vector<ts::half>({ts::half(0.5f), ts::half(-1.0f), ts::half(2.0f)}, {3});
   const auto bf16 = ts::from_vector<ts::bfloat16>(
       {ts::bfloat16(0.5f), ts::bfloat16(1.0f), ts::bfloat16(-2.0f)}, {3});
   const auto i8 = ts::from_vector<std::int8_t>({-100, 127, -128}, {3});
@@ -149,7 +150,8 @@ TEST_CASE("integer semantics", "[expr][dtype]") {
   SECTION("pow of integers") {
     const auto base = ts::from_vector<std::int32_t>({2, 3, -2, 2000, 1, -1, 0, 5}, {8});
     check_equal(as_doubles(ts::eval(ts::pow(base, 2))), {4, 9, 4, 4000000, 1, 1, 0, 25});
-    check_equal(as_doubles(ts::eval(ts::pow(base, 3))), {8, 27, -8, 8000000000.0 - 4294967296.0 * 2, 1, -1, 0, 125});
+    check_equal(as_doubles(ts::eval(ts::pow(base, 3))),
+                {8, 27, -8, 8000000000.0 - 4294967296.0 * 2, 1, -1, 0, 125});
     const auto exponent = ts::from_vector<std::int32_t>({10, 0, 5, 1, -3, -3, 0, -1}, {8});
     // Negative exponents: 0 except for bases 1 and -1 (PyTorch's integer pow).
     check_equal(as_doubles(ts::eval(ts::pow(base, exponent))), {1024, 1, -32, 2000, 1, -1, 1, 0});
@@ -205,13 +207,18 @@ TEST_CASE("integer semantics", "[expr][dtype]") {
   }
 }
 
-TEST_CASE("NaN propagates through maximum, minimum and relu; comparisons are false", "[expr][dtype]") {
+TEST_CASE("NaN propagates through maximum, minimum and relu; comparisons are false",
+          "[expr][dtype]") {
   const auto x = ts::from_vector<float>({NAN, 1.0f, NAN, -2.0f, 0.0f}, {5});
   const auto y = ts::from_vector<float>({1.0f, NAN, NAN, 3.0f, -0.0f}, {5});
-  check_equal(as_doubles(ts::eval(ts::maximum(x, y))), {not_a_number, not_a_number, not_a_number, 3.0, 0.0});
-  check_equal(as_doubles(ts::eval(ts::minimum(x, y))), {not_a_number, not_a_number, not_a_number, -2.0, 0.0});
-  check_equal(as_doubles(ts::eval(ts::maximum(x, 0.5))), {not_a_number, 1.0, not_a_number, 0.5, 0.5});
-  check_equal(as_doubles(ts::eval(ts::minimum(0.5, y))), {0.5, not_a_number, not_a_number, 0.5, -0.0});
+  check_equal(as_doubles(ts::eval(ts::maximum(x, y))),
+              {not_a_number, not_a_number, not_a_number, 3.0, 0.0});
+  check_equal(as_doubles(ts::eval(ts::minimum(x, y))),
+              {not_a_number, not_a_number, not_a_number, -2.0, 0.0});
+  check_equal(as_doubles(ts::eval(ts::maximum(x, 0.5))),
+              {not_a_number, 1.0, not_a_number, 0.5, 0.5});
+  check_equal(as_doubles(ts::eval(ts::minimum(0.5, y))),
+              {0.5, not_a_number, not_a_number, 0.5, -0.0});
   check_equal(as_doubles(ts::eval(ts::relu(x))), {not_a_number, 1.0, not_a_number, 0.0, 0.0});
   check_equal(as_doubles(ts::eval(x < y)), {0, 0, 0, 1, 0});
   check_equal(as_doubles(ts::eval(x >= y)), {0, 0, 0, 0, 1});
@@ -225,15 +232,18 @@ TEST_CASE("NaN propagates through maximum, minimum and relu; comparisons are fal
   check_equal(as_doubles(ts::eval(ts::where(x != x, 0, x))), {0, 1.0, 0, -2.0, 0.0});
   // Half computes in float: NaN survives the round trip.
   const auto h = x.to<ts::half>();
-  check_equal(as_doubles(ts::eval(ts::maximum(h, ts::half(0.0f)))), {not_a_number, 1.0, not_a_number, 0.0, 0.0});
+  check_equal(as_doubles(ts::eval(ts::maximum(h, ts::half(0.0f)))),
+              {not_a_number, 1.0, not_a_number, 0.0, 0.0});
   check_equal(as_doubles(ts::eval(ts::relu(h))), {not_a_number, 1.0, not_a_number, 0.0, 0.0});
   // Domain edges of the functions give IEEE results.
   const auto edge = ts::from_vector<double>({-1.0, 0.0, INFINITY, -INFINITY}, {4});
-  check_equal(as_doubles(ts::eval(ts::log(edge))), {not_a_number, -infinity, infinity, not_a_number});
+  check_equal(as_doubles(ts::eval(ts::log(edge))),
+              {not_a_number, -infinity, infinity, not_a_number});
   check_equal(as_doubles(ts::eval(ts::sqrt(edge))), {not_a_number, 0.0, infinity, not_a_number});
   check_equal(as_doubles(ts::eval(ts::rsqrt(edge))), {not_a_number, infinity, 0.0, not_a_number});
   check_equal(as_doubles(ts::eval(ts::exp(edge))), {std::exp(-1.0), 1.0, infinity, 0.0});
-  check_equal(as_doubles(ts::eval(ts::sigmoid(edge))), {1.0 / (1.0 + std::exp(1.0)), 0.5, 1.0, 0.0});
+  check_equal(as_doubles(ts::eval(ts::sigmoid(edge))),
+              {1.0 / (1.0 + std::exp(1.0)), 0.5, 1.0, 0.0});
   check_equal(as_doubles(ts::eval(ts::tanh(edge))), {std::tanh(-1.0), 0.0, 1.0, -1.0});
   check_equal(as_doubles(ts::eval(1.0 / edge)), {-1.0, infinity, 0.0, -0.0});
 }
@@ -249,16 +259,13 @@ TEST_CASE("where selects with broadcasting, expression conditions and scalar bra
                 return vc.at(s, i) != 0 ? va.at(s, i) : vb.at(s, i);
               }));
   // A comparison as the condition: where(a > b, a, b) is the maximum.
-  check_equal(as_doubles(ts::eval(ts::where(a > b, a, b))), tabulate({1, 4}, [&](std::int64_t i) {
-                return std::max(va.data[i], vb.data[i]);
-              }));
+  check_equal(as_doubles(ts::eval(ts::where(a > b, a, b))),
+              tabulate({1, 4}, [&](std::int64_t i) { return std::max(va.data[i], vb.data[i]); }));
   // Scalar branches on either side, and both.
-  check_equal(as_doubles(ts::eval(ts::where(c, a, 0))), tabulate(s, [&](std::int64_t i) {
-                return vc.at(s, i) != 0 ? va.at(s, i) : 0.0;
-              }));
-  check_equal(as_doubles(ts::eval(ts::where(c, -0.5, b))), tabulate(s, [&](std::int64_t i) {
-                return vc.at(s, i) != 0 ? -0.5 : vb.at(s, i);
-              }));
+  check_equal(as_doubles(ts::eval(ts::where(c, a, 0))),
+              tabulate(s, [&](std::int64_t i) { return vc.at(s, i) != 0 ? va.at(s, i) : 0.0; }));
+  check_equal(as_doubles(ts::eval(ts::where(c, -0.5, b))),
+              tabulate(s, [&](std::int64_t i) { return vc.at(s, i) != 0 ? -0.5 : vb.at(s, i); }));
   check_equal(as_doubles(ts::eval(ts::where(c, 1.0, 0.0))), {1, 0, 1});
   check_equal(as_doubles(ts::eval(ts::where(a < 0, -1, 1))),
               tabulate({1, 4}, [&](std::int64_t i) { return va.data[i] < 0 ? -1.0 : 1.0; }));
@@ -273,9 +280,18 @@ TEST_CASE("where selects with broadcasting, expression conditions and scalar bra
 TEST_CASE("cast rounds as the element types do", "[expr][dtype]") {
   // Ties at 1 + 2^-11 and 1 + 3 * 2^-11 (round to even), the largest half, its overflow
   // threshold, a subnormal, negative values and random floats.
-  std::vector<float> host = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65504.0f, 65519.0f, 65520.0f,
-                             1e-6f,           3e-8f,               -2.5f,    0.1f,     -0.0f};
-  for (double v : expr_test::numbers(200, 101, -70000.0, 70000.0)) host.push_back(static_cast<float>(v));
+  std::vector<float> host = {1.0f + 0x1p-11f,
+                             1.0f + 3 * 0x1p-11f,
+                             65504.0f,
+                             65519.0f,
+                             65520.0f,
+                             1e-6f,
+                             3e-8f,
+                             -2.5f,
+                             0.1f,
+                             -0.0f};
+  for (double v : expr_test::numbers(200, 101, -70000.0, 70000.0))
+    host.push_back(static_cast<float>(v));
   for (double v : expr_test::numbers(200, 102, -1.0, 1.0)) host.push_back(static_cast<float>(v));
   const auto x = ts::from_vector<float>(host, {static_cast<std::int64_t>(host.size())});
   {
@@ -310,9 +326,11 @@ TEST_CASE("cast rounds as the element types do", "[expr][dtype]") {
   }
   const auto f = ts::from_vector<float>({-2.7f, -0.5f, 0.5f, 2.7f, 0.0f}, {5});
   check_equal(as_doubles(ts::eval(ts::cast<std::int32_t>(f))), {-2, 0, 0, 2, 0});  // truncation
-  check_equal(as_doubles(ts::eval(ts::cast<bool>(ts::from_vector<float>({0.0f, -0.0f, 0.1f, NAN}, {4})))),
-              {0, 0, 1, 1});
-  check_equal(as_doubles(ts::eval(ts::cast<std::uint8_t>(ts::from_vector<std::int32_t>({300, -1, 7}, {3})))),
+  check_equal(
+      as_doubles(ts::eval(ts::cast<bool>(ts::from_vector<float>({0.0f, -0.0f, 0.1f, NAN}, {4})))),
+      {0, 0, 1, 1});
+  check_equal(as_doubles(ts::eval(
+                  ts::cast<std::uint8_t>(ts::from_vector<std::int32_t>({300, -1, 7}, {3})))),
               {44, 255, 7});
   const auto d = ts::from_vector<double>({0.1, 1e30}, {2});
   check_equal(as_doubles(ts::eval(ts::cast<float>(d))), {double(0.1f), double(1e30f)});

@@ -28,7 +28,8 @@ TEST_CASE("half and bfloat16 operands within tolerance", "[expr][half]") {
     check_all_binary(a, b, p, {3, 4});
     check_all_unary(sample<ts::half>({4, 4}, 23, -4.0, 4.0));
     const auto f = sample<float>({3, 1}, 74);
-    expect_binary(ts::eval(a + f), a, f, {3, 4}, [](double x, double y) { return x + y; }, 1e-6);
+    expect_binary(
+        ts::eval(a + f), a, f, {3, 4}, [](double x, double y) { return x + y; }, 1e-6);
     // A fused statement computes in float and rounds once when stored: 2048 + 1 + 1 is 2050,
     // where rounding after each operation (eager PyTorch) would give 2048.
     const auto big = ts::full<ts::half>({1}, ts::half(2048.0f));
@@ -52,15 +53,14 @@ TEST_CASE("half storage at sizes that are not multiples of a vector width", "[ex
     const auto c = sample<float>({n, 2}, 162 + n).select(1, 0);  // stride 2
     const values va(a), vb(b), vc(c);
     ts::Tensor<ts::half> y = a * 2 - ts::tanh(a);
-    check_close(values(y).data, tabulate({n}, [&](std::int64_t i) {
-                  return va.data[i] * 2 - std::tanh(va.data[i]);
-                }),
-                1e-3, 1e-4);
+    check_close(
+        values(y).data,
+        tabulate({n}, [&](std::int64_t i) { return va.data[i] * 2 - std::tanh(va.data[i]); }), 1e-3,
+        1e-4);
     auto z = ts::eval(a * b + c);  // half with bfloat16 computes in float
     static_assert(std::is_same_v<decltype(z), ts::Tensor<float>>);
-    check_close(values(z).data, tabulate({n}, [&](std::int64_t i) {
-                  return va.data[i] * vb.data[i] + vc.data[i];
-                }),
+    check_close(values(z).data,
+                tabulate({n}, [&](std::int64_t i) { return va.data[i] * vb.data[i] + vc.data[i]; }),
                 1e-6, 1e-6);
   }
 }

@@ -40,8 +40,8 @@ struct values {
   template <class T, class K>
   explicit values(const ts::Tensor<T, K>& tensor) : shape(tensor.shape()) {
     const auto count = static_cast<std::int64_t>(tensor.storage().bytes() / sizeof(T));
-    const auto storage = ts::Tensor<T, K>(tensor.storage(), ts::Shape{count}, ts::Strides{1}, 0)
-                             .to_vector();
+    const auto storage =
+        ts::Tensor<T, K>(tensor.storage(), ts::Shape{count}, ts::Strides{1}, 0).to_vector();
     for (std::int64_t flat = 0; flat < shape.numel(); ++flat) {
       std::int64_t offset = tensor.storage_offset();
       for (std::int64_t d = shape.size() - 1, rest = flat; d >= 0; --d) {
@@ -82,8 +82,8 @@ inline std::vector<double> numbers(std::int64_t n, std::uint64_t seed, double lo
 
 /// A contiguous tensor of `shape` with values drawn from [lo, hi] (rounded into T).
 template <class T>
-ts::Tensor<T> sample(const ts::Shape& shape, std::uint64_t seed, double lo = -3.0,
-                     double hi = 3.0, int device = -1) {
+ts::Tensor<T> sample(const ts::Shape& shape, std::uint64_t seed, double lo = -3.0, double hi = 3.0,
+                     int device = -1) {
   std::vector<T> host;
   for (double v : numbers(shape.numel(), seed, lo, hi)) {
     if constexpr (std::is_integral_v<T>) {
@@ -191,11 +191,16 @@ struct broadcast_case {
 // dimension on either side, size-1 dimensions in both operands, 0-dim operands, leading-dim
 // broadcasting of a 2-D operand against a 4-D one.
 inline const std::vector<broadcast_case> broadcast_cases = {
-    {{2, 3}, {2, 3}, {2, 3}},          {{3, 1}, {1, 4}, {3, 4}},
-    {{4}, {2, 3, 4}, {2, 3, 4}},       {{2, 3, 4}, {4}, {2, 3, 4}},
-    {{1, 3, 1}, {2, 1, 5}, {2, 3, 5}}, {{2, 1, 1, 3}, {4, 1}, {2, 1, 4, 3}},
-    {{5, 1}, {2, 1, 1}, {2, 5, 1}},    {{}, {2, 3}, {2, 3}},
-    {{2, 3}, {}, {2, 3}},              {{1}, {3, 1}, {3, 1}},
+    {{2, 3}, {2, 3}, {2, 3}},
+    {{3, 1}, {1, 4}, {3, 4}},
+    {{4}, {2, 3, 4}, {2, 3, 4}},
+    {{2, 3, 4}, {4}, {2, 3, 4}},
+    {{1, 3, 1}, {2, 1, 5}, {2, 3, 5}},
+    {{2, 1, 1, 3}, {4, 1}, {2, 1, 4, 3}},
+    {{5, 1}, {2, 1, 1}, {2, 5, 1}},
+    {{}, {2, 3}, {2, 3}},
+    {{2, 3}, {}, {2, 3}},
+    {{1}, {3, 1}, {3, 1}},
     {{}, {}, {}},
 };
 
@@ -207,7 +212,8 @@ void expect_binary(const ts::Tensor<R>& result, const ts::Tensor<A>& a, const ts
   REQUIRE(result.shape() == out);
   const values va(a);
   const values vb(b);
-  const auto expected = tabulate(out, [&](std::int64_t i) { return ref(va.at(out, i), vb.at(out, i)); });
+  const auto expected =
+      tabulate(out, [&](std::int64_t i) { return ref(va.at(out, i), vb.at(out, i)); });
   check_close(values(result).data, expected, rel, rel * 1e-3);
 }
 

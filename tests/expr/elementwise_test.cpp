@@ -26,9 +26,9 @@ using expr_test::maximum_ref;
 using expr_test::minimum_ref;
 using expr_test::quarters;
 using expr_test::relu_ref;
-using expr_test::sigmoid_ref;
 using expr_test::sample;
 using expr_test::sample_away_from_zero;
+using expr_test::sigmoid_ref;
 using expr_test::tabulate;
 using expr_test::values;
 
@@ -44,8 +44,10 @@ TEST_CASE("binary operators and functions broadcast in every position", "[expr]"
   // The operands swapped: a quarter-valued b meets ties with a.
   const auto a = quarters<double>({3, 1}, 101);
   const auto b = quarters<double>({1, 4}, 102);
-  expect_binary(ts::eval(a == b), a, b, {3, 4}, [](double x, double y) { return double(x == y); }, 0);
-  expect_binary(ts::eval(b <= a), b, a, {3, 4}, [](double x, double y) { return double(x <= y); }, 0);
+  expect_binary(
+      ts::eval(a == b), a, b, {3, 4}, [](double x, double y) { return double(x == y); }, 0);
+  expect_binary(
+      ts::eval(b <= a), b, a, {3, 4}, [](double x, double y) { return double(x <= y); }, 0);
 }
 
 TEST_CASE("double operands compute in double", "[expr]") {
@@ -120,10 +122,12 @@ TEST_CASE("fused trees of several levels evaluate as written", "[expr]") {
     INFO("sigmoid(a * b + c) * tanh(d)");
     ts::Tensor<float> y = ts::sigmoid(a * b + c) * ts::tanh(d);
     REQUIRE(y.shape() == out);
-    check_close(values(y).data, tabulate(out, [&](std::int64_t i) {
-                  return sigmoid_ref(va.at(out, i) * vb.at(out, i) + vc.at(out, i)) *
-                         std::tanh(vd.at(out, i));
-                }),
+    check_close(values(y).data,
+                tabulate(out,
+                         [&](std::int64_t i) {
+                           return sigmoid_ref(va.at(out, i) * vb.at(out, i) + vc.at(out, i)) *
+                                  std::tanh(vd.at(out, i));
+                         }),
                 1e-5, 1e-7);
   }
   {
@@ -131,11 +135,13 @@ TEST_CASE("fused trees of several levels evaluate as written", "[expr]") {
     ts::Tensor<float> y =
         ts::where(a > b, ts::exp(-ts::abs(a)), ts::pow(b, 2) - 1) / (1 + ts::relu(c)) - d;
     REQUIRE(y.shape() == out);
-    check_close(values(y).data, tabulate(out, [&](std::int64_t i) {
-                  const double x = va.at(out, i), z = vb.at(out, i);
-                  const double branch = x > z ? std::exp(-std::fabs(x)) : z * z - 1;
-                  return branch / (1 + relu_ref(vc.at(out, i))) - vd.at(out, i);
-                }),
+    check_close(values(y).data,
+                tabulate(out,
+                         [&](std::int64_t i) {
+                           const double x = va.at(out, i), z = vb.at(out, i);
+                           const double branch = x > z ? std::exp(-std::fabs(x)) : z * z - 1;
+                           return branch / (1 + relu_ref(vc.at(out, i))) - vd.at(out, i);
+                         }),
                 1e-5, 1e-6);
   }
   {
@@ -147,22 +153,24 @@ TEST_CASE("fused trees of several levels evaluate as written", "[expr]") {
     static_assert(std::is_same_v<decltype(y), ts::Tensor<double>>);
     const ts::Shape s{3, 4};
     REQUIRE(y.shape() == s);
-    check_close(values(y).data, tabulate(s, [&](std::int64_t k) {
-                  const double x = va.at(s, k);
-                  return (vi.at(s, k) + ve.at(s, k) * x) / (std::fabs(x) + 1) +
-                         std::sqrt(std::max(vi.at(s, k), 0.0));
-                }),
+    check_close(values(y).data,
+                tabulate(s,
+                         [&](std::int64_t k) {
+                           const double x = va.at(s, k);
+                           return (vi.at(s, k) + ve.at(s, k) * x) / (std::fabs(x) + 1) +
+                                  std::sqrt(std::max(vi.at(s, k), 0.0));
+                         }),
                 1e-6, 1e-7);  // sqrt of an int computes in float32, as in PyTorch
   }
 }
 
 TEST_CASE("non-contiguous operands: transposed, narrowed, permuted, expanded", "[expr]") {
   const auto base_t = sample<float>({4, 3}, 41);
-  const auto a = base_t.t();                                   // [3, 4], strides {1, 3}
-  const auto b = sample<float>({3, 8}, 42).narrow(1, 2, 4);   // [3, 4], strides {8, 1}
+  const auto a = base_t.t();                                       // [3, 4], strides {1, 3}
+  const auto b = sample<float>({3, 8}, 42).narrow(1, 2, 4);        // [3, 4], strides {8, 1}
   const auto c = sample<float>({4, 2, 3}, 43).permute({1, 2, 0});  // [2, 3, 4]
-  const auto d = sample<float>({3, 1}, 44).expand({3, 4});    // [3, 4], strides {1, 0}
-  const auto e = sample<double>({6}, 45).narrow(0, 1, 4);     // [4], offset 1
+  const auto d = sample<float>({3, 1}, 44).expand({3, 4});         // [3, 4], strides {1, 0}
+  const auto e = sample<double>({6}, 45).narrow(0, 1, 4);          // [4], offset 1
   const auto g = sample<float>({2, 4, 6}, 46).narrow(2, 1, 3).transpose(1, 2);  // [2, 3, 4]
   REQUIRE_FALSE(a.is_contiguous());
   REQUIRE_FALSE(b.is_contiguous());
@@ -174,9 +182,8 @@ TEST_CASE("non-contiguous operands: transposed, narrowed, permuted, expanded", "
     INFO("a * b + d");
     const ts::Shape s{3, 4};
     ts::Tensor<float> y = a * b + d;
-    check_close(values(y).data, tabulate(s, [&](std::int64_t i) {
-                  return va.data[i] * vb.data[i] + vd.data[i];
-                }),
+    check_close(values(y).data,
+                tabulate(s, [&](std::int64_t i) { return va.data[i] * vb.data[i] + vd.data[i]; }),
                 1e-6, 1e-7);
   }
   {
@@ -185,19 +192,21 @@ TEST_CASE("non-contiguous operands: transposed, narrowed, permuted, expanded", "
     auto y = ts::eval(c + a - g * e);
     static_assert(std::is_same_v<decltype(y), ts::Tensor<double>>);
     REQUIRE(y.shape() == s);
-    check_close(values(y).data, tabulate(s, [&](std::int64_t i) {
-                  return vc.data[i] + va.at(s, i) - vg.data[i] * ve.at(s, i);
-                }),
-                1e-6, 1e-6);  // c + a is a float node, rounded in float
+    check_close(
+        values(y).data,
+        tabulate(
+            s, [&](std::int64_t i) { return vc.data[i] + va.at(s, i) - vg.data[i] * ve.at(s, i); }),
+        1e-6, 1e-6);  // c + a is a float node, rounded in float
   }
   {
     INFO("exp(c) / (1 + abs(d)) with a 3-D permuted and a 2-D expanded operand");
     const ts::Shape s{2, 3, 4};
     ts::Tensor<float> y = ts::exp(c) / (1 + ts::abs(d));
-    check_close(values(y).data, tabulate(s, [&](std::int64_t i) {
-                  return std::exp(vc.data[i]) / (1 + std::fabs(vd.at(s, i)));
-                }),
-                2e-6, 1e-7);
+    check_close(
+        values(y).data,
+        tabulate(
+            s, [&](std::int64_t i) { return std::exp(vc.data[i]) / (1 + std::fabs(vd.at(s, i))); }),
+        2e-6, 1e-7);
   }
   {
     INFO("a column of a matrix (stride 8) with a row (stride 1)");
@@ -208,10 +217,10 @@ TEST_CASE("non-contiguous operands: transposed, narrowed, permuted, expanded", "
     const ts::Shape s{5, 8};
     ts::Tensor<float> y = column * row - m;
     const values vm(m);
-    check_close(values(y).data, tabulate(s, [&](std::int64_t i) {
-                  return vcol.at(s, i) * vrow.at(s, i) - vm.data[i];
-                }),
-                1e-6, 1e-7);
+    check_close(
+        values(y).data,
+        tabulate(s, [&](std::int64_t i) { return vcol.at(s, i) * vrow.at(s, i) - vm.data[i]; }),
+        1e-6, 1e-7);
   }
 }
 
@@ -238,7 +247,8 @@ TEST_CASE("non-contiguous outputs: transposed, narrowed and permuted views", "[e
     const values vz(z);
     for (std::int64_t i = 0; i < 3; ++i) {
       for (std::int64_t j = 0; j < 8; ++j) {
-        const double expected = (j >= 2 && j < 6) ? 7.0f + static_cast<float>(va.data[i * 4 + j - 2]) : 7.0;
+        const double expected =
+            (j >= 2 && j < 6) ? 7.0f + static_cast<float>(va.data[i * 4 + j - 2]) : 7.0;
         CHECK(vz.data[i * 8 + j] == expected);
       }
     }
@@ -253,7 +263,8 @@ TEST_CASE("non-contiguous outputs: transposed, narrowed and permuted views", "[e
     for (std::int64_t i = 0; i < 2; ++i) {
       for (std::int64_t j = 0; j < 3; ++j) {
         for (std::int64_t k = 0; k < 4; ++k) {
-          CHECK(vw.data[k * 6 + i * 3 + j] == static_cast<float>(vc.data[i * 12 + j * 4 + k]) + 1.0f);
+          CHECK(vw.data[k * 6 + i * 3 + j] ==
+                static_cast<float>(vc.data[i * 12 + j * 4 + k]) + 1.0f);
         }
       }
     }

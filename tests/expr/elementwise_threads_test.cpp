@@ -67,17 +67,23 @@ TEST_CASE("1, 2 and 3 threads give identical results", "[expr][threads]") {
     CHECK(same_bits(o, o1));
   }
   // And the results are right, not merely equal.
-  check_close(values(s1).data, tabulate(s, [&](std::int64_t i) {
-                const double x = va.data[i], z = vc.data[i];
-                return x * vb.at(s, i) + std::exp(-std::fabs(z)) / (1 + std::max(vh.at(s, i), 0.0));
-              }),
+  check_close(values(s1).data,
+              tabulate(s,
+                       [&](std::int64_t i) {
+                         const double x = va.data[i], z = vc.data[i];
+                         return x * vb.at(s, i) +
+                                std::exp(-std::fabs(z)) / (1 + std::max(vh.at(s, i), 0.0));
+                       }),
               1e-5, 1e-6);
   const values vo(o1);
-  check_close(vo.data, tabulate({cols, rows}, [&](std::int64_t k) {
-                const std::int64_t j = k / rows, i = k % rows;  // out[j][i] = value at (i, j)
-                const double x = va.data[i * cols + j], z = vc.data[i * cols + j];
-                return static_cast<float>(x > z ? x : z) + vb.data[j];
-              }),
+  check_close(vo.data,
+              tabulate({cols, rows},
+                       [&](std::int64_t k) {
+                         const std::int64_t j = k / rows,
+                                            i = k % rows;  // out[j][i] = value at (i, j)
+                         const double x = va.data[i * cols + j], z = vc.data[i * cols + j];
+                         return static_cast<float>(x > z ? x : z) + vb.data[j];
+                       }),
               1e-6, 1e-6);
 }
 
@@ -102,8 +108,9 @@ TEST_CASE("statements on the two virtual devices run concurrently", "[expr][thre
   CHECK(ts::profiler::kernel_launches() - launches >= 20);
   for (int device = 0; device < 2; ++device) {
     INFO("cpu:" << device);
-    check_close(results[static_cast<std::size_t>(device)],
-                tabulate({n}, [&](std::int64_t i) { return 10.0 * (device + 1) * static_cast<double>(i); }),
-                1e-6);
+    check_close(
+        results[static_cast<std::size_t>(device)],
+        tabulate({n}, [&](std::int64_t i) { return 10.0 * (device + 1) * static_cast<double>(i); }),
+        1e-6);
   }
 }

@@ -194,12 +194,18 @@ class generator {
   template <class A, class B>
   static value compare(int which, const A& a, const B& b, bool permuted) {
     switch (which) {
-      case 0: return materialize(a < b, permuted);
-      case 1: return materialize(a <= b, permuted);
-      case 2: return materialize(a > b, permuted);
-      case 3: return materialize(a >= b, permuted);
-      case 4: return materialize(a == b, permuted);
-      default: return materialize(a != b, permuted);
+      case 0:
+        return materialize(a < b, permuted);
+      case 1:
+        return materialize(a <= b, permuted);
+      case 2:
+        return materialize(a > b, permuted);
+      case 3:
+        return materialize(a >= b, permuted);
+      case 4:
+        return materialize(a == b, permuted);
+      default:
+        return materialize(a != b, permuted);
     }
   }
 
@@ -236,19 +242,33 @@ class generator {
                   bound};
     };
     switch (pick(13)) {
-      case 0: return make("neg", b, [](const auto& a) { return -a; });
-      case 1: return make("abs", b, [](const auto& a) { return ts::abs(a); });
-      case 2: return make("relu", b, [](const auto& a) { return ts::relu(a); });
-      case 3: return make("exp", 20.1, [](const auto& a) { return ts::exp(ts::minimum(a, 3.0)); });
-      case 4: return make("log", std::log(b + 1), [](const auto& a) { return ts::log(ts::abs(a) + 1); });
-      case 5: return make("sqrt", std::sqrt(b + 1), [](const auto& a) { return ts::sqrt(ts::abs(a) + 1); });
-      case 6: return make("rsqrt", 1.0, [](const auto& a) { return ts::rsqrt(ts::abs(a) + 1); });
-      case 7: return make("sin", 1.0, [](const auto& a) { return ts::sin(a); });
-      case 8: return make("cos", 1.0, [](const auto& a) { return ts::cos(a); });
-      case 9: return make("tanh", 1.0, [](const auto& a) { return ts::tanh(a); });
-      case 10: return make("sigmoid", 1.0, [](const auto& a) { return ts::sigmoid(a); });
-      case 11: return make("castf", b, [](const auto& a) { return ts::cast<float>(a); });
-      default: return make("castd", b, [](const auto& a) { return ts::cast<double>(a); });
+      case 0:
+        return make("neg", b, [](const auto& a) { return -a; });
+      case 1:
+        return make("abs", b, [](const auto& a) { return ts::abs(a); });
+      case 2:
+        return make("relu", b, [](const auto& a) { return ts::relu(a); });
+      case 3:
+        return make("exp", 20.1, [](const auto& a) { return ts::exp(ts::minimum(a, 3.0)); });
+      case 4:
+        return make("log", std::log(b + 1), [](const auto& a) { return ts::log(ts::abs(a) + 1); });
+      case 5:
+        return make("sqrt", std::sqrt(b + 1),
+                    [](const auto& a) { return ts::sqrt(ts::abs(a) + 1); });
+      case 6:
+        return make("rsqrt", 1.0, [](const auto& a) { return ts::rsqrt(ts::abs(a) + 1); });
+      case 7:
+        return make("sin", 1.0, [](const auto& a) { return ts::sin(a); });
+      case 8:
+        return make("cos", 1.0, [](const auto& a) { return ts::cos(a); });
+      case 9:
+        return make("tanh", 1.0, [](const auto& a) { return ts::tanh(a); });
+      case 10:
+        return make("sigmoid", 1.0, [](const auto& a) { return ts::sigmoid(a); });
+      case 11:
+        return make("castf", b, [](const auto& a) { return ts::cast<float>(a); });
+      default:
+        return make("castd", b, [](const auto& a) { return ts::cast<double>(a); });
     }
   }
 
@@ -267,11 +287,18 @@ class generator {
     if (which <= 1 && bx + by > magnitude_limit) which = 3;
     if (which == 5 && !y.is_tensor() && bx / by > magnitude_limit) which = 3;
     switch (which) {
-      case 0: return make("add", bx + by, [](const auto& a, const auto& b) { return a + b; });
-      case 1: return make("sub", bx + by, [](const auto& a, const auto& b) { return a - b; });
-      case 2: return make("mul", bx * by, [](const auto& a, const auto& b) { return a * b; });
-      case 3: return make("max", std::max(bx, by), [](const auto& a, const auto& b) { return ts::maximum(a, b); });
-      case 4: return make("min", std::max(bx, by), [](const auto& a, const auto& b) { return ts::minimum(a, b); });
+      case 0:
+        return make("add", bx + by, [](const auto& a, const auto& b) { return a + b; });
+      case 1:
+        return make("sub", bx + by, [](const auto& a, const auto& b) { return a - b; });
+      case 2:
+        return make("mul", bx * by, [](const auto& a, const auto& b) { return a * b; });
+      case 3:
+        return make("max", std::max(bx, by),
+                    [](const auto& a, const auto& b) { return ts::maximum(a, b); });
+      case 4:
+        return make("min", std::max(bx, by),
+                    [](const auto& a, const auto& b) { return ts::minimum(a, b); });
       default:
         // Denominators stay >= 1 (a tensor d becomes abs(d) + 1; scalars are never 0).
         return make("div", y.is_tensor() ? bx : bx / by, [](const auto& a, const auto& b) {
@@ -355,20 +382,20 @@ std::vector<node> make_leaves() {
   std::vector<node> leaves;
   int id = 0;
   auto add = [&](const auto& tensor) { leaves.push_back(leaf(id++, tensor)); };
-  add(filled<float>({3, 4, 5}, 1));                                   // contiguous
-  add(filled<float>({5, 4}, 2).t());                                  // [4, 5] transposed
-  add(filled<double>({9}, 3).narrow(0, 2, 5));                        // [5] narrowed
-  add(filled<double>({5, 3, 4}, 4).permute({1, 2, 0}));               // [3, 4, 5] permuted
-  add(filled<std::int32_t>({3, 1, 5}, 5));                            // size-1 middle dimension
-  add(filled<std::int32_t>({4, 8}, 6).narrow(1, 2, 5));               // [4, 5] narrowed
-  add(filled<float>({4, 1}, 7));                                      // [4, 1]
-  add(filled<float>({1, 4, 1}, 8).expand({3, 4, 5}));                 // expanded, stride 0
-  add(filled<double>({}, 9));                                         // 0-dim
-  add(filled<std::int32_t>({1, 4, 1}, 10));                           // [1, 4, 1]
-  add(filled<float>({5, 4, 3}, 11).transpose(0, 2));                  // [3, 4, 5] reversed
-  add(filled<std::int32_t>({3, 5, 4}, 12).transpose(1, 2));           // [3, 4, 5]
-  add(filled<double>({3, 4, 5}, 13));                                 // contiguous double
-  add(filled<float>({1}, 14));                                        // [1]
+  add(filled<float>({3, 4, 5}, 1));                          // contiguous
+  add(filled<float>({5, 4}, 2).t());                         // [4, 5] transposed
+  add(filled<double>({9}, 3).narrow(0, 2, 5));               // [5] narrowed
+  add(filled<double>({5, 3, 4}, 4).permute({1, 2, 0}));      // [3, 4, 5] permuted
+  add(filled<std::int32_t>({3, 1, 5}, 5));                   // size-1 middle dimension
+  add(filled<std::int32_t>({4, 8}, 6).narrow(1, 2, 5));      // [4, 5] narrowed
+  add(filled<float>({4, 1}, 7));                             // [4, 1]
+  add(filled<float>({1, 4, 1}, 8).expand({3, 4, 5}));        // expanded, stride 0
+  add(filled<double>({}, 9));                                // 0-dim
+  add(filled<std::int32_t>({1, 4, 1}, 10));                  // [1, 4, 1]
+  add(filled<float>({5, 4, 3}, 11).transpose(0, 2));         // [3, 4, 5] reversed
+  add(filled<std::int32_t>({3, 5, 4}, 12).transpose(1, 2));  // [3, 4, 5]
+  add(filled<double>({3, 4, 5}, 13));                        // contiguous double
+  add(filled<float>({1}, 14));                               // [1]
   return leaves;
 }
 
@@ -488,9 +515,8 @@ TEST_CASE("random expression trees agree with numpy", "[expr][oracle]") {
     }
   }
 
-  const std::string command = std::string(TESSERA_ORACLE_PYTHON) + " \"" +
-                              TESSERA_ORACLE_SCRIPTS + "/expr_numpy.py\" \"" + directory.string() +
-                              "\"";
+  const std::string command = std::string(TESSERA_ORACLE_PYTHON) + " \"" + TESSERA_ORACLE_SCRIPTS +
+                              "/expr_numpy.py\" \"" + directory.string() + "\"";
   INFO("oracle: " << command);
   const int status = std::system(command.c_str());
   REQUIRE(status == 0);  // fails without python3 or numpy: the oracle is required
