@@ -145,8 +145,10 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
 
 // ---- rows: one output (or one softmax row) per position of the kept dimensions -------------------
 
-/// Pairwise combination of one thread's blocks of values (the device twin of cpu::cascade).
-template <class Op>
+/// Pairwise combination of one thread's blocks of values (the device twin of cpu::cascade). An
+/// exact operator (max, min, argmax, integer sums) has nothing to round, so it keeps one
+/// accumulator instead of the levels (less local memory per thread).
+template <class Op, bool Exact = Op::exact>
 struct device_cascade {
   using acc_type = typename Op::acc_type;
   static constexpr int levels = 40;  // 2^40 blocks: more than any row
@@ -166,6 +168,14 @@ struct device_cascade {
     }
     return total;
   }
+};
+
+template <class Op>
+struct device_cascade<Op, true> {
+  using acc_type = typename Op::acc_type;
+  acc_type total = Op::identity();
+  __device__ void push(acc_type block) { total = Op::merge(total, block); }
+  __device__ acc_type result() const { return total; }
 };
 
 /// Values a thread folds before its block joins its cascade.
@@ -237,7 +247,7 @@ __global__ void __launch_bounds__(threads_per_block)
     acc_type block = Op::identity();
     int filled = 0;
     for (std::int64_t r = threadIdx.x; r < extent; r += blockDim.x) {
-      block = Op::merge(block, Op::lift(rows.template get<V>(placed, o, r), r));
+      block = Op::step(block, Op::lift(rows.template get<V>(placed, o, r), r));
       if (++filled == thread_block_values) {
         sums.push(block);
         block = Op::identity();
@@ -267,7 +277,7 @@ __global__ void __launch_bounds__(threads_per_block)
       acc_type block = Op::identity();
       const std::int64_t last = first + thread_block_values < extent ? first + thread_block_values : extent;
       for (std::int64_t r = first; r < last; ++r) {
-        block = Op::merge(block, Op::lift(rows.template get<V>(placed, o, r), r));
+        block = Op::step(block, Op::lift(rows.template get<V>(placed, o, r), r));
       }
       sums.push(block);
     }
