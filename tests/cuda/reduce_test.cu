@@ -24,8 +24,8 @@ constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 constexpr double inf = std::numeric_limits<double>::infinity();
 
 template <class T>
-constexpr bool is_float_v = std::is_floating_point_v<T> || std::is_same_v<T, ts::half> ||
-                            std::is_same_v<T, ts::bfloat16>;
+constexpr bool is_float_v =
+    std::is_floating_point_v<T> || std::is_same_v<T, ts::half> || std::is_same_v<T, ts::bfloat16>;
 
 template <class T>
 double to_double(T value) {
@@ -91,9 +91,9 @@ expected reference(const std::vector<double>& x, const ts::Shape& shape, int dim
         const double v = x[static_cast<std::size_t>((o * extent + r) * inner + i)];
         sum += v;
         magnitude += std::abs(v);
-        const bool better = best_at < 0 ||
-                            (!std::isnan(best) &&
-                             (std::isnan(v) || (k == kind::min ? v < best : v > best)));
+        const bool better =
+            best_at < 0 ||
+            (!std::isnan(best) && (std::isnan(v) || (k == kind::min ? v < best : v > best)));
         if (better) {
           best = v;
           best_at = r;
@@ -123,14 +123,16 @@ void check_close(const ts::Tensor<Out, ts::cuda>& got, const expected& want, con
   INFO(what);
   REQUIRE(got.shape() == want.shape);
   const auto values = values_of(got);
-  const double accumulate = std::is_same_v<In, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  const double accumulate =
+      std::is_same_v<In, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
   for (std::size_t i = 0; i < values.size(); ++i) {
     INFO("element " << i << ": got " << values[i] << ", want " << want.values[i]);
     if (std::isnan(want.values[i])) {
       CHECK(std::isnan(values[i]));
     } else {
       CHECK(std::abs(values[i] - want.values[i]) <=
-            2 * unit_roundoff<Out>() * std::abs(want.values[i]) + 64 * accumulate * want.magnitude[i]);
+            2 * unit_roundoff<Out>() * std::abs(want.values[i]) +
+                64 * accumulate * want.magnitude[i]);
     }
   }
 }
@@ -197,7 +199,9 @@ std::vector<double> softmax_reference(const std::vector<double>& x, const ts::Sh
   std::vector<double> out(x.size());
   for (std::int64_t o = 0; o < outer; ++o) {
     for (std::int64_t i = 0; i < inner; ++i) {
-      auto at = [&](std::int64_t r) { return static_cast<std::size_t>((o * extent + r) * inner + i); };
+      auto at = [&](std::int64_t r) {
+        return static_cast<std::size_t>((o * extent + r) * inner + i);
+      };
       double m = -inf, s = 0;
       for (std::int64_t r = 0; r < extent; ++r) m = std::max(m, x[at(r)]);
       for (std::int64_t r = 0; r < extent; ++r) s += std::exp(x[at(r)] - m);
@@ -210,11 +214,13 @@ std::vector<double> softmax_reference(const std::vector<double>& x, const ts::Sh
 }
 
 template <class X>
-void check_softmax_every_dim(const X& x, const std::vector<double>& values, const ts::Shape& shape) {
+void check_softmax_every_dim(const X& x, const std::vector<double>& values,
+                             const ts::Shape& shape) {
   for (int dim = 0; dim < shape.size(); ++dim) {
     for (const bool log : {false, true}) {
       INFO("shape " << shape << ", dim " << dim << ", log " << log);
-      const auto got = values_of(log ? ts::log_softmax(x, dim - shape.size()) : ts::softmax(x, dim));
+      const auto got =
+          values_of(log ? ts::log_softmax(x, dim - shape.size()) : ts::softmax(x, dim));
       const auto want = softmax_reference(values, shape, dim, log);
       for (std::size_t i = 0; i < got.size(); ++i) {
         INFO("element " << i << ": got " << got[i] << ", want " << want[i]);
@@ -252,7 +258,8 @@ TEST_CASE("cuda reductions of views and expressions", "[cuda][reduce]") {
   }
   check_all_reductions<float>(a * b, product, {6, 5});
   check_all_reductions<float>(a + row, plus_row, {6, 5});
-  CHECK(ts::sum(a > 0.0f).item() == static_cast<std::int64_t>(std::count_if(va.begin(), va.end(), [](double v) { return v > 0; })));
+  CHECK(ts::sum(a > 0.0f).item() == static_cast<std::int64_t>(std::count_if(
+                                        va.begin(), va.end(), [](double v) { return v > 0; })));
 }
 
 TEST_CASE("cuda reductions of long and short rows", "[cuda][reduce]") {
@@ -277,7 +284,8 @@ TEST_CASE("cuda float sums are accurate over 2^24 elements", "[cuda][reduce][acc
   CHECK(relative(ts::sum(x * 1.0f).item(), exact) < 1e-5);
   CHECK(relative(ts::sum(x.view({4096, 4096}).t()).item(), exact) < 1e-5);
   for (float v : ts::sum(x.view({2, n / 2}), 1).to_vector()) CHECK(relative(v, exact / 2) < 1e-5);
-  for (float v : ts::sum(x.view({n / 64, 64}), 0).to_vector()) CHECK(relative(v, exact / 64) < 1e-5);
+  for (float v : ts::sum(x.view({n / 64, 64}), 0).to_vector())
+    CHECK(relative(v, exact / 64) < 1e-5);
 }
 
 TEST_CASE("cuda max propagates NaN; argmax takes the first NaN or the first of ties",
@@ -313,14 +321,16 @@ TEST_CASE("cuda empty and 0-dim inputs", "[cuda][reduce]") {
 
 TEST_CASE("cuda softmax and log_softmax", "[cuda][softmax]") {
   std::mt19937 rng(17);
-  for (const ts::Shape& shape : std::vector<ts::Shape>{{7}, {5, 6}, {3, 4, 5}, {300, 270}, {3, 5000}}) {
+  for (const ts::Shape& shape :
+       std::vector<ts::Shape>{{7}, {5, 6}, {3, 4, 5}, {300, 270}, {3, 5000}}) {
     auto x = random_tensor<float>(shape, rng);
     check_softmax_every_dim(x, values_of(x), shape);
     auto t = x.transpose(0, shape.size() - 1);
     check_softmax_every_dim(t, values_of(t), t.shape());
   }
-  auto large = ts::from_vector<float>({1000, 1001, 1002, 0, -std::numeric_limits<float>::infinity(), 1},
-                                      {2, 3}).cuda();
+  auto large = ts::from_vector<float>(
+                   {1000, 1001, 1002, 0, -std::numeric_limits<float>::infinity(), 1}, {2, 3})
+                   .cuda();
   const auto p = ts::softmax(large, 1).to_vector();
   CHECK(std::abs(p[2] - 0.66524096f) < 1e-6f);
   CHECK(p[4] == 0.0f);

@@ -25,8 +25,8 @@ constexpr double nan = std::numeric_limits<double>::quiet_NaN();
 constexpr double inf = std::numeric_limits<double>::infinity();
 
 template <class T>
-constexpr bool is_float_v = std::is_floating_point_v<T> || std::is_same_v<T, ts::half> ||
-                            std::is_same_v<T, ts::bfloat16>;
+constexpr bool is_float_v =
+    std::is_floating_point_v<T> || std::is_same_v<T, ts::half> || std::is_same_v<T, ts::bfloat16>;
 
 template <class T>
 double to_double(T value) {
@@ -109,12 +109,20 @@ expected reference(const std::vector<double>& x, const ts::Shape& shape, int dim
       }
       double value = 0;
       switch (k) {
-        case kind::sum: value = sum; break;
-        case kind::mean: value = extent == 0 ? nan : sum / static_cast<double>(extent); break;
+        case kind::sum:
+          value = sum;
+          break;
+        case kind::mean:
+          value = extent == 0 ? nan : sum / static_cast<double>(extent);
+          break;
         case kind::max:
-        case kind::min: value = best; break;
+        case kind::min:
+          value = best;
+          break;
         case kind::argmax:
-        case kind::argmin: value = static_cast<double>(best_at); break;
+        case kind::argmin:
+          value = static_cast<double>(best_at);
+          break;
       }
       e.values.push_back(value);
       e.magnitude.push_back(magnitude);
@@ -139,7 +147,8 @@ void check_sums(const ts::Tensor<Out>& got, const expected& want, const char* wh
   INFO(what);
   REQUIRE(got.shape() == want.shape);
   const auto values = values_of(got);
-  const double accumulate = std::is_same_v<In, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
+  const double accumulate =
+      std::is_same_v<In, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
   for (std::size_t i = 0; i < values.size(); ++i) {
     INFO("element " << i << ": got " << values[i] << ", want " << want.values[i]);
     if (std::isnan(want.values[i])) {
@@ -189,13 +198,13 @@ void check_all_reductions(const X& x, const std::vector<double>& values, const t
       for (const bool keepdim : {false, true}) {
         INFO("shape " << shape << ", dim " << spelled << ", keepdim " << keepdim);
         if constexpr (is_float_v<T>) {
-          check_sums<T>(ts::sum(x, spelled, keepdim), reference(values, shape, dim, kind::sum, keepdim),
-                        "sum");
+          check_sums<T>(ts::sum(x, spelled, keepdim),
+                        reference(values, shape, dim, kind::sum, keepdim), "sum");
           check_sums<T>(ts::mean(x, spelled, keepdim),
                         reference(values, shape, dim, kind::mean, keepdim), "mean");
         } else {
-          check_exact(ts::sum(x, spelled, keepdim), reference(values, shape, dim, kind::sum, keepdim),
-                      "sum");
+          check_exact(ts::sum(x, spelled, keepdim),
+                      reference(values, shape, dim, kind::sum, keepdim), "sum");
         }
         check_exact(ts::max(x, spelled, keepdim), reference(values, shape, dim, kind::max, keepdim),
                     "max");
@@ -264,9 +273,14 @@ TEST_CASE("non-contiguous inputs: transposed, permuted, narrowed, expanded", "[r
   std::mt19937 rng(11);
   auto base = random_tensor<float>({4, 5, 6}, rng);
   const std::vector<ts::Tensor<float>> views = {
-      base.transpose(0, 2), base.permute({1, 2, 0}), base.narrow(1, 1, 3), base.narrow(2, 2, 3),
-      base.transpose(0, 1).narrow(0, 1, 4), base.select(1, 2).t(),
-      random_tensor<float>({1, 6}, rng).expand({5, 6}), random_tensor<float>({5, 1, 3}, rng).expand({5, 4, 3})};
+      base.transpose(0, 2),
+      base.permute({1, 2, 0}),
+      base.narrow(1, 1, 3),
+      base.narrow(2, 2, 3),
+      base.transpose(0, 1).narrow(0, 1, 4),
+      base.select(1, 2).t(),
+      random_tensor<float>({1, 6}, rng).expand({5, 6}),
+      random_tensor<float>({5, 1, 3}, rng).expand({5, 4, 3})};
   for (const auto& v : views) {
     INFO("shape " << v.shape() << ", strides " << v.strides());
     REQUIRE_FALSE(v.is_contiguous());
@@ -304,12 +318,16 @@ TEST_CASE("lazy and broadcasting expressions are reduced without a temporary", "
   check_all_reductions<float>(a + row, plus_row, shape);
   check_all_reductions<float>(column * row, outer, shape);  // both operands broadcast
   check_all_reductions<float>(ts::exp(a) * 2.0f - b, mixed, shape);
-  check_all_reductions<float>(a.t() * b.t(), [&] {
-    std::vector<double> t(30);
-    for (int i = 0; i < 6; ++i)
-      for (int j = 0; j < 5; ++j) t[static_cast<std::size_t>(j * 6 + i)] = product[static_cast<std::size_t>(i * 5 + j)];
-    return t;
-  }(), ts::Shape{5, 6});
+  check_all_reductions<float>(
+      a.t() * b.t(),
+      [&] {
+        std::vector<double> t(30);
+        for (int i = 0; i < 6; ++i)
+          for (int j = 0; j < 5; ++j)
+            t[static_cast<std::size_t>(j * 6 + i)] = product[static_cast<std::size_t>(i * 5 + j)];
+        return t;
+      }(),
+      ts::Shape{5, 6});
 
   // Comparisons count; integer expressions sum in int64; mixed dtypes promote first.
   std::vector<double> positive;
@@ -336,7 +354,8 @@ TEST_CASE("the value reduced is the expression's value in its dtype", "[reduce]"
 
 TEST_CASE("larger inputs cross blocks, tiles and threads", "[reduce][threads]") {
   std::mt19937 rng(17);
-  const std::vector<ts::Shape> shapes = {{70000}, {3, 5000}, {5000, 3}, {300, 270}, {40, 3, 900}, {2, 70000}};
+  const std::vector<ts::Shape> shapes = {{70000},    {3, 5000},    {5000, 3},
+                                         {300, 270}, {40, 3, 900}, {2, 70000}};
   for (const int threads : {1, 3}) {
     thread_count_scope scope(threads);
     for (const auto& shape : shapes) {
@@ -451,15 +470,15 @@ TEST_CASE("empty and 0-dim inputs", "[reduce]") {
   CHECK(ts::sum(empty, 1).shape() == ts::Shape{0});
   CHECK(ts::sum(empty, 1, true).shape() == ts::Shape{0, 1});
   for (float v : ts::mean(empty, 0).to_vector()) CHECK(std::isnan(v));
-  CHECK(ts::max(empty, 1).shape() == ts::Shape{0});   // nothing to reduce per output: fine
+  CHECK(ts::max(empty, 1).shape() == ts::Shape{0});  // nothing to reduce per output: fine
   CHECK(ts::argmax(empty, 1).shape() == ts::Shape{0});
   CHECK(ts::sum(ts::zeros<std::int32_t>({0})).item() == 0);
   CHECK_THROWS_AS(ts::max(empty), ts::shape_error);
   CHECK_THROWS_WITH(ts::max(empty), Catch::Contains("max") && Catch::Contains("[0, 3]"));
   CHECK_THROWS_WITH(ts::min(empty), Catch::Contains("min") && Catch::Contains("[0, 3]"));
   CHECK_THROWS_WITH(ts::argmax(empty), Catch::Contains("argmax") && Catch::Contains("[0, 3]"));
-  CHECK_THROWS_WITH(ts::max(empty, 0), Catch::Contains("dimension 0 of size 0") &&
-                                           Catch::Contains("[0, 3]"));
+  CHECK_THROWS_WITH(ts::max(empty, 0),
+                    Catch::Contains("dimension 0 of size 0") && Catch::Contains("[0, 3]"));
   CHECK_THROWS_AS(ts::argmin(empty, -2), ts::shape_error);
 
   auto scalar = ts::full<float>({}, 2.5f);
@@ -534,7 +553,8 @@ TEST_CASE("reduction errors name the operation and the values", "[reduce][errors
   CHECK_THROWS_AS(ts::sum(x, 2), ts::shape_error);
   CHECK_THROWS_WITH(ts::sum(x, 2),
                     Catch::Contains("sum: dimension 2 is out of range for a tensor of 2 "
-                                    "dimensions") && Catch::Contains("[-2, 1]"));
+                                    "dimensions") &&
+                        Catch::Contains("[-2, 1]"));
   CHECK_THROWS_WITH(ts::max(x * 2.0f, -3), Catch::Contains("max: dimension -3"));
   CHECK_THROWS_WITH(ts::argmax(x, 5), Catch::Contains("argmax: dimension 5"));
   CHECK_THROWS_WITH(ts::mean(x, 2, true), Catch::Contains("mean: dimension 2"));

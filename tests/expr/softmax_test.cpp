@@ -58,7 +58,9 @@ std::vector<double> reference(const std::vector<double>& x, const ts::Shape& sha
   std::vector<double> out(x.size());
   for (std::int64_t o = 0; o < outer; ++o) {
     for (std::int64_t i = 0; i < inner; ++i) {
-      auto at = [&](std::int64_t r) { return static_cast<std::size_t>((o * extent + r) * inner + i); };
+      auto at = [&](std::int64_t r) {
+        return static_cast<std::size_t>((o * extent + r) * inner + i);
+      };
       double m = -inf;
       for (std::int64_t r = 0; r < extent; ++r) m = std::max(m, x[at(r)]);
       double s = 0;
@@ -99,8 +101,8 @@ void check_softmax(const ts::Tensor<F>& got, const std::vector<double>& x, const
     } else if (std::isinf(want[i])) {
       CHECK(values[i] == want[i]);
     } else if (log) {
-      CHECK(std::abs(values[i] - want[i]) <=
-            2 * unit_roundoff<F>() * std::abs(want[i]) + spread * compute * (std::abs(want[i]) + 16));
+      CHECK(std::abs(values[i] - want[i]) <= 2 * unit_roundoff<F>() * std::abs(want[i]) +
+                                                 spread * compute * (std::abs(want[i]) + 16));
     } else {
       CHECK(std::abs(values[i] - want[i]) <=
             (2 * unit_roundoff<F>() + spread * compute) * std::abs(want[i]) + 1e-300);
@@ -131,11 +133,10 @@ struct thread_count_scope {
 
 }  // namespace
 
-TEMPLATE_TEST_CASE("softmax and log_softmax along every dimension match float64 loops",
-                   "[softmax]", float, double, ts::half, ts::bfloat16) {
+TEMPLATE_TEST_CASE("softmax and log_softmax along every dimension match float64 loops", "[softmax]",
+                   float, double, ts::half, ts::bfloat16) {
   std::mt19937 rng(3);
-  for (const ts::Shape& shape :
-       std::vector<ts::Shape>{{7}, {5, 6}, {3, 4, 5}, {2, 3, 4, 5}}) {
+  for (const ts::Shape& shape : std::vector<ts::Shape>{{7}, {5, 6}, {3, 4, 5}, {2, 3, 4, 5}}) {
     auto x = random_tensor<TestType>(shape, rng);
     check_every_dim<TestType>(x, values_of(x), shape);
     STATIC_REQUIRE(std::is_same_v<decltype(ts::softmax(x, 0)), ts::Tensor<TestType>>);
@@ -179,13 +180,15 @@ TEST_CASE("softmax of non-contiguous inputs and of expressions", "[softmax]") {
   std::vector<double> expression;
   for (int i = 0; i < 6; ++i) {
     for (int j = 0; j < 5; ++j) {
-      expression.push_back(va[static_cast<std::size_t>(i * 5 + j)] * 2.0 + vr[static_cast<std::size_t>(j)]);
+      expression.push_back(va[static_cast<std::size_t>(i * 5 + j)] * 2.0 +
+                           vr[static_cast<std::size_t>(j)]);
     }
   }
   check_every_dim<float>(a * 2.0f + row, expression, ts::Shape{6, 5});
   std::vector<double> transposed(30);
   for (int i = 0; i < 6; ++i)
-    for (int j = 0; j < 5; ++j) transposed[static_cast<std::size_t>(j * 6 + i)] = va[static_cast<std::size_t>(i * 5 + j)];
+    for (int j = 0; j < 5; ++j)
+      transposed[static_cast<std::size_t>(j * 6 + i)] = va[static_cast<std::size_t>(i * 5 + j)];
   check_every_dim<float>(a.t() * 1.0f, transposed, ts::Shape{5, 6});
 }
 
@@ -218,7 +221,8 @@ TEST_CASE("softmax is stable for large values and handles -inf as PyTorch does",
   CHECK(logs[1] == -finf);
   CHECK(std::isfinite(logs[0]));
   for (int i = 3; i < 6; ++i) CHECK(std::isnan(logs[static_cast<std::size_t>(i)]));
-  const auto nan_row = ts::softmax(ts::from_vector<float>({1, std::nanf(""), 2}, {3}), 0).to_vector();
+  const auto nan_row =
+      ts::softmax(ts::from_vector<float>({1, std::nanf(""), 2}, {3}), 0).to_vector();
   for (float v : nan_row) CHECK(std::isnan(v));
 }
 
@@ -273,7 +277,7 @@ TEST_CASE("softmax errors name the dimension and the rank", "[softmax][errors]")
   auto x = ts::ones<float>({2, 3});
   CHECK_THROWS_AS(ts::softmax(x, 2), ts::shape_error);
   CHECK_THROWS_WITH(ts::softmax(x, 2), Catch::Contains("softmax: dimension 2 is out of range for "
-                                                      "a tensor of 2 dimensions"));
+                                                       "a tensor of 2 dimensions"));
   CHECK_THROWS_WITH(ts::log_softmax(x * x, -3), Catch::Contains("log_softmax: dimension -3"));
   CHECK_THROWS_WITH(ts::softmax(ts::full<float>({}, 1.0f), 1), Catch::Contains("0 dimensions"));
 }

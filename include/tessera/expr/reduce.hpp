@@ -57,8 +57,8 @@ inline int reduction_dim(const Shape& shape, std::int64_t dim, const char* opera
   if (dim < -span || dim >= span) {
     throw shape_error(std::string(operation) + ": dimension " + std::to_string(dim) +
                       " is out of range for a tensor of " + std::to_string(rank) +
-                      " dimensions (shape " + shape.str() + "; expected [" +
-                      std::to_string(-span) + ", " + std::to_string(span - 1) + "])");
+                      " dimensions (shape " + shape.str() + "; expected [" + std::to_string(-span) +
+                      ", " + std::to_string(span - 1) + "])");
   }
   return static_cast<int>(dim < 0 ? dim + span : dim);
 }
@@ -222,7 +222,7 @@ auto mean(const E& e) {
   detail::require_floating<V>("mean");
   if constexpr (is_floating_point_v<V>) {
     return detail::reduce_all<backend::sum_op<accumulate_t<V>>, backend::finish_mean, V>(node,
-                                                                                        "mean");
+                                                                                         "mean");
   } else {
     return Tensor<float, K>();  // not reached: require_floating threw
   }
@@ -248,23 +248,23 @@ auto mean(const E& e, std::int64_t dim, bool keepdim = false) {
 
 // ---- max and min ----------------------------------------------------------------------------
 
-#define TESSERA_EXTREMUM(name, op)                                                               \
-  template <Expression E>                                                                        \
-  auto name(const E& e) {                                                                        \
-    const auto node = detail::as_node(e);                                                        \
-    using V = typename decltype(node)::value_type;                                               \
-    if (node.shape().numel() == 0) detail::throw_empty_reduction(#name, node.shape());           \
-    return detail::reduce_all<backend::op<opmath_t<V>>, backend::finish_value, V>(node, #name);  \
-  }                                                                                              \
-  template <Expression E>                                                                        \
-  auto name(const E& e, std::int64_t dim, bool keepdim = false) {                                \
-    const auto node = detail::as_node(e);                                                        \
-    using V = typename decltype(node)::value_type;                                               \
-    const Shape& shape = node.shape();                                                           \
-    const int d = detail::reduction_dim(shape, dim, #name);                                      \
-    if (shape.size() > 0 && shape[d] == 0) detail::throw_empty_dim(#name, shape, d);             \
-    return detail::reduce_dim<backend::op<opmath_t<V>>, backend::finish_value, V>(node, d,       \
-                                                                                 keepdim, #name); \
+#define TESSERA_EXTREMUM(name, op)                                                                 \
+  template <Expression E>                                                                          \
+  auto name(const E& e) {                                                                          \
+    const auto node = detail::as_node(e);                                                          \
+    using V = typename decltype(node)::value_type;                                                 \
+    if (node.shape().numel() == 0) detail::throw_empty_reduction(#name, node.shape());             \
+    return detail::reduce_all<backend::op<opmath_t<V>>, backend::finish_value, V>(node, #name);    \
+  }                                                                                                \
+  template <Expression E>                                                                          \
+  auto name(const E& e, std::int64_t dim, bool keepdim = false) {                                  \
+    const auto node = detail::as_node(e);                                                          \
+    using V = typename decltype(node)::value_type;                                                 \
+    const Shape& shape = node.shape();                                                             \
+    const int d = detail::reduction_dim(shape, dim, #name);                                        \
+    if (shape.size() > 0 && shape[d] == 0) detail::throw_empty_dim(#name, shape, d);               \
+    return detail::reduce_dim<backend::op<opmath_t<V>>, backend::finish_value, V>(node, d,         \
+                                                                                  keepdim, #name); \
   }
 
 /// max(e): the largest element as a 0-dim tensor of e's dtype; NaN if any element is NaN (as
@@ -278,25 +278,25 @@ TESSERA_EXTREMUM(min, min_op)
 
 // ---- argmax and argmin ----------------------------------------------------------------------
 
-#define TESSERA_ARG_EXTREMUM(name, greatest)                                                     \
-  template <Expression E>                                                                        \
-  Tensor<std::int64_t, typename detail::node_of<E>::device_kind> name(const E& e) {              \
-    const auto node = detail::as_node(e);                                                        \
-    using V = typename decltype(node)::value_type;                                               \
-    if (node.shape().numel() == 0) detail::throw_empty_reduction(#name, node.shape());           \
-    return detail::reduce_all<backend::arg_op<opmath_t<V>, greatest>, backend::finish_index,     \
-                              std::int64_t>(node, #name);                                        \
-  }                                                                                              \
-  template <Expression E>                                                                        \
-  Tensor<std::int64_t, typename detail::node_of<E>::device_kind> name(                           \
-      const E& e, std::int64_t dim, bool keepdim = false) {                                      \
-    const auto node = detail::as_node(e);                                                        \
-    using V = typename decltype(node)::value_type;                                               \
-    const Shape& shape = node.shape();                                                           \
-    const int d = detail::reduction_dim(shape, dim, #name);                                      \
-    if (shape.size() > 0 && shape[d] == 0) detail::throw_empty_dim(#name, shape, d);             \
-    return detail::reduce_dim<backend::arg_op<opmath_t<V>, greatest>, backend::finish_index,     \
-                              std::int64_t>(node, d, keepdim, #name);                            \
+#define TESSERA_ARG_EXTREMUM(name, greatest)                                                 \
+  template <Expression E>                                                                    \
+  Tensor<std::int64_t, typename detail::node_of<E>::device_kind> name(const E& e) {          \
+    const auto node = detail::as_node(e);                                                    \
+    using V = typename decltype(node)::value_type;                                           \
+    if (node.shape().numel() == 0) detail::throw_empty_reduction(#name, node.shape());       \
+    return detail::reduce_all<backend::arg_op<opmath_t<V>, greatest>, backend::finish_index, \
+                              std::int64_t>(node, #name);                                    \
+  }                                                                                          \
+  template <Expression E>                                                                    \
+  Tensor<std::int64_t, typename detail::node_of<E>::device_kind> name(                       \
+      const E& e, std::int64_t dim, bool keepdim = false) {                                  \
+    const auto node = detail::as_node(e);                                                    \
+    using V = typename decltype(node)::value_type;                                           \
+    const Shape& shape = node.shape();                                                       \
+    const int d = detail::reduction_dim(shape, dim, #name);                                  \
+    if (shape.size() > 0 && shape[d] == 0) detail::throw_empty_dim(#name, shape, d);         \
+    return detail::reduce_dim<backend::arg_op<opmath_t<V>, greatest>, backend::finish_index, \
+                              std::int64_t>(node, d, keepdim, #name);                        \
   }
 
 /// argmax(e): the position of the largest element in row-major order (the flattened index, as

@@ -53,11 +53,11 @@ TESSERA_HOST_DEVICE constexpr bool is_nan(T value) {
 // Constants as variables, not calls: device code may read a constexpr variable, but calling the
 // constexpr std::numeric_limits functions there needs nvcc's --expt-relaxed-constexpr.
 template <class T>
-inline constexpr T lowest_v =
-    std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity() : std::numeric_limits<T>::lowest();
+inline constexpr T lowest_v = std::is_floating_point_v<T> ? -std::numeric_limits<T>::infinity()
+                                                          : std::numeric_limits<T>::lowest();
 template <class T>
-inline constexpr T highest_v =
-    std::is_floating_point_v<T> ? std::numeric_limits<T>::infinity() : std::numeric_limits<T>::max();
+inline constexpr T highest_v = std::is_floating_point_v<T> ? std::numeric_limits<T>::infinity()
+                                                           : std::numeric_limits<T>::max();
 template <class T>
 inline constexpr T quiet_nan_v = std::numeric_limits<T>::quiet_NaN();
 inline constexpr std::int64_t no_index = std::numeric_limits<std::int64_t>::max();
@@ -224,8 +224,8 @@ class cascade {
 };
 
 /// The merge of get(0) .. get(count - 1) (each already lifted to Op::acc_type) for a count of at
-/// most reduce_block (any count for an exact Op): reduce_lanes independent accumulators (the loop the compiler vectorises),
-/// then a tree over the lanes.
+/// most reduce_block (any count for an exact Op): reduce_lanes independent accumulators (the
+/// loop the compiler vectorises), then a tree over the lanes.
 template <class Op, class Get>
 typename Op::acc_type fold_block(std::int64_t count, Get&& get) {
   using acc_type = typename Op::acc_type;
@@ -319,13 +319,12 @@ bool all_row_major(const Shape& shape, const std::array<Strides, L>& leaf_stride
 template <std::size_t L>
 struct split_layout {
   strided_layout<static_cast<int>(L + 1)> kept;  // without the dimension
-  std::int64_t extent = 0;                        // its extent
-  std::array<std::int64_t, L + 1> stride{};       // each operand's stride along it
+  std::int64_t extent = 0;                       // its extent
+  std::array<std::int64_t, L + 1> stride{};      // each operand's stride along it
 
   split_layout(const Shape& shape, int dim, const Strides& out_strides,
                const std::array<Strides, L>& leaf_strides)
-      : kept(without(shape, dim), without_all(dim, out_strides, leaf_strides)),
-        extent(shape[dim]) {
+      : kept(without(shape, dim), without_all(dim, out_strides, leaf_strides)), extent(shape[dim]) {
     stride[0] = out_strides[dim];
     for (std::size_t k = 0; k < L; ++k) stride[k + 1] = leaf_strides[k][dim];
   }
@@ -389,7 +388,8 @@ inline constexpr int max_output_tile = 1024;
 /// Tile width for `outputs` outputs of rows `width` long: as wide as allowed while leaving each
 /// thread two tiles.
 inline int output_tile_for(std::int64_t outputs, std::int64_t width) {
-  const std::int64_t per_thread = outputs / (2 * static_cast<std::int64_t>(tessera::cpu::num_threads()));
+  const std::int64_t per_thread =
+      outputs / (2 * static_cast<std::int64_t>(tessera::cpu::num_threads()));
   const std::int64_t tile = std::clamp<std::int64_t>(per_thread / 16 * 16, 64, max_output_tile);
   return static_cast<int>(std::min(tile, width));
 }
@@ -461,8 +461,8 @@ struct memory_order_layout {
     }
     return false;
   }
-  static strided_layout<static_cast<int>(L + 1)> sorted(const Shape& shape,
-                                                        const std::array<Strides, L>& leaf_strides) {
+  static strided_layout<static_cast<int>(L + 1)> sorted(
+      const Shape& shape, const std::array<Strides, L>& leaf_strides) {
     const int rank = shape.size();
     std::array<int, max_dims> order{};
     for (int d = 0; d < rank; ++d) order[d] = d;
@@ -479,7 +479,8 @@ struct memory_order_layout {
       const int d = order[k];
       extents.push_back(shape[d]);
       strides[0].push_back(logical[d]);
-      for (std::size_t leaf = 0; leaf < L; ++leaf) strides[leaf + 1].push_back(leaf_strides[leaf][d]);
+      for (std::size_t leaf = 0; leaf < L; ++leaf)
+        strides[leaf + 1].push_back(leaf_strides[leaf][d]);
     }
     return strided_layout<static_cast<int>(L + 1)>(extents, strides);
   }
@@ -503,12 +504,13 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
   }
   if (all_row_major(shape, leaf_strides)) {
     const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-    const acc_type total = reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
-      return fold_all<Op>(last - first, [&](std::int64_t j) {
-        const std::int64_t i = first + j;
-        return Op::lift(read_as<V>(evaluator, linear_access{i}), i);
-      });
-    });
+    const acc_type total =
+        reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
+          return fold_all<Op>(last - first, [&](std::int64_t j) {
+            const std::int64_t i = first + j;
+            return Op::lift(read_as<V>(evaluator, linear_access{i}), i);
+          });
+        });
     *out = Finish::template apply<Out>(total, n);
     return;
   }
@@ -528,29 +530,30 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
   const std::int64_t inner = extents[rank - 1];
   const std::int64_t position_step = strides[0][rank - 1];
   const auto prototype = make_evaluator(strides.data() + 1, rank);
-  const acc_type total = reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
-    auto evaluator = prototype;
-    std::int64_t index[max_dims] = {};
-    unravel(first, extents, index);
-    cascade<Op> sums;
-    // One segment per row: place the row once, then fold along it. The cascade spans rows, so
-    // short rows still sum pairwise.
-    for (std::int64_t i = first; i < last;) {
-      const std::int64_t column = index[rank - 1];
-      const std::int64_t length = std::min(inner - column, last - i);
-      std::int64_t row_position = 0;
-      for (int d = 0; d + 1 < rank; ++d) row_position += index[d] * strides[0][d];
-      evaluator.bind_row(index);
-      fold(sums, length, [&](std::int64_t j) {
-        return Op::lift(read_as<V>(evaluator, row_access{column + j}),
-                        row_position + (column + j) * position_step);
+  const acc_type total =
+      reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
+        auto evaluator = prototype;
+        std::int64_t index[max_dims] = {};
+        unravel(first, extents, index);
+        cascade<Op> sums;
+        // One segment per row: place the row once, then fold along it. The cascade spans rows, so
+        // short rows still sum pairwise.
+        for (std::int64_t i = first; i < last;) {
+          const std::int64_t column = index[rank - 1];
+          const std::int64_t length = std::min(inner - column, last - i);
+          std::int64_t row_position = 0;
+          for (int d = 0; d + 1 < rank; ++d) row_position += index[d] * strides[0][d];
+          evaluator.bind_row(index);
+          fold(sums, length, [&](std::int64_t j) {
+            return Op::lift(read_as<V>(evaluator, row_access{column + j}),
+                            row_position + (column + j) * position_step);
+          });
+          i += length;
+          index[rank - 1] = 0;
+          next_index(index, extents, rank - 1);
+        }
+        return sums.result();
       });
-      i += length;
-      index[rank - 1] = 0;
-      next_index(index, extents, rank - 1);
-    }
-    return sums.result();
-  });
   *out = Finish::template apply<Out>(total, n);
 }
 
@@ -574,7 +577,8 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
   }
   if (outputs == 0) return;
   if (extent == 0) {
-    for (std::int64_t o = 0; o < outputs; ++o) out[o] = Finish::template apply<Out>(Op::identity(), 0);
+    for (std::int64_t o = 0; o < outputs; ++o)
+      out[o] = Finish::template apply<Out>(Op::identity(), 0);
     return;
   }
   const bool few_outputs = outputs < tessera::cpu::num_threads() && extent >= 2 * grain_size;
@@ -651,7 +655,8 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
                  auto evaluator = prototype;
                  lane_cascade<Op> sums;
                  // Not std::vector: acc_type may be bool.
-                 const auto block_storage = std::make_unique<acc_type[]>(static_cast<std::size_t>(tile));
+                 const auto block_storage =
+                     std::make_unique<acc_type[]>(static_cast<std::size_t>(tile));
                  acc_type* block = block_storage.get();
                  for (std::int64_t task = first; task < last; ++task) {
                    const std::int64_t outer = task / tiles;
@@ -717,7 +722,8 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
       });
       for (std::int64_t r = 0; r < length; ++r) slot(r) = A(slot(r) / s);
     } else {
-      const A s = fold_all<sum_op<A>>(length, [&](std::int64_t r) { return ops::exp{}(A(x(r) - m)); });
+      const A s =
+          fold_all<sum_op<A>>(length, [&](std::int64_t r) { return ops::exp{}(A(x(r) - m)); });
       if constexpr (Log) {
         const A log_s = ops::log{}(s);
         for (std::int64_t r = 0; r < length; ++r) slot(r) = store_cast<F>(A(x(r) - m - log_s));
@@ -764,7 +770,8 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
                    for (std::int64_t o = first; o < last; ++o) {
                      evaluator.bind_row(index);
                      std::int64_t out_offset = 0;
-                     for (int d = 0; d < kept_rank; ++d) out_offset += index[d] * layout.kept.strides[0][d];
+                     for (int d = 0; d < kept_rank; ++d)
+                       out_offset += index[d] * layout.kept.strides[0][d];
                      F* out_row = out + out_offset;
                      softmax_row(
                          extent,
@@ -788,86 +795,88 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
   const std::int64_t tiles = (width + tile - 1) / tile;
   const std::int64_t tasks = rows / width * tiles;
   const std::int64_t tile_work = extent * tile;
-  parallel_for(0, tasks, std::max<std::int64_t>(1, grain_size / tile_work),
-               [&](std::int64_t first, std::int64_t last) {
-                 auto evaluator = prototype;
-                 lane_cascade<max_op<A>> maxima;
-                 lane_cascade<sum_op<A>> sums;
-                 std::vector<A> lane_values(2 * static_cast<std::size_t>(tile));
-                 A* m = lane_values.data();
-                 A* s = m + tile;
-                 for (std::int64_t task = first; task < last; ++task) {
-                   const std::int64_t outer = task / tiles;
-                   const std::int64_t start = task % tiles * tile;
-                   const int lanes = static_cast<int>(std::min<std::int64_t>(tile, width - start));
-                   std::int64_t index[max_dims] = {};
-                   std::int64_t rest = outer;
-                   std::int64_t out_offset = start * out_lane_step;
-                   for (int d = kept_rank - 2; d >= 0; --d) {
-                     index[d] = rest % kept[d];
-                     rest /= kept[d];
-                     out_offset += index[d] * layout.kept.strides[0][d];
-                   }
-                   auto slot = [&](std::int64_t r, int w) -> F& {
-                     return out[out_offset + r * out_step + w * out_lane_step];
-                   };
-                   // Visits every row r of the tile: fn(r, x) with x(w) the value of lane w.
-                   auto each_row = [&](auto&& fn) {
-                     for (std::int64_t r = 0; r < extent; ++r) {
-                       index[kept_rank - 1] = r;
-                       evaluator.bind_row(index);
-                       fn(r, [&](int w) {
-                         return static_cast<A>(read_as<V>(evaluator, row_access{start + w}));
-                       });
-                     }
-                   };
-                   // Folds value(acc, x, r, w) per lane into `into`, pairwise over blocks of rows.
-                   auto fold_lanes = [&](auto& cascade_of_lanes, A* into, auto&& value, A identity) {
-                     cascade_of_lanes.reset();
-                     std::fill(into, into + lanes, identity);
-                     each_row([&](std::int64_t r, auto&& x) {
-                       for (int w = 0; w < lanes; ++w) into[w] = value(into[w], x(w), r, w);
-                       if (ends_lane_block<typename std::remove_cvref_t<decltype(cascade_of_lanes)>::op_type>(r, extent)) {
-                         cascade_of_lanes.push(into, lanes);
-                         std::fill(into, into + lanes, identity);
-                       }
-                     });
-                     cascade_of_lanes.result(into, lanes);
-                   };
-                   fold_lanes(
-                       maxima, m,
-                       [](A acc, A x, std::int64_t, int) { return max_op<A>::merge(acc, x); },
-                       max_op<A>::identity());
-                   fold_lanes(
-                       sums, s,
-                       [&](A acc, A x, std::int64_t r, int w) {
-                         const A e = ops::exp{}(A(x - m[w]));
-                         if constexpr (keep_exponentials) slot(r, w) = e;
-                         (void)r;
-                         return A(acc + e);
-                       },
-                       A(0));
-                   if constexpr (keep_exponentials) {
-                     for (std::int64_t r = 0; r < extent; ++r) {
-                       for (int w = 0; w < lanes; ++w) slot(r, w) = A(slot(r, w) / s[w]);
-                     }
-                   } else {
-                     if constexpr (Log) {
-                       for (int w = 0; w < lanes; ++w) s[w] = ops::log{}(s[w]);
-                     }
-                     each_row([&](std::int64_t r, auto&& x) {
-                       for (int w = 0; w < lanes; ++w) {
-                         const A shifted = A(x(w) - m[w]);
-                         if constexpr (Log) {
-                           slot(r, w) = store_cast<F>(A(shifted - s[w]));
-                         } else {
-                           slot(r, w) = store_cast<F>(A(ops::exp{}(shifted) / s[w]));
-                         }
-                       }
-                     });
-                   }
-                 }
-               });
+  parallel_for(
+      0, tasks, std::max<std::int64_t>(1, grain_size / tile_work),
+      [&](std::int64_t first, std::int64_t last) {
+        auto evaluator = prototype;
+        lane_cascade<max_op<A>> maxima;
+        lane_cascade<sum_op<A>> sums;
+        std::vector<A> lane_values(2 * static_cast<std::size_t>(tile));
+        A* m = lane_values.data();
+        A* s = m + tile;
+        for (std::int64_t task = first; task < last; ++task) {
+          const std::int64_t outer = task / tiles;
+          const std::int64_t start = task % tiles * tile;
+          const int lanes = static_cast<int>(std::min<std::int64_t>(tile, width - start));
+          std::int64_t index[max_dims] = {};
+          std::int64_t rest = outer;
+          std::int64_t out_offset = start * out_lane_step;
+          for (int d = kept_rank - 2; d >= 0; --d) {
+            index[d] = rest % kept[d];
+            rest /= kept[d];
+            out_offset += index[d] * layout.kept.strides[0][d];
+          }
+          auto slot = [&](std::int64_t r, int w) -> F& {
+            return out[out_offset + r * out_step + w * out_lane_step];
+          };
+          // Visits every row r of the tile: fn(r, x) with x(w) the value of lane w.
+          auto each_row = [&](auto&& fn) {
+            for (std::int64_t r = 0; r < extent; ++r) {
+              index[kept_rank - 1] = r;
+              evaluator.bind_row(index);
+              fn(r, [&](int w) {
+                return static_cast<A>(read_as<V>(evaluator, row_access{start + w}));
+              });
+            }
+          };
+          // Folds value(acc, x, r, w) per lane into `into`, pairwise over blocks of rows.
+          auto fold_lanes = [&](auto& cascade_of_lanes, A* into, auto&& value, A identity) {
+            cascade_of_lanes.reset();
+            std::fill(into, into + lanes, identity);
+            each_row([&](std::int64_t r, auto&& x) {
+              for (int w = 0; w < lanes; ++w) into[w] = value(into[w], x(w), r, w);
+              if (ends_lane_block<
+                      typename std::remove_cvref_t<decltype(cascade_of_lanes)>::op_type>(r,
+                                                                                         extent)) {
+                cascade_of_lanes.push(into, lanes);
+                std::fill(into, into + lanes, identity);
+              }
+            });
+            cascade_of_lanes.result(into, lanes);
+          };
+          fold_lanes(
+              maxima, m, [](A acc, A x, std::int64_t, int) { return max_op<A>::merge(acc, x); },
+              max_op<A>::identity());
+          fold_lanes(
+              sums, s,
+              [&](A acc, A x, std::int64_t r, int w) {
+                const A e = ops::exp{}(A(x - m[w]));
+                if constexpr (keep_exponentials) slot(r, w) = e;
+                (void)r;
+                return A(acc + e);
+              },
+              A(0));
+          if constexpr (keep_exponentials) {
+            for (std::int64_t r = 0; r < extent; ++r) {
+              for (int w = 0; w < lanes; ++w) slot(r, w) = A(slot(r, w) / s[w]);
+            }
+          } else {
+            if constexpr (Log) {
+              for (int w = 0; w < lanes; ++w) s[w] = ops::log{}(s[w]);
+            }
+            each_row([&](std::int64_t r, auto&& x) {
+              for (int w = 0; w < lanes; ++w) {
+                const A shifted = A(x(w) - m[w]);
+                if constexpr (Log) {
+                  slot(r, w) = store_cast<F>(A(shifted - s[w]));
+                } else {
+                  slot(r, w) = store_cast<F>(A(ops::exp{}(shifted) / s[w]));
+                }
+              }
+            });
+          }
+        }
+      });
 }
 
 }  // namespace tessera::backend::cpu

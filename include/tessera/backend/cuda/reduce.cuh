@@ -13,11 +13,11 @@
 #include <array>
 #include <cstdint>
 
-#include <cub/block/block_reduce.cuh>
-#include <cub/device/device_reduce.cuh>
 #include <thrust/iterator/counting_iterator.h>
 #include <thrust/iterator/transform_iterator.h>
 #include <thrust/iterator/transform_output_iterator.h>
+#include <cub/block/block_reduce.cuh>
+#include <cub/device/device_reduce.cuh>
 
 #include "tessera/backend/cpu/reduce.hpp"
 #include "tessera/backend/cuda/executor.cuh"
@@ -143,7 +143,8 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
   device_reduce(input, output, n, merge_fn<Op>{}, acc_type(Op::identity()), stream);
 }
 
-// ---- rows: one output (or one softmax row) per position of the kept dimensions -------------------
+// ---- rows: one output (or one softmax row) per position of the kept dimensions
+// -------------------
 
 /// Pairwise combination of one thread's blocks of values (the device twin of cpu::cascade). An
 /// exact operator (max, min, argmax, integer sums) has nothing to round, so it keeps one
@@ -275,7 +276,8 @@ __global__ void __launch_bounds__(threads_per_block)
     device_cascade<Op> sums;
     for (std::int64_t first = 0; first < extent; first += thread_block_values) {
       acc_type block = Op::identity();
-      const std::int64_t last = first + thread_block_values < extent ? first + thread_block_values : extent;
+      const std::int64_t last =
+          first + thread_block_values < extent ? first + thread_block_values : extent;
       for (std::int64_t r = first; r < last; ++r) {
         block = Op::step(block, Op::lift(rows.template get<V>(placed, o, r), r));
       }
@@ -334,25 +336,26 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
     if (d != dim) outputs *= shape[d];
   }
   if (outputs == 0) return;
-  with_rows(shape, dim, Shape::filled(shape.size(), 0), leaf_strides, make_evaluator,
-            [&](auto rows, bool kept_is_inner) {
-              static_assert(fits_kernel_parameters<decltype(rows)>,
-                            "Tessera: this expression is too large to pass to one CUDA kernel "
-                            "(over 4 KiB of parameters); split the statement into two");
-              // One thread per output only when there are enough outputs to fill the device.
-              const bool enough_outputs =
-                  outputs >= static_cast<std::int64_t>(multiprocessor_count()) * threads_per_block;
-              if (enough_outputs && (kept_is_inner || extent <= short_row)) {
-                reduce_columns_kernel<Op, V, Finish>
-                    <<<blocks_for(outputs, threads_per_block), threads_per_block, 0,
-                       stream.native()>>>(out, rows, outputs);
-              } else {
-                reduce_rows_kernel<Op, V, Finish>
-                    <<<blocks_for(outputs, 1), threads_per_block, 0, stream.native()>>>(
-                        out, rows, outputs);
-              }
-              TESSERA_CUDA_CHECK(cudaGetLastError());
-            });
+  with_rows(
+      shape, dim, Shape::filled(shape.size(), 0), leaf_strides, make_evaluator,
+      [&](auto rows, bool kept_is_inner) {
+        static_assert(fits_kernel_parameters<decltype(rows)>,
+                      "Tessera: this expression is too large to pass to one CUDA kernel "
+                      "(over 4 KiB of parameters); split the statement into two");
+        // One thread per output only when there are enough outputs to fill the device.
+        const bool enough_outputs =
+            outputs >= static_cast<std::int64_t>(multiprocessor_count()) * threads_per_block;
+        if (enough_outputs && (kept_is_inner || extent <= short_row)) {
+          reduce_columns_kernel<Op, V, Finish>
+              <<<blocks_for(outputs, threads_per_block), threads_per_block, 0, stream.native()>>>(
+                  out, rows, outputs);
+        } else {
+          reduce_rows_kernel<Op, V, Finish>
+              <<<blocks_for(outputs, 1), threads_per_block, 0, stream.native()>>>(out, rows,
+                                                                                  outputs);
+        }
+        TESSERA_CUDA_CHECK(cudaGetLastError());
+      });
 }
 
 // ---- softmax --------------------------------------------------------------------------------
