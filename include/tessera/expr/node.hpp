@@ -69,6 +69,7 @@ struct tensor_leaf {
   using evaluator_type = backend::leaf_evaluator<T>;
   static constexpr int leaf_count = 1;
   static constexpr bool is_scalar = false;
+  static constexpr bool is_symbolic = false;
 
   Tensor<T, K> tensor;
 
@@ -106,6 +107,7 @@ struct scalar_leaf {
   using evaluator_type = backend::scalar_evaluator<S>;
   static constexpr int leaf_count = 0;
   static constexpr bool is_scalar = true;
+  static constexpr bool is_symbolic = false;
 
   S value;
 
@@ -305,6 +307,7 @@ struct unary_expr {
   using evaluator_type = detail::unary_evaluator<Op, compute_type, typename A::evaluator_type>;
   static constexpr int leaf_count = A::leaf_count;
   static constexpr bool is_scalar = false;
+  static constexpr bool is_symbolic = A::is_symbolic;
 
   A operand;
 
@@ -338,6 +341,7 @@ struct binary_expr {
                                                   typename B::evaluator_type>;
   static constexpr int leaf_count = A::leaf_count + B::leaf_count;
   static constexpr bool is_scalar = false;
+  static constexpr bool is_symbolic = A::is_symbolic || B::is_symbolic;
 
   A left;
   B right;
@@ -386,6 +390,7 @@ struct where_expr {
                                                  typename B::evaluator_type>;
   static constexpr int leaf_count = C::leaf_count + A::leaf_count + B::leaf_count;
   static constexpr bool is_scalar = false;
+  static constexpr bool is_symbolic = C::is_symbolic || A::is_symbolic || B::is_symbolic;
 
   C condition;
   A left;
@@ -434,5 +439,17 @@ using cast_expr = unary_expr<ops::cast_to<U>, A>;
 template <class E>
 concept Expression = detail::is_tensor<std::remove_cvref_t<E>>::value ||
                      detail::expression_node<std::remove_cvref_t<E>>;
+
+namespace detail {
+/// An expression with at least one autograd Var leaf (autograd/var.hpp): operators build it as
+/// they build any expression, and the tracer records it as one fused node; it is never run.
+template <class E>
+concept symbolic_expression = node_type<std::remove_cvref_t<E>> &&
+                              !std::remove_cvref_t<E>::is_scalar &&
+                              std::remove_cvref_t<E>::is_symbolic;
+/// What the operators and functions accept as a non-number operand.
+template <class E>
+concept any_expression = Expression<E> || symbolic_expression<E>;
+}  // namespace detail
 
 }  // namespace tessera

@@ -10,10 +10,10 @@ namespace tessera {
 
 namespace detail {
 template <class X>
-concept operand = Expression<X> || scalar_operand<X>;
+concept operand = any_expression<X> || scalar_operand<X>;
 
 template <class A, class B>
-concept binary_operands = operand<A> && operand<B> && (Expression<A> || Expression<B>);
+concept binary_operands = operand<A> && operand<B> && (any_expression<A> || any_expression<B>);
 
 template <class Op, class A, class B>
 auto make_binary(const A& a, const B& b) {
@@ -57,13 +57,15 @@ TESSERA_BINARY_FUNCTION(maximum, maximum)
 TESSERA_BINARY_FUNCTION(minimum, minimum)
 #undef TESSERA_BINARY_FUNCTION
 
-template <Expression A>
+template <class A>
+  requires detail::any_expression<A>
 auto operator-(const A& a) {
   return detail::make_unary<ops::negate>(a);
 }
 
 #define TESSERA_UNARY_FUNCTION(name)               \
-  template <Expression A>                          \
+  template <class A>                               \
+    requires detail::any_expression<A>             \
   auto name(const A& a) {                          \
     return detail::make_unary<ops::name>(a);       \
   }
@@ -81,15 +83,16 @@ TESSERA_UNARY_FUNCTION(relu)
 
 /// where(condition, a, b): a where condition holds, else b (all three broadcast; a and b may be
 /// numbers).
-template <Expression C, class A, class B>
-  requires detail::operand<A> && detail::operand<B>
+template <class C, class A, class B>
+  requires detail::any_expression<C> && detail::operand<A> && detail::operand<B>
 auto where(const C& condition, const A& a, const B& b) {
   return where_expr<detail::node_of<C>, detail::node_of<A>, detail::node_of<B>>(
       detail::as_node(condition), detail::as_node(a), detail::as_node(b));
 }
 
 /// cast<U>(e): e converted to dtype U (half/bfloat16 round to nearest even; bool is non-zero).
-template <Dtype U, Expression A>
+template <Dtype U, class A>
+  requires detail::any_expression<A>
 auto cast(const A& a) {
   return cast_expr<U, detail::node_of<A>>(detail::as_node(a));
 }

@@ -75,10 +75,12 @@ inline void check_value_count(std::size_t count, const Shape& shape, const char*
   }
 }
 
-/// A lazy expression node (expr/node.hpp), as opposed to a tensor or a number. Declared here so
-/// Tensor can be constructed from and assigned an expression; expr/assign.hpp defines how.
+/// A lazy expression node (expr/node.hpp) over tensors, as opposed to a tensor or a number.
+/// Declared here so Tensor can be constructed from and assigned an expression; expr/assign.hpp
+/// defines how. Symbolic expressions (over autograd Vars) are not: they are traced, not run.
 template <class E>
-concept expression_node = requires { typename E::expression_node_tag; } && !E::is_scalar;
+concept expression_node =
+    requires { typename E::expression_node_tag; } && !E::is_scalar && !E::is_symbolic;
 
 [[noreturn]] inline void throw_undefined(const char* operation) {
   throw error(std::string(operation) + ": the tensor is undefined (default-constructed)");
