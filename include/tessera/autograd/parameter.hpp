@@ -4,9 +4,6 @@
 // seen by programs and optimisers built before them.
 #pragma once
 
-#include <functional>
-#include <vector>
-
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera::autograd {
