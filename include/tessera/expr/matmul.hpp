@@ -146,6 +146,57 @@ inline Shape matmul_result_shape(const Shape& a, const Shape& b) {
   return Shape{batch, m, n};
 }
 
+/// a @ b into `out`: contiguous, of matmul_result_shape, on the operands' device (checked by the
+/// caller, as matmul does).
+template <class T, class K>
+void matmul_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b) {
+  const Shape& out_shape = out.shape();
+  const std::int64_t batch = out_shape.size() == 3 ? out_shape[0] : 1;
+  const std::int64_t m = out_shape[out_shape.size() - 2];
+  const std::int64_t n = out_shape[out_shape.size() - 1];
+  const std::int64_t k = a.size(-1);
+  if (out.numel() == 0) return;
+  if (k == 0) {
+    out.zero_();  // a sum over nothing
+    return;
+  }
+
+  matmul_operand<T, K> lhs(a, batch), rhs(b, batch);
+  if constexpr (std::is_same_v<K, tessera::cpu>) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      if (backend::cpu::uses_blas<T>()) {
+        const auto plan = detail::plan_blas(lhs, rhs, batch, m, k);
+        backend::cpu::gemm_blas<T>(plan.batch, plan.m, n, k, lhs.data(), plan.a.transposed,
+                                   plan.a.ld, lhs.batch_stride, rhs.data(), plan.b.transposed,
+                                   plan.b.ld, rhs.batch_stride, out.data(), n, m * n);
+        return;
+      }
+    }
+    // The built-in kernel reads any strides while packing: no copies. Stacking the batch into
+    // rows works for any A strides here.
+    std::int64_t gemm_batch = batch, gemm_m = m;
+    if (detail::can_fold_batch(lhs, rhs, batch, m)) {
+      detail::fold_batch(lhs, batch, m);
+      gemm_batch = 1;
+      gemm_m = batch * m;
+    }
+    backend::cpu::gemm_fallback<T>(
+        backend::cpu::gemm_shape{gemm_batch, gemm_m, n, k},
+        backend::cpu::gemm_operand<T>{lhs.data(), lhs.batch_stride, lhs.row_stride, lhs.col_stride},
+        backend::cpu::gemm_operand<T>{rhs.data(), rhs.batch_stride, rhs.row_stride, rhs.col_stride},
+        backend::cpu::gemm_output<T>{out.data(), m * n, n}, a.device());
+  } else {
+    const auto plan = detail::plan_blas(lhs, rhs, batch, m, k);
+    if constexpr (backend::cuda::gemm_supports<T>) {
+      backend::cuda::gemm<T>(a.device_index(), plan.batch, plan.m, n, k, lhs.data(),
+                             plan.a.transposed, plan.a.ld, lhs.batch_stride, rhs.data(),
+                             plan.b.transposed, plan.b.ld, rhs.batch_stride, out.data(), n, m * n);
+    } else {
+      throw dtype_error(std::string("matmul: cuBLAS has no ") + dtype_name<T>() + " GEMM here");
+    }
+  }
+}
+
 }  // namespace detail
 
 /// Matrix product, as torch.matmul for 2-D and 3-D operands: [m, k] x [k, n] -> [m, n];
@@ -186,43 +237,7 @@ Tensor<T, K> matmul(const Tensor<T, K>& a, const Tensor<T, K>& b) {
   }
 
   Tensor<T, K> out = Tensor<T, K>::empty_on(out_shape, a.device());
-  const std::int64_t batch = out_shape.size() == 3 ? out_shape[0] : 1;
-  const std::int64_t m = out_shape[out_shape.size() - 2];
-  const std::int64_t n = out_shape[out_shape.size() - 1];
-  const std::int64_t k = a.size(-1);
-  if (out.numel() == 0) return out;
-  if (k == 0) return out.zero_();  // a sum over nothing
-
-  detail::matmul_operand<T, K> lhs(a, batch), rhs(b, batch);
-  if constexpr (std::is_same_v<K, tessera::cpu>) {
-    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-      if (backend::cpu::uses_blas<T>()) {
-        const auto plan = detail::plan_blas(lhs, rhs, batch, m, k);
-        backend::cpu::gemm_blas<T>(plan.batch, plan.m, n, k, lhs.data(), plan.a.transposed,
-                                   plan.a.ld, lhs.batch_stride, rhs.data(), plan.b.transposed,
-                                   plan.b.ld, rhs.batch_stride, out.data(), n, m * n);
-        return out;
-      }
-    }
-    // The built-in kernel reads any strides while packing: no copies. Stacking the batch into
-    // rows works for any A strides here.
-    std::int64_t gemm_batch = batch, gemm_m = m;
-    if (detail::can_fold_batch(lhs, rhs, batch, m)) {
-      detail::fold_batch(lhs, batch, m);
-      gemm_batch = 1;
-      gemm_m = batch * m;
-    }
-    backend::cpu::gemm_fallback<T>(
-        backend::cpu::gemm_shape{gemm_batch, gemm_m, n, k},
-        backend::cpu::gemm_operand<T>{lhs.data(), lhs.batch_stride, lhs.row_stride, lhs.col_stride},
-        backend::cpu::gemm_operand<T>{rhs.data(), rhs.batch_stride, rhs.row_stride, rhs.col_stride},
-        backend::cpu::gemm_output<T>{out.data(), m * n, n}, a.device());
-  } else {
-    const auto plan = detail::plan_blas(lhs, rhs, batch, m, k);
-    backend::cuda::gemm<T>(a.device_index(), plan.batch, plan.m, n, k, lhs.data(),
-                           plan.a.transposed, plan.a.ld, lhs.batch_stride, rhs.data(),
-                           plan.b.transposed, plan.b.ld, rhs.batch_stride, out.data(), n, m * n);
-  }
+  detail::matmul_into(out, a, b);
   return out;
 }
 

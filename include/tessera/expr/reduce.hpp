@@ -94,14 +94,14 @@ void require_floating(const char* operation) {
   }
 }
 
-/// A full reduction of `node` into a new 0-dim tensor of dtype Out.
+/// A full reduction of `node` into `out` (one element, on the node's device).
 template <class Op, class Finish, class Out, class Node>
-Tensor<Out, typename Node::device_kind> reduce_all(const Node& node, const char* operation) {
+void reduce_all_into(const Tensor<Out, typename Node::device_kind>& out, const Node& node,
+                     const char* operation) {
   using K = typename Node::device_kind;
   using V = typename Node::value_type;
   const Device device = device_of(node, operation);
   const auto strides = leaf_strides_of(node);
-  auto out = Tensor<Out, K>::empty_on(Shape{}, device);
   if constexpr (std::is_same_v<K, cpu>) {
     backend::cpu::reduce_all<Op, V, Finish>(out.data(), node.shape(), strides,
                                             evaluator_factory(node));
@@ -111,26 +111,35 @@ Tensor<Out, typename Node::device_kind> reduce_all(const Node& node, const char*
     backend::cuda::reduce_all<Op, V, Finish>(out.data(), node.shape(), strides,
                                              evaluator_factory(node));
 #else
+    (void)device;
     static_assert(reduce_always_false<Node>,
                   "Tessera: reducing an expression on cuda tensors launches CUDA kernels, so this "
                   "translation unit must be compiled by nvcc (a .cu file, or "
                   "set_source_files_properties(file.cpp PROPERTIES LANGUAGE CUDA)).");
 #endif
   }
+}
+
+/// A full reduction of `node` into a new 0-dim tensor of dtype Out.
+template <class Op, class Finish, class Out, class Node>
+Tensor<Out, typename Node::device_kind> reduce_all(const Node& node, const char* operation) {
+  using K = typename Node::device_kind;
+  auto out = Tensor<Out, K>::empty_on(Shape{}, device_of(node, operation));
+  reduce_all_into<Op, Finish, Out>(out, node, operation);
   return out;
 }
 
-/// A reduction of `node` along `dim` (already normalised) into a new tensor of dtype Out.
+/// A reduction of `node` along `dim` (already normalised) into `out`: contiguous, on the node's
+/// device, holding the reduced elements (with or without the kept extent-1 dimension).
 template <class Op, class Finish, class Out, class Node>
-Tensor<Out, typename Node::device_kind> reduce_dim(const Node& node, int dim, bool keepdim,
-                                                   const char* operation) {
+void reduce_dim_into(const Tensor<Out, typename Node::device_kind>& out, const Node& node, int dim,
+                     const char* operation) {
   using K = typename Node::device_kind;
   using V = typename Node::value_type;
   const Shape& shape = node.shape();
-  if (shape.size() == 0) return reduce_all<Op, Finish, Out>(node, operation);
+  if (shape.size() == 0) return reduce_all_into<Op, Finish, Out>(out, node, operation);
   const Device device = device_of(node, operation);
   const auto strides = leaf_strides_of(node);
-  auto out = Tensor<Out, K>::empty_on(reduced_shape(shape, dim, keepdim), device);
   if constexpr (std::is_same_v<K, cpu>) {
     backend::cpu::reduce_dim<Op, V, Finish>(out.data(), shape, dim, strides,
                                             evaluator_factory(node));
@@ -140,25 +149,38 @@ Tensor<Out, typename Node::device_kind> reduce_dim(const Node& node, int dim, bo
     backend::cuda::reduce_dim<Op, V, Finish>(out.data(), shape, dim, strides,
                                              evaluator_factory(node));
 #else
+    (void)device;
     static_assert(reduce_always_false<Node>,
                   "Tessera: reducing an expression on cuda tensors launches CUDA kernels, so this "
                   "translation unit must be compiled by nvcc (a .cu file, or "
                   "set_source_files_properties(file.cpp PROPERTIES LANGUAGE CUDA)).");
 #endif
   }
+}
+
+/// A reduction of `node` along `dim` (already normalised) into a new tensor of dtype Out.
+template <class Op, class Finish, class Out, class Node>
+Tensor<Out, typename Node::device_kind> reduce_dim(const Node& node, int dim, bool keepdim,
+                                                   const char* operation) {
+  using K = typename Node::device_kind;
+  const Shape& shape = node.shape();
+  if (shape.size() == 0) return reduce_all<Op, Finish, Out>(node, operation);
+  auto out =
+      Tensor<Out, K>::empty_on(reduced_shape(shape, dim, keepdim), device_of(node, operation));
+  reduce_dim_into<Op, Finish, Out>(out, node, dim, operation);
   return out;
 }
 
+/// softmax (or log_softmax) of `node` along `dim` into `out`: contiguous, of the node's shape.
 template <bool Log, class Node>
-auto softmax_of(const Node& node, std::int64_t dim, const char* operation) {
+void softmax_into(const Tensor<floating_of<typename Node::value_type>, typename Node::device_kind>& out,
+                  const Node& node, std::int64_t dim, const char* operation) {
   using K = typename Node::device_kind;
   using V = typename Node::value_type;
-  using F = floating_of<V>;
-  Shape shape = node.shape();
+  const Shape& shape = node.shape();
   const int d = reduction_dim(shape, dim, operation);
   const Device device = device_of(node, operation);
   const auto strides = leaf_strides_of(node);
-  auto out = Tensor<F, K>::empty_on(shape, device);
   // A 0-dim input is a row of one element.
   const Shape row_shape = shape.size() == 0 ? Shape{1} : shape;
   const auto row_strides = [&] {
@@ -174,12 +196,22 @@ auto softmax_of(const Node& node, std::int64_t dim, const char* operation) {
     DeviceGuard<cuda> guard(device.index);
     backend::cuda::softmax<Log, V>(out.data(), row_shape, d, row_strides, evaluator_factory(node));
 #else
+    (void)device;
     static_assert(reduce_always_false<Node>,
                   "Tessera: softmax of an expression on cuda tensors launches CUDA kernels, so "
                   "this translation unit must be compiled by nvcc (a .cu file, or "
                   "set_source_files_properties(file.cpp PROPERTIES LANGUAGE CUDA)).");
 #endif
   }
+}
+
+template <bool Log, class Node>
+auto softmax_of(const Node& node, std::int64_t dim, const char* operation) {
+  using K = typename Node::device_kind;
+  using F = floating_of<typename Node::value_type>;
+  reduction_dim(node.shape(), dim, operation);
+  auto out = Tensor<F, K>::empty_on(node.shape(), device_of(node, operation));
+  softmax_into<Log>(out, node, dim, operation);
   return out;
 }
 
