@@ -20,11 +20,11 @@ demo_packages=(cmake ninja-build g++)
 test_packages=(catch2 python3-numpy libopenblas-dev ccache libbenchmark-dev)
 bench_packages=(libtorch-dev libeigen3-dev libbenchmark-dev)
 
-# Python test oracles from PyPI (not Debian), e.g. `safetensors` for the checkpoint tests.
-# None is needed yet: when a test needs one, list it here and it is installed with --test
-# (pip, into the Debian python3 that tests/CMakeLists.txt uses as TESSERA_ORACLE_PYTHON; the
-# check below imports the package under its own name with '-' read as '_').
-pip_test_packages=()
+# Python test oracles from PyPI (not Debian): `safetensors` (the official reader and writer) for
+# the checkpoint tests (tests/io/). Installed with --test (pip, into the Debian python3 that
+# tests/CMakeLists.txt uses as TESSERA_ORACLE_PYTHON; the check below imports the package under
+# its own name with '-' read as '_').
+pip_test_packages=(safetensors)
 
 want=()
 want_pip=()

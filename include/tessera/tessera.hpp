@@ -10,5 +10,6 @@
 #include "tessera/core/shape.hpp"
 #include "tessera/core/stream.hpp"
 #include "tessera/expr.hpp"
+#include "tessera/io/safetensors.hpp"
 #include "tessera/memory/memory.hpp"
 #include "tessera/tensor.hpp"
