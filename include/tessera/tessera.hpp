@@ -12,4 +12,6 @@
 #include "tessera/expr.hpp"
 #include "tessera/io/safetensors.hpp"
 #include "tessera/memory/memory.hpp"
+#include "tessera/nn.hpp"
+#include "tessera/optim.hpp"
 #include "tessera/tensor.hpp"

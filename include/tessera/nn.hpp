@@ -1,0 +1,16 @@
+// Modules, layers, losses and initialisers in one include (DESIGN §3.6): Module, Parameter,
+// Buffer, Linear, ReLU/Sigmoid/Tanh, Sequential, Dropout, BatchNorm1d, Flatten, mse_loss,
+// cross_entropy, ts::nn::init.
+#pragma once
+
+#include "tessera/nn/activation.hpp"
+#include "tessera/nn/batchnorm.hpp"
+#include "tessera/nn/buffer.hpp"
+#include "tessera/nn/dropout.hpp"
+#include "tessera/nn/flatten.hpp"
+#include "tessera/nn/init.hpp"
+#include "tessera/nn/linear.hpp"
+#include "tessera/nn/loss.hpp"
+#include "tessera/nn/module.hpp"
+#include "tessera/nn/parameter.hpp"
+#include "tessera/nn/sequential.hpp"

@@ -1,0 +1,196 @@
+// BatchNorm1d<T, Kind> (torch.nn.BatchNorm1d) over inputs [N, C] or [N, C, L]: in training it
+// normalises with the batch's statistics (biased variance) and updates the running statistics
+// with PyTorch's momentum rule (unbiased variance); in evaluation mode it uses the running ones.
+// Keys: weight, bias, running_mean, running_var, num_batches_tracked.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <type_traits>
+
+#include "tessera/expr/assign.hpp"
+#include "tessera/expr/operators.hpp"
+#include "tessera/expr/reduce.hpp"
+#include "tessera/nn/detail/operand.hpp"
+#include "tessera/nn/module.hpp"
+#include "tessera/tensor/factories.hpp"
+
+namespace tessera::nn {
+
+template <Dtype T, DeviceKind K = cpu>
+class BatchNorm1d : public Module {
+  static_assert(is_floating_point_v<T>, "BatchNorm1d<T>: T must be a floating-point dtype");
+
+ public:
+  using value_type = T;
+  using device_kind = K;
+
+  /// `num_features` channels C. `momentum` weighs the newest batch in the running statistics;
+  /// std::nullopt gives the cumulative average (1 / num_batches_tracked), as PyTorch's None.
+  /// `affine`: learn a per-channel weight (ones) and bias (zeros). `track_running_stats`: keep
+  /// running_mean (zeros), running_var (ones) and num_batches_tracked (0, int64); without them
+  /// batch statistics are used in both modes. Throws std::invalid_argument for a negative
+  /// num_features or eps, or a momentum outside [0, 1].
+  explicit BatchNorm1d(std::int64_t num_features, double eps = 1e-5,
+                       std::optional<double> momentum = 0.1, bool affine = true,
+                       bool track_running_stats = true, int device = -1)
+      : Module("BatchNorm1d"),
+        num_features_(num_features),
+        eps_(eps),
+        momentum_(momentum),
+        affine_(affine),
+        track_running_stats_(track_running_stats) {
+    if (num_features < 0 || !(eps >= 0.0) || (momentum && !(*momentum >= 0 && *momentum <= 1))) {
+      throw std::invalid_argument(
+          "BatchNorm1d: expected num_features >= 0, eps >= 0 and momentum in [0, 1], got " +
+          std::to_string(num_features) + ", " + std::to_string(eps) + " and " +
+          (momentum ? std::to_string(*momentum) : std::string("none")));
+    }
+    const Shape channels{num_features};
+    if (affine) {
+      weight_.value() = ones<T, K>(channels, device);
+      bias_.value() = zeros<T, K>(channels, device);
+      register_parameter("weight", weight_);
+      register_parameter("bias", bias_);
+    }
+    if (track_running_stats) {
+      running_mean_.value() = zeros<T, K>(channels, device);
+      running_var_.value() = ones<T, K>(channels, device);
+      num_batches_tracked_.value() = zeros<std::int64_t, K>(Shape{}, device);
+      register_buffer("running_mean", running_mean_);
+      register_buffer("running_var", running_var_);
+      register_buffer("num_batches_tracked", num_batches_tracked_);
+    }
+  }
+  BatchNorm1d(const BatchNorm1d&) = default;
+
+  /// Normalises x ([N, C] or [N, C, L], a tensor or a lazy expression of tensors) per channel;
+  /// returns a new tensor. In training mode with running statistics, also updates
+  /// running_mean, running_var (in place) and num_batches_tracked. Throws shape_error for
+  /// another shape (naming it and C), and tessera::error for a training batch with one value
+  /// per channel (PyTorch's check), before changing anything.
+  template <class X>
+  auto forward(const X& x) const {
+    if constexpr (detail::is_eager_v<X>) {
+      using Input = detail::eager_tensor_t<X>;
+      static_assert(std::is_same_v<typename Input::value_type, T>,
+                    "BatchNorm1d<T>: the input's dtype is not T; convert it with .to<T>()");
+      static_assert(std::is_same_v<typename Input::device_kind, K>,
+                    "BatchNorm1d<T, Kind>: the input is on another device kind than the layer");
+      const Input input = detail::materialize(x);
+      const Shape& shape = input.shape();
+      if ((shape.size() != 2 && shape.size() != 3) || shape[1] != num_features_) {
+        throw shape_error("BatchNorm1d: expected an input of shape [N, " +
+                          std::to_string(num_features_) + "] or [N, " +
+                          std::to_string(num_features_) + ", L], got " + shape.str());
+      }
+      const Shape stat_shape =
+          shape.size() == 2 ? Shape{1, num_features_} : Shape{1, num_features_, 1};
+      const std::int64_t per_channel = num_features_ > 0 ? input.numel() / num_features_ : 0;
+
+      Tensor<T, K> mean, var;
+      if (is_training() || !track_running_stats_) {
+        if (is_training() && per_channel <= 1) {
+          throw error(
+              "BatchNorm1d: expected more than 1 value per channel when training, got "
+              "an input of shape " +
+              shape.str());
+        }
+        mean = channel_mean(input);
+        var = channel_mean((input - mean) * (input - mean));  // biased, for normalising
+        if (is_training() && track_running_stats_) update_running_stats(mean, var, per_channel);
+      } else {
+        mean = running_mean_.value().view(stat_shape);
+        var = running_var_.value().view(stat_shape);
+      }
+      if (affine_) {
+        return Input((input - mean) * rsqrt(var + eps_) * weight_.value().view(stat_shape) +
+                     bias_.value().view(stat_shape));
+      }
+      return Input((input - mean) * rsqrt(var + eps_));
+    } else {
+      static_assert(detail::always_false<X>,
+                    "BatchNorm1d: traced BatchNorm1d is not supported yet (the running-statistics "
+                    "update is a side effect the tracer does not record); it works on tensors");
+    }
+  }
+  template <class X>
+  auto operator()(const X& x) const {
+    return forward(x);
+  }
+
+  /// Running statistics back to mean 0, variance 1, no batches.
+  void reset_running_stats() {
+    if (!track_running_stats_) return;
+    running_mean_.value().zero_();
+    running_var_.value().fill_(T(1));
+    num_batches_tracked_.value().zero_();
+  }
+
+  /// Undefined values when affine is false.
+  const Parameter<T, K>& weight() const noexcept { return weight_; }
+  const Parameter<T, K>& bias() const noexcept { return bias_; }
+  /// Undefined values when track_running_stats is false.
+  const Buffer<T, K>& running_mean() const noexcept { return running_mean_; }
+  const Buffer<T, K>& running_var() const noexcept { return running_var_; }
+  const Buffer<std::int64_t, K>& num_batches_tracked() const noexcept {
+    return num_batches_tracked_;
+  }
+  std::int64_t num_features() const noexcept { return num_features_; }
+  double eps() const noexcept { return eps_; }
+  std::optional<double> momentum() const noexcept { return momentum_; }
+  bool affine() const noexcept { return affine_; }
+  bool track_running_stats() const noexcept { return track_running_stats_; }
+
+  using Module::to;
+  /// This layer on ordinal `index` of kind K2 (see ts::nn::to).
+  template <DeviceKind K2>
+  BatchNorm1d<T, K2> to(int index = -1) const {
+    return nn::to<K2>(*this, index);
+  }
+  /// An independent copy on `device` (of kind K2).
+  template <DeviceKind K2>
+  BatchNorm1d<T, K2> copy_to(Device device) const {
+    return detail::converted<K2>(*this, device, [&] {
+      return BatchNorm1d<T, K2>(num_features_, eps_, momentum_, affine_, track_running_stats_,
+                                device.index);
+    });
+  }
+
+ private:
+  /// The mean over every dimension but 1, kept as [1, C] or [1, C, 1].
+  template <class E>
+  static Tensor<T, K> channel_mean(const E& e) {
+    if (e.shape().size() == 2) return mean(e, 0, true);
+    return mean(mean(e, 2, true), 0, true);
+  }
+
+  void update_running_stats(const Tensor<T, K>& batch_mean, const Tensor<T, K>& batch_var,
+                            std::int64_t per_channel) const {
+    Tensor<std::int64_t, K> tracked = num_batches_tracked_.value();
+    tracked += 1;
+    // PyTorch's exponential_average_factor: the momentum, or 1/n for the cumulative average.
+    const double factor = momentum_ ? *momentum_ : 1.0 / static_cast<double>(tracked.item());
+    const double unbiased = static_cast<double>(per_channel) / static_cast<double>(per_channel - 1);
+    Tensor<T, K> running_mean = running_mean_.value();
+    Tensor<T, K> running_var = running_var_.value();
+    const Shape channels{num_features_};
+    running_mean = running_mean * (1.0 - factor) + batch_mean.view(channels) * factor;
+    running_var = running_var * (1.0 - factor) + batch_var.view(channels) * (factor * unbiased);
+  }
+
+  std::int64_t num_features_;
+  double eps_;
+  std::optional<double> momentum_;
+  bool affine_;
+  bool track_running_stats_;
+  Parameter<T, K> weight_;
+  Parameter<T, K> bias_;
+  Buffer<T, K> running_mean_;
+  Buffer<T, K> running_var_;
+  Buffer<std::int64_t, K> num_batches_tracked_;
+};
+
+}  // namespace tessera::nn

@@ -1,0 +1,226 @@
+// Adam and AdamW: exactly torch.optim.Adam's and torch.optim.AdamW's rules (torch/optim/adam.py,
+// adamw.py), with bias corrections from a step count kept per parameter, AMSGrad, and one fused
+// pass per parameter that writes the parameter and every moment at once. The moments are made at
+// the first step that finds a gradient (two buffers per parameter, three with amsgrad).
+#pragma once
+
+#include <array>
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/optim/optimizer.hpp"
+
+namespace tessera::optim {
+
+/// torch.optim.Adam's hyperparameters.
+struct AdamOptions {
+  double lr = 1e-3;
+  std::array<double, 2> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  /// L2 penalty added to the gradient (coupled, as Adam's).
+  double weight_decay = 0.0;
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+/// torch.optim.AdamW's hyperparameters: as Adam's, with decoupled weight decay 1e-2.
+struct AdamWOptions {
+  double lr = 1e-3;
+  std::array<double, 2> betas = {0.9, 0.999};
+  double eps = 1e-8;
+  /// Decoupled: p = p * (1 - lr * weight_decay) before the Adam update.
+  double weight_decay = 1e-2;
+  bool amsgrad = false;
+  bool maximize = false;
+};
+
+namespace detail {
+
+/// One element of Adam / AdamW. At the first step the moments are written without being read
+/// (they start at zero, so m = (1 - beta1) g and v = (1 - beta2) g^2 exactly).
+template <class T, class C>
+struct adam_update {
+  T* parameter;
+  const T* grad;
+  T* exp_avg;
+  T* exp_avg_sq;
+  T* max_exp_avg_sq;  // null without amsgrad
+  C beta1, beta2, one_minus_beta1, one_minus_beta2;
+  C weight_decay;           // Adam: added to the gradient
+  C decay_factor;           // AdamW: 1 - lr * weight_decay
+  C negative_step_size;     // -lr / (1 - beta1^t)
+  C bias_correction2_sqrt;  // sqrt(1 - beta2^t)
+  C eps;
+  bool decoupled, first_step, maximize;
+
+  TESSERA_HOST_DEVICE void operator()(std::int64_t i) const {
+    C p = static_cast<C>(parameter[i]);
+    C g = static_cast<C>(grad[i]);
+    if (maximize) g = -g;
+    if (decoupled) {
+      p = p * decay_factor;
+    } else if (weight_decay != C(0)) {
+      g = g + weight_decay * p;
+    }
+    // The stored (rounded) moments are what PyTorch reads back, hence the round trips via T.
+    const C m =
+        static_cast<C>(T(first_step ? one_minus_beta1 * g
+                                    : static_cast<C>(exp_avg[i]) * beta1 + one_minus_beta1 * g));
+    const C v = static_cast<C>(
+        T(first_step ? one_minus_beta2 * g * g
+                     : static_cast<C>(exp_avg_sq[i]) * beta2 + one_minus_beta2 * g * g));
+    exp_avg[i] = T(m);
+    exp_avg_sq[i] = T(v);
+    C second = v;
+    if (max_exp_avg_sq != nullptr) {
+      // PyTorch's running maximum starts at zero, and v >= 0: the first maximum is v.
+      second = first_step ? v : maximum(static_cast<C>(max_exp_avg_sq[i]), v);
+      max_exp_avg_sq[i] = T(second);
+      second = static_cast<C>(T(second));
+    }
+    const C denominator = square_root(second) / bias_correction2_sqrt + eps;
+    parameter[i] = T(p + negative_step_size * m / denominator);
+  }
+};
+
+/// What Adam and AdamW share; `Decoupled` selects AdamW's weight decay.
+template <class Options, bool Decoupled>
+class adam_base : public Optimizer {
+ public:
+  using options_type = Options;
+
+  adam_base(std::vector<nn::ParameterRef> parameters, Options options, const char* name)
+      : Optimizer(std::move(parameters), name), options_(options), state_(parameters_.size()) {
+    validate(options_, name_);
+  }
+
+  Options& options() noexcept { return options_; }
+  const Options& options() const noexcept { return options_; }
+
+  /// Steps taken by parameter i (it counts only the steps that found a gradient).
+  std::int64_t step_count(std::size_t i) const { return state_.at(i).step; }
+  /// Parameter i's moments (undefined before its first step; max_exp_avg_sq only with amsgrad).
+  const AnyTensor& exp_avg(std::size_t i) const { return state_.at(i).exp_avg; }
+  const AnyTensor& exp_avg_sq(std::size_t i) const { return state_.at(i).exp_avg_sq; }
+  const AnyTensor& max_exp_avg_sq(std::size_t i) const { return state_.at(i).max_exp_avg_sq; }
+
+  void step() override {
+    validate(options_, name_);
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      with_typed(i, [&](auto value, auto grad) { update(i, value, grad); });
+    }
+  }
+
+  /// Throws std::invalid_argument as PyTorch does: lr < 0, eps < 0, a beta outside [0, 1),
+  /// weight_decay < 0.
+  static void validate(const Options& o, const std::string& name) {
+    auto text = [](double v) { return std::to_string(v); };
+    if (!(o.lr >= 0.0)) throw std::invalid_argument(name + ": invalid learning rate " + text(o.lr));
+    if (!(o.eps >= 0.0))
+      throw std::invalid_argument(name + ": invalid epsilon value " + text(o.eps));
+    for (int k = 0; k < 2; ++k) {
+      if (!(o.betas[k] >= 0.0 && o.betas[k] < 1.0)) {
+        throw std::invalid_argument(name + ": invalid beta parameter at index " +
+                                    std::to_string(k) + ": " + text(o.betas[k]) +
+                                    " (expected 0 <= beta < 1)");
+      }
+    }
+    if (!(o.weight_decay >= 0.0)) {
+      throw std::invalid_argument(name + ": invalid weight_decay value " + text(o.weight_decay));
+    }
+  }
+
+ private:
+  struct parameter_state {
+    std::int64_t step = 0;
+    AnyTensor exp_avg, exp_avg_sq, max_exp_avg_sq;
+  };
+
+  template <Dtype T, DeviceKind K>
+  void update(std::size_t i, const Tensor<T, K>& value, const Tensor<T, K>& grad) {
+    using C = opmath_t<T>;
+    parameter_state& state = state_[i];
+    const bool first_step = !state.exp_avg.defined();
+    Tensor<T, K> exp_avg, exp_avg_sq, max_exp_avg_sq;
+    if (first_step) {
+      // Made here, filled by the pass, which writes them without reading them.
+      exp_avg = Tensor<T, K>::empty_on(value.shape(), value.device());
+      exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
+      if (options_.amsgrad) max_exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
+    } else {
+      exp_avg = state_like(state.exp_avg, value, "exp_avg", i);
+      exp_avg_sq = state_like(state.exp_avg_sq, value, "exp_avg_sq", i);
+      if (options_.amsgrad) {
+        if (!state.max_exp_avg_sq.defined()) {
+          throw error(name_ + ": amsgrad was switched on after parameter " + std::to_string(i) +
+                      "'s first step; PyTorch fails there too (no max_exp_avg_sq state)");
+        }
+        max_exp_avg_sq = state_like(state.max_exp_avg_sq, value, "max_exp_avg_sq", i);
+      }
+    }
+    // Scalars in double, as Python computes them, then rounded to the compute type.
+    const double step = static_cast<double>(state.step + 1);
+    const double bias_correction1 = 1.0 - std::pow(options_.betas[0], step);
+    const double bias_correction2 = 1.0 - std::pow(options_.betas[1], step);
+    const detail::adam_update<T, C> rule{value.data(),
+                                         grad.data(),
+                                         exp_avg.data(),
+                                         exp_avg_sq.data(),
+                                         options_.amsgrad ? max_exp_avg_sq.data() : nullptr,
+                                         static_cast<C>(options_.betas[0]),
+                                         static_cast<C>(options_.betas[1]),
+                                         static_cast<C>(1.0 - options_.betas[0]),
+                                         static_cast<C>(1.0 - options_.betas[1]),
+                                         static_cast<C>(options_.weight_decay),
+                                         static_cast<C>(1.0 - options_.lr * options_.weight_decay),
+                                         static_cast<C>(-(options_.lr / bias_correction1)),
+                                         static_cast<C>(std::sqrt(bias_correction2)),
+                                         static_cast<C>(options_.eps),
+                                         Decoupled,
+                                         first_step,
+                                         options_.maximize};
+    detail::for_each_element<K>(name_.c_str(), value.device(), value.numel(), rule);
+    state.step += 1;
+    if (first_step) {
+      state.exp_avg = exp_avg;
+      state.exp_avg_sq = exp_avg_sq;
+      if (options_.amsgrad) state.max_exp_avg_sq = max_exp_avg_sq;
+    }
+  }
+
+  Options options_;
+  std::vector<parameter_state> state_;
+};
+
+}  // namespace detail
+
+/// Adam (torch.optim.Adam): for each parameter p with gradient g, at its step t (counted per
+/// parameter),
+///
+///     g = g + weight_decay * p                                  (if weight_decay != 0)
+///     m = beta1 m + (1 - beta1) g;   v = beta2 v + (1 - beta2) g^2   (m, v start at 0)
+///     v_hat = max(v_hat, v) with amsgrad, else v
+///     p = p - lr / (1 - beta1^t) * m / (sqrt(v_hat) / sqrt(1 - beta2^t) + eps)
+///
+/// in the parameter's dtype (float for half and bfloat16), one pass per parameter. The first step
+/// of a parameter makes its two moments (three with amsgrad).
+class Adam : public detail::adam_base<AdamOptions, false> {
+ public:
+  /// Throws std::invalid_argument for invalid options (see validate) or parameter lists.
+  Adam(std::vector<nn::ParameterRef> parameters, AdamOptions options = {})
+      : adam_base(std::move(parameters), options, "Adam") {}
+};
+
+/// AdamW (torch.optim.AdamW): Adam with decoupled weight decay, p = p * (1 - lr * weight_decay)
+/// before the update, and the gradient left alone. Default weight_decay 1e-2.
+class AdamW : public detail::adam_base<AdamWOptions, true> {
+ public:
+  AdamW(std::vector<nn::ParameterRef> parameters, AdamWOptions options = {})
+      : adam_base(std::move(parameters), options, "AdamW") {}
+};
+
+}  // namespace tessera::optim

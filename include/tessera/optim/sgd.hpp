@@ -1,0 +1,151 @@
+// SGD with momentum, dampening, Nesterov momentum and weight decay: exactly torch.optim.SGD's
+// rule (torch/optim/sgd.py), one fused pass per parameter, the momentum buffer made at the
+// first step that finds a gradient.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/optim/optimizer.hpp"
+
+namespace tessera::optim {
+
+/// torch.optim.SGD's hyperparameters. `lr` has no default: leaving it out is an error.
+struct SGDOptions {
+  double lr = std::numeric_limits<double>::quiet_NaN();
+  double momentum = 0.0;
+  double dampening = 0.0;
+  double weight_decay = 0.0;
+  bool nesterov = false;
+  /// Maximise the objective (step along the gradient), as PyTorch's `maximize`.
+  bool maximize = false;
+};
+
+namespace detail {
+
+/// One element of SGD. With momentum, the first step sets the buffer to the (decayed) gradient
+/// itself, without dampening, as PyTorch does.
+template <class T, class C>
+struct sgd_update {
+  T* parameter;
+  const T* grad;
+  T* momentum_buffer;  // null without momentum
+  C lr, momentum, dampening_complement, weight_decay;
+  bool nesterov, first_step, maximize;
+
+  TESSERA_HOST_DEVICE void operator()(std::int64_t i) const {
+    const C p = static_cast<C>(parameter[i]);
+    C d = static_cast<C>(grad[i]);
+    if (maximize) d = -d;
+    if (weight_decay != C(0)) d = d + weight_decay * p;
+    if (momentum_buffer != nullptr) {
+      C b =
+          first_step ? d : static_cast<C>(momentum_buffer[i]) * momentum + dampening_complement * d;
+      momentum_buffer[i] = T(b);
+      b = static_cast<C>(T(b));  // the stored value is what PyTorch reads back
+      d = nesterov ? d + momentum * b : b;
+    }
+    parameter[i] = T(p + (-lr) * d);
+  }
+};
+
+}  // namespace detail
+
+/// Stochastic gradient descent (torch.optim.SGD): for each parameter p with a gradient g,
+///
+///     g = g + weight_decay * p                       (if weight_decay != 0)
+///     buf = g at the first step, else momentum * buf + (1 - dampening) * g   (if momentum != 0)
+///     g = g + momentum * buf if nesterov, else buf    (if momentum != 0)
+///     p = p - lr * g
+///
+/// computed in the parameter's dtype (float for half and bfloat16) in one pass per parameter.
+/// With momentum, step() makes one buffer per parameter the first time it sees its gradient.
+class SGD : public Optimizer {
+ public:
+  using options_type = SGDOptions;
+
+  /// Throws std::invalid_argument, as PyTorch does, for a missing or negative lr, a negative
+  /// momentum, dampening or weight_decay, or nesterov without momentum or with dampening; and
+  /// for an empty or repeated parameter list.
+  SGD(std::vector<nn::ParameterRef> parameters, SGDOptions options)
+      : Optimizer(std::move(parameters), "SGD"),
+        options_(options),
+        momentum_buffers_(parameters_.size()) {
+    validate(options_);
+  }
+
+  /// The hyperparameters; change them between steps (e.g. the learning rate). step() checks
+  /// them again.
+  SGDOptions& options() noexcept { return options_; }
+  const SGDOptions& options() const noexcept { return options_; }
+
+  /// Parameter i's momentum buffer (undefined before its first step, or without momentum).
+  const AnyTensor& momentum_buffer(std::size_t i) const { return momentum_buffers_.at(i); }
+
+  void step() override {
+    validate(options_);
+    for (std::size_t i = 0; i < parameters_.size(); ++i) {
+      with_typed(i, [&](auto value, auto grad) { update(i, value, grad); });
+    }
+  }
+
+  static void validate(const SGDOptions& o) {
+    if (std::isnan(o.lr)) {
+      throw std::invalid_argument("SGD: the learning rate is not set; give options.lr");
+    }
+    if (!(o.lr >= 0.0)) throw std::invalid_argument("SGD: invalid learning rate " + str(o.lr));
+    if (!(o.momentum >= 0.0)) {
+      throw std::invalid_argument("SGD: invalid momentum value " + str(o.momentum));
+    }
+    if (!(o.dampening >= 0.0)) {
+      throw std::invalid_argument("SGD: invalid dampening value " + str(o.dampening));
+    }
+    if (!(o.weight_decay >= 0.0)) {
+      throw std::invalid_argument("SGD: invalid weight_decay value " + str(o.weight_decay));
+    }
+    if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0)) {
+      throw std::invalid_argument(
+          "SGD: Nesterov momentum requires a momentum and zero dampening (momentum " +
+          str(o.momentum) + ", dampening " + str(o.dampening) + ")");
+    }
+  }
+
+ private:
+  static std::string str(double v) { return std::to_string(v); }
+
+  template <Dtype T, DeviceKind K>
+  void update(std::size_t i, const Tensor<T, K>& value, const Tensor<T, K>& grad) {
+    using C = opmath_t<T>;
+    const bool has_momentum = options_.momentum != 0.0;
+    AnyTensor& buffer_state = momentum_buffers_[i];
+    const bool first_step = has_momentum && !buffer_state.defined();
+    Tensor<T, K> buffer;
+    if (has_momentum) {
+      // Made here, filled by the pass (the first step writes it without reading it).
+      buffer = first_step ? Tensor<T, K>::empty_on(value.shape(), value.device())
+                          : state_like(buffer_state, value, "momentum buffer", i);
+    }
+    const detail::sgd_update<T, C> rule{value.data(),
+                                        grad.data(),
+                                        has_momentum ? buffer.data() : nullptr,
+                                        static_cast<C>(options_.lr),
+                                        static_cast<C>(options_.momentum),
+                                        static_cast<C>(1.0 - options_.dampening),
+                                        static_cast<C>(options_.weight_decay),
+                                        options_.nesterov,
+                                        first_step,
+                                        options_.maximize};
+    detail::for_each_element<K>("SGD", value.device(), value.numel(), rule);
+    if (first_step) buffer_state = buffer;
+  }
+
+  SGDOptions options_;
+  std::vector<AnyTensor> momentum_buffers_;
+};
+
+}  // namespace tessera::optim
