@@ -1,0 +1,404 @@
+// Var<T, Kind>: a symbolic tensor. Tracing a function of Vars records a graph of values and nodes
+// (nothing is computed); autograd/program.hpp compiles that graph into a Program with a memory
+// plan. A Var is also an expression leaf, so `a * b + c` of Vars builds the same lazy expression
+// tree as for tensors; binding it (to a Var, or as the operand of a non-elementwise op) records
+// one fused node that keeps the expression's type.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "tessera/autograd/parameter.hpp"
+#include "tessera/expr/node.hpp"
+#include "tessera/tensor/any_tensor.hpp"
+
+namespace tessera::autograd {
+
+template <Dtype T, DeviceKind K = cpu>
+class Var;
+
+/// Training keeps what backward needs; inference keeps nothing for backward (a smaller plan).
+enum class Mode { training, inference };
+
+namespace detail {
+
+using tessera::detail::symbolic_expression;
+
+/// What a value is.
+enum class value_role {
+  input,      // bound to forward's arguments
+  parameter,  // bound to a parameter slot's value
+  constant,   // a tensor captured while tracing
+  computed,   // written by a node into the arena
+  view,       // shares the storage of another value (its base)
+  gradient,   // the gradient of a computed or view value (arena)
+  parameter_gradient  // a parameter slot's grad (outside the arena)
+};
+
+struct value_info {
+  Shape shape;
+  Strides strides;  // contiguous except for views
+  std::int64_t offset = 0;  // views: element offset from the base's first element
+  ScalarType dtype = ScalarType::float32;
+  Device device;
+  value_role role = value_role::computed;
+  int producer = -1;  // node writing it (computed, view)
+  int base = -1;      // view: the value it views; gradients: the value they are the gradient of
+  int grad = -1;      // the id of this value's gradient, when it has one
+  bool requires_grad = false;
+  std::string name;
+
+  std::size_t bytes() const {
+    return static_cast<std::size_t>(shape.numel()) * element_size(dtype);
+  }
+};
+
+class value_table;
+
+/// Binding of a parameter slot, type-erased.
+struct parameter_binding {
+  std::shared_ptr<void> slot;  // keeps the slot alive
+  const void* identity = nullptr;
+  std::function<AnyTensor()> value;
+  std::function<AnyTensor()> grad;          // the slot's grad, created (zeros) when undefined
+  std::function<bool()> has_grad;
+  int value_id = -1;
+};
+
+/// A recorded operation. Nodes read their inputs from and write their output to a value_table.
+class node {
+ public:
+  virtual ~node() = default;
+  virtual const char* name() const = 0;
+  /// Computes the output from the inputs.
+  virtual void forward(value_table& table) = 0;
+  /// True when the output is a view of inputs[0] (no buffer of its own).
+  virtual bool is_view() const { return false; }
+  /// Called once tracing is over: builds what backward needs for the inputs that require grad.
+  virtual void finalize(const std::vector<value_info>& values) { (void)values; }
+  /// The values whose gradients backward writes, in the order it writes them (repeats allowed).
+  virtual std::vector<int> contributions() const { return {}; }
+  /// Forward values and gradients backward reads (so they are kept alive until then).
+  virtual std::vector<int> backward_reads() const { return {}; }
+  /// Scratch bytes backward needs for the duration of the step.
+  virtual std::size_t backward_scratch() const { return 0; }
+  /// Adds this node's contributions to its inputs' gradients; `accumulate[i]` tells contribution
+  /// i whether its gradient already holds something (add) or not (overwrite).
+  virtual void backward(value_table& table, const std::vector<char>& accumulate) {
+    (void)table;
+    (void)accumulate;
+  }
+  /// An input whose buffer the output may take over when it dies here (elementwise, same shape).
+  virtual std::vector<int> inplace_candidates() const { return {}; }
+  /// The value on whose device the backward scratch lives.
+  virtual int scratch_value() const { return output; }
+
+  std::vector<int> inputs;
+  int output = -1;
+};
+
+/// The run-time tensors of a program's values. A gradient is looked up by the value it belongs to.
+class value_table {
+ public:
+  std::vector<AnyTensor> tensors;
+  std::vector<int> grad_of;   // value id -> gradient value id (-1: none)
+  // The current step's scratch: bytes [scratch_begin, scratch_end) of the arena `scratch`;
+  // scratch_offset is where the next scratch tensor goes.
+  Storage scratch;
+  std::int64_t scratch_begin = 0;
+  std::int64_t scratch_end = 0;
+  std::int64_t scratch_offset = 0;
+
+  const AnyTensor& value(int id) const { return tensors[static_cast<std::size_t>(id)]; }
+  const AnyTensor& gradient(int id) const {
+    return tensors[static_cast<std::size_t>(grad_of[static_cast<std::size_t>(id)])];
+  }
+  template <class T, class K>
+  Tensor<T, K> typed(const AnyTensor& t, const Shape& shape) const {
+    Tensor<T, K> typed(t.storage(), t.shape(), t.strides(), t.storage_offset());
+    if (typed.shape() != shape) return typed.view(shape);
+    return typed;
+  }
+  template <class T, class K>
+  Tensor<T, K> get(int id, const Shape& shape, bool is_grad) const {
+    return typed<T, K>(is_grad ? gradient(id) : value(id), shape);
+  }
+  template <class T, class K>
+  Tensor<T, K> get(int id) const {
+    const AnyTensor& t = value(id);
+    return Tensor<T, K>(t.storage(), t.shape(), t.strides(), t.storage_offset());
+  }
+  template <class T, class K>
+  Tensor<T, K> grad(int id) const {
+    const AnyTensor& t = gradient(id);
+    return Tensor<T, K>(t.storage(), t.shape(), t.strides(), t.storage_offset());
+  }
+  /// A contiguous scratch tensor of `shape` carved from the step's scratch bytes.
+  template <class T, class K>
+  Tensor<T, K> scratch_tensor(const Shape& shape) {
+    constexpr std::int64_t align = 64;
+    const std::int64_t start = (scratch_offset + align - 1) / align * align;
+    const std::int64_t bytes = shape.numel() * static_cast<std::int64_t>(sizeof(T));
+    if (start + bytes > scratch_end) {
+      throw error("autograd: internal error: a node asked for more scratch than it planned");
+    }
+    scratch_offset = start + bytes;
+    return Tensor<T, K>(scratch, shape, shape.contiguous_strides(),
+                        start / static_cast<std::int64_t>(sizeof(T)));
+  }
+};
+
+/// Scratch bytes for a tensor of `shape` and dtype T, as scratch_tensor carves them.
+template <class T>
+std::size_t scratch_bytes(const Shape& shape) {
+  return static_cast<std::size_t>(shape.numel()) * sizeof(T) + 64;
+}
+
+/// The graph being traced: values and nodes, in the order they were recorded.
+class graph {
+ public:
+  std::vector<value_info> values;
+  std::vector<std::unique_ptr<node>> nodes;
+  std::vector<parameter_binding> parameters;
+  std::vector<AnyTensor> constants;  // by value id (undefined for others)
+
+  int add_value(value_info info) {
+    values.push_back(std::move(info));
+    constants.emplace_back();
+    return static_cast<int>(values.size()) - 1;
+  }
+  /// Records `n` producing a new contiguous value of dtype `dtype` and `shape` on `device`.
+  int add_node(std::unique_ptr<node> n, const Shape& shape, ScalarType dtype, Device device) {
+    value_info info;
+    info.shape = shape;
+    info.strides = shape.contiguous_strides();
+    info.dtype = dtype;
+    info.device = device;
+    info.role = value_role::computed;
+    info.producer = static_cast<int>(nodes.size());
+    for (int input : n->inputs) {
+      if (values[static_cast<std::size_t>(input)].requires_grad) info.requires_grad = true;
+    }
+    if (!is_floating_point(dtype)) info.requires_grad = false;
+    const int id = add_value(std::move(info));
+    n->output = id;
+    nodes.push_back(std::move(n));
+    return id;
+  }
+  /// Records a view node: its output shares the storage of inputs[0].
+  int add_view(std::unique_ptr<node> n, const Shape& shape, const Strides& strides,
+               std::int64_t offset) {
+    const value_info& base = values[static_cast<std::size_t>(n->inputs[0])];
+    value_info info;
+    info.shape = shape;
+    info.strides = strides;
+    info.offset = base.offset + offset;
+    info.dtype = base.dtype;
+    info.device = base.device;
+    info.role = value_role::view;
+    info.producer = static_cast<int>(nodes.size());
+    info.base = n->inputs[0];
+    info.requires_grad = base.requires_grad;
+    const int id = add_value(std::move(info));
+    n->output = id;
+    nodes.push_back(std::move(n));
+    return id;
+  }
+  /// A tensor captured while tracing, used by a node (not by an expression, which holds it).
+  template <class T, class K>
+  int add_constant(const Tensor<T, K>& tensor) {
+    if (!tensor.defined()) throw error("autograd: an operand is an undefined tensor");
+    value_info info;
+    info.shape = tensor.shape();
+    info.strides = tensor.strides();
+    info.dtype = scalar_type_of<T>;
+    info.device = tensor.device();
+    info.role = value_role::constant;
+    info.name = "constant";
+    const int id = add_value(std::move(info));
+    constants[static_cast<std::size_t>(id)] = tensor;
+    return id;
+  }
+  /// The value of parameter `slot`, recorded once however often it is used.
+  template <class T, class K>
+  int add_parameter(const std::shared_ptr<parameter_slot<T, K>>& slot) {
+    if (!slot) throw error("autograd: a parameter handle is empty");
+    for (const auto& p : parameters) {
+      if (p.identity == slot.get()) return p.value_id;
+    }
+    if (!slot->value.defined()) throw error("autograd: a parameter has no value (undefined tensor)");
+    value_info info;
+    info.shape = slot->value.shape();
+    info.strides = info.shape.contiguous_strides();
+    info.dtype = scalar_type_of<T>;
+    info.device = slot->value.device();
+    info.role = value_role::parameter;
+    info.requires_grad = slot->requires_grad && is_floating_point_v<T>;
+    info.name = "parameter " + std::to_string(parameters.size());
+    parameter_binding binding;
+    binding.slot = slot;
+    binding.identity = slot.get();
+    parameter_slot<T, K>* raw = slot.get();
+    binding.value = [raw]() -> AnyTensor { return raw->value; };
+    binding.grad = [raw]() -> AnyTensor {
+      if (!raw->grad.defined()) {
+        raw->grad = Tensor<T, K>::empty_on(raw->value.shape(), raw->value.device());
+        raw->grad.zero_();
+      }
+      return raw->grad;
+    };
+    binding.has_grad = [raw] { return raw->grad.defined(); };
+    binding.value_id = add_value(std::move(info));
+    parameters.push_back(std::move(binding));
+    return parameters.back().value_id;
+  }
+};
+
+template <class X>
+struct is_var : std::false_type {};
+template <class T, class K>
+struct is_var<Var<T, K>> : std::true_type {};
+
+/// The graph of the first Var leaf of a symbolic expression.
+template <class E>
+graph* graph_of(const E& e);
+
+}  // namespace detail
+
+/// A symbolic tensor of dtype T on a device of kind K: a value of a traced graph. The operators and
+/// functions of tensors apply; nothing is computed until the compiled Program runs.
+template <Dtype T, DeviceKind K>
+class Var {
+ public:
+  // The expression-leaf interface (expr/node.hpp): Vars are leaves of symbolic expressions.
+  using expression_node_tag = void;
+  using value_type = T;
+  using device_kind = K;
+  using evaluator_type = backend::leaf_evaluator<T>;
+  static constexpr int leaf_count = 1;
+  static constexpr bool is_scalar = false;
+  static constexpr bool is_symbolic = true;
+
+  /// An empty Var (belongs to no graph).
+  Var() = default;
+  /// Value `id` of `graph`; `is_grad` reads the value's gradient instead; `shape` is how the
+  /// value is read (its own shape, or a view of it with the same elements).
+  Var(detail::graph* graph, int id, Shape shape, bool is_grad = false)
+      : graph_(graph), id_(id), shape_(std::move(shape)), is_grad_(is_grad) {}
+  /// Binds a symbolic expression: records one fused node computing it (values converted to T).
+  /// Defined in autograd/ops.hpp.
+  template <class E>
+    requires tessera::detail::symbolic_expression<E> && (!detail::is_var<E>::value)
+  Var(const E& expression);  // NOLINT: implicit, as Tensor's
+
+  bool defined() const noexcept { return graph_ != nullptr; }
+  detail::graph* graph() const noexcept { return graph_; }
+  int id() const noexcept { return id_; }
+  bool is_grad() const noexcept { return is_grad_; }
+
+  const Shape& shape() const noexcept { return shape_; }
+  int dim() const noexcept { return shape_.size(); }
+  std::int64_t numel() const noexcept { return shape_.numel(); }
+  std::int64_t size(std::int64_t dim) const {
+    return shape_[shape_.normalize_dim(dim, "size")];
+  }
+  Device device() const { return info().device; }
+  int device_index() const { return device().index; }
+  const detail::value_info& info() const {
+    if (!graph_) throw error("autograd: the Var is empty (default-constructed)");
+    return graph_->values[static_cast<std::size_t>(id_)];
+  }
+
+  /// Expression-leaf interface: records this leaf's device or throws device_mismatch_error.
+  void check_device(std::optional<Device>& device, const char* operation) const {
+    const Device mine = this->device();
+    if (!device) {
+      device = mine;
+    } else if (*device != mine) {
+      throw device_mismatch_error(std::string(operation) + ": operands are on different devices, " +
+                                  device->str() + " and " + mine.str());
+    }
+  }
+
+  // Views and copies: defined in autograd/ops.hpp.
+  Var view(const Shape& shape) const;
+  Var reshape(const Shape& shape) const;
+  Var transpose(std::int64_t a, std::int64_t b) const;
+  Var t() const;
+  Var permute(const Shape& dims) const;
+  Var narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
+  std::vector<Var> split(std::int64_t split_size, std::int64_t dim = 0) const;
+  std::vector<Var> chunk(std::int64_t chunks, std::int64_t dim = 0) const;
+  Var unsqueeze(std::int64_t dim) const;
+  Var squeeze(std::int64_t dim) const;
+  Var flatten(std::int64_t start = 0, std::int64_t end = -1) const;
+  /// A differentiable copy to ordinal `index` of the same kind (model parallelism).
+  Var to(int index) const;
+
+ private:
+  detail::graph* graph_ = nullptr;
+  int id_ = -1;
+  Shape shape_;
+  bool is_grad_ = false;
+};
+
+/// A placeholder for an input of a compiled function: dtype T, device kind K, a shape and an
+/// ordinal.
+template <Dtype T, DeviceKind K = cpu>
+struct input_spec {
+  using value_type = T;
+  using device_kind = K;
+  Shape shape;
+  int device = 0;
+};
+
+/// input<float>({32, 784}): an input of that dtype, shape and device.
+template <Dtype T, DeviceKind K = cpu>
+input_spec<T, K> input(const Shape& shape, int device = 0) {
+  return input_spec<T, K>{shape, device};
+}
+
+/// The Var of a parameter slot in the graph that `like` (a Var or a symbolic expression) belongs
+/// to; recorded once per slot.
+template <class T, class K, class X>
+  requires tessera::detail::symbolic_expression<X>
+Var<T, K> parameter(const std::shared_ptr<parameter_slot<T, K>>& slot, const X& like) {
+  detail::graph* g = detail::graph_of(like);
+  const int id = g->add_parameter(slot);
+  return Var<T, K>(g, id, g->values[static_cast<std::size_t>(id)].shape);
+}
+
+namespace detail {
+
+template <class E>
+graph* graph_of(const E& e) {
+  if constexpr (is_var<E>::value) {
+    if (!e.graph()) throw error("autograd: an operand is an empty Var");
+    return e.graph();
+  } else if constexpr (requires { e.operand; }) {
+    return graph_of(e.operand);
+  } else if constexpr (requires { e.condition; }) {
+    if constexpr (std::remove_cvref_t<decltype(e.condition)>::is_symbolic) {
+      return graph_of(e.condition);
+    } else if constexpr (std::remove_cvref_t<decltype(e.left)>::is_symbolic) {
+      return graph_of(e.left);
+    } else {
+      return graph_of(e.right);
+    }
+  } else {
+    if constexpr (std::remove_cvref_t<decltype(e.left)>::is_symbolic) {
+      return graph_of(e.left);
+    } else {
+      return graph_of(e.right);
+    }
+  }
+}
+
+}  // namespace detail
+
+}  // namespace tessera::autograd
