@@ -43,3 +43,18 @@ if(TARGET expr_random_expr_test)
   set_tests_properties(expr.random_expr_test PROPERTIES
     FIXTURES_REQUIRED oracle_expr_numpy LABELS "expr;oracles")
 endif()
+
+# nn.layers_test and optim.optim_test compare layers, losses and optimiser trajectories with
+# PyTorch (Debian's python3-torch; `cmake/install-deps.sh --test` installs it): each test runs
+# nn_torch.py itself, which draws the inputs with torch's generator and writes PyTorch's results
+# (without torch the script exits 2 and the test fails, saying what to install).
+foreach(torch_test IN ITEMS nn.layers_test optim.optim_test)
+  string(REPLACE "." "_" torch_target ${torch_test})
+  if(TARGET ${torch_target})
+    target_compile_definitions(${torch_target} PRIVATE
+      TESSERA_ORACLE_SCRIPTS="${CMAKE_CURRENT_SOURCE_DIR}/oracles"
+      TESSERA_ORACLE_PYTHON="${TESSERA_ORACLE_PYTHON}")
+    string(REGEX REPLACE "\\..*$" "" torch_folder ${torch_test})
+    set_tests_properties(${torch_test} PROPERTIES LABELS "${torch_folder};oracles")
+  endif()
+endforeach()
