@@ -79,9 +79,9 @@ struct Wrapper : nn::Module {
 
 TEST_CASE("named_parameters and state_dict use PyTorch's names and order", "[module]") {
   Net<> net;
-  CHECK(names_of(net.named_parameters()) ==
-        std::vector<std::string>{"fc1.weight", "fc1.bias", "bn.weight", "bn.bias", "fc2.weight",
-                                 "fc2.bias"});
+  CHECK(names_of(net.named_parameters()) == std::vector<std::string>{"fc1.weight", "fc1.bias",
+                                                                     "bn.weight", "bn.bias",
+                                                                     "fc2.weight", "fc2.bias"});
   CHECK(net.parameters().size() == 6);
   CHECK(names_of(net.named_buffers()) ==
         std::vector<std::string>{"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"});
@@ -111,9 +111,9 @@ TEST_CASE("named_parameters and state_dict use PyTorch's names and order", "[mod
 TEST_CASE("Sequential names children by position, plain layers included", "[module][sequential]") {
   auto seq = nn::Sequential(nn::Linear<float>(4, 8), nn::ReLU{}, nn::Dropout(0.1),
                             nn::Linear<float>(8, 2, false), nn::Flatten{});
-  static_assert(std::is_same_v<decltype(seq),
-                               nn::Sequential<nn::Linear<float>, nn::ReLU, nn::Dropout,
-                                              nn::Linear<float>, nn::Flatten>>);
+  static_assert(
+      std::is_same_v<decltype(seq), nn::Sequential<nn::Linear<float>, nn::ReLU, nn::Dropout,
+                                                   nn::Linear<float>, nn::Flatten>>);
   static_assert(decltype(seq)::size() == 5);
   CHECK(names_of(seq.named_parameters()) ==
         std::vector<std::string>{"0.weight", "0.bias", "3.weight"});
@@ -147,14 +147,12 @@ TEST_CASE("registration errors name the problem", "[module]") {
   // A module cannot contain itself.
   Custom outer;
   outer.register_module("child", custom);
-  CHECK_THROWS_WITH(custom.register_module("parent", outer),
-                    Catch::Contains("its own descendant"));
+  CHECK_THROWS_WITH(custom.register_module("parent", outer), Catch::Contains("its own descendant"));
   CHECK_THROWS_WITH(custom.register_module("self", custom), Catch::Contains("its own descendant"));
   CHECK(custom.named_children().size() == 1);
 }
 
-TEST_CASE("a parameter shared by two children is listed once, saved under both names",
-          "[module]") {
+TEST_CASE("a parameter shared by two children is listed once, saved under both names", "[module]") {
   struct Tied : nn::Module {
     nn::Linear<float> a{3, 3}, b{3, 3};
     Tied() {
@@ -374,9 +372,10 @@ TEST_CASE("to<Kind>(i) returns a converted module; an alias when nothing would m
   // The CUDA types exist whether or not a GPU does; without one the conversion throws.
   using CudaNet = ts::nn::rebind_kind_t<Net<>, ts::cuda>;
   static_assert(std::is_same_v<CudaNet, Net<ts::cuda>>);
-  static_assert(std::is_same_v<ts::nn::rebind_kind_t<decltype(seq), ts::cuda>,
-                               nn::Sequential<nn::Linear<float, ts::cuda>, nn::ReLU,
-                                              nn::BatchNorm1d<float, ts::cuda>>>);
+  static_assert(
+      std::is_same_v<
+          ts::nn::rebind_kind_t<decltype(seq), ts::cuda>,
+          nn::Sequential<nn::Linear<float, ts::cuda>, nn::ReLU, nn::BatchNorm1d<float, ts::cuda>>>);
   if (!ts::cuda::is_available()) {
     CHECK_THROWS_AS(nn::to<ts::cuda>(net, 0), ts::device_error);
     CHECK_THROWS_AS(lin.to<ts::cuda>(0), ts::device_error);
@@ -433,8 +432,8 @@ TEST_CASE("modules are handles: copies alias, nothing dangles, nothing is re-poi
   {
     Net<> net;
     original_parameters = net.parameters();
-    Net<> copy = net;                 // copy: aliases
-    Net<> moved = std::move(copy);    // a move copies the handle too: `copy` stays usable
+    Net<> copy = net;               // copy: aliases
+    Net<> moved = std::move(copy);  // a move copies the handle too: `copy` stays usable
     CHECK(copy.parameters() == original_parameters);
     CHECK(moved.parameters() == original_parameters);
     CHECK(moved.is_same(net));

@@ -48,10 +48,9 @@ class file {
                                 TESSERA_ORACLE_SCRIPTS + "/nn_torch.py\" " + section + " \"" +
                                 path.string() + "\"";
     if (std::system(command.c_str()) != 0) {
-      throw std::runtime_error(
-          "the PyTorch oracle failed: " + command +
-          "\n(it needs Debian's python3-torch for /usr/bin/python3: run "
-          "`bash cmake/install-deps.sh --test`)");
+      throw std::runtime_error("the PyTorch oracle failed: " + command +
+                               "\n(it needs Debian's python3-torch for /usr/bin/python3: run "
+                               "`bash cmake/install-deps.sh --test`)");
     }
     std::ifstream in(path);
     std::string header, values;
@@ -70,7 +69,8 @@ class file {
       while (v >> word) a.values.push_back(std::strtod(word.c_str(), nullptr));
       arrays_.emplace(name, std::move(a));
     }
-    if (arrays_.empty()) throw std::runtime_error("the PyTorch oracle wrote nothing to " + path.string());
+    if (arrays_.empty())
+      throw std::runtime_error("the PyTorch oracle wrote nothing to " + path.string());
   }
 
   bool contains(const std::string& name) const { return arrays_.count(name) != 0; }
