@@ -9,6 +9,7 @@
 
 #include "tessera/backend/evaluator.hpp"
 #include "tessera/core/config.hpp"
+#include "tessera/expr/detail/vector_math.hpp"
 
 namespace tessera {
 
@@ -136,13 +137,43 @@ struct power {
     template <class A>                                                                     \
     TESSERA_HOST_DEVICE A operator()(A a) const { return TESSERA_MATH(fn)(a); }            \
   };
-TESSERA_UNARY_MATH_FUNCTOR(exp, exp)
 TESSERA_UNARY_MATH_FUNCTOR(log, log)
 TESSERA_UNARY_MATH_FUNCTOR(sqrt, sqrt)
 TESSERA_UNARY_MATH_FUNCTOR(sin, sin)
 TESSERA_UNARY_MATH_FUNCTOR(cos, cos)
-TESSERA_UNARY_MATH_FUNCTOR(tanh, tanh)
 #undef TESSERA_UNARY_MATH_FUNCTOR
+
+// exp, tanh and sigmoid on float (half and bfloat16 compute in float) use the vectorisable
+// implementations of expr/detail/vector_math.hpp on the host (libm's expf/tanhf are calls the
+// compiler cannot vectorise; accuracy bounds are in that header). Double and device code keep
+// std:: and CUDA's functions.
+#if TESSERA_DEVICE_CODE
+#define TESSERA_VECTOR_MATH_FLOAT(A) false
+#else
+#define TESSERA_VECTOR_MATH_FLOAT(A) std::is_same_v<A, float>
+#endif
+struct exp {
+  static constexpr const char* name = "exp";
+  template <class A>
+  TESSERA_HOST_DEVICE A operator()(A a) const {
+    if constexpr (TESSERA_VECTOR_MATH_FLOAT(A)) {
+      return detail::vector_math::exp(a);
+    } else {
+      return TESSERA_MATH(exp)(a);
+    }
+  }
+};
+struct tanh {
+  static constexpr const char* name = "tanh";
+  template <class A>
+  TESSERA_HOST_DEVICE A operator()(A a) const {
+    if constexpr (TESSERA_VECTOR_MATH_FLOAT(A)) {
+      return detail::vector_math::tanh(a);
+    } else {
+      return TESSERA_MATH(tanh)(a);
+    }
+  }
+};
 
 struct abs {
   static constexpr const char* name = "abs";
@@ -163,8 +194,15 @@ struct rsqrt {
 struct sigmoid {
   static constexpr const char* name = "sigmoid";
   template <class A>
-  TESSERA_HOST_DEVICE A operator()(A a) const { return A(1) / (A(1) + TESSERA_MATH(exp)(-a)); }
+  TESSERA_HOST_DEVICE A operator()(A a) const {
+    if constexpr (TESSERA_VECTOR_MATH_FLOAT(A)) {
+      return detail::vector_math::sigmoid(a);
+    } else {
+      return A(1) / (A(1) + TESSERA_MATH(exp)(-a));
+    }
+  }
 };
+#undef TESSERA_VECTOR_MATH_FLOAT
 /// Conversion to U, rounded through U (so cast<half> really rounds), handed on as opmath_t<U>.
 template <class U>
 struct cast_to {

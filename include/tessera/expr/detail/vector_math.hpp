@@ -1,0 +1,115 @@
+// Float exp, tanh and sigmoid that GCC and Clang vectorise inside the CPU executor's loops
+// without -ffast-math: straight-line arithmetic, integer bit tricks for 2^n, and selects instead
+// of branches, so the calls inline into packed SSE/AVX code where libm's expf/tanhf would stay
+// scalar calls. The functors (expr/functors.hpp) use them for float (and half/bfloat16, which
+// compute in float) on the host; double keeps std::, CUDA device code keeps ::expf and friends.
+//
+// Accuracy against the correctly rounded result (tests/expr/vector_math_test.cpp sweeps every
+// float of the ranges below with a stride of a few ulp, and the special values):
+//   exp:     <= 2 ulp for normal results; the subnormal range (x < -87.34) is rounded once from
+//            the polynomial, so within 1 ulp of the subnormal spacing; x < -103.97 gives +0 and
+//            x > 88.7228 gives +inf exactly as std::exp; NaN in, NaN out.
+//   tanh:    <= 2 ulp everywhere; odd (tanh(-x) == -tanh(x) bit for bit, -0 stays -0);
+//            |x| >= 9.1 gives exactly +-1.
+//   sigmoid: <= 3 ulp, subnormal results included (x < -87.3 keeps its tail instead of
+//            flushing to 0); sigmoid(-inf) = 0, sigmoid(+inf) = 1.
+#pragma once
+
+#include <bit>
+#include <cstdint>
+
+namespace tessera::detail::vector_math {
+
+// Why no `c ? a : b` on computed floats and no float comparisons: under the default
+// -ftrapping-math GCC will not if-convert a select whose arm holds a float operation that may
+// trap (the optimiser sinks the operation into the arm), nor a float comparison, so the loop
+// stays scalar ("control flow in loop"). Tests are integer comparisons of bit patterns and
+// selects are bit masks; both vectorise.
+
+inline std::uint32_t bits_of(float x) { return std::bit_cast<std::uint32_t>(x); }
+inline float float_of(std::uint32_t bits) { return std::bit_cast<float>(bits); }
+
+/// condition ? a : b as a bit mask (both already computed).
+inline float select(bool condition, float a, float b) {
+  const std::uint32_t mask = 0u - static_cast<std::uint32_t>(condition);
+  return float_of((bits_of(a) & mask) | (bits_of(b) & ~mask));
+}
+
+/// True for NaN (any payload, either sign), with integer arithmetic only.
+inline bool is_nan(float x) { return (bits_of(x) & 0x7fffffffu) > 0x7f800000u; }
+
+/// exp(x) for float: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite: ln2 in two parts, the first
+/// with 9 significant bits so n * ln2_hi is exact), exp(r) by a degree-6 polynomial (Cephes'
+/// expf coefficients), then 2^n built in the exponent field as 2^(n/2) * 2^(n - n/2) so that
+/// results between 2^128 (overflow) and 2^-149 (the smallest subnormal) are each rounded once.
+inline float exp(float x) {
+  // Clamp to [-104, 88.75]: below -103.98 the result rounds to +0 and above 88.7228 it
+  // overflows to +inf, and both ends still do so after the clamp (n stays within [-150, 128]).
+  // On the bit pattern: a negative float below -104 has a larger pattern than -104's.
+  const std::uint32_t b = bits_of(x);
+  const bool negative = (b >> 31) != 0;
+  float clamped = select(negative && b > 0xc2d00000u, -104.0f, x);
+  clamped = select(!negative && b > 0x42b18000u, 88.75f, clamped);  // 88.75
+  // n = round(x / ln2) by adding 1.5 * 2^23 (floats in [2^23, 2^24) are integers).
+  constexpr float log2e = 1.44269504088896341f;
+  constexpr float shifter = 12582912.0f;
+  const float shifted = clamped * log2e + shifter;
+  const std::int32_t n = static_cast<std::int32_t>(bits_of(shifted) - bits_of(shifter));
+  const float nf = shifted - shifter;
+  constexpr float ln2_hi = 0.693359375f;
+  constexpr float ln2_lo = -2.12194440e-4f;
+  float r = clamped - nf * ln2_hi;
+  r = r - nf * ln2_lo;
+  // exp(r) = 1 + r + r^2 * P(r) on [-0.35, 0.35].
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  const float expr = (p * (r * r) + r) + 1.0f;
+  // 2^n as two normal powers of two; n1 = floor(n / 2) (arithmetic shift, defined in C++20).
+  const std::int32_t n1 = n >> 1;
+  const std::int32_t n2 = n - n1;
+  const float scale1 = float_of(static_cast<std::uint32_t>(n1 + 127) << 23);
+  const float scale2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
+  const float result = expr * scale1 * scale2;
+  return select(is_nan(x), x, result);
+}
+
+/// tanh(x) for float, computed on |x| and given x's sign (so it is odd and -0 stays -0):
+/// |x| < 0.625: x + x^3 P(x^2) (Cephes' tanhf coefficients); otherwise 1 - 2 / (exp(2|x|) + 1)
+/// with |x| clamped to 9.5, where the result is already 1 in float.
+inline float tanh(float x) {
+  const std::uint32_t b = bits_of(x);
+  const std::uint32_t sign = b & 0x80000000u;
+  const std::uint32_t magnitude_bits = b & 0x7fffffffu;
+  const float a = float_of(magnitude_bits);
+  const float z = a * a;
+  float p = -5.70498872745e-3f;
+  p = p * z + 2.06390887954e-2f;
+  p = p * z - 5.37397155531e-2f;
+  p = p * z + 1.33314422036e-1f;
+  p = p * z - 3.33332819422e-1f;
+  const float small = p * z * a + a;
+  // 9.5: tanh rounds to 1 from 9.01 on (2 e^(-2|x|) < 2^-25); also keeps exp finite, and
+  // clamps +inf and NaN (NaN is put back below).
+  const float clamped = select(magnitude_bits > 0x41180000u, 9.5f, a);
+  const float e = exp(clamped + clamped);
+  const float large = 1.0f - 2.0f / (e + 1.0f);
+  const float magnitude = select(magnitude_bits < 0x3f200000u, small, large);  // 0.625
+  const float result = float_of(bits_of(magnitude) | sign);
+  return select(magnitude_bits > 0x7f800000u, x, result);
+}
+
+/// sigmoid(x) = 1 / (1 + exp(-x)) for float, as e = exp(-|x|) (never overflows): 1 / (1 + e)
+/// for x >= 0 and e / (1 + e) for x < 0, so large negative x keeps its relative accuracy and
+/// its subnormal tail instead of flushing through 1 / (1 + inf).
+inline float sigmoid(float x) {
+  const std::uint32_t b = bits_of(x);
+  const float e = exp(float_of(b | 0x80000000u));  // exp(-|x|); NaN stays NaN
+  const float s = 1.0f / (1.0f + e);
+  return select((b >> 31) != 0, e * s, s);
+}
+
+}  // namespace tessera::detail::vector_math
