@@ -41,27 +41,22 @@ inline float select(bool condition, float a, float b) {
 /// True for NaN (any payload, either sign), with integer arithmetic only.
 inline bool is_nan(float x) { return (bits_of(x) & 0x7fffffffu) > 0x7f800000u; }
 
-/// exp(x) for float: x = n ln2 + r with |r| <= ln2/2 (Cody-Waite: ln2 in two parts, the first
-/// with 9 significant bits so n * ln2_hi is exact), exp(r) by a degree-6 polynomial (Cephes'
-/// expf coefficients), then 2^n built in the exponent field as 2^(n/2) * 2^(n - n/2) so that
-/// results between 2^128 (overflow) and 2^-149 (the smallest subnormal) are each rounded once.
-inline float exp(float x) {
-  // Clamp to [-104, 88.75]: below -103.98 the result rounds to +0 and above 88.7228 it
-  // overflows to +inf, and both ends still do so after the clamp (n stays within [-150, 128]).
-  // On the bit pattern: a negative float below -104 has a larger pattern than -104's.
-  const std::uint32_t b = bits_of(x);
-  const bool negative = (b >> 31) != 0;
-  float clamped = select(negative && b > 0xc2d00000u, -104.0f, x);
-  clamped = select(!negative && b > 0x42b18000u, 88.75f, clamped);  // 88.75
+/// exp(x) for x already in [-104, 88.75] (not NaN): x = n ln2 + r with |r| <= ln2/2
+/// (Cody-Waite: ln2 in two parts, the first with 9 significant bits so n * ln2_hi is exact),
+/// exp(r) by a degree-7 polynomial (Cephes' expf coefficients), then 2^n built in the exponent
+/// field. With `two_factors`, as 2^(n/2) * 2^(n - n/2), so that results between 2^128 (overflow)
+/// and 2^-149 (the smallest subnormal) are each rounded once; without, n must be in [-126, 127].
+template <bool two_factors>
+inline float exp_in_range(float x) {
   // n = round(x / ln2) by adding 1.5 * 2^23 (floats in [2^23, 2^24) are integers).
   constexpr float log2e = 1.44269504088896341f;
   constexpr float shifter = 12582912.0f;
-  const float shifted = clamped * log2e + shifter;
+  const float shifted = x * log2e + shifter;
   const std::int32_t n = static_cast<std::int32_t>(bits_of(shifted) - bits_of(shifter));
   const float nf = shifted - shifter;
   constexpr float ln2_hi = 0.693359375f;
   constexpr float ln2_lo = -2.12194440e-4f;
-  float r = clamped - nf * ln2_hi;
+  float r = x - nf * ln2_hi;
   r = r - nf * ln2_lo;
   // exp(r) = 1 + r + r^2 * P(r) on [-0.35, 0.35].
   float p = 1.9875691500e-4f;
@@ -70,14 +65,28 @@ inline float exp(float x) {
   p = p * r + 4.1665795894e-2f;
   p = p * r + 1.6666665459e-1f;
   p = p * r + 5.0000001201e-1f;
-  const float expr = (p * (r * r) + r) + 1.0f;
-  // 2^n as two normal powers of two; n1 = floor(n / 2) (arithmetic shift, defined in C++20).
-  const std::int32_t n1 = n >> 1;
-  const std::int32_t n2 = n - n1;
-  const float scale1 = float_of(static_cast<std::uint32_t>(n1 + 127) << 23);
-  const float scale2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
-  const float result = expr * scale1 * scale2;
-  return select(is_nan(x), x, result);
+  const float exp_r = (p * (r * r) + r) + 1.0f;
+  if constexpr (two_factors) {
+    // n1 = floor(n / 2) (arithmetic shift, defined in C++20).
+    const std::int32_t n1 = n >> 1;
+    const std::int32_t n2 = n - n1;
+    const float scale1 = float_of(static_cast<std::uint32_t>(n1 + 127) << 23);
+    const float scale2 = float_of(static_cast<std::uint32_t>(n2 + 127) << 23);
+    return exp_r * scale1 * scale2;
+  } else {
+    return exp_r * float_of(static_cast<std::uint32_t>(n + 127) << 23);
+  }
+}
+
+/// exp(x) for float, every x: clamped to [-104, 88.75] (below -103.98 the result rounds to +0,
+/// above 88.7228 it overflows to +inf, and both ends still do so after the clamp), NaN put back.
+inline float exp(float x) {
+  // On the bit pattern: a negative float below -104 has a larger pattern than -104's.
+  const std::uint32_t b = bits_of(x);
+  const bool negative = (b >> 31) != 0;
+  float clamped = select(negative && b > 0xc2d00000u, -104.0f, x);
+  clamped = select(!negative && b > 0x42b18000u, 88.75f, clamped);  // 88.75
+  return select(is_nan(x), x, exp_in_range<true>(clamped));
 }
 
 /// tanh(x) for float, computed on |x| and given x's sign (so it is odd and -0 stays -0):
@@ -98,7 +107,7 @@ inline float tanh(float x) {
   // 9.5: tanh rounds to 1 from 9.01 on (2 e^(-2|x|) < 2^-25); also keeps exp finite, and
   // clamps +inf and NaN (NaN is put back below).
   const float clamped = select(magnitude_bits > 0x41180000u, 9.5f, a);
-  const float e = exp(clamped + clamped);
+  const float e = exp_in_range<false>(clamped + clamped);  // 2^n with n in [0, 28]
   const float large = 1.0f - 2.0f / (e + 1.0f);
   const float magnitude = select(magnitude_bits < 0x3f200000u, small, large);  // 0.625
   const float result = float_of(bits_of(magnitude) | sign);
@@ -110,9 +119,11 @@ inline float tanh(float x) {
 /// its subnormal tail instead of flushing through 1 / (1 + inf).
 inline float sigmoid(float x) {
   const std::uint32_t b = bits_of(x);
-  const float e = exp(float_of(b | 0x80000000u));  // exp(-|x|); NaN stays NaN
+  const std::uint32_t minus_magnitude = b | 0x80000000u;  // -|x|
+  const float e =
+      exp_in_range<true>(select(minus_magnitude > 0xc2d00000u, -104.0f, float_of(minus_magnitude)));
   const float s = 1.0f / (1.0f + e);
-  return select((b >> 31) != 0, e * s, s);
+  return select(is_nan(x), x, select((b >> 31) != 0, e * s, s));
 }
 
 }  // namespace tessera::detail::vector_math
