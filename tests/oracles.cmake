@@ -44,6 +44,22 @@ if(TARGET expr_random_expr_test)
     FIXTURES_REQUIRED oracle_expr_numpy LABELS "expr;oracles")
 endif()
 
+# io.safetensors_test checks Tessera's checkpoints against Python's official `safetensors`
+# package (PyPI; `cmake/install-deps.sh --test` installs it): the test runs safetensors_interop.py
+# itself on the files of its run (without the package it fails, saying what to install). The
+# script's self-test has the official reader decode the bytes the test expects Tessera to write.
+add_test(NAME oracles.safetensors
+  COMMAND ${TESSERA_ORACLE_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracles/safetensors_interop.py
+          --self-test)
+set_tests_properties(oracles.safetensors PROPERTIES FIXTURES_SETUP oracle_safetensors LABELS oracles)
+if(TARGET io_safetensors_test)
+  target_compile_definitions(io_safetensors_test PRIVATE
+    TESSERA_ORACLE_SCRIPTS="${CMAKE_CURRENT_SOURCE_DIR}/oracles"
+    TESSERA_ORACLE_PYTHON="${TESSERA_ORACLE_PYTHON}")
+  set_tests_properties(io.safetensors_test PROPERTIES
+    FIXTURES_REQUIRED oracle_safetensors LABELS "io;oracles")
+endif()
+
 # nn.layers_test and optim.optim_test compare layers, losses and optimiser trajectories with
 # PyTorch (Debian's python3-torch; `cmake/install-deps.sh --test` installs it): each test runs
 # nn_torch.py itself, which draws the inputs with torch's generator and writes PyTorch's results

@@ -106,7 +106,14 @@ struct codec {
     return std::string(text.substr(0, cut)) + "...";
   }
 
-  static std::string quoted(std::string_view name) { return "'" + excerpt(name) + "'"; }
+  static std::string quoted(std::string_view name) {
+    // Appended, not `"'" + excerpt(name)`: GCC 12 warns falsely (-Wrestrict, its bug 105329) on
+    // operator+(const char*, std::string&&) here, which -Werror users would see.
+    std::string out(1, '\'');
+    out += excerpt(name);
+    out += '\'';
+    return out;
+  }
 
   /// Index of the first byte of `text` that is not part of valid UTF-8 (RFC 3629: no overlong
   /// forms, no surrogates, nothing above U+10FFFF), or npos when all of it is valid.
@@ -744,15 +751,14 @@ struct codec {
       std::uint64_t numel = 1;
       for (int d = 0; d < rank; ++d) {
         if (extents[d] > limit || (extents[d] != 0 && numel > limit / extents[d])) {
-          fail(who + ": shape " + shape_text + " has more elements than fit in 64 bits");
+          fail(who + ": shape " + shape_text + " has too many elements (more than 2^63 - 1)");
         }
         numel *= extents[d];
       }
       const std::uint64_t item = element_size(entry.dtype);
       if (numel > limit / item) {
         fail(who + ": shape " + shape_text + " of " + dtype_code(entry.dtype) +
-             " needs more bytes "
-             "than fit in 64 bits");
+             " needs more than 2^63 - 1 bytes");
       }
       const std::uint64_t bytes = numel * item;
       for (int d = 0; d < rank; ++d) entry.shape.push_back(static_cast<std::int64_t>(extents[d]));
@@ -856,7 +862,7 @@ struct codec {
   static file open_for_reading(const std::string& path) {
     int fd;
     do {
-      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+      fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // a FIFO must not block
     } while (fd < 0 && errno == EINTR);
     if (fd < 0) throw io_error("load: cannot open '" + path + "': " + errno_text(errno));
     return file(fd);
