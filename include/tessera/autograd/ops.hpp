@@ -39,12 +39,12 @@ void add_into(const Tensor<T, K>& out, const E& e) {
   tessera::detail::run_expression(out, tessera::detail::make_binary<ops::add>(out, e));
 }
 
-/// Scratch bytes store_gradient may need for an expression of shape `full` into `target`.
+/// Scratch bytes store_gradient needs for an expression of shape `shape` into `target`.
 template <class T>
-std::size_t store_gradient_scratch(const Shape& full, const Shape& target) {
+std::size_t store_gradient_scratch(const Shape& shape, const Shape& target) {
+  const Shape full = broadcast_shapes(shape, target, "gradient");
   if (full == target) return 0;
-  const auto dims = broadcast_dims(full, target);
-  if (dims.size() <= 1) return scratch_bytes<T>(target);
+  if (shape == full && broadcast_dims(full, target).size() == 1) return scratch_bytes<T>(target);
   return 2 * scratch_bytes<T>(full) + 64;
 }
 
@@ -61,7 +61,9 @@ void sum_dim_into(const Tensor<T, K>& out, const Node& node, int dim) {
 template <class T, class K, class E>
 void store_gradient(const Tensor<T, K>& target, const E& e, bool accumulate, value_table& table) {
   Tensor<T, K> out = target;
-  if (e.shape() == target.shape()) {
+  const Shape full = broadcast_shapes(e.shape(), target.shape(), "gradient");
+  if (full == target.shape()) {
+    // e broadcasts to the target (e.g. a 0-dim upstream gradient): written or added directly.
     if (accumulate) {
       add_into(out, e);
     } else {
@@ -69,8 +71,8 @@ void store_gradient(const Tensor<T, K>& target, const E& e, bool accumulate, val
     }
     return;
   }
-  const auto dims = broadcast_dims(e.shape(), target.shape());
-  if (dims.size() == 1) {
+  const auto dims = broadcast_dims(full, target.shape());
+  if (dims.size() == 1 && e.shape() == full) {
     if (accumulate) {
       auto partial = table.scratch_tensor<T, K>(target.shape());
       sum_dim_into(partial, e, dims[0]);
@@ -80,8 +82,9 @@ void store_gradient(const Tensor<T, K>& target, const E& e, bool accumulate, val
     }
     return;
   }
-  // Several dims: evaluate once, then reduce one dim at a time (keeping it with extent 1).
-  auto current = table.scratch_tensor<T, K>(e.shape());
+  // Several dims: evaluate once (broadcast to the full shape), then reduce one dim at a time,
+  // keeping it with extent 1.
+  auto current = table.scratch_tensor<T, K>(full);
   tessera::detail::run_expression(current, e);
   Tensor<T, K> spare;
   for (std::size_t i = 0; i < dims.size(); ++i) {
@@ -126,7 +129,9 @@ struct gradient_job_of final : gradient_job {
   void run(value_table& table, bool accumulate) override {
     store_gradient(table.template grad<T, K>(target), rebind(expression, table), accumulate, table);
   }
-  std::size_t scratch() const override { return store_gradient_scratch<T>(full_shape, target_shape); }
+  std::size_t scratch() const override {
+    return store_gradient_scratch<T>(full_shape, target_shape);
+  }
 };
 
 /// The gradient jobs of expression `e` for upstream gradient `g`.

@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "tessera/autograd/ops.hpp"
 #include "tessera/autograd/parameter.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/dtype.hpp"
@@ -98,13 +99,16 @@ class Parameter {
   /// a tensor or a lazy expression of tensors (eager code). Layers write `w.like(x)` so that the
   /// same forward traces when x is an autograd Var (there this gives the parameter's Var).
   template <class X>
-  decltype(auto) like(const X&) const {
+  decltype(auto) like(const X& x) const {
+    (void)x;
     if constexpr (tessera::detail::is_tensor<X>::value || tessera::detail::expression_node<X>) {
       return static_cast<const Tensor<T, K>&>(slot_->value);
+    } else if constexpr (tessera::detail::symbolic_expression<X>) {
+      return autograd::parameter(slot_, x);
     } else {
       static_assert(detail::always_false<X>,
-                    "Parameter::like: the input is neither a tensor nor an expression of tensors; "
-                    "symbolic inputs (autograd Vars) are handled by ts::autograd");
+                    "Parameter::like: the input is neither a tensor, an expression of tensors, an "
+                    "autograd Var nor an expression of Vars");
     }
   }
 
