@@ -154,6 +154,7 @@ TESSERA_UNARY_MATH_FUNCTOR(cos, cos)
 #endif
 struct exp {
   static constexpr const char* name = "exp";
+  static constexpr bool compute_bound = true;  // the executor builds an AVX2 clone of its loop
   template <class A>
   TESSERA_HOST_DEVICE A operator()(A a) const {
     if constexpr (TESSERA_VECTOR_MATH_FLOAT(A)) {
@@ -165,6 +166,7 @@ struct exp {
 };
 struct tanh {
   static constexpr const char* name = "tanh";
+  static constexpr bool compute_bound = true;  // the executor builds an AVX2 clone of its loop
   template <class A>
   TESSERA_HOST_DEVICE A operator()(A a) const {
     if constexpr (TESSERA_VECTOR_MATH_FLOAT(A)) {
@@ -193,6 +195,7 @@ struct rsqrt {
 };
 struct sigmoid {
   static constexpr const char* name = "sigmoid";
+  static constexpr bool compute_bound = true;  // the executor builds an AVX2 clone of its loop
   template <class A>
   TESSERA_HOST_DEVICE A operator()(A a) const {
     if constexpr (TESSERA_VECTOR_MATH_FLOAT(A)) {

@@ -2,11 +2,14 @@
 // parallel_for. When the output and every operand are contiguous with the output's shape it loops
 // over a linear index the compiler can vectorise; otherwise it merges dimensions (strided_layout)
 // and walks rows: one dot product per row to place each operand, then a strided inner loop.
+// Compute-bound expressions (exp, tanh, sigmoid) get their linear loop built twice on x86-64,
+// for SSE2 and for AVX2, picked at load time by the CPU (GCC's target_clones).
 #pragma once
 
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 
 #include "tessera/backend/cpu/parallel.hpp"
 #include "tessera/backend/cpu/strided_loop.hpp"
@@ -31,6 +34,50 @@ inline bool is_row_major(const Shape& shape, const Strides& strides) {
 /// Elements per task: below this a loop runs on one thread (thread start-up costs about as much).
 inline constexpr std::int64_t grain_size = 32768;
 
+/// True when an evaluator type holds an operation marked `static constexpr bool compute_bound`
+/// (expr/functors.hpp marks exp, tanh and sigmoid): a template argument, at any depth.
+template <class T>
+    struct is_compute_bound : std::bool_constant < requires {
+  requires T::compute_bound;
+} > {};
+template <template <class...> class Template, class... Arguments>
+struct is_compute_bound<Template<Arguments...>>
+    : std::bool_constant<(is_compute_bound<Arguments>::value || ...)> {};
+
+/// The contiguous loop: out[i] = evaluator at i for i in [first, last). Vectorised by the
+/// compiler (-O3, or -O2 -ftree-vectorize -fvect-cost-model=dynamic).
+template <class T, class Evaluator>
+void linear_loop(T* out, const Evaluator evaluator, std::int64_t first, std::int64_t last) {
+  for (std::int64_t i = first; i < last; ++i) {
+    out[i] = store_cast<T>(evaluator.get(linear_access{i}));
+  }
+}
+
+// The same loop with an AVX2 clone: twice the vector width where the CPU has it. Only AVX2, not
+// FMA, so both clones round identically and results do not depend on the machine. GCC only
+// (Clang's target_clones needs a newer release than Debian's to accept templates), not under
+// nvcc, and off with -DTESSERA_NO_TARGET_CLONES.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
+    !defined(TESSERA_NO_TARGET_CLONES) && defined(__has_attribute)
+#if __has_attribute(target_clones)
+#define TESSERA_CPU_TARGET_CLONES 1
+#endif
+#endif
+#ifndef TESSERA_CPU_TARGET_CLONES
+#define TESSERA_CPU_TARGET_CLONES 0
+#endif
+#if TESSERA_CPU_TARGET_CLONES
+template <class T, class Evaluator>
+__attribute__((target_clones("avx2", "default"))) void linear_loop_cloned(T* out,
+                                                                          const Evaluator evaluator,
+                                                                          std::int64_t first,
+                                                                          std::int64_t last) {
+  for (std::int64_t i = first; i < last; ++i) {
+    out[i] = store_cast<T>(evaluator.get(linear_access{i}));
+  }
+}
+#endif
+
 /// out[index] = store_cast<T>(evaluator.get(index)) for every index of `shape`.
 /// `leaf_strides` holds each operand's strides already expanded to `shape` (0 where broadcast),
 /// in the order the factory consumes them; make_evaluator(strides, rank) builds the evaluator
@@ -47,9 +94,15 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   if (linear) {
     const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
     parallel_for(0, n, grain_size, [&](std::int64_t first, std::int64_t last) {
-      for (std::int64_t i = first; i < last; ++i) {
-        out[i] = store_cast<T>(evaluator.get(linear_access{i}));
+#if TESSERA_CPU_TARGET_CLONES
+      if constexpr (is_compute_bound<std::remove_cvref_t<decltype(evaluator)>>::value) {
+        linear_loop_cloned(out, evaluator, first, last);
+      } else {
+        linear_loop(out, evaluator, first, last);
       }
+#else
+      linear_loop(out, evaluator, first, last);
+#endif
     });
     return;
   }
