@@ -700,7 +700,7 @@ TEST_CASE(
   };
   const std::string checked = run("check");
   CHECK_THAT(checked, Contains("16 tensors compared") && Contains("0 mismatches"));
-  run("write");
+  std::cout << "interop: " << checked << "interop: " << run("write");
 
   // Python's file: the official writer orders tensors by dtype and name, so compare by name.
   const std::string numpy_path = (folder / "python_numpy.safetensors").string();

@@ -21,14 +21,14 @@ both sides must agree. Exit status: 0 ok, 1 mismatch, 3 the package is missing.
 import os
 import sys
 
-import numpy as np
-
 try:
+    import numpy as np
     import safetensors
     import safetensors.numpy as st_numpy
 except ImportError as error:  # the C++ test turns exit code 3 into a failure with this text
-    print(f"safetensors_interop.py: the Python package 'safetensors' is not importable by "
-          f"{sys.executable} ({error}); run: bash cmake/install-deps.sh --test", file=sys.stderr)
+    print(f"safetensors_interop.py: {sys.executable} cannot import numpy and Python's "
+          f"'safetensors' package ({error}); run: bash cmake/install-deps.sh --test",
+          file=sys.stderr)
     sys.exit(3)
 
 METADATA = {"format": "pt", "written_by": "tessera test", "unicode": "\u00e9\u6f22\U0001F600",
