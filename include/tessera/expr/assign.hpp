@@ -6,6 +6,7 @@
 #include <array>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "tessera/backend/cpu/executor.hpp"
 #include "tessera/expr/operators.hpp"
@@ -138,13 +139,24 @@ Tensor<T, Kind>::Tensor(const E& expression) : Tensor(detail::evaluate_as<T, Kin
 
 template <Dtype T, DeviceKind Kind>
 template <detail::expression_node E>
-Tensor<T, Kind>& Tensor<T, Kind>::operator=(const E& expression) {
+Tensor<T, Kind>& Tensor<T, Kind>::operator=(const E& expression) & {
   if (defined() && expression.shape() == shape_) {
     detail::evaluate_into(*this, expression, "assign");
   } else {
     *this = detail::evaluate_as<T, Kind>(expression);
   }
   return *this;
+}
+
+template <Dtype T, DeviceKind Kind>
+template <detail::expression_node E>
+Tensor<T, Kind>&& Tensor<T, Kind>::operator=(const E& expression) && {
+  static_assert(std::is_same_v<typename E::device_kind, Kind>,
+                "Tessera: the expression's operands are on another kind of device than the view "
+                "it is assigned to; evaluate it and copy it with .copy_(...) or .to<...>()");
+  require_defined("assign");
+  detail::evaluate_into(*this, expression, "assign");
+  return std::move(*this);
 }
 
 /// The expression's values in a new tensor of its own dtype, on its device (one pass).

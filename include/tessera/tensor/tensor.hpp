@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/device.hpp"
@@ -113,12 +114,40 @@ class Tensor {
   /// views of this storage see the result), otherwise rebinds this handle to a new tensor.
   /// Defined in expr/assign.hpp.
   template <detail::expression_node E>
-  Tensor& operator=(const E& expression);
+  Tensor& operator=(const E& expression) &;
+
+  /// Assignment to a temporary view writes through, as `y[:, 0:1] = e` does in PyTorch:
+  /// `y.narrow(1, 0, 1) = e;` evaluates e into the view's elements, e broadcasting to the view's
+  /// shape (shape_error naming both shapes otherwise, before anything is written); e may read
+  /// the view's own storage (it is then evaluated aside first). Defined in expr/assign.hpp.
+  template <detail::expression_node E>
+  Tensor&& operator=(const E& expression) &&;
 
   Tensor(const Tensor&) = default;
   Tensor(Tensor&&) noexcept = default;
-  Tensor& operator=(const Tensor&) = default;
-  Tensor& operator=(Tensor&&) noexcept = default;
+  /// A named tensor is a handle: `y = x;` makes y another handle to x's storage (nothing is
+  /// copied), as `y = x` in Python.
+  Tensor& operator=(const Tensor&) & = default;
+  Tensor& operator=(Tensor&&) & noexcept = default;
+
+  /// A temporary view is written through: `y.narrow(1, 0, 1) = x;` is
+  /// `y.narrow(1, 0, 1).copy_(x)` (x broadcasts; any dtype and device), as in PyTorch.
+  Tensor&& operator=(const Tensor& source) && {
+    copy_(source);
+    return std::move(*this);
+  }
+  template <Dtype U, DeviceKind K2>
+  Tensor&& operator=(const Tensor<U, K2>& source) && {
+    copy_(source);
+    return std::move(*this);
+  }
+  /// `y.select(1, 0) = 0.5;` fills the view (the number converted to T), as fill_.
+  template <class S>
+    requires std::is_arithmetic_v<S> || std::is_same_v<S, half> || std::is_same_v<S, bfloat16>
+  Tensor&& operator=(S value) && {
+    fill_(static_cast<T>(value));
+    return std::move(*this);
+  }
 
   /// An uninitialised contiguous tensor on `device` (must be of kind Kind).
   static Tensor empty_on(const Shape& shape, Device device) {
