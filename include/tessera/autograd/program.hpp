@@ -775,7 +775,8 @@ auto trace(Fn& fn, const Options& options, const std::tuple<const Specs&...>& sp
     state->input_ids.push_back(id);
     return Var<T, K>(g, id, spec.shape);
   };
-  auto vars = std::make_tuple(make_input(I, std::get<I>(specs))...);
+  // Braces: the inputs are made (and numbered) left to right.
+  auto vars = std::tuple{make_input(I, std::get<I>(specs))...};
   auto result = std::apply(fn, vars);
   using R = decltype(result);
   if constexpr (requires { std::tuple_size<R>::value; }) {

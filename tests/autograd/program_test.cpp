@@ -1,0 +1,332 @@
+// Programs built from nn modules: tracing a user-written model, the memory plan (no allocator
+// calls in warm steps, inference smaller than training, checkpointing lowers the peak and keeps
+// the gradients, max_batch_size agrees with the measured peak), gradient accumulation, gradient
+// hooks, model parallelism with to(i), fusion counts and the errors of forward/backward.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "tessera/autograd.hpp"
+#include "tessera/core/profiler.hpp"
+#include "tessera/nn.hpp"
+#include "tessera/optim.hpp"
+#include "tessera/tensor/factories.hpp"
+
+namespace ts = tessera;
+namespace ag = tessera::autograd;
+namespace nn = tessera::nn;
+
+namespace {
+
+template <class T = float>
+ts::Tensor<T> random_tensor(const ts::Shape& shape, std::uint32_t seed, int device = 0) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<double> dist(-1, 1);
+  std::vector<T> values(static_cast<std::size_t>(shape.numel()));
+  for (auto& v : values) v = static_cast<T>(dist(rng));
+  return ts::from_vector<T>(values, shape, device);
+}
+
+/// A model written as users write one: members, registration, a templated forward.
+template <class T = float>
+struct Mlp : nn::Module {
+  nn::Linear<T> fc1, fc2;
+  Mlp(int in, int hidden, int out, int device = 0)
+      : fc1(in, hidden, true, device), fc2(hidden, out, true, device) {
+    register_module("fc1", fc1);
+    register_module("fc2", fc2);
+  }
+  template <class X>
+  auto forward(const X& x) const {
+    return fc2(ts::relu(fc1(x)));
+  }
+};
+
+/// Sum of |a - b| over two parameter lists' gradients.
+double grad_difference(const std::vector<nn::ParameterRef>& a, const std::vector<nn::ParameterRef>& b) {
+  double total = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const auto ga = a[i].grad().as<float>().to_vector();
+    const auto gb = b[i].grad().as<float>().to<ts::cpu>(0).to_vector();
+    for (std::size_t k = 0; k < ga.size(); ++k) total += std::abs(double(ga[k]) - double(gb[k]));
+  }
+  return total;
+}
+
+}  // namespace
+
+TEST_CASE("a user-written model traces: loss and gradients match finite differences of the eager "
+          "forward", "[autograd][program]") {
+  ts::manual_seed(7);
+  Mlp<double> model(5, 7, 3);
+  const auto x = random_tensor<double>({4, 5}, 1);
+  const auto y = random_tensor<double>({4, 3}, 2);
+  auto program = ag::compile(
+      [&](ag::Var<double> input, ag::Var<double> target) {
+        return nn::mse_loss(model.forward(input), target);
+      },
+      ag::input<double>({4, 5}), ag::input<double>({4, 3}));
+  const double traced = program.forward(x, y).item();
+  const double eager = nn::mse_loss(model.forward(x), y).item();
+  CHECK(traced == Approx(eager).epsilon(1e-12));
+  program.backward();
+  for (auto& [name, p] : model.named_parameters()) {
+    auto value = p.value().as<double>();
+    const auto analytic = p.grad().as<double>().to_vector();
+    double* data = value.data();
+    for (std::int64_t i = 0; i < value.numel(); ++i) {
+      const double saved = data[i];
+      data[i] = saved + 1e-6;
+      const double up = nn::mse_loss(model.forward(x), y).item();
+      data[i] = saved - 1e-6;
+      const double down = nn::mse_loss(model.forward(x), y).item();
+      data[i] = saved;
+      INFO(name << "[" << i << "]");
+      CHECK(analytic[static_cast<std::size_t>(i)] == Approx((up - down) / 2e-6).margin(1e-7).epsilon(1e-6));
+    }
+  }
+}
+
+TEST_CASE("warm training steps make no allocator calls", "[autograd][program][memory]") {
+  const ts::Device device{ts::DeviceType::cpu, 1};
+  Mlp<float> model(16, 32, 4, 1);
+  const auto x = random_tensor({8, 16}, 3, 1);
+  const auto y = random_tensor({8, 4}, 4, 1);
+  auto program = ag::compile(
+      [&](ag::Var<float> input, ag::Var<float> target) {
+        return nn::mse_loss(model.forward(input), target);
+      },
+      ag::input<float>({8, 16}, 1), ag::input<float>({8, 4}, 1));
+  ts::optim::SGD sgd(model.parameters(), {.lr = 0.05, .momentum = 0.9});
+  double first = 0;
+  for (int step = 0; step < 2; ++step) {  // warm-up: the arena, the gradients, the momentum
+    sgd.zero_grad();
+    const double loss = program.forward(x, y).item();
+    if (step == 0) first = loss;
+    program.backward();
+    sgd.step();
+  }
+  const auto before = ts::memory::stats(device);
+  double last = 0;
+  for (int step = 0; step < 5; ++step) {
+    sgd.zero_grad();
+    last = program.forward(x, y).item();
+    program.backward();
+    sgd.step();
+  }
+  const auto after = ts::memory::stats(device);
+  CHECK(after.allocations.allocated == before.allocations.allocated);
+  CHECK(after.allocated_bytes.current == before.allocated_bytes.current);
+  CHECK(last < first);  // it trains
+}
+
+TEST_CASE("the inference plan is smaller than the training plan and computes the same",
+          "[autograd][program][memory]") {
+  Mlp<float> model(32, 64, 10);
+  auto fn = [&](ag::Var<float> input) { return ts::sum(model.forward(input)); };
+  auto training = ag::compile(fn, ag::input<float>({16, 32}));
+  auto inference = ag::compile(fn, ag::input<float>({16, 32}), ag::Options{.mode = ag::Mode::inference});
+  INFO(training.memory_report() << inference.memory_report());
+  CHECK(inference.plan().planned_bytes < training.plan().planned_bytes);
+  CHECK(inference.plan().gradients == 0);
+  CHECK(inference.plan().naive_bytes < training.plan().naive_bytes);
+  CHECK(training.plan().planned_bytes < training.plan().naive_bytes);
+  const auto x = random_tensor({16, 32}, 5);
+  CHECK(inference.forward(x).item() == Approx(training.forward(x).item()).epsilon(1e-6));
+  CHECK_THROWS_WITH(inference.backward(), Catch::Contains("Mode::inference"));
+}
+
+TEST_CASE("checkpointing lowers the planned peak of a deep MLP and keeps the gradients",
+          "[autograd][program][memory]") {
+  ts::manual_seed(11);
+  std::vector<nn::Linear<float>> layers;
+  for (int i = 0; i < 12; ++i) layers.emplace_back(64, 64);
+  auto fn = [&](ag::Var<float> input) {
+    ag::Var<float> h = input;
+    for (const auto& layer : layers) h = ts::tanh(layer(h));
+    return ts::mean(h * h);
+  };
+  auto plain = ag::compile(fn, ag::input<float>({128, 64}));
+  auto checkpointed = ag::compile(fn, ag::input<float>({128, 64}), ag::Options{.checkpoint = {.segments = 4}});
+  INFO(plain.memory_report() << checkpointed.memory_report());
+  CHECK(checkpointed.plan().recomputed_steps > 0);
+  CHECK(checkpointed.plan().planned_bytes < plain.plan().planned_bytes);
+  const auto x = random_tensor({128, 64}, 6);
+  std::vector<nn::ParameterRef> params;
+  for (auto& layer : layers) {
+    for (auto& p : layer.parameters()) params.push_back(p);
+  }
+  auto gradients = [&](auto& program) {
+    for (auto& layer : layers) layer.zero_grad();
+    const double loss = program.forward(x).item();
+    program.backward();
+    std::vector<float> all;
+    for (auto& p : params) {
+      const auto g = p.grad().as<float>().to_vector();
+      all.insert(all.end(), g.begin(), g.end());
+    }
+    return std::pair{loss, all};
+  };
+  const auto [loss_plain, grad_plain] = gradients(plain);
+  const auto [loss_checkpointed, grad_checkpointed] = gradients(checkpointed);
+  CHECK(loss_plain == loss_checkpointed);
+  CHECK(grad_plain == grad_checkpointed);  // recomputation is deterministic: bit-identical
+}
+
+TEST_CASE("max_batch_size agrees with the peak measured while running at that batch",
+          "[autograd][program][memory]") {
+  const ts::Device device{ts::DeviceType::cpu, 1};
+  Mlp<float> model(64, 256, 10, 1);
+  auto fn = [&](ag::Var<float> input, ag::Var<float> target) {
+    return nn::mse_loss(model.forward(input), target);
+  };
+  const std::size_t budget = 3u << 20;  // 3 MiB
+  const std::int64_t batch =
+      ag::max_batch_size(fn, ag::input<float>({1, 64}, 1), ag::input<float>({1, 10}, 1), budget);
+  REQUIRE(batch > 1);
+  auto program = ag::compile(fn, ag::input<float>({batch, 64}, 1), ag::input<float>({batch, 10}, 1));
+  auto larger = ag::compile(fn, ag::input<float>({batch + 1, 64}, 1), ag::input<float>({batch + 1, 10}, 1));
+  CHECK(program.plan().peak_bytes <= budget);
+  CHECK(larger.plan().peak_bytes > budget);
+  // Measure: nothing else lives on cpu:1 but the model (and its gradients once they exist).
+  const auto x = random_tensor({batch, 64}, 8, 1);
+  const auto y = random_tensor({batch, 10}, 9, 1);
+  ts::memory::reset_peak(device);
+  program.forward(x, y);
+  program.backward();
+  INFO(program.memory_report());
+  CHECK(ts::memory::peak_allocated(device) == program.plan().peak_bytes);
+  CHECK(ts::memory::peak_allocated(device) <= budget);
+  // With Adam's two buffers per parameter the batch is smaller.
+  const std::int64_t with_adam = ag::max_batch_size(
+      fn, ag::input<float>({1, 64}, 1), ag::input<float>({1, 10}, 1), ag::Budget{.bytes = budget, .optimizer_buffers = 2});
+  CHECK(with_adam < batch);
+  CHECK(ag::max_batch_size(fn, ag::input<float>({1, 64}, 1), ag::input<float>({1, 10}, 1), std::size_t{1024}) == 0);
+}
+
+TEST_CASE("accumulating four quarter batches (loss / 4) gives the full batch's gradients",
+          "[autograd][program]") {
+  Mlp<float> model(6, 12, 3);
+  auto fn = [&](ag::Var<float> input, ag::Var<float> target) {
+    return nn::mse_loss(model.forward(input), target);
+  };
+  const auto x = random_tensor({16, 6}, 10);
+  const auto y = random_tensor({16, 3}, 12);
+  auto full = ag::compile(fn, ag::input<float>({16, 6}), ag::input<float>({16, 3}));
+  full.forward(x, y);
+  model.zero_grad();
+  full.forward(x, y);
+  full.backward();
+  std::vector<std::vector<float>> reference;
+  for (auto& p : model.parameters()) reference.push_back(p.grad().as<float>().to_vector());
+  auto quarter = ag::compile(
+      [&](ag::Var<float> input, ag::Var<float> target) { return nn::mse_loss(model.forward(input), target) * 0.25; },
+      ag::input<float>({4, 6}), ag::input<float>({4, 3}));
+  model.zero_grad();
+  for (int i = 0; i < 4; ++i) {
+    quarter.forward(x.narrow(0, 4 * i, 4).contiguous(), y.narrow(0, 4 * i, 4).contiguous());
+    quarter.backward();
+  }
+  auto params = model.parameters();
+  for (std::size_t k = 0; k < params.size(); ++k) {
+    const auto got = params[k].grad().as<float>().to_vector();
+    for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(reference[k][i]).margin(1e-6));
+  }
+}
+
+TEST_CASE("a gradient hook fires once per parameter when its gradient is final",
+          "[autograd][program]") {
+  Mlp<float> model(4, 8, 2);
+  auto program = ag::compile([&](ag::Var<float> input) { return ts::sum(model.forward(input)); },
+                             ag::input<float>({3, 4}));
+  std::vector<int> calls(program.parameter_count(), 0);
+  std::vector<std::vector<float>> seen(program.parameter_count());
+  program.on_gradient_ready([&](const ag::GradientReady& ready) {
+    ++calls[ready.index];
+    seen[ready.index] = ready.grad.as<float>().to_vector();
+  });
+  model.zero_grad();
+  program.forward(random_tensor({3, 4}, 13));
+  program.backward();
+  CHECK(calls == std::vector<int>(program.parameter_count(), 1));
+  // The reported gradient is the final one: the parameter's .grad() after backward.
+  std::size_t matched = 0;
+  for (auto& p : model.parameters()) {
+    const auto g = p.grad().as<float>().to_vector();
+    for (const auto& s : seen) matched += s == g ? 1 : 0;
+  }
+  CHECK(matched == program.parameter_count());
+}
+
+TEST_CASE("model parallel: a differentiable to(i) between virtual CPU devices", "[autograd][program]") {
+  ts::manual_seed(3);
+  nn::Linear<float> first(5, 6, true, 0), second(6, 2, true, 1);
+  nn::Linear<float> first_ref(5, 6, true, 0), second_ref(6, 2, true, 0);
+  first_ref.load_state_dict(first.state_dict());
+  second_ref.load_state_dict(second.state_dict());
+  const auto x = random_tensor({4, 5}, 14);
+  auto split = ag::compile(
+      [&](ag::Var<float> input) {
+        return ts::sum(ts::tanh(second(ag::Var<float>(ts::tanh(first(input))).to(1))));
+      },
+      ag::input<float>({4, 5}));
+  auto single = ag::compile(
+      [&](ag::Var<float> input) { return ts::sum(ts::tanh(second_ref(ts::tanh(first_ref(input))))); },
+      ag::input<float>({4, 5}));
+  const auto loss = split.forward(x);
+  CHECK(loss.device() == ts::Device(ts::DeviceType::cpu, 1));
+  CHECK(loss.item() == Approx(single.forward(x).item()).epsilon(1e-6));
+  split.backward();
+  single.backward();
+  CHECK(grad_difference(first_ref.parameters(), first.parameters()) < 1e-5);
+  CHECK(grad_difference(second_ref.parameters(), second.parameters()) < 1e-5);
+}
+
+TEST_CASE("an elementwise expression and its gradients are fused", "[autograd][program]") {
+  auto w = std::make_shared<ag::parameter_slot<float, ts::cpu>>();
+  auto b = std::make_shared<ag::parameter_slot<float, ts::cpu>>();
+  w->value = random_tensor({64}, 15);
+  b->value = random_tensor({64}, 16);
+  auto program = ag::compile(
+      [&](ag::Var<float> x) {
+        auto W = ag::parameter(w, x);
+        auto B = ag::parameter(b, x);
+        return ts::sum(ts::sigmoid(x * W + B) * ts::tanh(x));
+      },
+      ag::input<float>({32, 64}));
+  const auto x = random_tensor({32, 64}, 17);
+  const auto before = ts::profiler::kernel_launches();
+  program.forward(x);
+  // The sum reads the six-op expression directly: one pass, nothing stored in between.
+  CHECK(ts::profiler::kernel_launches() - before == 1);
+  CHECK(program.plan().activations <= 64);  // the 0-dim loss only
+  program.backward();  // the first backward also creates the gradients (zeros)
+  program.forward(x);
+  const auto mid = ts::profiler::kernel_launches();
+  program.backward();
+  // The seed, then per parameter one fused reduction of its gradient expression over the batch
+  // dim and one pass adding it into .grad() (backward accumulates).
+  CHECK(ts::profiler::kernel_launches() - mid == 5);
+}
+
+TEST_CASE("forward checks its inputs and backward needs a forward", "[autograd][program]") {
+  Mlp<float> model(4, 8, 2);
+  auto program = ag::compile([&](ag::Var<float> input) { return ts::sum(model.forward(input)); },
+                             ag::input<float>({3, 4}));
+  CHECK_THROWS_WITH(program.backward(), Catch::Contains("call forward first"));
+  CHECK_THROWS_AS(program.forward(random_tensor({2, 4}, 1)), ts::shape_error);
+  CHECK_THROWS_WITH(program.forward(random_tensor({2, 4}, 1)),
+                    Catch::Contains("input 0") && Catch::Contains("[2, 4]") && Catch::Contains("[3, 4]"));
+  CHECK_THROWS_WITH(program.forward(random_tensor<double>({3, 4}, 1)),
+                    Catch::Contains("input 0") && Catch::Contains("float64") && Catch::Contains("float32"));
+  CHECK_THROWS_WITH(program.forward(random_tensor({3, 4}, 1, 1)),
+                    Catch::Contains("input 0") && Catch::Contains("cpu:1") && Catch::Contains("cpu:0"));
+  program.forward(random_tensor({3, 4}, 1));
+  program.backward();
+  CHECK_THROWS_WITH(program.backward(), Catch::Contains("call forward first"));
+  CHECK_THROWS_WITH(ag::compile([&](ag::Var<float> input) { return model.forward(input); }, ag::input<float>({3, 4})),
+                    Catch::Contains("must have one element") && Catch::Contains("[3, 2]"));
+}
