@@ -22,20 +22,48 @@ namespace ops {
 #define TESSERA_MATH(name) std::name
 #endif
 
+// Signed integers wrap on overflow, as PyTorch's results do (int32 max + 1 == min), where C++
+// signed overflow would be undefined behaviour: +, -, * and negation compute in the unsigned type
+// (at least unsigned int, so that int8/int16 do not promote to int and overflow there) and
+// convert back, which C++20 defines as modulo 2^N. Floats and unsigned types are untouched.
+template <class A>
+inline constexpr bool wraps_v = std::is_integral_v<A> && std::is_signed_v<A>;
+template <class A>
+using wrapping_t =
+    std::conditional_t<(sizeof(A) < sizeof(unsigned)), unsigned, std::make_unsigned_t<A>>;
+
 struct negate {
   static constexpr const char* name = "neg";
   template <class A>
-  TESSERA_HOST_DEVICE constexpr A operator()(A a) const { return -a; }
+  TESSERA_HOST_DEVICE constexpr A operator()(A a) const {
+    if constexpr (wraps_v<A>) {
+      return static_cast<A>(wrapping_t<A>(0) - static_cast<wrapping_t<A>>(a));
+    } else {
+      return -a;
+    }
+  }
 };
 struct add {
   static constexpr const char* name = "add";
   template <class A>
-  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const { return a + b; }
+  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const {
+    if constexpr (wraps_v<A>) {
+      return static_cast<A>(static_cast<wrapping_t<A>>(a) + static_cast<wrapping_t<A>>(b));
+    } else {
+      return a + b;
+    }
+  }
 };
 struct subtract {
   static constexpr const char* name = "sub";
   template <class A>
-  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const { return a - b; }
+  TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const {
+    if constexpr (wraps_v<A>) {
+      return static_cast<A>(static_cast<wrapping_t<A>>(a) - static_cast<wrapping_t<A>>(b));
+    } else {
+      return a - b;
+    }
+  }
 };
 struct multiply {
   static constexpr const char* name = "mul";
@@ -43,6 +71,8 @@ struct multiply {
   TESSERA_HOST_DEVICE constexpr A operator()(A a, A b) const {
     if constexpr (std::is_same_v<A, bool>) {
       return a && b;  // bool * bool is logical and, as in PyTorch
+    } else if constexpr (wraps_v<A>) {
+      return static_cast<A>(static_cast<wrapping_t<A>>(a) * static_cast<wrapping_t<A>>(b));
     } else {
       return a * b;
     }
@@ -184,7 +214,7 @@ struct abs {
     if constexpr (std::is_same_v<A, bool>) {
       return a;
     } else {
-      return a < A(0) ? A(-a) : a;
+      return a < A(0) ? negate{}(a) : a;  // abs(int32 min) wraps to min, as in PyTorch
     }
   }
 };
