@@ -1,0 +1,174 @@
+// Modules, losses and optimisers on a CUDA device (compiled by nvcc, so the expressions, the
+// reductions and the optimisers' update kernels run there), against the same computation on the
+// CPU, which tests/nn and tests/optim check against PyTorch: Linear, BatchNorm1d in both modes,
+// Dropout's statistics, mse_loss and cross_entropy, SGD/Adam/AdamW trajectories, the state the
+// first step allocates on the device, and moving modules between cpu and cuda.
+// The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "tessera/tessera.hpp"
+
+namespace ts = tessera;
+namespace nn = tessera::nn;
+
+namespace {
+
+const ts::Device cuda0{ts::DeviceType::cuda, 0};
+
+template <class T, class K>
+std::vector<double> values_of(const ts::Tensor<T, K>& t) {
+  std::vector<double> out;
+  for (T v : t.to_vector()) out.push_back(static_cast<double>(v));
+  return out;
+}
+
+template <class TA, class KA, class TB, class KB>
+void check_close(const ts::Tensor<TA, KA>& actual, const ts::Tensor<TB, KB>& expected, double rel,
+                 double abs) {
+  REQUIRE(actual.shape() == expected.shape());
+  const auto a = values_of(actual);
+  const auto e = values_of(expected);
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!(std::abs(a[i] - e[i]) <= abs + rel * std::abs(e[i]))) ++bad;
+  }
+  INFO(bad << " of " << a.size() << " elements differ");
+  CHECK(bad == 0);
+}
+
+template <class K = ts::cpu>
+struct Net : nn::Module {
+  nn::Linear<float, K> fc1{16, 32};
+  nn::BatchNorm1d<float, K> bn{32};
+  nn::Linear<float, K> fc2{32, 5};
+  Net() : Module("Net") {
+    register_module("fc1", fc1);
+    register_module("bn", bn);
+    register_module("fc2", fc2);
+  }
+  template <class X>
+  auto forward(const X& x) const {
+    return fc2(ts::relu(bn(fc1(x))));
+  }
+};
+
+}  // namespace
+
+TEST_CASE("a model on cuda computes what it computes on the cpu", "[cuda][nn]") {
+  ts::manual_seed(1);
+  Net<> cpu_net;
+  auto gpu_net = nn::to<ts::cuda>(cpu_net, 0);
+  static_assert(std::is_same_v<decltype(gpu_net), Net<ts::cuda>>);
+  for (const auto& [key, value] : gpu_net.state_dict()) CHECK(value.device() == cuda0);
+
+  for (int step = 0; step < 3; ++step) {  // training: batch statistics, running stats updated
+    const auto x = ts::randn<float>({64, 16});
+    ts::Tensor<float> expected = cpu_net.forward(x);
+    ts::Tensor<float, ts::cuda> actual = gpu_net.forward(x.cuda(0));
+    check_close(actual, expected, 1e-4, 1e-5);
+  }
+  check_close(gpu_net.bn.running_var().value(), cpu_net.bn.running_var().value(), 1e-5, 1e-6);
+  CHECK(gpu_net.bn.num_batches_tracked().value().item() == 3);
+  cpu_net.eval();
+  gpu_net.eval();
+  const auto x = ts::randn<float>({8, 16});
+  ts::Tensor<float> expected = cpu_net.forward(x);
+  ts::Tensor<float, ts::cuda> actual = gpu_net.forward(x.cuda(0));
+  check_close(actual, expected, 1e-4, 1e-5);
+
+  // Losses (cross_entropy's reference by hand in float64: CPU max/min reductions are not
+  // instantiated in this nvcc unit).
+  const std::vector<std::int64_t> labels{0, 1, 2, 3, 4, 0, 1, 2};
+  const auto targets = ts::from_vector<std::int64_t>(labels, {8});
+  const auto logits = values_of(expected);
+  double reference = 0;
+  for (std::size_t n = 0; n < labels.size(); ++n) {
+    double top = logits[n * 5];
+    for (int c = 1; c < 5; ++c) top = std::max(top, logits[n * 5 + c]);
+    double total = 0;
+    for (int c = 0; c < 5; ++c) total += std::exp(logits[n * 5 + c] - top);
+    reference += top + std::log(total) - logits[n * 5 + static_cast<std::size_t>(labels[n])];
+  }
+  reference /= static_cast<double>(labels.size());
+  CHECK(nn::cross_entropy(actual, targets.cuda(0)).item() == Approx(reference).epsilon(1e-5));
+  CHECK_THROWS_WITH(nn::cross_entropy(actual, ts::eval(targets + 5).cuda(0)),
+                    Catch::Contains("out of range for 5 classes"));
+  CHECK(nn::mse_loss(actual, actual * 0.5f).item() ==
+        Approx(nn::mse_loss(expected, expected * 0.5f).item()).epsilon(1e-5));
+
+  // And back to the cpu, and in place on the device.
+  auto back = nn::to<ts::cpu>(gpu_net, 0);
+  CHECK(back.fc1.weight().value().to_vector() == cpu_net.fc1.weight().value().to_vector());
+  const auto parameters = gpu_net.parameters();
+  gpu_net.to(0);
+  CHECK(gpu_net.parameters() == parameters);
+}
+
+TEST_CASE("Dropout on cuda: mask fraction and scaling", "[cuda][nn]") {
+  nn::Dropout dropout(0.25);
+  const auto y = dropout(ts::ones<float, ts::cuda>({1 << 20}, 0));
+  std::size_t zeros = 0, wrong = 0;
+  for (float v : y.to_vector()) {
+    if (v == 0.0f) {
+      ++zeros;
+    } else if (v != static_cast<float>(1.0 / 0.75)) {
+      ++wrong;
+    }
+  }
+  CHECK(wrong == 0);
+  const double n = 1 << 20;
+  CHECK(std::abs(zeros / n - 0.25) < 5 * std::sqrt(0.25 * 0.75 / n));
+}
+
+TEMPLATE_TEST_CASE("optimisers on cuda follow the cpu trajectory", "[cuda][optim]", float, double) {
+  using T = TestType;
+  const double rel = std::is_same_v<T, float> ? 1e-5 : 1e-13;
+  ts::manual_seed(2);
+  const auto start = ts::randn<T>({300, 7});
+  for (int kind = 0; kind < 4; ++kind) {
+    INFO("optimiser " << kind);
+    nn::Parameter<T> host(start.clone());
+    nn::Parameter<T, ts::cuda> device(start.cuda(0));
+    auto make = [&](std::vector<nn::ParameterRef> p) -> std::unique_ptr<ts::optim::Optimizer> {
+      switch (kind) {
+        case 0:
+          return std::make_unique<ts::optim::SGD>(
+              p, ts::optim::SGDOptions{
+                     .lr = 0.05, .momentum = 0.9, .weight_decay = 0.01, .nesterov = true});
+        case 1:
+          return std::make_unique<ts::optim::Adam>(p, ts::optim::AdamOptions{.lr = 0.01});
+        case 2:
+          return std::make_unique<ts::optim::Adam>(
+              p, ts::optim::AdamOptions{.lr = 0.01, .weight_decay = 0.1, .amsgrad = true});
+        default:
+          return std::make_unique<ts::optim::AdamW>(p, ts::optim::AdamWOptions{});
+      }
+    };
+    auto on_host = make({host});
+    auto on_device = make({device});
+    for (int step = 0; step < 5; ++step) {
+      const auto grad = ts::randn<T>({300, 7});
+      host.grad() = grad;
+      device.grad() = grad.cuda(0);
+      const auto count = ts::memory::stats(cuda0).allocations.allocated;
+      const auto launches = ts::profiler::kernel_launches();
+      on_device->step();
+      CHECK(ts::profiler::kernel_launches() - launches == 1);
+      const auto made = ts::memory::stats(cuda0).allocations.allocated - count;
+      if (step == 0) {
+        CHECK(made == (kind == 0 ? 1 : kind == 2 ? 3 : 2));
+      } else {
+        CHECK(made == 0);
+      }
+      on_host->step();
+    }
+    check_close(device.value(), host.value(), rel, rel);
+  }
+}
