@@ -3,6 +3,7 @@
 // gets the typed tensor back, sharing storage.
 #pragma once
 
+#include <concepts>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -72,8 +73,13 @@ class AnyTensor {
     });
   }
 
+  // to() and operator<< instantiate a conversion or a printer for every dtype and device kind:
+  // as templates they are compiled only in the units that call them, not in every unit that
+  // includes this header (about a second of compile time otherwise).
+
   /// A copy on `device` (a handle to the same storage when it is already there).
-  AnyTensor to(Device device) const {
+  template <std::same_as<Device> D>
+  AnyTensor to(D device) const {
     return visit([&](const auto& t) -> AnyTensor {
       if (device.is_cuda()) return t.template to<cuda>(device.index);
       return t.template to<cpu>(device.index);
@@ -81,7 +87,8 @@ class AnyTensor {
   }
 
   /// A copy converted to dtype `type` (a handle to the same storage when it already has it).
-  AnyTensor to(ScalarType type) const {
+  template <std::same_as<ScalarType> S>
+  AnyTensor to(S type) const {
     return visit([&](const auto& t) -> AnyTensor {
       return visit_dtype(type, [&](auto tag) -> AnyTensor {
         return t.template to<typename decltype(tag)::type>();
@@ -89,7 +96,9 @@ class AnyTensor {
     });
   }
 
-  friend std::ostream& operator<<(std::ostream& os, const AnyTensor& t) {
+  template <class CharT, class Traits>
+  friend std::basic_ostream<CharT, Traits>& operator<<(std::basic_ostream<CharT, Traits>& os,
+                                                       const AnyTensor& t) {
     if (!t.defined()) return os << "tensor(undefined)";
     t.visit([&](const auto& typed) { os << typed; });
     return os;
