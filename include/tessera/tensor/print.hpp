@@ -7,7 +7,6 @@
 #include <cmath>
 #include <cstdio>
 #include <ostream>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -73,8 +72,9 @@ class element_formatter {
   bool scientific_ = false;
 };
 
-// Recursive layout of one dimension; `values` are row-major over `shape`.
-inline void print_dimension(std::ostream& os, const std::vector<std::string>& items,
+// Recursive layout of one dimension, appended to `out`; `items` are row-major over `shape`.
+// (Into a std::string, not a stream: <sstream> is a cost every includer would pay.)
+inline void print_dimension(std::string& out, const std::vector<std::string>& items,
                             const Shape& shape, int dim, std::int64_t offset, int indent,
                             std::size_t width, bool summarise, const print_options& options) {
   const std::int64_t extent = shape[dim];
@@ -84,7 +84,7 @@ inline void print_dimension(std::ostream& os, const std::vector<std::string>& it
     return !summarise || extent <= 2 * options.edge_items || i < options.edge_items ||
            i >= extent - options.edge_items;
   };
-  os << '[';
+  out += '[';
   if (dim == shape.size() - 1) {
     const int per_line =
         std::max(1, static_cast<int>((options.line_width - indent) / static_cast<int>(width + 2)));
@@ -93,22 +93,24 @@ inline void print_dimension(std::ostream& os, const std::vector<std::string>& it
     for (std::int64_t i = 0; i < extent; ++i) {
       if (!visible(i)) {
         if (i == options.edge_items) {
-          os << ",  ...";  // PyTorch joins " ..." with ", "
+          out += ",  ...";  // PyTorch joins " ..." with ", "
           first = false;
         }
         continue;
       }
       if (!first) {
-        os << ',';
+        out += ',';
         if (on_line == per_line) {
-          os << '\n' << std::string(static_cast<std::size_t>(indent + 1), ' ');
+          out += '\n';
+          out.append(static_cast<std::size_t>(indent + 1), ' ');
           on_line = 0;
         } else {
-          os << ' ';
+          out += ' ';
         }
       }
       const std::string& item = items[static_cast<std::size_t>(offset + i)];
-      os << std::string(width - item.size(), ' ') << item;
+      out.append(width - item.size(), ' ');
+      out += item;
       first = false;
       ++on_line;
     }
@@ -120,17 +122,18 @@ inline void print_dimension(std::ostream& os, const std::vector<std::string>& it
     for (std::int64_t i = 0; i < extent; ++i) {
       if (!visible(i)) {
         if (i == options.edge_items) {
-          os << separator << "...";
+          out += separator;
+          out += "...";
         }
         continue;
       }
-      if (!first) os << separator;
-      print_dimension(os, items, shape, dim + 1, offset + i * inner, indent + 1, width, summarise,
+      if (!first) out += separator;
+      print_dimension(out, items, shape, dim + 1, offset + i * inner, indent + 1, width, summarise,
                       options);
       first = false;
     }
   }
-  os << ']';
+  out += ']';
 }
 
 }  // namespace detail
@@ -159,27 +162,30 @@ std::ostream& operator<<(std::ostream& os, const Tensor<T, K>& tensor) {
     width = std::max(width, items[i].size());
   }
 
-  std::ostringstream body;
-  body << "tensor(";
+  std::string body = "tensor(";
   if (tensor.dim() == 0) {
-    body << items.front();
+    body += items.front();
   } else if (tensor.numel() == 0) {
-    body << "[]";
+    body += "[]";
     if (tensor.dim() > 1) {
-      body << ", size=(";
-      for (int d = 0; d < tensor.dim(); ++d) body << (d ? ", " : "") << tensor.shape()[d];
-      body << ')';
+      body += ", size=(";
+      for (int d = 0; d < tensor.dim(); ++d) {
+        if (d) body += ", ";
+        body += std::to_string(tensor.shape()[d]);
+      }
+      body += ')';
     }
   } else {
     detail::print_dimension(body, items, tensor.shape(), 0, 0, 7, width, summarise, options);
   }
   // PyTorch omits the default dtypes of float, integer and bool literals.
   if (type != ScalarType::float32 && type != ScalarType::int64 && type != ScalarType::boolean) {
-    body << ", dtype=" << name(type);
+    body += ", dtype=";
+    body += name(type);
   }
-  if (tensor.device() != Device{}) body << ", device='" << tensor.device().str() << "'";
-  body << ')';
-  return os << body.str();
+  if (tensor.device() != Device{}) body += ", device='" + tensor.device().str() + "'";
+  body += ')';
+  return os << body;
 }
 
 }  // namespace tessera

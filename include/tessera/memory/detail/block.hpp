@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "tessera/core/stream.hpp"
@@ -45,7 +44,9 @@ struct block_order {
   static bool less(const A& a, const B& b) noexcept {
     if (a.stream != b.stream) return stream_bits(a.stream) < stream_bits(b.stream);
     if (a.size != b.size) return a.size < b.size;
-    return std::less<const char*>{}(a.pointer, b.pointer);
+    // As integers, as stream_bits: the same total order as std::less without <functional>.
+    return reinterpret_cast<std::uintptr_t>(a.pointer) <
+           reinterpret_cast<std::uintptr_t>(b.pointer);
   }
   bool operator()(const block* a, const block* b) const noexcept { return less(*a, *b); }
   bool operator()(const block* a, const block_key& b) const noexcept { return less(*a, b); }
