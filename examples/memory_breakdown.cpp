@@ -76,7 +76,7 @@ int main() {
               ts::memory::format_bytes(checkpointed.plan().planned_bytes).c_str(),
               checkpointed.plan().recomputed_steps);
 
-  for (std::size_t mib : {8, 32, 128}) {
+  for (std::size_t mib : {16, 32, 128}) {
     const std::size_t budget = mib << 20;
     const auto plain = ag::max_batch_size(loss_of, ag::input<float>({1, 784}), ag::input<float>({1, 10}),
                                           ag::Budget{.bytes = budget, .optimizer_buffers = 2});

@@ -64,7 +64,7 @@ endif()
 # PyTorch (Debian's python3-torch; `cmake/install-deps.sh --test` installs it): each test runs
 # nn_torch.py itself, which draws the inputs with torch's generator and writes PyTorch's results
 # (without torch the script exits 2 and the test fails, saying what to install).
-foreach(torch_test IN ITEMS nn.layers_test optim.optim_test)
+foreach(torch_test IN ITEMS nn.layers_test optim.optim_test autograd.torch_test)
   string(REPLACE "." "_" torch_target ${torch_test})
   if(TARGET ${torch_target})
     target_compile_definitions(${torch_target} PRIVATE

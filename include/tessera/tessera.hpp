@@ -1,6 +1,7 @@
 // Everything Tessera offers, in one include. Users write `namespace ts = tessera;`.
 #pragma once
 
+#include "tessera/autograd.hpp"
 #include "tessera/core/config.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/dtype.hpp"

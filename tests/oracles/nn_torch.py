@@ -170,12 +170,61 @@ def optim(w):
                     w.put("%s.p%d.step%d" % (tag, i, step), p)
 
 
+def autograd(w):
+    """An MLP with BatchNorm1d (training mode) and cross entropy, and one with mse: loss,
+    every parameter's gradient and the running statistics after one forward, for the traced
+    programs of tests/autograd/torch_test.cpp."""
+    for dname, dtype in DTYPES.items():
+        g = torch.Generator().manual_seed(99)
+
+        def randn(*shape, scale=1.0):
+            return (torch.randn(*shape, generator=g, dtype=torch.float64) * scale).to(dtype)
+
+        fc1 = torch.nn.Linear(5, 8, dtype=dtype)
+        bn = torch.nn.BatchNorm1d(8, dtype=dtype)
+        fc2 = torch.nn.Linear(8, 3, dtype=dtype)
+        with torch.no_grad():
+            for p in (fc1.weight, fc1.bias, bn.weight, bn.bias, fc2.weight, fc2.bias):
+                p.copy_(randn(*p.shape))
+        params = {"fc1.weight": fc1.weight, "fc1.bias": fc1.bias, "bn.weight": bn.weight,
+                  "bn.bias": bn.bias, "fc2.weight": fc2.weight, "fc2.bias": fc2.bias}
+        for name, p in params.items():
+            w.put("mlp.%s.%s" % (dname, name), p)
+        x = randn(6, 5, scale=2.0)
+        targets = torch.tensor([0, 2, 1, 1, 0, 2])
+        w.put("mlp.%s.x" % dname, x)
+        w.put("mlp.%s.targets" % dname, targets)
+        bn.train()
+        logits = fc2(torch.relu(bn(fc1(x))))
+        loss = torch.nn.functional.cross_entropy(logits, targets)
+        loss.backward()
+        w.put("mlp.%s.loss" % dname, loss)
+        for name, p in params.items():
+            w.put("mlp.%s.grad.%s" % (dname, name), p.grad)
+        w.put("mlp.%s.running_mean" % dname, bn.running_mean)
+        w.put("mlp.%s.running_var" % dname, bn.running_var)
+        # Evaluation mode: the running statistics normalise; mse against a target.
+        bn.eval()
+        for p in params.values():
+            p.grad = None
+        target = randn(6, 3)
+        w.put("mlp.%s.target" % dname, target)
+        loss = torch.nn.functional.mse_loss(fc2(torch.relu(bn(fc1(x)))), target)
+        loss.backward()
+        w.put("mlp.%s.eval_loss" % dname, loss)
+        for name, p in params.items():
+            w.put("mlp.%s.eval_grad.%s" % (dname, name), p.grad)
+
+
+SECTIONS = {"layers": layers, "optim": optim, "autograd": autograd}
+
+
 def main():
-    if len(sys.argv) != 3 or sys.argv[1] not in ("layers", "optim"):
-        sys.stderr.write("usage: nn_torch.py layers|optim FILE\n")
+    if len(sys.argv) != 3 or sys.argv[1] not in SECTIONS:
+        sys.stderr.write("usage: nn_torch.py layers|optim|autograd FILE\n")
         sys.exit(2)
     w = Writer(sys.argv[2])
-    (layers if sys.argv[1] == "layers" else optim)(w)
+    SECTIONS[sys.argv[1]](w)
     w.close()
 
 

@@ -4,14 +4,17 @@
 #pragma once
 
 #include <algorithm>
+#include <functional>
 #include <memory>
 #include <numeric>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "tessera/autograd/derivative.hpp"
+#include "tessera/core/random.hpp"
 #include "tessera/expr/assign.hpp"
 #include "tessera/expr/matmul.hpp"
 #include "tessera/expr/reduce.hpp"
@@ -424,19 +427,21 @@ class softmax_node final : public node {
   bool needs_ = false;
 };
 
-/// matmul of two values (2-D, batched 3-D, or 3-D with a shared 2-D right operand).
+/// matmul of two values (2-D, batched 3-D, or 3-D with a shared 2-D right operand). An operand
+/// that is the transpose of a 2-D value (x @ W.t(), as in Linear) is read through the value
+/// itself: its gradient goes straight into the value's gradient, transposed by the product's
+/// own layout, with no buffer for the view's gradient and no copy.
 template <class T, class K>
 class matmul_node final : public node {
  public:
-  matmul_node(int a, int b, Shape a_shape, Shape b_shape, Shape out_shape)
-      : a_shape_(std::move(a_shape)), b_shape_(std::move(b_shape)), out_shape_(std::move(out_shape)) {
+  matmul_node(int a, bool a_transposed, int b, bool b_transposed, Shape a_shape, Shape b_shape)
+      : ta_(a_transposed), tb_(b_transposed), a_shape_(std::move(a_shape)), b_shape_(std::move(b_shape)) {
     inputs = {a, b};
   }
   const char* name() const override { return "matmul"; }
   void forward(value_table& table) override {
     auto out = table.template get<T, K>(output);
-    tessera::detail::matmul_into(out, table.template get<T, K>(inputs[0]),
-                                 table.template get<T, K>(inputs[1]));
+    tessera::detail::matmul_into(out, operand_a(table), operand_b(table));
   }
   void finalize(const std::vector<value_info>& values) override {
     needs_a_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
@@ -456,28 +461,38 @@ class matmul_node final : public node {
     return encode_reads(values, {output});
   }
   std::size_t backward_scratch() const override {
+    // Adding a product into a gradient needs a staging buffer only without BLAS's beta = 1.
+    if (tessera::detail::matmul_accumulates<T, K>()) return 0;
     return std::max(scratch_bytes<T>(a_shape_), scratch_bytes<T>(b_shape_));
   }
   void backward(value_table& table, const std::vector<char>& accumulate) override {
     const auto g = table.template grad<T, K>(output);
-    const auto a = table.template get<T, K>(inputs[0]);
-    const auto b = table.template get<T, K>(inputs[1]);
+    const auto a = operand_a(table);
+    const auto b = operand_b(table);
     std::size_t next = 0;
     if (needs_a_) {
-      // dA = g @ B^T (B shared or batched)
-      const auto bt = b.dim() == 3 ? b.transpose(1, 2) : b.t();
-      product_into(table, table.template grad<T, K>(inputs[0]), g, bt, accumulate[next++] != 0);
+      const auto target = table.template grad<T, K>(inputs[0]);
+      if (ta_) {
+        // A = X^T: dX = (g B^T)^T = B g^T
+        product_into(table, target, b, g.t(), accumulate[next++] != 0);
+      } else {
+        // dA = g @ B^T (B shared or batched)
+        const auto bt = b.dim() == 3 ? b.transpose(1, 2) : b.t();
+        product_into(table, target, g, bt, accumulate[next++] != 0);
+      }
     }
     if (needs_b_) {
-      if (a.dim() == 3 && b.dim() == 2) {
-        // B was shared by the batch: dB = sum_i A_i^T g_i = A'^T g' with the batch stacked.
-        const auto a2 = a.reshape({a.size(0) * a.size(1), a.size(2)});
-        const auto g2 = g.reshape({g.size(0) * g.size(1), g.size(2)});
-        product_into(table, table.template grad<T, K>(inputs[1]), a2.t(), g2,
-                     accumulate[next++] != 0);
+      const auto target = table.template grad<T, K>(inputs[1]);
+      const bool shared = a.dim() == 3 && b.dim() == 2;
+      // B shared by the batch: the batch stacked, dB = sum_i A_i^T g_i = A'^T g'.
+      const auto a2 = shared ? a.reshape({a.size(0) * a.size(1), a.size(2)}) : a;
+      const auto g2 = shared ? g.reshape({g.size(0) * g.size(1), g.size(2)}) : g;
+      if (tb_) {
+        // B = X^T: dX = (A^T g)^T = g^T A
+        product_into(table, target, g2.t(), a2, accumulate[next++] != 0);
       } else {
-        const auto at = a.dim() == 3 ? a.transpose(1, 2) : a.t();
-        product_into(table, table.template grad<T, K>(inputs[1]), at, g, accumulate[next++] != 0);
+        const auto at = a2.dim() == 3 ? a2.transpose(1, 2) : a2.t();
+        product_into(table, target, at, g2, accumulate[next++] != 0);
       }
     }
   }
@@ -485,8 +500,8 @@ class matmul_node final : public node {
  private:
   static void product_into(value_table& table, Tensor<T, K> target, const Tensor<T, K>& x,
                            const Tensor<T, K>& y, bool accumulate) {
-    if (!accumulate) {
-      tessera::detail::matmul_into(target, x, y);
+    if (!accumulate || tessera::detail::matmul_accumulates<T, K>()) {
+      tessera::detail::matmul_into(target, x, y, accumulate);
       return;
     }
     table.scratch_offset = table.scratch_begin;
@@ -495,7 +510,17 @@ class matmul_node final : public node {
     add_into(target, partial);
   }
 
-  Shape a_shape_, b_shape_, out_shape_;
+  Tensor<T, K> operand_a(const value_table& table) const {
+    const auto a = table.template get<T, K>(inputs[0]);
+    return ta_ ? a.t() : a;
+  }
+  Tensor<T, K> operand_b(const value_table& table) const {
+    const auto b = table.template get<T, K>(inputs[1]);
+    return tb_ ? b.t() : b;
+  }
+
+  bool ta_, tb_;
+  Shape a_shape_, b_shape_;
   bool needs_a_ = false, needs_b_ = false;
 };
 
@@ -655,6 +680,46 @@ class copy_node final : public node {
   bool needs_ = false;
 };
 
+/// Uniform numbers in [0, 1) drawn anew at every forward from the device's Philox generator
+/// (ts::manual_seed makes runs reproducible). Never recomputed: a checkpointed segment keeps them.
+template <class T, class K>
+class rand_node final : public node {
+ public:
+  rand_node() = default;
+  const char* name() const override { return "rand"; }
+  bool recomputable() const override { return false; }
+  void forward(value_table& table) override {
+    auto out = table.template get<T, K>(output);
+    const std::int64_t n = out.numel();
+    if (n == 0) return;
+    Generator& generator = default_generator(out.device());
+    const philox_state state = generator.reserve_state(blocks_needed<T>(static_cast<std::uint64_t>(n)));
+    if constexpr (std::is_same_v<K, cpu>) {
+      fill_uniform(out.data(), n, state.seed, state.offset, 0.0, 1.0);
+    } else {
+      std::vector<T> host(static_cast<std::size_t>(n));
+      fill_uniform(host.data(), n, state.seed, state.offset, 0.0, 1.0);
+      out.copy_from_host(host.data());
+    }
+  }
+};
+
+/// Runs a function on the current tensors of some values at every forward (running statistics,
+/// logging); no gradient, never recomputed. Its output has no elements.
+class effect_node final : public node {
+ public:
+  explicit effect_node(std::vector<int> ids, std::function<void(const value_table&)> effect)
+      : effect_(std::move(effect)) {
+    inputs = std::move(ids);
+  }
+  const char* name() const override { return "effect"; }
+  bool recomputable() const override { return false; }
+  void forward(value_table& table) override { effect_(table); }
+
+ private:
+  std::function<void(const value_table&)> effect_;
+};
+
 // ---- recording ----------------------------------------------------------------------------------
 
 /// Records a fused node for expression `e`, producing a contiguous value of dtype T.
@@ -734,10 +799,15 @@ Var<T, K> Var<T, K>::transpose(std::int64_t a, std::int64_t b) const {
   Strides strides = me.strides;
   std::swap(shape[da], shape[db]);
   std::swap(strides[da], strides[db]);
-  return detail::add_view(*this,
-                          std::make_unique<detail::view_node<T, K>>(id(), detail::view_kind::transpose,
-                                                                    shape, da, db),
-                          shape, strides, 0);
+  const bool matrix = me.shape.size() == 2;  // `me` dangles once the view is added
+  auto out = detail::add_view(*this,
+                              std::make_unique<detail::view_node<T, K>>(
+                                  id(), detail::view_kind::transpose, shape, da, db),
+                              shape, strides, 0);
+  if (matrix && da != db) {
+    graph_->values[static_cast<std::size_t>(out.id())].transposed_matrix = true;
+  }
+  return out;
 }
 
 template <Dtype T, DeviceKind K>
@@ -853,6 +923,35 @@ Var<T, K> Var<T, K>::to(int index) const {
   auto n = std::make_unique<detail::copy_node<T, K>>(id_, shape_);
   const int out = g->add_node(std::move(n), shape_, scalar_type_of<T>, target);
   return Var(g, out, shape_);
+}
+
+/// Uniform random numbers in [0, 1) of `x`'s dtype (floating), shape and device, drawn anew at
+/// every forward (a traced ts::rand: dropout masks).
+template <class X>
+  requires tessera::detail::symbolic_expression<X>
+auto rand_like(const X& x) {
+  using T = tessera::detail::floating_of<typename X::value_type>;
+  using K = typename X::device_kind;
+  detail::graph* g = detail::graph_of(x);
+  const Device device = tessera::detail::device_of(x, "rand_like");
+  const int id = g->add_node(std::make_unique<detail::rand_node<T, K>>(), x.shape(),
+                             scalar_type_of<T>, device);
+  return Var<T, K>(g, id, x.shape());
+}
+
+/// Calls `effect(tensors...)` with the current tensors of `vars` at every forward, after they are
+/// computed (e.g. BatchNorm's running statistics); it takes no part in backward.
+template <class Fn, class... Vs>
+void on_forward(Fn effect, const Vs&... vars) {
+  static_assert(sizeof...(Vs) > 0, "on_forward: give at least one Var");
+  detail::graph* g = std::get<0>(std::tie(vars...)).graph();
+  std::vector<int> ids{vars.id()...};
+  auto call = [effect = std::move(effect), vars...](const detail::value_table& table) mutable {
+    effect(table.template get<typename Vs::value_type, typename Vs::device_kind>(vars.id())...);
+  };
+  const Device device = std::get<0>(std::tie(vars...)).device();
+  g->add_node(std::make_unique<detail::effect_node>(std::move(ids), std::move(call)), Shape{0},
+              ScalarType::float32, device);
 }
 
 }  // namespace tessera::autograd
@@ -1009,8 +1108,19 @@ auto matmul(const A& a, const B& b) {
                       " must be viewable as a matrix for the shared right operand's gradient; "
                       "use reshape or contiguous layouts");
   }
-  auto n = std::make_unique<autograd::detail::matmul_node<TA, K>>(va.id(), vb.id(), va.shape(),
-                                                                   vb.shape(), out_shape);
+  // A transposed matrix operand is read through its base (see matmul_node).
+  auto unwrap = [&](const auto& v) {
+    const auto& info = v.info();
+    if (info.role == autograd::detail::value_role::view && info.transposed_matrix) {
+      return std::pair{info.base, true};
+    }
+    return std::pair{v.id(), false};
+  };
+  const auto [ida, ta] = unwrap(va);
+  const auto [idb, tb] = unwrap(vb);
+  auto n = std::make_unique<autograd::detail::matmul_node<TA, K>>(
+      ida, ta, idb, tb, g->values[static_cast<std::size_t>(ida)].shape,
+      g->values[static_cast<std::size_t>(idb)].shape);
   const int id = g->add_node(std::move(n), out_shape, scalar_type_of<TA>, va.device());
   return autograd::Var<TA, K>(g, id, out_shape);
 }

@@ -402,7 +402,7 @@ class program_state {
         recomputed[static_cast<std::size_t>(seg)] = 1;
         for (std::size_t j = 0; j < nodes.size(); ++j) {
           if (segment[j] == seg && static_cast<int>(j) != last_of_segment[static_cast<std::size_t>(seg)] &&
-              !is_output(nodes[j]->output)) {
+              !is_output(nodes[j]->output) && nodes[j]->recomputable()) {
             step r;
             r.kind = step::recompute;
             r.node = static_cast<int>(j);

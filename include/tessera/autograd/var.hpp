@@ -51,6 +51,7 @@ struct value_info {
   int base = -1;      // view: the value it views; gradients: the value they are the gradient of
   int grad = -1;      // the id of this value's gradient, when it has one
   bool requires_grad = false;
+  bool transposed_matrix = false;  // a view that is exactly base.t() of a 2-D base
   std::string name;
 
   std::size_t bytes() const {
@@ -97,6 +98,9 @@ class node {
   virtual std::vector<int> inplace_candidates() const { return {}; }
   /// The value on whose device the backward scratch lives.
   virtual int scratch_value() const { return output; }
+  /// False for nodes that must run once per forward (random numbers, side effects): checkpointing
+  /// keeps their outputs instead of recomputing them.
+  virtual bool recomputable() const { return true; }
 
   std::vector<int> inputs;
   int output = -1;

@@ -146,10 +146,30 @@ inline Shape matmul_result_shape(const Shape& a, const Shape& b) {
   return Shape{batch, m, n};
 }
 
-/// a @ b into `out`: contiguous, of matmul_result_shape, on the operands' device (checked by the
-/// caller, as matmul does).
+/// True when matmul_into can add into its output in the same call (BLAS's beta = 1): the CBLAS
+/// path for float and double, cuBLAS on CUDA. The built-in kernel only overwrites.
 template <class T, class K>
-void matmul_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b) {
+bool matmul_accumulates() {
+  if constexpr (std::is_same_v<K, tessera::cpu>) {
+    if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+      return backend::cpu::uses_blas<T>();
+    } else {
+      return false;
+    }
+  } else {
+    return backend::cuda::gemm_supports<T>;
+  }
+}
+
+/// a @ b into `out` (out += a @ b when `accumulate`, which needs matmul_accumulates<T, K>()):
+/// contiguous, of matmul_result_shape, on the operands' device (checked by the caller, as
+/// matmul does).
+template <class T, class K>
+void matmul_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b,
+                 bool accumulate = false) {
+  if (accumulate && !matmul_accumulates<T, K>()) {
+    throw error("matmul_into: this path cannot accumulate into its output");
+  }
   const Shape& out_shape = out.shape();
   const std::int64_t batch = out_shape.size() == 3 ? out_shape[0] : 1;
   const std::int64_t m = out_shape[out_shape.size() - 2];
@@ -157,7 +177,7 @@ void matmul_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b
   const std::int64_t k = a.size(-1);
   if (out.numel() == 0) return;
   if (k == 0) {
-    out.zero_();  // a sum over nothing
+    if (!accumulate) out.zero_();  // a sum over nothing
     return;
   }
 
@@ -168,7 +188,7 @@ void matmul_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b
         const auto plan = detail::plan_blas(lhs, rhs, batch, m, k);
         backend::cpu::gemm_blas<T>(plan.batch, plan.m, n, k, lhs.data(), plan.a.transposed,
                                    plan.a.ld, lhs.batch_stride, rhs.data(), plan.b.transposed,
-                                   plan.b.ld, rhs.batch_stride, out.data(), n, m * n);
+                                   plan.b.ld, rhs.batch_stride, out.data(), n, m * n, accumulate);
         return;
       }
     }
@@ -190,7 +210,8 @@ void matmul_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b
     if constexpr (backend::cuda::gemm_supports<T>) {
       backend::cuda::gemm<T>(a.device_index(), plan.batch, plan.m, n, k, lhs.data(),
                              plan.a.transposed, plan.a.ld, lhs.batch_stride, rhs.data(),
-                             plan.b.transposed, plan.b.ld, rhs.batch_stride, out.data(), n, m * n);
+                             plan.b.transposed, plan.b.ld, rhs.batch_stride, out.data(), n, m * n,
+                             stream_ref{}, accumulate);
     } else {
       throw dtype_error(std::string("matmul: cuBLAS has no ") + dtype_name<T>() + " GEMM here");
     }

@@ -111,9 +111,53 @@ class BatchNorm1d : public Module {
       }
       return Input((input - mean) * rsqrt(var + eps_));
     } else {
-      static_assert(detail::always_false<X>,
-                    "BatchNorm1d: traced BatchNorm1d is not supported yet (the running-statistics "
-                    "update is a side effect the tracer does not record); it works on tensors");
+      // Traced: the same formulas on Vars (their derivatives come from the autograd); the
+      // running statistics are updated by an effect that runs at every forward. Training or
+      // evaluation mode is the module's mode when the program is compiled.
+      using V = autograd::Var<T, K>;
+      static_assert(std::is_same_v<typename X::value_type, T> &&
+                        std::is_same_v<typename X::device_kind, K>,
+                    "BatchNorm1d<T, Kind>: the input's dtype or device kind is not the layer's");
+      const V input = x;
+      const Shape& shape = input.shape();
+      if ((shape.size() != 2 && shape.size() != 3) || shape[1] != num_features_) {
+        throw shape_error("BatchNorm1d: expected an input of shape [N, " +
+                          std::to_string(num_features_) + "] or [N, " +
+                          std::to_string(num_features_) + ", L], got " + shape.str());
+      }
+      const Shape stat_shape =
+          shape.size() == 2 ? Shape{1, num_features_} : Shape{1, num_features_, 1};
+      const std::int64_t per_channel = num_features_ > 0 ? input.numel() / num_features_ : 0;
+      auto affine = [&](const auto& normalised) {
+        if (affine_) {
+          return V(normalised * weight_.like(input).view(stat_shape) +
+                   bias_.like(input).view(stat_shape));
+        }
+        return V(normalised);
+      };
+      if (is_training() || !track_running_stats_) {
+        if (is_training() && per_channel <= 1) {
+          throw error("BatchNorm1d: expected more than 1 value per channel when training, got "
+                      "an input of shape " + shape.str());
+        }
+        const V mean = traced_channel_mean(input);
+        const V centered = input - mean;
+        const V var = traced_channel_mean(centered * centered);  // biased, for normalising
+        if (is_training() && track_running_stats_) {
+          const BatchNorm1d self = *this;  // a handle: the same buffers
+          autograd::on_forward(
+              [self, per_channel](const Tensor<T, K>& m, const Tensor<T, K>& v) {
+                self.update_running_stats(m, v, per_channel);
+              },
+              mean, var);
+        }
+        return affine(centered * rsqrt(var + eps_));
+      } else {
+        // The running statistics as they are at each forward (constants share their storage).
+        const Tensor<T, K> mean = running_mean_.value().view(stat_shape);
+        const Tensor<T, K> var = running_var_.value().view(stat_shape);
+        return affine((input - mean) * rsqrt(var + eps_));
+      }
     }
   }
   template <class X>
@@ -165,6 +209,12 @@ class BatchNorm1d : public Module {
   static Tensor<T, K> channel_mean(const E& e) {
     if (e.shape().size() == 2) return mean(e, 0, true);
     return mean(mean(e, 2, true), 0, true);
+  }
+
+  template <class E>
+  static autograd::Var<T, K> traced_channel_mean(const E& e) {
+    if (e.shape().size() == 2) return mean(e, 0, true);
+    return mean(autograd::Var<T, K>(mean(e, 2, true)), 0, true);
   }
 
   void update_running_stats(const Tensor<T, K>& batch_mean, const Tensor<T, K>& batch_var,

@@ -44,9 +44,13 @@ class Dropout : public Module {
       const auto uniform = rand<random_compute_t<T>, K>(input.shape(), input.device_index());
       return Input(where(uniform < p_, 0, input * (1.0 / (1.0 - p_))));
     } else {
-      static_assert(detail::always_false<X>,
-                    "Dropout: traced Dropout is not supported yet (the mask needs random numbers "
-                    "drawn at run time); it works on tensors");
+      // Traced: a mask of uniform numbers drawn anew at every forward (never recomputed by
+      // checkpointing). Training or evaluation mode is the module's mode at compile time.
+      using T = tessera::detail::floating_of<typename X::value_type>;
+      using V = autograd::Var<T, typename X::device_kind>;
+      if (!is_training() || p_ == 0.0) return V(x);
+      if (p_ == 1.0) return V(x * 0.0);
+      return V(where(autograd::rand_like(x) < p_, 0.0, x * (1.0 / (1.0 - p_))));
     }
   }
   template <class X>

@@ -43,8 +43,12 @@ auto mse_loss(const A& input, const B& target) {
 /// Throws shape_error naming both shapes for other shapes, and (eagerly) tessera::error naming
 /// the value and C when a target is outside [0, C), before computing anything. ignore_index,
 /// class weights and label smoothing are not supported.
-template <class L, DeviceKind K>
-auto cross_entropy(const L& logits, const Tensor<std::int64_t, K>& targets) {
+template <class L, class Targets>
+auto cross_entropy(const L& logits, const Targets& targets) {
+  static_assert(std::is_same_v<typename Targets::value_type, std::int64_t>,
+                "cross_entropy: the targets are class indices of dtype int64 (a Tensor<int64_t> or, "
+                "traced, a Var<int64_t>)");
+  using K = typename Targets::device_kind;
   const Shape& shape = logits.shape();
   if (shape.size() != 2 || targets.dim() != 1 || targets.size(0) != shape[0]) {
     throw shape_error("cross_entropy: expected logits [N, C] and targets [N], got logits " +
@@ -52,16 +56,21 @@ auto cross_entropy(const L& logits, const Tensor<std::int64_t, K>& targets) {
   }
   const std::int64_t batch = shape[0];
   const std::int64_t classes = shape[1];
-  if constexpr (detail::is_eager_v<L>) {
-    if (batch > 0) {
-      const std::int64_t lowest = min(targets).item();
-      const std::int64_t highest = max(targets).item();
-      if (lowest < 0 || highest >= classes) {
-        throw error("cross_entropy: target " + std::to_string(lowest < 0 ? lowest : highest) +
-                    " is out of range for " + std::to_string(classes) +
-                    " classes (expected 0 <= target < " + std::to_string(classes) + ")");
-      }
+  auto check_range = [classes](const Tensor<std::int64_t, K>& t) {
+    if (t.numel() == 0) return;
+    const std::int64_t lowest = min(t).item();
+    const std::int64_t highest = max(t).item();
+    if (lowest < 0 || highest >= classes) {
+      throw error("cross_entropy: target " + std::to_string(lowest < 0 ? lowest : highest) +
+                  " is out of range for " + std::to_string(classes) +
+                  " classes (expected 0 <= target < " + std::to_string(classes) + ")");
     }
+  };
+  if constexpr (tessera::detail::is_tensor<Targets>::value) {
+    if constexpr (detail::is_eager_v<L>) check_range(targets);
+  } else {
+    // Traced targets: checked at every forward, before the loss is computed from them.
+    autograd::on_forward(check_range, targets);
   }
   const auto log_probabilities = log_softmax(logits, 1);
   // The target's column of each row, picked by a one-hot comparison fused into the row sums.

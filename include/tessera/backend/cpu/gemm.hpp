@@ -653,7 +653,7 @@ template <class T>
 void gemm_blas(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k, const T* a,
                bool a_trans, std::int64_t lda, std::int64_t a_batch_stride, const T* b,
                bool b_trans, std::int64_t ldb, std::int64_t b_batch_stride, T* c, std::int64_t ldc,
-               std::int64_t c_batch_stride) {
+               std::int64_t c_batch_stride, bool accumulate = false) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "gemm_blas: CBLAS multiplies float and double only");
   if (batch <= 0 || m <= 0 || n <= 0) return;
@@ -674,10 +674,13 @@ void gemm_blas(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t 
     const T* be = b + e * b_batch_stride;
     T* ce = c + e * c_batch_stride;
     // k = 0: BLAS scales C by beta = 0, i.e. writes zeros, as a product over nothing must.
+    // accumulate: beta = 1, C += A B (gradients accumulating into a buffer).
     if constexpr (std::is_same_v<T, float>) {
-      cblas_sgemm(CblasRowMajor, ta, tb, im, in, ik, 1.0f, ae, ilda, be, ildb, 0.0f, ce, ildc);
+      cblas_sgemm(CblasRowMajor, ta, tb, im, in, ik, 1.0f, ae, ilda, be, ildb,
+                  accumulate ? 1.0f : 0.0f, ce, ildc);
     } else {
-      cblas_dgemm(CblasRowMajor, ta, tb, im, in, ik, 1.0, ae, ilda, be, ildb, 0.0, ce, ildc);
+      cblas_dgemm(CblasRowMajor, ta, tb, im, in, ik, 1.0, ae, ilda, be, ildb,
+                  accumulate ? 1.0 : 0.0, ce, ildc);
     }
   }
 }
@@ -686,7 +689,7 @@ void gemm_blas(std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t 
 template <class T>
 void gemm_blas(std::int64_t, std::int64_t, std::int64_t, std::int64_t, const T*, bool, std::int64_t,
                std::int64_t, const T*, bool, std::int64_t, std::int64_t, T*, std::int64_t,
-               std::int64_t) {
+               std::int64_t, bool = false) {
   throw error("gemm_blas: this build has no BLAS (configure with TESSERA_WITH_BLAS)");
 }
 #endif

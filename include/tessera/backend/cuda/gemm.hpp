@@ -122,7 +122,7 @@ template <class T>
 void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
           const T* a, bool a_trans, std::int64_t lda, std::int64_t a_batch_stride, const T* b,
           bool b_trans, std::int64_t ldb, std::int64_t b_batch_stride, T* c, std::int64_t ldc,
-          std::int64_t c_batch_stride, stream_ref stream = {}) {
+          std::int64_t c_batch_stride, stream_ref stream = {}, bool accumulate = false) {
   if constexpr (!gemm_supports<T>) {
     throw dtype_error(std::string("matmul: cuBLAS has no ") + dtype_name<T>() +
                       " GEMM here (float32, float64, float16 and bfloat16 only); multiply on the "
@@ -145,7 +145,8 @@ void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::i
     constexpr cublasComputeType_t compute = is_double ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
     // alpha and beta have the compute type's precision (host pointers: the default mode).
     using scale_t = std::conditional_t<is_double, double, float>;
-    const scale_t alpha = 1, beta = 0;
+    // accumulate: beta = 1, C += A B (gradients accumulating into a buffer).
+    const scale_t alpha = 1, beta = accumulate ? 1 : 0;
     detail::cublas_handles::instance().with_handle(device, stream, [&](cublasHandle_t handle) {
       if (batch == 1) {
         TESSERA_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, in, im, ik, &alpha, b, type, ildb, a,
@@ -161,7 +162,7 @@ void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::i
 #else
     (void)device, (void)batch, (void)m, (void)n, (void)k, (void)a, (void)a_trans, (void)lda;
     (void)a_batch_stride, (void)b, (void)b_trans, (void)ldb, (void)b_batch_stride, (void)c;
-    (void)ldc, (void)c_batch_stride, (void)stream;
+    (void)ldc, (void)c_batch_stride, (void)stream, (void)accumulate;
     throw device_error("matmul: this build has no CUDA support (configure with TESSERA_WITH_CUDA)");
 #endif
   }
