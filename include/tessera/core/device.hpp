@@ -208,8 +208,12 @@ inline int cpu::num_threads() {
   int set = detail::cpu_thread_setting().load(std::memory_order_relaxed);
   if (set > 0) return set;
   // sysconf, not std::thread::hardware_concurrency: <thread> costs every user compile time.
-  const long online = sysconf(_SC_NPROCESSORS_ONLN);
-  const int cores = online > 0 ? static_cast<int>(online) : 1;
+  // Read once: glibc answers it by reading /sys/devices/system/cpu/online (open, read, close:
+  // tens of microseconds), and every parallel loop asks.
+  static const int cores = [] {
+    const long online = sysconf(_SC_NPROCESSORS_ONLN);
+    return online > 0 ? static_cast<int>(online) : 1;
+  }();
   return std::max(1, cores / device_count());
 }
 

@@ -52,7 +52,17 @@ void for_each_element(const char* optimiser, Device device, std::int64_t n, cons
     profiler::count_launch();
     backend::cpu::parallel_for(0, n, backend::cpu::grain_size,
                                [&](std::int64_t first, std::int64_t last) {
-                                 for (std::int64_t i = first; i < last; ++i) update(i);
+                                 // A local copy: stores through the rule's float pointers could
+                                 // alias the referenced rule's own float fields and force a
+                                 // reload every iteration; a local one is kept in registers.
+                                 // The buffers are distinct, so the iterations are independent.
+                                 const Update local = update;
+                                 if constexpr (requires { local.run(first, last); }) {
+                                   local.run(first, last);  // the rule's own host loop
+                                 } else {
+#pragma GCC ivdep
+                                   for (std::int64_t i = first; i < last; ++i) local(i);
+                                 }
                                });
   } else {
 #if TESSERA_CUDA_KERNELS
