@@ -1040,26 +1040,22 @@ auto mean(const E& e, std::int64_t dim, bool keepdim = false) {
   const int d = detail::reduction_dim(e.shape(), dim, "mean");
   return autograd::detail::record_reduce<typename E::value_type, true>(e, d, keepdim);
 }
-template <class E>
-  requires detail::symbolic_expression<E>
-auto max(const E& e) {
-  return autograd::detail::record_extremum<true>(e, 0, false, true);
-}
-template <class E>
-  requires detail::symbolic_expression<E>
-auto max(const E& e, std::int64_t dim, bool keepdim = false) {
-  return autograd::detail::record_extremum<true>(e, dim, keepdim, false);
-}
-template <class E>
-  requires detail::symbolic_expression<E>
-auto min(const E& e) {
-  return autograd::detail::record_extremum<false>(e, 0, false, true);
-}
-template <class E>
-  requires detail::symbolic_expression<E>
-auto min(const E& e, std::int64_t dim, bool keepdim = false) {
-  return autograd::detail::record_extremum<false>(e, dim, keepdim, false);
-}
+// max and min of everything (0-dim) or along a dim; the gradient goes to the extreme elements.
+#define TESSERA_TRACED_EXTREMUM(name, is_max)                                       \
+  template <class E>                                                                \
+    requires detail::symbolic_expression<E>                                         \
+  auto name(const E& e) {                                                           \
+    return autograd::detail::record_extremum<is_max>(e, 0, false, true);            \
+  }                                                                                 \
+  template <class E>                                                                \
+    requires detail::symbolic_expression<E>                                         \
+  auto name(const E& e, std::int64_t dim, bool keepdim = false) {                   \
+    return autograd::detail::record_extremum<is_max>(e, dim, keepdim, false);       \
+  }
+TESSERA_TRACED_EXTREMUM(max, true)
+TESSERA_TRACED_EXTREMUM(min, false)
+#undef TESSERA_TRACED_EXTREMUM
+
 template <class E>
   requires detail::symbolic_expression<E>
 auto softmax(const E& e, std::int64_t dim) {

@@ -320,13 +320,7 @@ class Var {
 
   /// Expression-leaf interface: records this leaf's device or throws device_mismatch_error.
   void check_device(std::optional<Device>& device, const char* operation) const {
-    const Device mine = this->device();
-    if (!device) {
-      device = mine;
-    } else if (*device != mine) {
-      throw device_mismatch_error(std::string(operation) + ": operands are on different devices, " +
-                                  device->str() + " and " + mine.str());
-    }
+    tessera::detail::merge_device(device, this->device(), operation);
   }
 
   // Views and copies: defined in autograd/ops.hpp.

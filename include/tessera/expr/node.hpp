@@ -58,6 +58,17 @@ struct common_kind<any_kind, any_kind> {
   using type = any_kind;
 };
 
+/// Records `mine` as the expression's device in `device`, or throws device_mismatch_error naming
+/// both when another leaf already put a different one there.
+inline void merge_device(std::optional<Device>& device, Device mine, const char* operation) {
+  if (!device) {
+    device = mine;
+  } else if (*device != mine) {
+    throw device_mismatch_error(std::string(operation) + ": operands are on different devices, " +
+                                device->str() + " and " + mine.str());
+  }
+}
+
 // ---- leaves ---------------------------------------------------------------------------------
 
 /// A tensor operand.
@@ -79,12 +90,7 @@ struct tensor_leaf {
     if (!tensor.defined()) {
       throw error(std::string(operation) + ": an operand is an undefined tensor");
     }
-    if (!device) {
-      device = tensor.device();
-    } else if (*device != tensor.device()) {
-      throw device_mismatch_error(std::string(operation) + ": operands are on different devices, " +
-                                  device->str() + " and " + tensor.device().str());
-    }
+    merge_device(device, tensor.device(), operation);
   }
   void collect_strides(const Shape& out, Strides* strides, int& next) const {
     strides[next++] = expand_strides(tensor.shape(), tensor.strides(), out, "expression");

@@ -81,13 +81,7 @@ class BatchNorm1d : public Module {
                     "BatchNorm1d<T, Kind>: the input is on another device kind than the layer");
       const Input input = detail::materialize(x);
       const Shape& shape = input.shape();
-      if ((shape.size() != 2 && shape.size() != 3) || shape[1] != num_features_) {
-        throw shape_error("BatchNorm1d: expected an input of shape [N, " +
-                          std::to_string(num_features_) + "] or [N, " +
-                          std::to_string(num_features_) + ", L], got " + shape.str());
-      }
-      const Shape stat_shape =
-          shape.size() == 2 ? Shape{1, num_features_} : Shape{1, num_features_, 1};
+      const Shape stat_shape = statistics_shape(shape);
       const std::int64_t per_channel = num_features_ > 0 ? input.numel() / num_features_ : 0;
 
       Tensor<T, K> mean, var;
@@ -120,13 +114,7 @@ class BatchNorm1d : public Module {
                     "BatchNorm1d<T, Kind>: the input's dtype or device kind is not the layer's");
       const V input = x;
       const Shape& shape = input.shape();
-      if ((shape.size() != 2 && shape.size() != 3) || shape[1] != num_features_) {
-        throw shape_error("BatchNorm1d: expected an input of shape [N, " +
-                          std::to_string(num_features_) + "] or [N, " +
-                          std::to_string(num_features_) + ", L], got " + shape.str());
-      }
-      const Shape stat_shape =
-          shape.size() == 2 ? Shape{1, num_features_} : Shape{1, num_features_, 1};
+      const Shape stat_shape = statistics_shape(shape);
       const std::int64_t per_channel = num_features_ > 0 ? input.numel() / num_features_ : 0;
       auto affine = [&](const auto& normalised) {
         if (affine_) {
@@ -204,6 +192,17 @@ class BatchNorm1d : public Module {
   }
 
  private:
+  /// The shape of the per-channel statistics, [1, C] or [1, C, 1], for an input of `shape`;
+  /// throws shape_error naming the shape and C for any other input.
+  Shape statistics_shape(const Shape& shape) const {
+    if ((shape.size() != 2 && shape.size() != 3) || shape[1] != num_features_) {
+      throw shape_error("BatchNorm1d: expected an input of shape [N, " +
+                        std::to_string(num_features_) + "] or [N, " +
+                        std::to_string(num_features_) + ", L], got " + shape.str());
+    }
+    return shape.size() == 2 ? Shape{1, num_features_} : Shape{1, num_features_, 1};
+  }
+
   /// The mean over every dimension but 1, kept as [1, C] or [1, C, 1].
   template <class E>
   static Tensor<T, K> channel_mean(const E& e) {

@@ -48,6 +48,7 @@ __global__ void __launch_bounds__(backend::cuda::threads_per_block)
 /// A CUDA parameter in a unit not compiled by nvcc throws tessera::error saying so.
 template <DeviceKind K, class Update>
 void for_each_element(const char* optimiser, Device device, std::int64_t n, const Update& update) {
+  (void)optimiser;  // named only in the error of a unit not compiled by nvcc
   if constexpr (std::is_same_v<K, cpu>) {
     profiler::count_launch();
     backend::cpu::parallel_for(0, n, backend::cpu::grain_size,
