@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "tessera/autograd/ops.hpp"
 #include "tessera/expr/assign.hpp"
 #include "tessera/expr/operators.hpp"
 #include "tessera/expr/reduce.hpp"
