@@ -12,7 +12,6 @@
 // Each benchmark checks its output against a float64 reference after its timed loop and aborts
 // on a mismatch: a benchmark that computes nothing must not report a time.
 #include <benchmark/benchmark.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -22,10 +21,10 @@
 #include <limits>
 #include <map>
 #include <random>
-#include <set>
 #include <string>
 #include <vector>
 
+#include "bench_report.hpp"
 #include "tessera/backend/cpu/gemm.hpp"
 #include "tessera/backend/cpu/parallel.hpp"
 #include "tessera/expr.hpp"
@@ -602,48 +601,10 @@ BENCHMARK(BM_matmul_eigen)->UseRealTime()->Unit(benchmark::kMillisecond);
 
 // ---- reporting ---------------------------------------------------------------------------------
 
-// Console output as usual, plus each benchmark's real time per iteration and GB/s for the
-// summary: the median when repetitions are asked for, else the single run. Real time, because
-// the contenders are multi-threaded (CPU time counts the main thread only).
-class recording_reporter : public benchmark::ConsoleReporter {
- public:
-  // Colours only on a terminal, so that redirected output stays plain text.
-  recording_reporter() : ConsoleReporter(isatty(STDOUT_FILENO) ? OO_Defaults : OO_Tabular) {}
-
-  void ReportRuns(const std::vector<Run>& runs) override {
-    for (const Run& run : runs) {
-      if (run.error_occurred) continue;
-      const std::string name = run.run_name.function_name;
-      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-      if (median || (run.run_type == Run::RT_Iteration && !medians_.count(name))) {
-        results[name] = run.GetAdjustedRealTime();
-        if (auto rate = run.counters.find("GB/s"); rate != run.counters.end()) {
-          bandwidth[name] = rate->second.value;
-        }
-        if (median) medians_.insert(name);
-      }
-    }
-    ConsoleReporter::ReportRuns(runs);
-  }
-  std::map<std::string, double> results;    // in each run's time unit
-  std::map<std::string, double> bandwidth;  // GB/s, for those that report it
-
- private:
-  std::set<std::string> medians_;
-};
-
-// One ratio of a summary line: "text = baseline time / contender time", with the goal
-// (a throughput ratio to reach; 0 for none).
-struct comparison {
-  const char* text;
-  const char* contender;
-  const char* baseline;
-  double goal;
-};
-struct summary_line {
-  const char* label;
-  std::vector<comparison> comparisons;
-};
+using tessera::bench::comparison;
+using tessera::bench::print_summary;
+using tessera::bench::recording_reporter;
+using tessera::bench::summary_line;
 
 // Add a comparison here for each new contender/baseline pair.
 const std::vector<summary_line>& summary_lines() {
@@ -675,25 +636,6 @@ const std::vector<summary_line>& summary_lines() {
         {"fallback / eigen", "BM_matmul_fallback", "BM_matmul_eigen", 0}}},
   };
   return lines;
-}
-
-void print_summary(const std::map<std::string, double>& results, const summary_line& line) {
-  std::string text;
-  for (const comparison& c : line.comparisons) {
-    auto contender = results.find(c.contender);
-    auto baseline = results.find(c.baseline);
-    if (contender == results.end() || baseline == results.end() || contender->second <= 0) continue;
-    const double ratio = baseline->second / contender->second;
-    char part[160];
-    if (c.goal > 0) {
-      std::snprintf(part, sizeof part, "%s = %.2f (goal >= %.2g: %s)", c.text, ratio, c.goal,
-                    ratio >= c.goal ? "met" : "MISSED");
-    } else {
-      std::snprintf(part, sizeof part, "%s = %.2f", c.text, ratio);
-    }
-    text += (text.empty() ? "" : "; ") + std::string(part);
-  }
-  if (!text.empty()) std::printf("%s: %s\n", line.label, text.c_str());
 }
 
 }  // namespace
