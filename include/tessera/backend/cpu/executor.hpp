@@ -60,9 +60,11 @@ void linear_loop(T* out, const Evaluator evaluator, std::int64_t first, std::int
 // and 1.2 ns per element on one core of the CI machine (AMD EPYC, Zen 4). Without FMA contraction
 // (fp-contract=off; AVX-512 would allow it), so all clones round alike and results do not depend on
 // the machine. GCC only (the form checked with GCC 12), not under nvcc, and off with
-// -DTESSERA_NO_TARGET_CLONES.
+// -DTESSERA_NO_TARGET_CLONES. Off under ThreadSanitizer too: a clone's ifunc resolver runs while
+// the dynamic loader relocates the program, before the TSan runtime exists, and its instrumented
+// entry crashes there.
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__) && \
-    !defined(TESSERA_NO_TARGET_CLONES) && defined(__has_attribute)
+    !defined(TESSERA_NO_TARGET_CLONES) && !defined(__SANITIZE_THREAD__) && defined(__has_attribute)
 #if __has_attribute(target_clones)
 #define TESSERA_CPU_TARGET_CLONES 1
 #endif
