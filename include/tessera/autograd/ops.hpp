@@ -210,20 +210,9 @@ std::vector<int> distinct_vars(const E& e) {
 
 // ---- nodes ------------------------------------------------------------------------------------
 
-/// A fused elementwise expression: forward is one executor pass, each input's gradient another.
-template <class T, class K, class E>
-class fused_node final : public node {
+/// A node whose backward is the gradient jobs of one expression (fused and reduce nodes).
+class expression_backward_node : public node {
  public:
-  explicit fused_node(E e) : expression_(std::move(e)) { inputs = distinct_vars(expression_); }
-  const char* name() const override { return "fused"; }
-  void trace_backward(graph* g) {
-    if constexpr (is_floating_point_v<T>) {
-      gradients_.build(expression_, Var<T, K>(g, output, expression_.shape(), true));
-    }
-  }
-  void forward(value_table& table) override {
-    tessera::detail::run_expression(table.template get<T, K>(output), rebind(expression_, table));
-  }
   void finalize(const std::vector<value_info>& values) override { gradients_.finalize(values); }
   std::vector<int> contributions() const override { return gradients_.contributions(); }
   std::vector<int> backward_reads() const override {
@@ -234,6 +223,25 @@ class fused_node final : public node {
   std::size_t backward_scratch() const override { return gradients_.scratch(); }
   void backward(value_table& table, const std::vector<char>& accumulate) override {
     gradients_.run(table, accumulate);
+  }
+
+ protected:
+  expression_gradients gradients_;
+};
+
+/// A fused elementwise expression: forward is one executor pass, each input's gradient another.
+template <class T, class K, class E>
+class fused_node final : public expression_backward_node {
+ public:
+  explicit fused_node(E e) : expression_(std::move(e)) { inputs = distinct_vars(expression_); }
+  const char* name() const override { return "fused"; }
+  void trace_backward(graph* g) {
+    if constexpr (is_floating_point_v<T>) {
+      gradients_.build(expression_, Var<T, K>(g, output, expression_.shape(), true));
+    }
+  }
+  void forward(value_table& table) override {
+    tessera::detail::run_expression(table.template get<T, K>(output), rebind(expression_, table));
   }
   std::vector<int> inplace_candidates() const override {
     std::vector<int> ids;
@@ -249,13 +257,12 @@ class fused_node final : public node {
 
  private:
   E expression_;
-  expression_gradients gradients_;
 };
 
 /// sum or mean of an expression, over everything or along one dim: reads the expression without
 /// storing it; the gradient is the expression's, with the upstream gradient broadcast back.
 template <class Out, class K, class E, bool Mean>
-class reduce_node final : public node {
+class reduce_node final : public expression_backward_node {
  public:
   reduce_node(E e, int dim, bool keepdim)
       : expression_(std::move(e)), dim_(dim), keepdim_(keepdim) {
@@ -291,23 +298,11 @@ class reduce_node final : public node {
       tessera::detail::reduce_dim_into<op, finish, Out>(out, bound, dim_, name());
     }
   }
-  void finalize(const std::vector<value_info>& values) override { gradients_.finalize(values); }
-  std::vector<int> contributions() const override { return gradients_.contributions(); }
-  std::vector<int> backward_reads() const override {
-    std::vector<int> values, grads;
-    gradients_.add_reads(values, grads);
-    return encode_reads(values, grads);
-  }
-  std::size_t backward_scratch() const override { return gradients_.scratch(); }
-  void backward(value_table& table, const std::vector<char>& accumulate) override {
-    gradients_.run(table, accumulate);
-  }
 
  private:
   E expression_;
   int dim_;
   bool keepdim_;
-  expression_gradients gradients_;
 };
 
 /// max or min of a value, over everything or along one dim. The gradient goes to the elements
