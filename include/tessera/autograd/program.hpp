@@ -513,15 +513,11 @@ class program_state {
         }
       }
     }
+    // A forward-only schedule's outputs: alive to its end (training marked them after the last
+    // forward step above).
     if (mode != Mode::training) {
       for (int out : output_ids) use(root_instance(out, current), end_of_time);
     }
-    // Program outputs of a forward-only schedule: alive to the end.
-    for (int out : output_ids) {
-      const int inst = root_instance(out, current);
-      if (inst >= 0 && mode != Mode::training) use(inst, end_of_time);
-    }
-    (void)end_of_time;
   }
 
   /// In place, buffers, packing, accounting.
