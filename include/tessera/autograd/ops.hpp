@@ -305,10 +305,29 @@ class reduce_node final : public expression_backward_node {
   bool keepdim_;
 };
 
+/// A node with one differentiable input: backward adds to that input's gradient when it needs
+/// one, reading the output's gradient and the forward values saved() names.
+class single_input_node : public node {
+ public:
+  void finalize(const std::vector<value_info>& values) override {
+    needs_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
+  }
+  std::vector<int> contributions() const override {
+    return needs_ ? std::vector<int>{inputs[0]} : std::vector<int>{};
+  }
+  std::vector<int> backward_reads() const override {
+    return needs_ ? encode_reads(saved(), {output}) : std::vector<int>{};
+  }
+
+ protected:
+  virtual std::vector<int> saved() const { return {}; }
+  bool needs_ = false;
+};
+
 /// max or min of a value, over everything or along one dim. The gradient goes to the elements
 /// equal to the result, split evenly among ties (PyTorch's amax/amin rule).
 template <class T, class K, bool Max>
-class extremum_node final : public node {
+class extremum_node final : public single_input_node {
  public:
   extremum_node(int input, Shape input_shape, int dim)
       : input_shape_(std::move(input_shape)), dim_(dim) {
@@ -327,15 +346,7 @@ class extremum_node final : public node {
       tessera::detail::reduce_dim_into<op, backend::finish_value, T>(out, x, dim_, name());
     }
   }
-  void finalize(const std::vector<value_info>& values) override {
-    needs_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
-  }
-  std::vector<int> contributions() const override {
-    return needs_ ? std::vector<int>{inputs[0]} : std::vector<int>{};
-  }
-  std::vector<int> backward_reads() const override {
-    return needs_ ? encode_reads({inputs[0], output}, {output}) : std::vector<int>{};
-  }
+  std::vector<int> saved() const override { return {inputs[0], output}; }
   std::size_t backward_scratch() const override { return scratch_bytes<T>(kept_shape_); }
   void backward(value_table& table, const std::vector<char>& accumulate) override {
     if (!needs_) return;
@@ -359,12 +370,11 @@ class extremum_node final : public node {
   Shape input_shape_;
   Shape kept_shape_;
   int dim_;
-  bool needs_ = false;
 };
 
 /// softmax or log_softmax along a dim; backward reads the output only.
 template <class T, class K, bool Log>
-class softmax_node final : public node {
+class softmax_node final : public single_input_node {
  public:
   softmax_node(int input, Shape shape, int dim) : shape_(std::move(shape)), dim_(dim) {
     inputs = {input};
@@ -376,15 +386,7 @@ class softmax_node final : public node {
     tessera::detail::softmax_into<Log>(table.template get<T, K>(output),
                                        as_node(table.template get<T, K>(inputs[0])), dim_, name());
   }
-  void finalize(const std::vector<value_info>& values) override {
-    needs_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
-  }
-  std::vector<int> contributions() const override {
-    return needs_ ? std::vector<int>{inputs[0]} : std::vector<int>{};
-  }
-  std::vector<int> backward_reads() const override {
-    return needs_ ? encode_reads({output}, {output}) : std::vector<int>{};
-  }
+  std::vector<int> saved() const override { return {output}; }
   std::size_t backward_scratch() const override {
     return scratch_bytes<T>(kept_shape_) + store_gradient_scratch<T>(shape_, shape_);
   }
@@ -419,7 +421,6 @@ class softmax_node final : public node {
   Shape shape_;
   Shape kept_shape_;
   int dim_;
-  bool needs_ = false;
 };
 
 /// matmul of two values (2-D, batched 3-D, or 3-D with a shared 2-D right operand). An operand
@@ -524,7 +525,7 @@ class matmul_node final : public node {
 enum class view_kind { view, transpose, permute, narrow };
 
 template <class T, class K>
-class view_node final : public node {
+class view_node final : public single_input_node {
  public:
   view_node(int input, view_kind kind, Shape shape, std::int64_t a = 0, std::int64_t b = 0,
             std::int64_t c = 0)
@@ -535,15 +536,6 @@ class view_node final : public node {
   bool is_view() const override { return true; }
   void forward(value_table& table) override {
     table.tensors[static_cast<std::size_t>(output)] = apply(table.template get<T, K>(inputs[0]));
-  }
-  void finalize(const std::vector<value_info>& values) override {
-    needs_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
-  }
-  std::vector<int> contributions() const override {
-    return needs_ ? std::vector<int>{inputs[0]} : std::vector<int>{};
-  }
-  std::vector<int> backward_reads() const override {
-    return needs_ ? encode_reads({}, {output}) : std::vector<int>{};
   }
   void backward(value_table& table, const std::vector<char>& accumulate) override {
     if (!needs_) return;
@@ -580,7 +572,6 @@ class view_node final : public node {
   view_kind kind_;
   Shape shape_;
   std::int64_t a_, b_, c_;
-  bool needs_ = false;
 };
 
 /// cat along a dim: each input copied into its slice of the output.
@@ -638,21 +629,12 @@ class cat_node final : public node {
 
 /// A copy to another ordinal of the same kind; the gradient is copied back.
 template <class T, class K>
-class copy_node final : public node {
+class copy_node final : public single_input_node {
  public:
   copy_node(int input, Shape shape) : shape_(std::move(shape)) { inputs = {input}; }
   const char* name() const override { return "to"; }
   void forward(value_table& table) override {
     table.template get<T, K>(output).copy_(table.template get<T, K>(inputs[0]));
-  }
-  void finalize(const std::vector<value_info>& values) override {
-    needs_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
-  }
-  std::vector<int> contributions() const override {
-    return needs_ ? std::vector<int>{inputs[0]} : std::vector<int>{};
-  }
-  std::vector<int> backward_reads() const override {
-    return needs_ ? encode_reads({}, {output}) : std::vector<int>{};
   }
   std::size_t backward_scratch() const override { return scratch_bytes<T>(shape_); }
   int scratch_value() const override { return inputs[0]; }
@@ -672,7 +654,6 @@ class copy_node final : public node {
 
  private:
   Shape shape_;
-  bool needs_ = false;
 };
 
 /// Uniform numbers in [0, 1) drawn anew at every forward from the device's Philox generator
