@@ -13,13 +13,16 @@ endif()
 # half_cuda_oracle_test compares with the CUDA toolkit's host-side conversions in cuda_fp16.h and
 # cuda_bf16.h (header-only for these; no cudart needed), so it needs only the include directory.
 # Without it the test compiles to a failing case that says so: the toolkit is required here.
-if(TARGET core_half_cuda_oracle_test)
+if(TARGET tessera_core_tests)
+  # Kept out of the unity batches: cuda_fp16.h declares a global `half` that other files' names
+  # would meet.
+  set_source_files_properties(core/half_cuda_oracle_test.cpp PROPERTIES SKIP_UNITY_BUILD_INCLUSION ON)
   find_path(TESSERA_CUDA_FP16_INCLUDE_DIR cuda_bf16.h
     HINTS ${CUDAToolkit_INCLUDE_DIRS} $ENV{CUDA_HOME}/include $ENV{CUDA_PATH}/include
     PATHS /usr/local/cuda/include /opt/cuda/include /usr/include)
   if(TESSERA_CUDA_FP16_INCLUDE_DIR)
     # SYSTEM: the toolkit's headers are not held to Tessera's -Werror.
-    target_include_directories(core_half_cuda_oracle_test SYSTEM PRIVATE
+    target_include_directories(tessera_core_tests SYSTEM PRIVATE
       ${TESSERA_CUDA_FP16_INCLUDE_DIR})
   else()
     message(WARNING "Tessera: cuda_bf16.h not found; core.half_cuda_oracle_test will fail. "
@@ -33,13 +36,12 @@ endif()
 add_test(NAME oracles.expr_numpy
   COMMAND ${TESSERA_ORACLE_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracles/expr_numpy.py --self-test)
 set_tests_properties(oracles.expr_numpy PROPERTIES FIXTURES_SETUP oracle_expr_numpy LABELS oracles)
-if(TARGET expr_random_expr_test)
-  target_compile_definitions(expr_random_expr_test PRIVATE
-    TESSERA_ORACLE_SCRIPTS="${CMAKE_CURRENT_SOURCE_DIR}/oracles"
-    TESSERA_ORACLE_PYTHON="${TESSERA_ORACLE_PYTHON}")
+if(TEST expr.random_expr_test)
   # About 300 expression types each instantiate the executor: -O0 compiles the file in a quarter
   # of the -O3 time (the tensors are tiny), and the other expr tests cover the optimised loops.
-  target_compile_options(expr_random_expr_test PRIVATE -O0)
+  # Its own translation unit, so -O0 applies to it alone.
+  set_source_files_properties(expr/random_expr_test.cpp PROPERTIES COMPILE_OPTIONS -O0
+                              SKIP_UNITY_BUILD_INCLUSION ON)
   set_tests_properties(expr.random_expr_test PROPERTIES
     FIXTURES_REQUIRED oracle_expr_numpy LABELS "expr;oracles")
 endif()
@@ -52,10 +54,7 @@ add_test(NAME oracles.safetensors
   COMMAND ${TESSERA_ORACLE_PYTHON} ${CMAKE_CURRENT_SOURCE_DIR}/oracles/safetensors_interop.py
           --self-test)
 set_tests_properties(oracles.safetensors PROPERTIES FIXTURES_SETUP oracle_safetensors LABELS oracles)
-if(TARGET io_safetensors_test)
-  target_compile_definitions(io_safetensors_test PRIVATE
-    TESSERA_ORACLE_SCRIPTS="${CMAKE_CURRENT_SOURCE_DIR}/oracles"
-    TESSERA_ORACLE_PYTHON="${TESSERA_ORACLE_PYTHON}")
+if(TEST io.safetensors_test)
   set_tests_properties(io.safetensors_test PROPERTIES
     FIXTURES_REQUIRED oracle_safetensors LABELS "io;oracles")
 endif()
@@ -65,11 +64,7 @@ endif()
 # nn_torch.py itself, which draws the inputs with torch's generator and writes PyTorch's results
 # (without torch the script exits 2 and the test fails, saying what to install).
 foreach(torch_test IN ITEMS nn.layers_test optim.optim_test autograd.torch_test)
-  string(REPLACE "." "_" torch_target ${torch_test})
-  if(TARGET ${torch_target})
-    target_compile_definitions(${torch_target} PRIVATE
-      TESSERA_ORACLE_SCRIPTS="${CMAKE_CURRENT_SOURCE_DIR}/oracles"
-      TESSERA_ORACLE_PYTHON="${TESSERA_ORACLE_PYTHON}")
+  if(TEST ${torch_test})
     string(REGEX REPLACE "\\..*$" "" torch_folder ${torch_test})
     set_tests_properties(${torch_test} PROPERTIES LABELS "${torch_folder};oracles")
   endif()

@@ -16,6 +16,8 @@
 #include "tessera/autograd.hpp"
 #include "tessera/tensor/factories.hpp"
 
+namespace gradcheck_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 namespace ag = tessera::autograd;
 
@@ -316,3 +318,5 @@ TEST_CASE("an MLP with mse and with cross entropy", "[autograd][gradcheck]") {
     });
   }
 }
+
+}  // namespace gradcheck_test

@@ -15,6 +15,8 @@
 #include "tessera/optim.hpp"
 #include "tessera/tensor/factories.hpp"
 
+namespace program_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 namespace ag = tessera::autograd;
 namespace nn = tessera::nn;
@@ -330,3 +332,5 @@ TEST_CASE("forward checks its inputs and backward needs a forward", "[autograd][
   CHECK_THROWS_WITH(ag::compile([&](ag::Var<float> input) { return model.forward(input); }, ag::input<float>({3, 4})),
                     Catch::Contains("must have one element") && Catch::Contains("[3, 2]"));
 }
+
+}  // namespace program_test

@@ -9,6 +9,8 @@
 #include "nn/torch_oracle.hpp"
 #include "tessera/tessera.hpp"
 
+namespace torch_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 namespace ag = tessera::autograd;
 namespace nn = tessera::nn;
@@ -124,3 +126,5 @@ TEST_CASE("traced Dropout: a fresh mask each forward, scaled, identity in eval",
   const auto x = ts::from_vector<float>({1, 2, 3, 4}, {4});
   CHECK(identity.forward(x).to_vector() == x.to_vector());
 }
+
+}  // namespace torch_test

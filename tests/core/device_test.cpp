@@ -6,6 +6,8 @@
 
 #include "tessera/core/device.hpp"
 
+namespace device_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 TEST_CASE("Device::parse reads PyTorch's device strings", "[device]") {
@@ -65,3 +67,5 @@ TEST_CASE("CUDA queries report no device instead of failing", "[device][cuda]") 
     CHECK_FALSE(ts::cuda::device_name(0).empty());
   }
 }
+
+}  // namespace device_test

@@ -21,6 +21,8 @@
 
 #include "tessera/core/half.hpp"
 
+namespace half_cuda_oracle_test {  // one namespace per test file: unity builds compile several together
+
 namespace {
 
 // cuda_fp16.h declares a global `half` (and cuda_bf16.h `nv_bfloat16`); spell Tessera's in full.
@@ -283,3 +285,5 @@ TEST_CASE("the CUDA toolkit's cuda_fp16.h and cuda_bf16.h are needed", "[cuda_or
 }
 
 #endif
+
+}  // namespace half_cuda_oracle_test

@@ -17,6 +17,8 @@
 
 #include "tessera/core/half.hpp"
 
+namespace half_test {  // one namespace per test file: unity builds compile several together
+
 // An alias, not `using tessera::half;`: with CUDA, cuda_fp16.h declares a global `half`.
 namespace ts = tessera;
 
@@ -337,3 +339,5 @@ TEST_CASE("operator<< prints like float", "[half]") {
   CHECK(out.str() == reference.str());
   CHECK(out.str().substr(0, 15) == "1.5 65504 -0 in");
 }
+
+}  // namespace half_test

@@ -12,6 +12,8 @@
 
 #include "tessera/core/promotion.hpp"
 
+namespace promotion_test {  // one namespace per test file: unity builds compile several together
+
 // An alias, not `using tessera::half;`: with CUDA, cuda_fp16.h declares a global `half`.
 namespace ts = tessera;
 
@@ -176,3 +178,5 @@ TEST_CASE("dtype categories and accumulation types", "[promotion]") {
   STATIC_REQUIRE(std::is_same_v<tessera::accumulate_t<std::uint8_t>, std::int64_t>);
   STATIC_REQUIRE(std::is_same_v<tessera::accumulate_t<std::int32_t>, std::int64_t>);
 }
+
+}  // namespace promotion_test

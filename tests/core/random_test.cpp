@@ -16,6 +16,8 @@
 
 #include "tessera/core/random.hpp"
 
+namespace random_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 namespace {
@@ -512,3 +514,5 @@ TEST_CASE("default_generator rejects devices that do not exist", "[random][gener
   CHECK_THROWS_WITH(ts::default_generator(ts::Device{ts::DeviceType::cuda, cuda_count}),
                     Catch::Contains("cuda:" + std::to_string(cuda_count)));
 }
+
+}  // namespace random_test

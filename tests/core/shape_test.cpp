@@ -3,6 +3,8 @@
 
 #include "tessera/core/shape.hpp"
 
+namespace shape_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 TEST_CASE("Shape basics", "[shape]") {
@@ -50,3 +52,5 @@ TEST_CASE("broadcast_shapes follows NumPy", "[shape]") {
   CHECK(ts::expand_strides({3, 1}, {1, 1}, {2, 3, 4}) == ts::Shape{0, 1, 0});
   CHECK_THROWS_AS(ts::expand_strides({3}, {1}, {4}), ts::shape_error);
 }
+
+}  // namespace shape_test

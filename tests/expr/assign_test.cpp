@@ -16,6 +16,8 @@
 #include "expr/elementwise_reference.hpp"
 #include "tessera/tessera.hpp"
 
+namespace assign_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 using Catch::Matchers::Contains;
 using expr_test::as_doubles;
@@ -496,3 +498,5 @@ TEST_CASE("assignment to a temporary view: errors name both shapes and write not
   }
   check_equal(as_doubles(y), fives);
 }
+
+}  // namespace assign_test

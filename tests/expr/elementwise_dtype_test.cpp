@@ -14,6 +14,8 @@
 #include "expr/elementwise_reference.hpp"
 #include "tessera/tessera.hpp"
 
+namespace elementwise_dtype_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 using expr_test::as_doubles;
 using expr_test::check_close;
@@ -337,3 +339,5 @@ TEST_CASE("cast rounds as the element types do", "[expr][dtype]") {
   check_equal(as_doubles(ts::eval(ts::cast<double>(ts::cast<float>(d)) - d)),
               {double(0.1f) - 0.1, double(1e30f) - 1e30});
 }
+
+}  // namespace elementwise_dtype_test

@@ -9,6 +9,8 @@
 #include "expr/elementwise_reference.hpp"
 #include "tessera/tessera.hpp"
 
+namespace elementwise_half_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 using expr_test::check_all_binary;
 using expr_test::check_all_unary;
@@ -64,3 +66,5 @@ TEST_CASE("half storage at sizes that are not multiples of a vector width", "[ex
                 1e-6, 1e-6);
   }
 }
+
+}  // namespace elementwise_half_test

@@ -16,6 +16,8 @@
 #include "expr/elementwise_reference.hpp"
 #include "tessera/tessera.hpp"
 
+namespace elementwise_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 using expr_test::broadcast_cases;
 using expr_test::check_all_binary;
@@ -335,3 +337,5 @@ TEST_CASE("empty and 0-dim tensors", "[expr]") {
   CHECK(empty_out.shape() == ts::Shape{0, 4});
   CHECK_THROWS_AS(e0 + ts::ones<float>({2}), ts::shape_error);
 }
+
+}  // namespace elementwise_test

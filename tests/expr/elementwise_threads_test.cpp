@@ -15,6 +15,8 @@
 #include "expr/elementwise_reference.hpp"
 #include "tessera/tessera.hpp"
 
+namespace elementwise_threads_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 using expr_test::check_close;
 using expr_test::sample;
@@ -114,3 +116,5 @@ TEST_CASE("statements on the two virtual devices run concurrently", "[expr][thre
         1e-6);
   }
 }
+
+}  // namespace elementwise_threads_test

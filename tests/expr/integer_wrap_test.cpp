@@ -10,6 +10,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace integer_wrap_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 namespace {
@@ -143,3 +145,5 @@ TEST_CASE("the familiar cases", "[expr][integer]") {
   CHECK(ts::eval(ts::full<std::int32_t>({}, int32_max) + ts::full<std::int64_t>({}, 1)).item() ==
         std::int64_t{int32_max} + 1);
 }
+
+}  // namespace integer_wrap_test

@@ -15,6 +15,8 @@
 #include "tessera/expr/matmul.hpp"
 #include "tessera/tensor/factories.hpp"
 
+namespace matmul_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 namespace cpu_backend = ts::backend::cpu;
 
@@ -525,3 +527,5 @@ TEST_CASE("set_blas_enabled switches the path process-wide", "[matmul][blas]") {
   cpu_backend::set_blas_enabled(true);
   CHECK(cpu_backend::uses_blas<double>() == cpu_backend::has_blas);
 }
+
+}  // namespace matmul_test

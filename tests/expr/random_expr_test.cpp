@@ -35,6 +35,8 @@
 #include "expr/elementwise_reference.hpp"
 #include "tessera/tessera.hpp"
 
+namespace random_expr_test {  // one namespace per test file: unity builds compile several together
+
 #ifndef TESSERA_ORACLE_SCRIPTS
 #error "TESSERA_ORACLE_SCRIPTS (the folder of expr_numpy.py) must be defined by the build"
 #endif
@@ -564,3 +566,5 @@ TEST_CASE("random expression trees agree with numpy", "[expr][oracle]") {
   CHECK(nodes_of_each_dtype[2] > 0);
   CHECK(nodes_of_each_dtype[3] > 0);
 }
+
+}  // namespace random_expr_test

@@ -17,6 +17,8 @@
 #include "tessera/memory/memory.hpp"
 #include "tessera/tensor/factories.hpp"
 
+namespace reduce_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 namespace {
@@ -569,3 +571,5 @@ TEST_CASE("reduction errors name the operation and the values", "[reduce][errors
   CHECK(ts::memory::stats(d).allocations.allocated == allocations);
   CHECK(ts::mean(ts::cast<float>(ints)).item() == 1.0f);
 }
+
+}  // namespace reduce_test

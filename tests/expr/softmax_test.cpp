@@ -16,6 +16,8 @@
 #include "tessera/memory/memory.hpp"
 #include "tessera/tensor/factories.hpp"
 
+namespace softmax_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 namespace {
@@ -281,3 +283,5 @@ TEST_CASE("softmax errors name the dimension and the rank", "[softmax][errors]")
   CHECK_THROWS_WITH(ts::log_softmax(x * x, -3), Catch::Contains("log_softmax: dimension -3"));
   CHECK_THROWS_WITH(ts::softmax(ts::full<float>({}, 1.0f), 1), Catch::Contains("0 dimensions"));
 }
+
+}  // namespace softmax_test

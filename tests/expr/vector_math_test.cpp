@@ -16,6 +16,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace vector_math_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 namespace vm = ts::detail::vector_math;
 
@@ -302,3 +304,5 @@ TEST_CASE("the executor's loop (an AVX2 clone where the CPU has it) rounds as th
   CHECK(inputs.size() > 1'000'000);
   CHECK(differences == 0);
 }
+
+}  // namespace vector_math_test

@@ -34,6 +34,8 @@
 #include "tessera/io/safetensors.hpp"
 #include "tessera/tensor/factories.hpp"
 
+namespace safetensors_test {  // one namespace per test file: unity builds compile several together
+
 #ifndef TESSERA_ORACLE_SCRIPTS
 #error "TESSERA_ORACLE_SCRIPTS (the folder of safetensors_interop.py) must be defined by the build"
 #endif
@@ -936,3 +938,5 @@ TEST_CASE("safetensors: CUDA tensors are saved from and loaded onto the GPU", "[
                              std::string("\x01\x07", 2)));
   CHECK_THROWS_WITH(ts::load(path, "cuda:0"), Contains("must be 0 or 1"));
 }
+
+}  // namespace safetensors_test

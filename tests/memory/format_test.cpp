@@ -5,6 +5,8 @@
 
 #include "tessera/memory/format.hpp"
 
+namespace format_test {  // one namespace per test file: unity builds compile several together
+
 using tessera::memory::format_bytes;
 
 TEST_CASE("format_bytes: bytes below 1 KiB are exact", "[memory][format]") {
@@ -26,3 +28,5 @@ TEST_CASE("format_bytes: larger counts use the largest unit that is at least 1",
   CHECK(format_bytes(std::size_t{7} << 50) == "7.00 PiB");
   CHECK(format_bytes(std::size_t{4096} << 50) == "4096.00 PiB");
 }
+
+}  // namespace format_test

@@ -7,6 +7,8 @@
 #include "tessera/memory/host_memory_resource.hpp"
 #include "tessera/memory/resource.hpp"
 
+namespace host_memory_resource_test {  // one namespace per test file: unity builds compile several together
+
 namespace mem = tessera::memory;
 static_assert(mem::memory_resource<mem::host_memory_resource>);
 
@@ -21,3 +23,5 @@ TEST_CASE("host_memory_resource: 256-byte aligned, writable memory", "[memory][h
   }
   CHECK(resource.capacity() > 0);  // Linux reports physical memory
 }
+
+}  // namespace host_memory_resource_test

@@ -7,6 +7,8 @@
 #include "tessera/memory/resource.hpp"
 #include "tessera/memory/stream_policy.hpp"
 
+namespace limit_resource_adaptor_test {  // one namespace per test file: unity builds compile several together
+
 namespace mem = tessera::memory;
 using limited = mem::limit_resource_adaptor<mem::host_memory_resource>;
 static_assert(mem::memory_resource<limited>);
@@ -46,3 +48,5 @@ TEST_CASE("limit_resource_adaptor: over the cap is an OOM that changes nothing",
   resource.deallocate(a, 2000, {});
   CHECK(resource.held() == 0);
 }
+
+}  // namespace limit_resource_adaptor_test

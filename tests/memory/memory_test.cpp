@@ -11,16 +11,20 @@
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/memory/memory.hpp"
+#include "memory/units.hpp"
+
+namespace memory_test {  // one namespace per test file: unity builds compile several together
 
 namespace mem = tessera::memory;
 using tessera::Device;
 using tessera::DeviceType;
 
+using memory_test_units::cpu0;
+using memory_test_units::cpu1;
+using memory_test_units::KiB;
+using memory_test_units::MiB;
+
 namespace {
-constexpr std::size_t KiB = 1024;
-constexpr std::size_t MiB = 1024 * KiB;
-const Device cpu0{DeviceType::cpu, 0};
-const Device cpu1{DeviceType::cpu, 1};
 
 void require_two_cpu_devices() {
   INFO("run through CTest, or with TESSERA_CPU_DEVICES=2");
@@ -260,3 +264,5 @@ TEST_CASE("memory: set_device_resource installs another pool for a device", "[me
   CHECK(mine->stats().reserved_bytes.current == 65536);
   CHECK(mem::reserved(cpu1) == 0);
 }
+
+}  // namespace memory_test

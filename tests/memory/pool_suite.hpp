@@ -26,12 +26,13 @@
 
 #include "tessera/core/error.hpp"
 #include "tessera/memory/pool.hpp"
+#include "memory/units.hpp"
 
 namespace pool_suite {
 
 using tessera::memory::MemoryStats;
-inline constexpr std::size_t KiB = 1024;
-inline constexpr std::size_t MiB = 1024 * KiB;
+using memory_test_units::KiB;
+using memory_test_units::MiB;
 
 // PyTorch's rounding, written out here independently of size_policy.hpp.
 inline std::size_t expected_round(std::size_t bytes) {

@@ -16,6 +16,8 @@
 #include "tessera/memory/pool.hpp"
 #include "tessera/memory/statistics_resource_adaptor.hpp"
 
+namespace pool_test {  // one namespace per test file: unity builds compile several together
+
 using tessera::Device;
 using tessera::DeviceType;
 using tessera::stream_ref;
@@ -23,12 +25,12 @@ namespace mem = tessera::memory;
 using pool_suite::i64;
 using pool_suite::KiB;
 using pool_suite::MiB;
+using memory_test_units::cpu0;
 
 TESSERA_POOL_SUITE("[pool]", host_fixtures::host, host_fixtures::limited_host)
 
 namespace {
 
-const Device cpu0{DeviceType::cpu, 0};
 
 // Events that complete only when the test says so: lets the CUDA stream logic run on the CPU.
 struct manual_stream_policy {
@@ -266,3 +268,5 @@ TEST_CASE("pool: a custom size policy changes rounding and segments", "[pool]") 
   CHECK(pool.stats().reserved_bytes.current == 65536);
   pool.deallocate(p, 1);
 }
+
+}  // namespace pool_test

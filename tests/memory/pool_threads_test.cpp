@@ -16,6 +16,8 @@
 #include "tessera/memory/memory.hpp"
 #include "tessera/memory/pool.hpp"
 
+namespace pool_threads_test {  // one namespace per test file: unity builds compile several together
+
 namespace mem = tessera::memory;
 using tessera::Device;
 using tessera::DeviceType;
@@ -162,3 +164,5 @@ TEST_CASE("pool: threads hitting a moving limit get OOMs, never corruption", "[p
   CHECK(pool.stats().reserved_bytes.current == 0);
   CHECK(pool.upstream().held() == 0);
 }
+
+}  // namespace pool_threads_test

@@ -5,10 +5,14 @@
 #include <cstddef>
 
 #include "tessera/memory/size_policy.hpp"
+#include "memory/units.hpp"
+
+namespace size_policy_test {  // one namespace per test file: unity builds compile several together
+
+using memory_test_units::KiB;
+using memory_test_units::MiB;
 
 namespace {
-constexpr std::size_t KiB = 1024;
-constexpr std::size_t MiB = 1024 * KiB;
 const tessera::memory::pytorch_size_policy policy{};
 }  // namespace
 
@@ -58,3 +62,5 @@ TEST_CASE("pytorch_size_policy: the oversize rule with max_split_size", "[memory
   CHECK_FALSE(capped.should_split(false, 200 * MiB, 64 * MiB));
   CHECK(capped.should_split(false, 20 * MiB, 2 * MiB));
 }
+
+}  // namespace size_policy_test

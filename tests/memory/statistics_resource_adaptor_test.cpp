@@ -5,6 +5,8 @@
 #include "tessera/memory/limit_resource_adaptor.hpp"
 #include "tessera/memory/statistics_resource_adaptor.hpp"
 
+namespace statistics_resource_adaptor_test {  // one namespace per test file: unity builds compile several together
+
 namespace mem = tessera::memory;
 
 TEST_CASE("statistics_resource_adaptor: bytes and calls", "[memory][statistics]") {
@@ -33,3 +35,5 @@ TEST_CASE("statistics_resource_adaptor: a failed allocation is not counted; limi
   CHECK_THROWS_AS(resource.allocate(2000, {}), tessera::out_of_memory_error);
   CHECK(resource.get_counters().allocations.allocated == 0);
 }
+
+}  // namespace statistics_resource_adaptor_test

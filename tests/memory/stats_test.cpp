@@ -6,6 +6,8 @@
 
 #include "tessera/memory/stats.hpp"
 
+namespace stats_test {  // one namespace per test file: unity builds compile several together
+
 namespace mem = tessera::memory;
 
 TEST_CASE("Stat: current, peak and running totals", "[memory][stats]") {
@@ -79,3 +81,5 @@ TEST_CASE("format_summary: PyTorch's layout, rows and units", "[memory][stats]")
   std::istringstream lines(text);
   for (std::string line; std::getline(lines, line);) CHECK(line.size() == 77);
 }
+
+}  // namespace stats_test

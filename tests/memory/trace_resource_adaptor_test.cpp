@@ -9,6 +9,8 @@
 #include "tessera/memory/pool.hpp"
 #include "tessera/memory/trace_resource_adaptor.hpp"
 
+namespace trace_resource_adaptor_test {  // one namespace per test file: unity builds compile several together
+
 namespace mem = tessera::memory;
 using action = mem::trace_event::action;
 
@@ -57,3 +59,5 @@ TEST_CASE("trace_resource_adaptor over a pool records every block request", "[me
   CHECK(events[0].bytes == 4);
   CHECK(traced.upstream().stats().allocated_bytes.allocated == 512);
 }
+
+}  // namespace trace_resource_adaptor_test

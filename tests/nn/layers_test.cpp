@@ -15,6 +15,8 @@
 #include "nn/torch_oracle.hpp"
 #include "tessera/tessera.hpp"
 
+namespace layers_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 namespace nn = tessera::nn;
 
@@ -277,3 +279,5 @@ TEST_CASE("a small model trains: the loss falls with SGD on eager tensors", "[la
   }
   CHECK(last < first * 1e-3);
 }
+
+}  // namespace layers_test

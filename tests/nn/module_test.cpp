@@ -16,6 +16,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace module_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 namespace nn = tessera::nn;
 
@@ -560,3 +562,5 @@ TEST_CASE("Linear's initialisation is PyTorch's bound from the seeded Philox str
   nn::Linear<double> c(50, 40);
   CHECK(c.weight().value().to_vector() != a.weight().value().to_vector());
 }
+
+}  // namespace module_test

@@ -16,6 +16,8 @@
 #include "nn/torch_oracle.hpp"
 #include "tessera/tessera.hpp"
 
+namespace optim_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 namespace nn = tessera::nn;
 namespace optim = tessera::optim;
@@ -368,3 +370,5 @@ TEST_CASE("half and bfloat16 parameters update in float", "[optim]") {
           4 * 0x1p-8 * std::abs(expected_bf[i]) + 1e-2);
   }
 }
+
+}  // namespace optim_test

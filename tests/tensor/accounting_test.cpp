@@ -7,6 +7,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace accounting_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 namespace {
@@ -105,3 +107,5 @@ TEST_CASE("an OOM while creating a tensor leaves the others intact", "[accountin
   CHECK(fits.numel() == 1024);
   ts::memory::set_limit(d1, ts::memory::no_limit);
 }
+
+}  // namespace accounting_test

@@ -6,6 +6,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace any_tensor_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 TEST_CASE("AnyTensor keeps dtype, device and storage", "[any_tensor]") {
@@ -62,3 +64,5 @@ TEST_CASE("StateDict keeps insertion order", "[state_dict]") {
   for (const auto& [key, tensor] : sd) seen.push_back(key);
   CHECK(seen == sd.keys());
 }
+
+}  // namespace any_tensor_test

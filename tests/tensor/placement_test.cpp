@@ -7,6 +7,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace placement_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 TEST_CASE("two virtual CPU devices are configured for the tests", "[placement]") {
@@ -96,3 +98,5 @@ TEST_CASE("CUDA tensors are unavailable without a GPU, with a clear error", "[pl
   CHECK_THROWS_AS((ts::zeros<float, ts::cuda>({2})), ts::device_error);
   CHECK_THROWS_WITH(ts::zeros<float>({2}).cuda(), Catch::Contains("cuda:0"));
 }
+
+}  // namespace placement_test

@@ -7,6 +7,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace print_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 namespace {
@@ -40,3 +42,5 @@ TEST_CASE("long tensors are summarised", "[tensor][print]") {
         "tensor([[   0.,    1.,    2.,  ...,  997.,  998.,  999.],\n"
         "        [1000., 1001., 1002.,  ..., 1997., 1998., 1999.]])");
 }
+
+}  // namespace print_test

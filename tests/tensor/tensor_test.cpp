@@ -10,6 +10,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace tensor_test {  // one namespace per test file: unity builds compile several together
+
 namespace ts = tessera;
 
 namespace {
@@ -259,3 +261,5 @@ TEST_CASE("rand and randn draw from the device generator", "[tensor][random]") {
   CHECK(std::abs(mean) < 0.05);  // 5 standard errors
   CHECK(std::abs(square / 10000 - 1.0) < 0.07);
 }
+
+}  // namespace tensor_test
