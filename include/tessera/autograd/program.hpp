@@ -73,10 +73,10 @@ inline std::size_t align64(std::size_t bytes) { return (bytes + 63) / 64 * 64; }
 struct step {
   enum kind_t { forward, recompute, seed, backward } kind = forward;
   int node = -1;
-  int out_instance = -1;            // forward/recompute of a non-view node, seed
-  std::vector<char> accumulate;     // backward: per contribution
-  int scratch_instance = -1;        // backward scratch
-  std::vector<std::size_t> ready;   // parameters whose gradient is final after this step
+  int out_instance = -1;           // forward/recompute of a non-view node, seed
+  std::vector<char> accumulate;    // backward: per contribution
+  int scratch_instance = -1;       // backward scratch
+  std::vector<std::size_t> ready;  // parameters whose gradient is final after this step
 };
 
 struct instance {
@@ -101,7 +101,9 @@ struct buffer {
 /// Packs buffers (lifetime intervals of steps, sizes) at offsets so that buffers alive at the same
 /// time never overlap: largest first, each into the smallest gap that holds it (best fit).
 /// Returns the arena size.
-inline std::size_t pack(std::vector<buffer*>& buffers) {
+TESSERA_API std::size_t pack(std::vector<buffer*>& buffers);
+#if TESSERA_DEFINITIONS
+TESSERA_API std::size_t pack(std::vector<buffer*>& buffers) {
   std::sort(buffers.begin(), buffers.end(), [](const buffer* a, const buffer* b) {
     if (a->bytes != b->bytes) return a->bytes > b->bytes;
     return a->start < b->start;
@@ -111,7 +113,8 @@ inline std::size_t pack(std::vector<buffer*>& buffers) {
   for (buffer* b : buffers) {
     std::vector<std::pair<std::size_t, std::size_t>> busy;
     for (const buffer* p : placed) {
-      if (p->start <= b->end && b->start <= p->end) busy.emplace_back(p->offset, p->offset + p->bytes);
+      if (p->start <= b->end && b->start <= p->end)
+        busy.emplace_back(p->offset, p->offset + p->bytes);
     }
     std::sort(busy.begin(), busy.end());
     std::size_t best = std::numeric_limits<std::size_t>::max();
@@ -130,6 +133,7 @@ inline std::size_t pack(std::vector<buffer*>& buffers) {
   }
   return arena;
 }
+#endif
 
 /// The compiled form of a traced graph (non-template: shared by every Program type).
 class program_state {
@@ -151,469 +155,523 @@ class program_state {
   bool allocated = false;
   bool forwarded = false;
 
-  void compile() {
-    for (auto& n : g->nodes) n->finalize(g->values);
-    if (mode == Mode::training) {
-      const value_info& loss = g->values[static_cast<std::size_t>(output_ids.at(0))];
-      if (loss.shape.numel() != 1) {
-        throw shape_error("autograd::compile: in training mode the function's (first) result is "
-                          "the loss and must have one element; it has shape " + loss.shape.str() +
-                          " (reduce it with ts::sum or ts::mean, or compile with "
-                          "Options{.mode = Mode::inference})");
-      }
-      if (!loss.requires_grad) {
-        throw error("autograd::compile: the loss does not depend on any parameter that requires "
-                    "grad, so backward would compute nothing (use Mode::inference to only run "
-                    "forward)");
-      }
-    }
-    make_gradients();
-    make_schedule();
-    simulate();
-    place();
-  }
+  void compile();
 
   /// Allocates the arenas and binds every planned buffer (once).
-  void allocate() {
-    if (allocated) return;
-    arenas.clear();
-    for (const auto& [device, bytes] : arena_sizes) arenas.push_back(Storage::allocate(device, bytes));
-    instance_tensors.assign(instances.size(), AnyTensor{});
-    for (std::size_t i = 0; i < instances.size(); ++i) {
-      const instance& inst = instances[i];
-      if (inst.scratch) continue;
-      const buffer& buf = buffers[static_cast<std::size_t>(inst.buffer)];
-      const value_info& info = g->values[static_cast<std::size_t>(inst.value)];
-      const Storage& arena = arenas[arena_index(buf.device)];
-      instance_tensors[i] = visit_dtype(info.dtype, [&](auto tag) -> AnyTensor {
-        using T = typename decltype(tag)::type;
-        const auto offset = static_cast<std::int64_t>(buf.offset / sizeof(T));
-        if (info.device.is_cuda()) {
-          return Tensor<T, cuda>(arena, info.shape, info.shape.contiguous_strides(), offset);
-        }
-        return Tensor<T, cpu>(arena, info.shape, info.shape.contiguous_strides(), offset);
-      });
-    }
-    // Gradients have one instance each: bind them for good.
-    for (std::size_t i = 0; i < instances.size(); ++i) {
-      const instance& inst = instances[i];
-      if (!inst.scratch && g->values[static_cast<std::size_t>(inst.value)].role == value_role::gradient) {
-        table.tensors[static_cast<std::size_t>(inst.value)] = instance_tensors[i];
-      }
-    }
-    allocated = true;
-  }
+  void allocate();
 
-  void run_forward() {
-    allocate();
-    for (std::size_t i = 0; i < schedule.size(); ++i) {
-      const step& s = schedule[i];
-      if (s.kind != step::forward) break;
-      run_node_forward(s);
-    }
-    forwarded = true;
-  }
+  void run_forward();
 
-  void run_backward() {
-    if (mode == Mode::inference) {
-      throw error("Program::backward: the program was compiled with Mode::inference, which keeps "
-                  "nothing for backward; compile with Mode::training");
-    }
-    if (!forwarded) {
-      throw error("Program::backward: call forward first (backward needs the values of a forward "
-                  "run, and each forward allows one backward)");
-    }
-    for (const auto& p : g->parameters) {
-      if (g->values[static_cast<std::size_t>(p.value_id)].grad >= 0) {
-        table.tensors[static_cast<std::size_t>(g->values[static_cast<std::size_t>(p.value_id)].grad)] =
-            p.grad();
-      }
-    }
-    forwarded = false;
-    for (const step& s : schedule) {
-      switch (s.kind) {
-        case step::forward:
-          break;
-        case step::recompute:
-          run_node_forward(s);
-          break;
-        case step::seed:
-          fill_ones(table.gradient(output_ids[0]));
-          break;
-        case step::backward: {
-          node& n = *g->nodes[static_cast<std::size_t>(s.node)];
-          if (s.scratch_instance >= 0) {
-            const instance& inst = instances[static_cast<std::size_t>(s.scratch_instance)];
-            const buffer& buf = buffers[static_cast<std::size_t>(inst.buffer)];
-            table.scratch = arenas[arena_index(buf.device)];
-            table.scratch_begin = static_cast<std::int64_t>(buf.offset);
-            table.scratch_end = static_cast<std::int64_t>(buf.offset + buf.bytes);
-          } else {
-            table.scratch = Storage{};
-            table.scratch_begin = table.scratch_end = 0;
-          }
-          table.scratch_offset = table.scratch_begin;
-          n.backward(table, s.accumulate);
-          break;
-        }
-      }
-      for (std::size_t p : s.ready) {
-        const auto& binding = g->parameters[p];
-        GradientReady ready{p, binding.identity,
-                            table.tensors[static_cast<std::size_t>(
-                                g->values[static_cast<std::size_t>(binding.value_id)].grad)]};
-        for (const auto& hook : hooks) hook(ready);
-      }
-    }
-  }
+  void run_backward();
 
-  std::string report() const {
-    auto line = [](const char* what, std::size_t bytes) {
-      char buffer_[128];
-      std::snprintf(buffer_, sizeof(buffer_), "| %-34s | %14s |\n", what,
-                    memory::format_bytes(bytes).c_str());
-      return std::string(buffer_);
-    };
-    std::string out;
-    out += "| memory plan                        |          bytes |\n";
-    out += "|------------------------------------|----------------|\n";
-    out += line("parameters", plan.parameters);
-    out += line("parameter gradients", plan.gradients);
-    out += line("inputs", plan.inputs);
-    out += line("activations (one buffer each)", plan.activations);
-    out += line("temporaries (one buffer each)", plan.temporaries);
-    out += line("naive: activations + temporaries", plan.naive_bytes);
-    out += line("planned arena", plan.planned_bytes);
-    out += line("peak (inputs+params+grads+arena)", plan.peak_bytes);
-    char tail[256];
-    std::snprintf(tail, sizeof(tail),
-                  "mode %s; %d forward, %d backward, %d recomputed steps; %d outputs in place; "
-                  "arena %.1f%% of naive\n",
-                  mode == Mode::training ? "training" : "inference", plan.forward_steps,
-                  plan.backward_steps, plan.recomputed_steps, plan.in_place,
-                  plan.naive_bytes ? 100.0 * static_cast<double>(plan.planned_bytes) /
-                                         static_cast<double>(plan.naive_bytes)
-                                   : 0.0);
-    return out + tail;
-  }
+  std::string report() const;
 
  private:
-  std::size_t arena_index(Device device) const {
-    for (std::size_t i = 0; i < arena_sizes.size(); ++i) {
-      if (arena_sizes[i].first == device) return i;
-    }
-    throw error("autograd: internal error: no arena for " + device.str());
-  }
+  std::size_t arena_index(Device device) const;
 
-  void run_node_forward(const step& s) {
-    node& n = *g->nodes[static_cast<std::size_t>(s.node)];
-    if (s.out_instance >= 0) {
-      table.tensors[static_cast<std::size_t>(n.output)] =
-          instance_tensors[static_cast<std::size_t>(s.out_instance)];
-    }
-    n.forward(table);
-  }
+  void run_node_forward(const step& s);
 
-  static void fill_ones(const AnyTensor& t) {
-    visit_dtype(t.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      if constexpr (is_floating_point_v<T>) {
-        if (t.device().is_cuda()) {
-          Tensor<T, cuda>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(1));
-        } else {
-          Tensor<T, cpu>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(1));
-        }
-      }
-    });
-  }
+  static void fill_ones(const AnyTensor& t);
 
   /// Gradient values for every value whose gradient some live node writes.
-  void make_gradients() {
-    auto& values = g->values;
-    table.grad_of.assign(values.size(), -1);
-    if (mode != Mode::training) return;
-    std::vector<char> live(values.size(), 0);
-    live[static_cast<std::size_t>(output_ids[0])] = 1;
-    live_nodes_.assign(g->nodes.size(), 0);
-    for (int i = static_cast<int>(g->nodes.size()) - 1; i >= 0; --i) {
-      const node& n = *g->nodes[static_cast<std::size_t>(i)];
-      const auto targets = n.contributions();
-      if (!live[static_cast<std::size_t>(n.output)] || targets.empty()) continue;
-      live_nodes_[static_cast<std::size_t>(i)] = 1;
-      for (int t : targets) live[static_cast<std::size_t>(t)] = 1;
-    }
-    const std::size_t count = values.size();
-    for (std::size_t v = 0; v < count; ++v) {
-      if (!live[v] || !values[v].requires_grad) continue;
-      value_info grad;
-      grad.shape = values[v].shape;
-      grad.strides = grad.shape.contiguous_strides();
-      grad.dtype = values[v].dtype;
-      grad.device = values[v].device;
-      grad.role = values[v].role == value_role::parameter ? value_role::parameter_gradient
-                                                          : value_role::gradient;
-      grad.base = static_cast<int>(v);
-      grad.name = "grad of " + values[v].name;
-      const int id = g->add_value(std::move(grad));
-      g->values[v].grad = id;
-    }
-    table.grad_of.assign(g->values.size(), -1);
-    for (std::size_t v = 0; v < g->values.size(); ++v) table.grad_of[v] = g->values[v].grad;
-  }
+  void make_gradients();
 
-  void make_schedule() {
-    const auto& nodes = g->nodes;
-    schedule.clear();
-    for (std::size_t i = 0; i < nodes.size(); ++i) {
-      step s;
-      s.kind = step::forward;
-      s.node = static_cast<int>(i);
-      schedule.push_back(s);
-    }
-    plan.forward_steps = static_cast<int>(nodes.size());
-    if (mode != Mode::training) return;
-    // Segments for recomputation: contiguous runs of about equal numbers of non-view nodes.
-    std::vector<int> segment(nodes.size(), 0);
-    const int segments = std::max(1, checkpoint.segments);
-    if (segments > 1) {
-      int real = 0;
-      for (const auto& n : nodes) real += n->is_view() ? 0 : 1;
-      int seen = 0;
-      for (std::size_t i = 0; i < nodes.size(); ++i) {
-        segment[i] = std::min(segments - 1, seen * segments / std::max(1, real));
-        if (!nodes[i]->is_view()) ++seen;
-      }
-    }
-    std::vector<int> last_of_segment(static_cast<std::size_t>(segments), -1);
-    for (std::size_t i = 0; i < nodes.size(); ++i) {
-      if (!nodes[i]->is_view()) last_of_segment[static_cast<std::size_t>(segment[i])] = static_cast<int>(i);
-    }
-    step seed;
-    seed.kind = step::seed;
-    schedule.push_back(seed);
-    std::vector<char> written(g->values.size(), 0);
-    written[static_cast<std::size_t>(g->values[static_cast<std::size_t>(output_ids[0])].grad)] = 1;
-    std::vector<char> recomputed(static_cast<std::size_t>(segments), segments == 1 ? 1 : 0);
-    std::vector<int> last_contribution(g->values.size(), -1);
-    for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
-      if (!live_nodes_[static_cast<std::size_t>(i)]) continue;
-      const int seg = segment[static_cast<std::size_t>(i)];
-      if (!recomputed[static_cast<std::size_t>(seg)]) {
-        recomputed[static_cast<std::size_t>(seg)] = 1;
-        for (std::size_t j = 0; j < nodes.size(); ++j) {
-          if (segment[j] == seg && static_cast<int>(j) != last_of_segment[static_cast<std::size_t>(seg)] &&
-              !is_output(nodes[j]->output) && nodes[j]->recomputable()) {
-            step r;
-            r.kind = step::recompute;
-            r.node = static_cast<int>(j);
-            schedule.push_back(r);
-            ++plan.recomputed_steps;
-          }
-        }
-      }
-      step b;
-      b.kind = step::backward;
-      b.node = i;
-      for (int t : nodes[static_cast<std::size_t>(i)]->contributions()) {
-        const int gid = g->values[static_cast<std::size_t>(t)].grad;
-        const bool external = g->values[static_cast<std::size_t>(gid)].role == value_role::parameter_gradient;
-        b.accumulate.push_back(external || written[static_cast<std::size_t>(gid)] ? 1 : 0);
-        written[static_cast<std::size_t>(gid)] = 1;
-        last_contribution[static_cast<std::size_t>(gid)] = static_cast<int>(schedule.size());
-      }
-      schedule.push_back(std::move(b));
-      ++plan.backward_steps;
-    }
-    for (std::size_t p = 0; p < g->parameters.size(); ++p) {
-      const int gid = g->values[static_cast<std::size_t>(g->parameters[p].value_id)].grad;
-      if (gid >= 0 && last_contribution[static_cast<std::size_t>(gid)] >= 0) {
-        schedule[static_cast<std::size_t>(last_contribution[static_cast<std::size_t>(gid)])].ready.push_back(p);
-      }
-    }
-  }
+  void make_schedule();
 
-  bool is_output(int value) const {
-    return std::find(output_ids.begin(), output_ids.end(), value) != output_ids.end();
-  }
+  bool is_output(int value) const;
 
   /// The instance a value reads from now (views read their base's), or -1 (outside the arena).
-  int root_instance(int value, const std::vector<int>& current) const {
-    int v = value;
-    while (g->values[static_cast<std::size_t>(v)].role == value_role::view) {
-      v = g->values[static_cast<std::size_t>(v)].base;
-    }
-    return current[static_cast<std::size_t>(v)];
-  }
+  int root_instance(int value, const std::vector<int>& current) const;
 
-  int new_instance(int value, int at, bool recomputed) {
-    const value_info& info = g->values[static_cast<std::size_t>(value)];
-    instance inst;
-    inst.value = value;
-    inst.device = info.device;
-    inst.bytes = align64(info.bytes());
-    inst.start = inst.end = at;
-    inst.recomputed = recomputed;
-    instances.push_back(inst);
-    return static_cast<int>(instances.size()) - 1;
-  }
+  int new_instance(int value, int at, bool recomputed);
 
-  void use(int inst, int at) {
-    if (inst >= 0) instances[static_cast<std::size_t>(inst)].end = std::max(instances[static_cast<std::size_t>(inst)].end, at);
-  }
+  void use(int inst, int at);
 
   /// Walks the schedule: creates an instance per written buffer and extends each to its last read.
-  void simulate() {
-    instances.clear();
-    std::vector<int> current(g->values.size(), -1);
-    const int end_of_time = static_cast<int>(schedule.size());
-    for (int i = 0; i < static_cast<int>(schedule.size()); ++i) {
-      step& s = schedule[static_cast<std::size_t>(i)];
-      if (s.kind == step::forward || s.kind == step::recompute) {
-        node& n = *g->nodes[static_cast<std::size_t>(s.node)];
-        for (int input : n.inputs) use(root_instance(input, current), i);
-        if (!n.is_view()) {
-          s.out_instance = new_instance(n.output, i, s.kind == step::recompute);
-          current[static_cast<std::size_t>(n.output)] = s.out_instance;
-        }
-        if (s.kind == step::forward && i + 1 < end_of_time &&
-            schedule[static_cast<std::size_t>(i + 1)].kind != step::forward) {
-          for (int out : output_ids) use(root_instance(out, current), end_of_time);
-        }
-      } else if (s.kind == step::seed) {
-        const int gid = g->values[static_cast<std::size_t>(output_ids[0])].grad;
-        s.out_instance = new_instance(gid, i, false);
-        current[static_cast<std::size_t>(gid)] = s.out_instance;
-      } else {
-        node& n = *g->nodes[static_cast<std::size_t>(s.node)];
-        for (int r : n.backward_reads()) {
-          if (r >= 0) {
-            use(root_instance(r, current), i);
-          } else {
-            use(current[static_cast<std::size_t>(g->values[static_cast<std::size_t>(-2 - r)].grad)], i);
-          }
-        }
-        for (int t : n.contributions()) {
-          const int gid = g->values[static_cast<std::size_t>(t)].grad;
-          if (g->values[static_cast<std::size_t>(gid)].role == value_role::parameter_gradient) continue;
-          if (current[static_cast<std::size_t>(gid)] < 0) {
-            current[static_cast<std::size_t>(gid)] = new_instance(gid, i, false);
-          }
-          use(current[static_cast<std::size_t>(gid)], i);
-        }
-        const std::size_t scratch = n.backward_scratch();
-        if (scratch > 0) {
-          instance inst;
-          inst.value = n.scratch_value();
-          inst.device = g->values[static_cast<std::size_t>(inst.value)].device;
-          inst.bytes = align64(scratch);
-          inst.start = inst.end = i;
-          inst.scratch = true;
-          instances.push_back(inst);
-          s.scratch_instance = static_cast<int>(instances.size()) - 1;
-        }
-      }
-    }
-    // A forward-only schedule's outputs: alive to its end (training marked them after the last
-    // forward step above).
-    if (mode != Mode::training) {
-      for (int out : output_ids) use(root_instance(out, current), end_of_time);
-    }
-  }
+  void simulate();
 
   /// In place, buffers, packing, accounting.
-  void place() {
-    // Union-find over instances: an elementwise output takes over an input dying at its step.
-    std::vector<int> parent(instances.size());
-    std::iota(parent.begin(), parent.end(), 0);
-    auto find = [&](int x) {
-      while (parent[static_cast<std::size_t>(x)] != x) x = parent[static_cast<std::size_t>(x)] = parent[static_cast<std::size_t>(parent[static_cast<std::size_t>(x)])];
-      return x;
-    };
-    std::vector<int> current(g->values.size(), -1);
-    plan.in_place = 0;
-    for (int i = 0; i < static_cast<int>(schedule.size()); ++i) {
-      const step& s = schedule[static_cast<std::size_t>(i)];
-      if (s.kind != step::forward && s.kind != step::recompute) continue;
-      node& n = *g->nodes[static_cast<std::size_t>(s.node)];
-      if (s.out_instance >= 0) {
-        for (int c : n.inplace_candidates()) {
-          const value_info& cv = g->values[static_cast<std::size_t>(c)];
-          if (cv.role != value_role::computed) continue;
-          const int inst = current[static_cast<std::size_t>(c)];
-          if (inst < 0) continue;
-          const instance& in = instances[static_cast<std::size_t>(inst)];
-          const instance& out = instances[static_cast<std::size_t>(s.out_instance)];
-          if (in.end != i || in.bytes != out.bytes || in.device != out.device) continue;
-          // No other input of the step may read the same buffer (a view of it, read elsewhere).
-          bool alone = true;
-          for (int other : n.inputs) {
-            if (other != c && root_instance(other, current) == inst) alone = false;
-          }
-          if (!alone) continue;
-          parent[static_cast<std::size_t>(s.out_instance)] = find(inst);
-          ++plan.in_place;
-          break;
-        }
-        current[static_cast<std::size_t>(n.output)] = s.out_instance;
-      }
-    }
-    buffers.clear();
-    std::vector<int> buffer_of(instances.size(), -1);
-    for (std::size_t i = 0; i < instances.size(); ++i) {
-      const int root = find(static_cast<int>(i));
-      if (buffer_of[static_cast<std::size_t>(root)] < 0) {
-        buffer_of[static_cast<std::size_t>(root)] = static_cast<int>(buffers.size());
-        buffer b;
-        b.device = instances[static_cast<std::size_t>(root)].device;
-        b.start = instances[static_cast<std::size_t>(root)].start;
-        b.end = instances[static_cast<std::size_t>(root)].end;
-        buffers.push_back(b);
-      }
-      buffer& b = buffers[static_cast<std::size_t>(buffer_of[static_cast<std::size_t>(root)])];
-      b.bytes = std::max(b.bytes, instances[i].bytes);
-      b.start = std::min(b.start, instances[i].start);
-      b.end = std::max(b.end, instances[i].end);
-      instances[i].buffer = buffer_of[static_cast<std::size_t>(root)];
-    }
-    arena_sizes.clear();
-    for (const buffer& b : buffers) {
-      bool known = false;
-      for (const auto& a : arena_sizes) known = known || a.first == b.device;
-      if (!known) arena_sizes.emplace_back(b.device, 0);
-    }
-    for (auto& [device, size] : arena_sizes) {
-      std::vector<buffer*> mine;
-      for (buffer& b : buffers) {
-        if (b.device == device) mine.push_back(&b);
-      }
-      size = pack(mine);
-    }
-    // Accounting.
-    plan.activations = plan.temporaries = 0;
-    for (const instance& inst : instances) {
-      const bool activation = !inst.scratch && !inst.recomputed &&
-                              g->values[static_cast<std::size_t>(inst.value)].role == value_role::computed;
-      (activation ? plan.activations : plan.temporaries) += inst.bytes;
-    }
-    plan.naive_bytes = plan.activations + plan.temporaries;
-    plan.planned_bytes = 0;
-    std::size_t arena_blocks = 0;
-    for (const auto& a : arena_sizes) {
-      plan.planned_bytes += a.second;
-      arena_blocks += round_block(a.second);
-    }
-    plan.parameters = plan.gradients = plan.inputs = 0;
-    for (const auto& p : g->parameters) {
-      const value_info& v = g->values[static_cast<std::size_t>(p.value_id)];
-      plan.parameters += round_block(v.bytes());
-      if (v.grad >= 0) plan.gradients += round_block(v.bytes());
-    }
-    for (int id : input_ids) plan.inputs += round_block(g->values[static_cast<std::size_t>(id)].bytes());
-    plan.peak_bytes = plan.inputs + plan.parameters + plan.gradients + arena_blocks;
-  }
+  void place();
 
   std::vector<char> live_nodes_;
 };
+
+#if TESSERA_DEFINITIONS
+TESSERA_API void program_state::compile() {
+  for (auto& n : g->nodes) n->finalize(g->values);
+  if (mode == Mode::training) {
+    const value_info& loss = g->values[static_cast<std::size_t>(output_ids.at(0))];
+    if (loss.shape.numel() != 1) {
+      throw shape_error(
+          "autograd::compile: in training mode the function's (first) result is "
+          "the loss and must have one element; it has shape " +
+          loss.shape.str() +
+          " (reduce it with ts::sum or ts::mean, or compile with "
+          "Options{.mode = Mode::inference})");
+    }
+    if (!loss.requires_grad) {
+      throw error(
+          "autograd::compile: the loss does not depend on any parameter that requires "
+          "grad, so backward would compute nothing (use Mode::inference to only run "
+          "forward)");
+    }
+  }
+  make_gradients();
+  make_schedule();
+  simulate();
+  place();
+}
+
+TESSERA_API void program_state::allocate() {
+  if (allocated) return;
+  arenas.clear();
+  for (const auto& [device, bytes] : arena_sizes)
+    arenas.push_back(Storage::allocate(device, bytes));
+  instance_tensors.assign(instances.size(), AnyTensor{});
+  for (std::size_t i = 0; i < instances.size(); ++i) {
+    const instance& inst = instances[i];
+    if (inst.scratch) continue;
+    const buffer& buf = buffers[static_cast<std::size_t>(inst.buffer)];
+    const value_info& info = g->values[static_cast<std::size_t>(inst.value)];
+    const Storage& arena = arenas[arena_index(buf.device)];
+    instance_tensors[i] = visit_dtype(info.dtype, [&](auto tag) -> AnyTensor {
+      using T = typename decltype(tag)::type;
+      const auto offset = static_cast<std::int64_t>(buf.offset / sizeof(T));
+      if (info.device.is_cuda()) {
+        return Tensor<T, cuda>(arena, info.shape, info.shape.contiguous_strides(), offset);
+      }
+      return Tensor<T, cpu>(arena, info.shape, info.shape.contiguous_strides(), offset);
+    });
+  }
+  // Gradients have one instance each: bind them for good.
+  for (std::size_t i = 0; i < instances.size(); ++i) {
+    const instance& inst = instances[i];
+    if (!inst.scratch &&
+        g->values[static_cast<std::size_t>(inst.value)].role == value_role::gradient) {
+      table.tensors[static_cast<std::size_t>(inst.value)] = instance_tensors[i];
+    }
+  }
+  allocated = true;
+}
+
+TESSERA_API void program_state::run_forward() {
+  allocate();
+  for (std::size_t i = 0; i < schedule.size(); ++i) {
+    const step& s = schedule[i];
+    if (s.kind != step::forward) break;
+    run_node_forward(s);
+  }
+  forwarded = true;
+}
+
+TESSERA_API void program_state::run_backward() {
+  if (mode == Mode::inference) {
+    throw error(
+        "Program::backward: the program was compiled with Mode::inference, which keeps "
+        "nothing for backward; compile with Mode::training");
+  }
+  if (!forwarded) {
+    throw error(
+        "Program::backward: call forward first (backward needs the values of a forward "
+        "run, and each forward allows one backward)");
+  }
+  for (const auto& p : g->parameters) {
+    if (g->values[static_cast<std::size_t>(p.value_id)].grad >= 0) {
+      table
+          .tensors[static_cast<std::size_t>(g->values[static_cast<std::size_t>(p.value_id)].grad)] =
+          p.grad();
+    }
+  }
+  forwarded = false;
+  for (const step& s : schedule) {
+    switch (s.kind) {
+      case step::forward:
+        break;
+      case step::recompute:
+        run_node_forward(s);
+        break;
+      case step::seed:
+        fill_ones(table.gradient(output_ids[0]));
+        break;
+      case step::backward: {
+        node& n = *g->nodes[static_cast<std::size_t>(s.node)];
+        if (s.scratch_instance >= 0) {
+          const instance& inst = instances[static_cast<std::size_t>(s.scratch_instance)];
+          const buffer& buf = buffers[static_cast<std::size_t>(inst.buffer)];
+          table.scratch = arenas[arena_index(buf.device)];
+          table.scratch_begin = static_cast<std::int64_t>(buf.offset);
+          table.scratch_end = static_cast<std::int64_t>(buf.offset + buf.bytes);
+        } else {
+          table.scratch = Storage{};
+          table.scratch_begin = table.scratch_end = 0;
+        }
+        table.scratch_offset = table.scratch_begin;
+        n.backward(table, s.accumulate);
+        break;
+      }
+    }
+    for (std::size_t p : s.ready) {
+      const auto& binding = g->parameters[p];
+      GradientReady ready{p, binding.identity,
+                          table.tensors[static_cast<std::size_t>(
+                              g->values[static_cast<std::size_t>(binding.value_id)].grad)]};
+      for (const auto& hook : hooks) hook(ready);
+    }
+  }
+}
+
+TESSERA_API std::string program_state::report() const {
+  auto line = [](const char* what, std::size_t bytes) {
+    char buffer_[128];
+    std::snprintf(buffer_, sizeof(buffer_), "| %-34s | %14s |\n", what,
+                  memory::format_bytes(bytes).c_str());
+    return std::string(buffer_);
+  };
+  std::string out;
+  out += "| memory plan                        |          bytes |\n";
+  out += "|------------------------------------|----------------|\n";
+  out += line("parameters", plan.parameters);
+  out += line("parameter gradients", plan.gradients);
+  out += line("inputs", plan.inputs);
+  out += line("activations (one buffer each)", plan.activations);
+  out += line("temporaries (one buffer each)", plan.temporaries);
+  out += line("naive: activations + temporaries", plan.naive_bytes);
+  out += line("planned arena", plan.planned_bytes);
+  out += line("peak (inputs+params+grads+arena)", plan.peak_bytes);
+  char tail[256];
+  std::snprintf(tail, sizeof(tail),
+                "mode %s; %d forward, %d backward, %d recomputed steps; %d outputs in place; "
+                "arena %.1f%% of naive\n",
+                mode == Mode::training ? "training" : "inference", plan.forward_steps,
+                plan.backward_steps, plan.recomputed_steps, plan.in_place,
+                plan.naive_bytes ? 100.0 * static_cast<double>(plan.planned_bytes) /
+                                       static_cast<double>(plan.naive_bytes)
+                                 : 0.0);
+  return out + tail;
+}
+
+TESSERA_API std::size_t program_state::arena_index(Device device) const {
+  for (std::size_t i = 0; i < arena_sizes.size(); ++i) {
+    if (arena_sizes[i].first == device) return i;
+  }
+  throw error("autograd: internal error: no arena for " + device.str());
+}
+
+TESSERA_API void program_state::run_node_forward(const step& s) {
+  node& n = *g->nodes[static_cast<std::size_t>(s.node)];
+  if (s.out_instance >= 0) {
+    table.tensors[static_cast<std::size_t>(n.output)] =
+        instance_tensors[static_cast<std::size_t>(s.out_instance)];
+  }
+  n.forward(table);
+}
+
+TESSERA_API void program_state::fill_ones(const AnyTensor& t) {
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (is_floating_point_v<T>) {
+      if (t.device().is_cuda()) {
+        Tensor<T, cuda>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(1));
+      } else {
+        Tensor<T, cpu>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(1));
+      }
+    }
+  });
+}
+
+TESSERA_API void program_state::make_gradients() {
+  auto& values = g->values;
+  table.grad_of.assign(values.size(), -1);
+  if (mode != Mode::training) return;
+  std::vector<char> live(values.size(), 0);
+  live[static_cast<std::size_t>(output_ids[0])] = 1;
+  live_nodes_.assign(g->nodes.size(), 0);
+  for (int i = static_cast<int>(g->nodes.size()) - 1; i >= 0; --i) {
+    const node& n = *g->nodes[static_cast<std::size_t>(i)];
+    const auto targets = n.contributions();
+    if (!live[static_cast<std::size_t>(n.output)] || targets.empty()) continue;
+    live_nodes_[static_cast<std::size_t>(i)] = 1;
+    for (int t : targets) live[static_cast<std::size_t>(t)] = 1;
+  }
+  const std::size_t count = values.size();
+  for (std::size_t v = 0; v < count; ++v) {
+    if (!live[v] || !values[v].requires_grad) continue;
+    value_info grad;
+    grad.shape = values[v].shape;
+    grad.strides = grad.shape.contiguous_strides();
+    grad.dtype = values[v].dtype;
+    grad.device = values[v].device;
+    grad.role = values[v].role == value_role::parameter ? value_role::parameter_gradient
+                                                        : value_role::gradient;
+    grad.base = static_cast<int>(v);
+    grad.name = "grad of " + values[v].name;
+    const int id = g->add_value(std::move(grad));
+    g->values[v].grad = id;
+  }
+  table.grad_of.assign(g->values.size(), -1);
+  for (std::size_t v = 0; v < g->values.size(); ++v) table.grad_of[v] = g->values[v].grad;
+}
+
+TESSERA_API void program_state::make_schedule() {
+  const auto& nodes = g->nodes;
+  schedule.clear();
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    step s;
+    s.kind = step::forward;
+    s.node = static_cast<int>(i);
+    schedule.push_back(s);
+  }
+  plan.forward_steps = static_cast<int>(nodes.size());
+  if (mode != Mode::training) return;
+  // Segments for recomputation: contiguous runs of about equal numbers of non-view nodes.
+  std::vector<int> segment(nodes.size(), 0);
+  const int segments = std::max(1, checkpoint.segments);
+  if (segments > 1) {
+    int real = 0;
+    for (const auto& n : nodes) real += n->is_view() ? 0 : 1;
+    int seen = 0;
+    for (std::size_t i = 0; i < nodes.size(); ++i) {
+      segment[i] = std::min(segments - 1, seen * segments / std::max(1, real));
+      if (!nodes[i]->is_view()) ++seen;
+    }
+  }
+  std::vector<int> last_of_segment(static_cast<std::size_t>(segments), -1);
+  for (std::size_t i = 0; i < nodes.size(); ++i) {
+    if (!nodes[i]->is_view())
+      last_of_segment[static_cast<std::size_t>(segment[i])] = static_cast<int>(i);
+  }
+  step seed;
+  seed.kind = step::seed;
+  schedule.push_back(seed);
+  std::vector<char> written(g->values.size(), 0);
+  written[static_cast<std::size_t>(g->values[static_cast<std::size_t>(output_ids[0])].grad)] = 1;
+  std::vector<char> recomputed(static_cast<std::size_t>(segments), segments == 1 ? 1 : 0);
+  std::vector<int> last_contribution(g->values.size(), -1);
+  for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
+    if (!live_nodes_[static_cast<std::size_t>(i)]) continue;
+    const int seg = segment[static_cast<std::size_t>(i)];
+    if (!recomputed[static_cast<std::size_t>(seg)]) {
+      recomputed[static_cast<std::size_t>(seg)] = 1;
+      for (std::size_t j = 0; j < nodes.size(); ++j) {
+        if (segment[j] == seg &&
+            static_cast<int>(j) != last_of_segment[static_cast<std::size_t>(seg)] &&
+            !is_output(nodes[j]->output) && nodes[j]->recomputable()) {
+          step r;
+          r.kind = step::recompute;
+          r.node = static_cast<int>(j);
+          schedule.push_back(r);
+          ++plan.recomputed_steps;
+        }
+      }
+    }
+    step b;
+    b.kind = step::backward;
+    b.node = i;
+    for (int t : nodes[static_cast<std::size_t>(i)]->contributions()) {
+      const int gid = g->values[static_cast<std::size_t>(t)].grad;
+      const bool external =
+          g->values[static_cast<std::size_t>(gid)].role == value_role::parameter_gradient;
+      b.accumulate.push_back(external || written[static_cast<std::size_t>(gid)] ? 1 : 0);
+      written[static_cast<std::size_t>(gid)] = 1;
+      last_contribution[static_cast<std::size_t>(gid)] = static_cast<int>(schedule.size());
+    }
+    schedule.push_back(std::move(b));
+    ++plan.backward_steps;
+  }
+  for (std::size_t p = 0; p < g->parameters.size(); ++p) {
+    const int gid = g->values[static_cast<std::size_t>(g->parameters[p].value_id)].grad;
+    if (gid >= 0 && last_contribution[static_cast<std::size_t>(gid)] >= 0) {
+      schedule[static_cast<std::size_t>(last_contribution[static_cast<std::size_t>(gid)])]
+          .ready.push_back(p);
+    }
+  }
+}
+
+TESSERA_API bool program_state::is_output(int value) const {
+  return std::find(output_ids.begin(), output_ids.end(), value) != output_ids.end();
+}
+
+TESSERA_API int program_state::root_instance(int value, const std::vector<int>& current) const {
+  int v = value;
+  while (g->values[static_cast<std::size_t>(v)].role == value_role::view) {
+    v = g->values[static_cast<std::size_t>(v)].base;
+  }
+  return current[static_cast<std::size_t>(v)];
+}
+
+TESSERA_API int program_state::new_instance(int value, int at, bool recomputed) {
+  const value_info& info = g->values[static_cast<std::size_t>(value)];
+  instance inst;
+  inst.value = value;
+  inst.device = info.device;
+  inst.bytes = align64(info.bytes());
+  inst.start = inst.end = at;
+  inst.recomputed = recomputed;
+  instances.push_back(inst);
+  return static_cast<int>(instances.size()) - 1;
+}
+
+TESSERA_API void program_state::use(int inst, int at) {
+  if (inst >= 0)
+    instances[static_cast<std::size_t>(inst)].end =
+        std::max(instances[static_cast<std::size_t>(inst)].end, at);
+}
+
+TESSERA_API void program_state::simulate() {
+  instances.clear();
+  std::vector<int> current(g->values.size(), -1);
+  const int end_of_time = static_cast<int>(schedule.size());
+  for (int i = 0; i < static_cast<int>(schedule.size()); ++i) {
+    step& s = schedule[static_cast<std::size_t>(i)];
+    if (s.kind == step::forward || s.kind == step::recompute) {
+      node& n = *g->nodes[static_cast<std::size_t>(s.node)];
+      for (int input : n.inputs) use(root_instance(input, current), i);
+      if (!n.is_view()) {
+        s.out_instance = new_instance(n.output, i, s.kind == step::recompute);
+        current[static_cast<std::size_t>(n.output)] = s.out_instance;
+      }
+      if (s.kind == step::forward && i + 1 < end_of_time &&
+          schedule[static_cast<std::size_t>(i + 1)].kind != step::forward) {
+        for (int out : output_ids) use(root_instance(out, current), end_of_time);
+      }
+    } else if (s.kind == step::seed) {
+      const int gid = g->values[static_cast<std::size_t>(output_ids[0])].grad;
+      s.out_instance = new_instance(gid, i, false);
+      current[static_cast<std::size_t>(gid)] = s.out_instance;
+    } else {
+      node& n = *g->nodes[static_cast<std::size_t>(s.node)];
+      for (int r : n.backward_reads()) {
+        if (r >= 0) {
+          use(root_instance(r, current), i);
+        } else {
+          use(current[static_cast<std::size_t>(g->values[static_cast<std::size_t>(-2 - r)].grad)],
+              i);
+        }
+      }
+      for (int t : n.contributions()) {
+        const int gid = g->values[static_cast<std::size_t>(t)].grad;
+        if (g->values[static_cast<std::size_t>(gid)].role == value_role::parameter_gradient)
+          continue;
+        if (current[static_cast<std::size_t>(gid)] < 0) {
+          current[static_cast<std::size_t>(gid)] = new_instance(gid, i, false);
+        }
+        use(current[static_cast<std::size_t>(gid)], i);
+      }
+      const std::size_t scratch = n.backward_scratch();
+      if (scratch > 0) {
+        instance inst;
+        inst.value = n.scratch_value();
+        inst.device = g->values[static_cast<std::size_t>(inst.value)].device;
+        inst.bytes = align64(scratch);
+        inst.start = inst.end = i;
+        inst.scratch = true;
+        instances.push_back(inst);
+        s.scratch_instance = static_cast<int>(instances.size()) - 1;
+      }
+    }
+  }
+  // A forward-only schedule's outputs: alive to its end (training marked them after the last
+  // forward step above).
+  if (mode != Mode::training) {
+    for (int out : output_ids) use(root_instance(out, current), end_of_time);
+  }
+}
+
+TESSERA_API void program_state::place() {
+  // Union-find over instances: an elementwise output takes over an input dying at its step.
+  std::vector<int> parent(instances.size());
+  std::iota(parent.begin(), parent.end(), 0);
+  auto find = [&](int x) {
+    while (parent[static_cast<std::size_t>(x)] != x)
+      x = parent[static_cast<std::size_t>(x)] =
+          parent[static_cast<std::size_t>(parent[static_cast<std::size_t>(x)])];
+    return x;
+  };
+  std::vector<int> current(g->values.size(), -1);
+  plan.in_place = 0;
+  for (int i = 0; i < static_cast<int>(schedule.size()); ++i) {
+    const step& s = schedule[static_cast<std::size_t>(i)];
+    if (s.kind != step::forward && s.kind != step::recompute) continue;
+    node& n = *g->nodes[static_cast<std::size_t>(s.node)];
+    if (s.out_instance >= 0) {
+      for (int c : n.inplace_candidates()) {
+        const value_info& cv = g->values[static_cast<std::size_t>(c)];
+        if (cv.role != value_role::computed) continue;
+        const int inst = current[static_cast<std::size_t>(c)];
+        if (inst < 0) continue;
+        const instance& in = instances[static_cast<std::size_t>(inst)];
+        const instance& out = instances[static_cast<std::size_t>(s.out_instance)];
+        if (in.end != i || in.bytes != out.bytes || in.device != out.device) continue;
+        // No other input of the step may read the same buffer (a view of it, read elsewhere).
+        bool alone = true;
+        for (int other : n.inputs) {
+          if (other != c && root_instance(other, current) == inst) alone = false;
+        }
+        if (!alone) continue;
+        parent[static_cast<std::size_t>(s.out_instance)] = find(inst);
+        ++plan.in_place;
+        break;
+      }
+      current[static_cast<std::size_t>(n.output)] = s.out_instance;
+    }
+  }
+  buffers.clear();
+  std::vector<int> buffer_of(instances.size(), -1);
+  for (std::size_t i = 0; i < instances.size(); ++i) {
+    const int root = find(static_cast<int>(i));
+    if (buffer_of[static_cast<std::size_t>(root)] < 0) {
+      buffer_of[static_cast<std::size_t>(root)] = static_cast<int>(buffers.size());
+      buffer b;
+      b.device = instances[static_cast<std::size_t>(root)].device;
+      b.start = instances[static_cast<std::size_t>(root)].start;
+      b.end = instances[static_cast<std::size_t>(root)].end;
+      buffers.push_back(b);
+    }
+    buffer& b = buffers[static_cast<std::size_t>(buffer_of[static_cast<std::size_t>(root)])];
+    b.bytes = std::max(b.bytes, instances[i].bytes);
+    b.start = std::min(b.start, instances[i].start);
+    b.end = std::max(b.end, instances[i].end);
+    instances[i].buffer = buffer_of[static_cast<std::size_t>(root)];
+  }
+  arena_sizes.clear();
+  for (const buffer& b : buffers) {
+    bool known = false;
+    for (const auto& a : arena_sizes) known = known || a.first == b.device;
+    if (!known) arena_sizes.emplace_back(b.device, 0);
+  }
+  for (auto& [device, size] : arena_sizes) {
+    std::vector<buffer*> mine;
+    for (buffer& b : buffers) {
+      if (b.device == device) mine.push_back(&b);
+    }
+    size = pack(mine);
+  }
+  // Accounting.
+  plan.activations = plan.temporaries = 0;
+  for (const instance& inst : instances) {
+    const bool activation =
+        !inst.scratch && !inst.recomputed &&
+        g->values[static_cast<std::size_t>(inst.value)].role == value_role::computed;
+    (activation ? plan.activations : plan.temporaries) += inst.bytes;
+  }
+  plan.naive_bytes = plan.activations + plan.temporaries;
+  plan.planned_bytes = 0;
+  std::size_t arena_blocks = 0;
+  for (const auto& a : arena_sizes) {
+    plan.planned_bytes += a.second;
+    arena_blocks += round_block(a.second);
+  }
+  plan.parameters = plan.gradients = plan.inputs = 0;
+  for (const auto& p : g->parameters) {
+    const value_info& v = g->values[static_cast<std::size_t>(p.value_id)];
+    plan.parameters += round_block(v.bytes());
+    if (v.grad >= 0) plan.gradients += round_block(v.bytes());
+  }
+  for (int id : input_ids)
+    plan.inputs += round_block(g->values[static_cast<std::size_t>(id)].bytes());
+  plan.peak_bytes = plan.inputs + plan.parameters + plan.gradients + arena_blocks;
+}
+#endif  // TESSERA_DEFINITIONS
 
 template <class X>
 struct is_input_spec : std::false_type {};
@@ -669,11 +727,11 @@ class Program {
       const detail::value_info& info = s.g->values[static_cast<std::size_t>(binding.value_id)];
       if (!value.defined() || value.shape() != info.shape || value.dtype() != info.dtype ||
           value.device() != info.device || !value.is_contiguous()) {
-        throw error("Program::forward: parameter " + std::to_string(p) + " changed since compile: " +
-                    "traced as " + std::string(name(info.dtype)) + " " + info.shape.str() + " on " +
-                    info.device.str() + ", now " +
-                    (value.defined() ? std::string(name(value.dtype())) + " " + value.shape().str() +
-                                           " on " + value.device().str() +
+        throw error("Program::forward: parameter " + std::to_string(p) +
+                    " changed since compile: " + "traced as " + std::string(name(info.dtype)) +
+                    " " + info.shape.str() + " on " + info.device.str() + ", now " +
+                    (value.defined() ? std::string(name(value.dtype())) + " " +
+                                           value.shape().str() + " on " + value.device().str() +
                                            (value.is_contiguous() ? "" : " (not contiguous)")
                                      : std::string("undefined")) +
                     "; compile again after moving or replacing parameters");
@@ -776,7 +834,8 @@ auto trace(Fn& fn, const Options& options, const std::tuple<const Specs&...>& sp
   auto result = std::apply(fn, vars);
   using R = decltype(result);
   if constexpr (requires { std::tuple_size<R>::value; }) {
-    std::apply([&](const auto&... r) { (state->output_ids.push_back(bind_result(r)), ...); }, result);
+    std::apply([&](const auto&... r) { (state->output_ids.push_back(bind_result(r)), ...); },
+               result);
   } else {
     state->output_ids.push_back(bind_result(result));
   }
@@ -791,8 +850,9 @@ constexpr bool ends_with_options() {
   if constexpr (sizeof...(Args) == 0) {
     return false;
   } else {
-    return std::is_same_v<std::remove_cvref_t<std::tuple_element_t<sizeof...(Args) - 1, std::tuple<Args...>>>,
-                          Options>;
+    return std::is_same_v<
+        std::remove_cvref_t<std::tuple_element_t<sizeof...(Args) - 1, std::tuple<Args...>>>,
+        Options>;
   }
 }
 
@@ -832,7 +892,8 @@ namespace detail {
 template <class Spec>
 Spec with_batch(Spec spec, std::int64_t batch) {
   if (spec.shape.size() == 0) {
-    throw shape_error("max_batch_size: an input is 0-dim; every input needs a leading batch dimension");
+    throw shape_error(
+        "max_batch_size: an input is 0-dim; every input needs a leading batch dimension");
   }
   spec.shape[0] = batch;
   return spec;
@@ -841,8 +902,7 @@ Spec with_batch(Spec spec, std::int64_t batch) {
 template <class Fn, class Tuple, std::size_t... I>
 std::size_t planned_peak(Fn& fn, const Budget& budget, const Tuple& specs, std::int64_t batch,
                          std::index_sequence<I...>) {
-  const auto program =
-      compile(fn, with_batch(std::get<I>(specs), batch)..., budget.options);
+  const auto program = compile(fn, with_batch(std::get<I>(specs), batch)..., budget.options);
   const MemoryPlan& p = program.plan();
   return p.peak_bytes + static_cast<std::size_t>(budget.optimizer_buffers) * p.parameters;
 }

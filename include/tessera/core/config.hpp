@@ -32,6 +32,31 @@
 #include <cuda_runtime_api.h>
 #endif
 
+// Header-only (the default) or compiled mode. Header-only: every definition is in the headers and
+// `inline`, so each translation unit compiles the machinery it uses. Compiled mode: a program
+// links the `tessera::compiled` CMake target (which defines TESSERA_COMPILED=1 for its users and
+// compiles one translation unit with TESSERA_IMPLEMENTATION), and the headers then declare, but do
+// not define, the machinery that does not depend on a user's types (the autograd planner, module
+// and optimiser bookkeeping, checkpoints, memory summaries...): it is compiled once, in that
+// library, instead of in every unit. Both modes give the same program.
+//   TESSERA_API          on such a function: `inline` header-only, nothing in compiled mode;
+//   TESSERA_DEFINITIONS  1 where its definition is to be compiled (header-only, or the library);
+//   TESSERA_INSTANTIATE(declaration)   an explicit instantiation in the library, `extern` in its
+//                        users, nothing header-only (templates instantiated for fixed types).
+#if defined(TESSERA_IMPLEMENTATION)
+#define TESSERA_API
+#define TESSERA_DEFINITIONS 1
+#define TESSERA_INSTANTIATE(...) template __VA_ARGS__;
+#elif defined(TESSERA_COMPILED) && TESSERA_COMPILED
+#define TESSERA_API
+#define TESSERA_DEFINITIONS 0
+#define TESSERA_INSTANTIATE(...) extern template __VA_ARGS__;
+#else
+#define TESSERA_API inline
+#define TESSERA_DEFINITIONS 1
+#define TESSERA_INSTANTIATE(...)
+#endif
+
 #define TESSERA_STRINGIFY_IMPL(x) #x
 #define TESSERA_STRINGIFY(x) TESSERA_STRINGIFY_IMPL(x)
 

@@ -203,73 +203,27 @@ class Module {
   /// {dotted name, parameter} in PyTorch's order (a module's own, then each child's, in
   /// registration order). A parameter reachable twice (shared between children) is listed once,
   /// under its first name; parameters without a value are left out.
-  std::vector<std::pair<std::string, ParameterRef>> named_parameters(bool recurse = true) const {
-    std::vector<std::pair<std::string, ParameterRef>> out;
-    std::unordered_set<const void*> seen;
-    auto collect = [&](const std::string& name, const ParameterRef& parameter) {
-      if (parameter.value().defined() && seen.insert(parameter.id()).second) {
-        out.emplace_back(name, parameter);
-      }
-    };
-    detail::walk_parameters(*state_, "", recurse, collect);
-    return out;
-  }
+  std::vector<std::pair<std::string, ParameterRef>> named_parameters(bool recurse = true) const;
 
   /// The parameters of named_parameters, for the optimisers.
-  std::vector<ParameterRef> parameters(bool recurse = true) const {
-    std::vector<ParameterRef> out;
-    for (auto& item : named_parameters(recurse)) out.push_back(std::move(item.second));
-    return out;
-  }
+  std::vector<ParameterRef> parameters(bool recurse = true) const;
 
   /// {dotted name, buffer}, in the order of named_parameters, each buffer once.
-  std::vector<std::pair<std::string, BufferRef>> named_buffers(bool recurse = true) const {
-    std::vector<std::pair<std::string, BufferRef>> out;
-    std::unordered_set<const void*> seen;
-    auto collect = [&](const std::string& name, const BufferRef& buffer) {
-      if (buffer.value().defined() && seen.insert(buffer.id()).second) {
-        out.emplace_back(name, buffer);
-      }
-    };
-    detail::walk_buffers(*state_, "", recurse, collect);
-    return out;
-  }
+  std::vector<std::pair<std::string, BufferRef>> named_buffers(bool recurse = true) const;
 
-  std::vector<BufferRef> buffers(bool recurse = true) const {
-    std::vector<BufferRef> out;
-    for (auto& item : named_buffers(recurse)) out.push_back(std::move(item.second));
-    return out;
-  }
+  std::vector<BufferRef> buffers(bool recurse = true) const;
 
   /// The direct children as Module handles (aliasing them), in registration order.
-  std::vector<std::pair<std::string, Module>> named_children() const {
-    std::vector<std::pair<std::string, Module>> out;
-    for (const auto& [name, child] : state_->children) out.emplace_back(name, Module(child));
-    return out;
-  }
-  std::vector<Module> children() const {
-    std::vector<Module> out;
-    for (const auto& child : state_->children) out.push_back(Module(child.second));
-    return out;
-  }
+  std::vector<std::pair<std::string, Module>> named_children() const;
+  std::vector<Module> children() const;
 
   /// This module (name "") and every descendant, depth first, each once.
-  std::vector<std::pair<std::string, Module>> named_modules() const {
-    std::vector<std::pair<std::string, Module>> out;
-    std::unordered_set<const detail::module_state*> seen;
-    collect_modules(state_, "", seen, out);
-    return out;
-  }
+  std::vector<std::pair<std::string, Module>> named_modules() const;
 
   /// Parameters and buffers by PyTorch's key names (for BatchNorm1d: weight, bias,
   /// running_mean, running_var, num_batches_tracked), sharing storage with the module.
   /// Shared tensors appear under every name they are reachable by, as in PyTorch.
-  StateDict state_dict() const {
-    StateDict out;
-    auto collect = [&](const std::string& key, const AnyTensor& value) { out.insert(key, value); };
-    detail::walk_state(*state_, "", collect);
-    return out;
-  }
+  StateDict state_dict() const;
 
   /// Copies the values of `state_dict` into the module's tensors, in place (parameters keep
   /// their identity and device; the dict's tensors may be on any device). Keys saved from a
@@ -280,93 +234,7 @@ class Module {
   /// differs (naming the key and both shapes or dtypes), or, when `strict`, when keys are
   /// missing or unexpected (listing every one): shape_error or dtype_error when only those
   /// mismatches are wrong, tessera::error otherwise.
-  void load_state_dict(const StateDict& state_dict, bool strict = true) {
-    std::vector<std::pair<std::string, AnyTensor>> own;
-    auto collect = [&](const std::string& key, const AnyTensor& value) {
-      own.emplace_back(key, value);
-    };
-    detail::walk_state(*state_, "", collect);
-    std::unordered_map<std::string, std::size_t> index;
-    for (std::size_t i = 0; i < own.size(); ++i) index.emplace(own[i].first, i);
-
-    // Which side carries the data-parallel prefix, if only one does.
-    auto all_prefixed = [](const auto& items) {
-      return !items.empty() && std::all_of(items.begin(), items.end(), [](const auto& item) {
-        return detail::has_data_parallel_prefix(item.first);
-      });
-    };
-    auto none_prefixed = [](const auto& items) {
-      return std::none_of(items.begin(), items.end(), [](const auto& item) {
-        return detail::has_data_parallel_prefix(item.first);
-      });
-    };
-    enum class prefix_mode { none, strip, add };
-    prefix_mode mode = prefix_mode::none;
-    if (all_prefixed(state_dict) && none_prefixed(own)) {
-      mode = prefix_mode::strip;
-    } else if (all_prefixed(own) && none_prefixed(state_dict) && !state_dict.empty()) {
-      mode = prefix_mode::add;
-    }
-    auto own_key = [&](const std::string& key) {
-      switch (mode) {
-        case prefix_mode::strip:
-          return key.substr(detail::data_parallel_prefix().size());
-        case prefix_mode::add:
-          return detail::data_parallel_prefix() + key;
-        case prefix_mode::none:
-          break;
-      }
-      return key;
-    };
-
-    std::vector<std::string> missing, unexpected, shape_mismatches, dtype_mismatches;
-    std::vector<bool> found(own.size(), false);
-    std::vector<std::pair<std::size_t, const AnyTensor*>> copies;
-    for (const auto& [key, tensor] : state_dict) {
-      const std::string mine = own_key(key);
-      const auto it = index.find(mine);
-      if (it == index.end()) {
-        unexpected.push_back(key);
-        continue;
-      }
-      found[it->second] = true;
-      const AnyTensor& target = own[it->second].second;
-      if (!tensor.defined()) {
-        shape_mismatches.push_back("the state dict's tensor for " + mine + " is undefined");
-      } else if (tensor.shape() != target.shape()) {
-        shape_mismatches.push_back("size mismatch for " + mine + ": shape " + tensor.shape().str() +
-                                   " in the state dict, " + target.shape().str() +
-                                   " in the module");
-      } else if (tensor.dtype() != target.dtype()) {
-        dtype_mismatches.push_back("dtype mismatch for " + mine + ": " + name(tensor.dtype()) +
-                                   " in the state dict, " + name(target.dtype()) +
-                                   " in the module");
-      } else {
-        copies.emplace_back(it->second, &tensor);
-      }
-    }
-    for (std::size_t i = 0; i < own.size(); ++i) {
-      if (!found[i]) missing.push_back(own[i].first);
-    }
-
-    const bool key_problems = strict && (!missing.empty() || !unexpected.empty());
-    if (key_problems || !shape_mismatches.empty() || !dtype_mismatches.empty()) {
-      std::string message =
-          "load_state_dict: error(s) in loading a state dict into " + state_->type_name + ":";
-      if (strict && !missing.empty()) {
-        message += "\n  missing key(s): " + detail::quoted_list(missing);
-      }
-      if (strict && !unexpected.empty()) {
-        message += "\n  unexpected key(s): " + detail::quoted_list(unexpected);
-      }
-      for (const auto& line : shape_mismatches) message += "\n  " + line;
-      for (const auto& line : dtype_mismatches) message += "\n  " + line;
-      if (!key_problems && dtype_mismatches.empty()) throw shape_error(message);
-      if (!key_problems && shape_mismatches.empty()) throw dtype_error(message);
-      throw error(message);
-    }
-    for (const auto& [i, source] : copies) detail::copy_tensor(own[i].second, *source);
-  }
+  void load_state_dict(const StateDict& state_dict, bool strict = true);
 
   // ---- placement and modes -----------------------------------------------------------------
 
@@ -374,27 +242,7 @@ class Module {
   /// kind, in place: the parameters keep their identity (optimisers and programs built before
   /// see the moved values). All copies are made before any is installed, so on an error
   /// (device_error for an ordinal that does not exist, out_of_memory_error) nothing has moved.
-  Module& to(int index) {
-    std::vector<std::pair<ParameterRef, std::pair<AnyTensor, AnyTensor>>> parameters;
-    for (const auto& [name, parameter] : named_parameters()) {
-      const AnyTensor value = parameter.value();
-      const AnyTensor grad = parameter.grad();
-      const Device target{value.device().type, index};
-      parameters.push_back(
-          {parameter, {value.to(target), grad.defined() ? grad.to(target) : AnyTensor()}});
-    }
-    std::vector<std::pair<BufferRef, AnyTensor>> buffers;
-    for (const auto& [name, buffer] : named_buffers()) {
-      const AnyTensor value = buffer.value();
-      buffers.push_back({buffer, value.to(Device{value.device().type, index})});
-    }
-    for (const auto& [parameter, moved] : parameters) {
-      parameter.set_value(moved.first);
-      parameter.set_grad(moved.second);
-    }
-    for (const auto& [buffer, moved] : buffers) buffer.set_value(moved);
-    return *this;
-  }
+  Module& to(int index);
 
   /// Sets training mode (`on`) or evaluation mode on this module and every descendant.
   Module& train(bool on = true) {
@@ -407,12 +255,7 @@ class Module {
 
   /// Zeroes every existing gradient in place (one pass each, nothing allocated); parameters
   /// without a gradient are left without one. Buffers are not touched.
-  void zero_grad() {
-    for (const auto& [name, parameter] : named_parameters()) {
-      const AnyTensor grad = parameter.grad();
-      if (grad.defined()) grad.visit([](auto typed) { typed.zero_(); });
-    }
-  }
+  void zero_grad();
 
   const std::string& type_name() const noexcept { return state_->type_name; }
   /// True when both handles are the same module.
@@ -421,42 +264,232 @@ class Module {
  private:
   explicit Module(std::shared_ptr<detail::module_state> state) : state_(std::move(state)) {}
 
-  void check_new_name(const std::string& name, const char* operation) const {
-    if (name.empty()) {
-      throw error(std::string(operation) + ": the name is empty (in " + state_->type_name + ")");
-    }
-    if (name.find('.') != std::string::npos) {
-      throw error(std::string(operation) + ": the name '" + name + "' contains '.' (in " +
-                  state_->type_name + ")");
-    }
-    auto taken = [&](const auto& items) {
-      return std::any_of(items.begin(), items.end(),
-                         [&](const auto& item) { return item.first == name; });
-    };
-    if (taken(state_->parameters) || taken(state_->buffers) || taken(state_->children)) {
-      throw error(std::string(operation) + ": '" + name + "' is already registered in " +
-                  state_->type_name);
-    }
-  }
+  void check_new_name(const std::string& name, const char* operation) const;
 
-  static void set_training(detail::module_state& state, bool on) {
-    state.training = on;
-    for (auto& child : state.children) set_training(*child.second, on);
-  }
+  static void set_training(detail::module_state& state, bool on);
 
   static void collect_modules(const std::shared_ptr<detail::module_state>& state,
                               const std::string& prefix,
                               std::unordered_set<const detail::module_state*>& seen,
-                              std::vector<std::pair<std::string, Module>>& out) {
-    if (!seen.insert(state.get()).second) return;
-    out.emplace_back(prefix, Module(state));
-    for (const auto& [name, child] : state->children) {
-      collect_modules(child, detail::join(prefix, name), seen, out);
-    }
-  }
+                              std::vector<std::pair<std::string, Module>>& out);
 
   std::shared_ptr<detail::module_state> state_;
 };
+
+#if TESSERA_DEFINITIONS
+TESSERA_API std::vector<std::pair<std::string, ParameterRef>> Module::named_parameters(
+    bool recurse) const {
+  std::vector<std::pair<std::string, ParameterRef>> out;
+  std::unordered_set<const void*> seen;
+  auto collect = [&](const std::string& name, const ParameterRef& parameter) {
+    if (parameter.value().defined() && seen.insert(parameter.id()).second) {
+      out.emplace_back(name, parameter);
+    }
+  };
+  detail::walk_parameters(*state_, "", recurse, collect);
+  return out;
+}
+
+TESSERA_API std::vector<ParameterRef> Module::parameters(bool recurse) const {
+  std::vector<ParameterRef> out;
+  for (auto& item : named_parameters(recurse)) out.push_back(std::move(item.second));
+  return out;
+}
+
+TESSERA_API std::vector<std::pair<std::string, BufferRef>> Module::named_buffers(
+    bool recurse) const {
+  std::vector<std::pair<std::string, BufferRef>> out;
+  std::unordered_set<const void*> seen;
+  auto collect = [&](const std::string& name, const BufferRef& buffer) {
+    if (buffer.value().defined() && seen.insert(buffer.id()).second) {
+      out.emplace_back(name, buffer);
+    }
+  };
+  detail::walk_buffers(*state_, "", recurse, collect);
+  return out;
+}
+
+TESSERA_API std::vector<BufferRef> Module::buffers(bool recurse) const {
+  std::vector<BufferRef> out;
+  for (auto& item : named_buffers(recurse)) out.push_back(std::move(item.second));
+  return out;
+}
+
+TESSERA_API std::vector<std::pair<std::string, Module>> Module::named_children() const {
+  std::vector<std::pair<std::string, Module>> out;
+  for (const auto& [name, child] : state_->children) out.emplace_back(name, Module(child));
+  return out;
+}
+
+TESSERA_API std::vector<Module> Module::children() const {
+  std::vector<Module> out;
+  for (const auto& child : state_->children) out.push_back(Module(child.second));
+  return out;
+}
+
+TESSERA_API std::vector<std::pair<std::string, Module>> Module::named_modules() const {
+  std::vector<std::pair<std::string, Module>> out;
+  std::unordered_set<const detail::module_state*> seen;
+  collect_modules(state_, "", seen, out);
+  return out;
+}
+
+TESSERA_API StateDict Module::state_dict() const {
+  StateDict out;
+  auto collect = [&](const std::string& key, const AnyTensor& value) { out.insert(key, value); };
+  detail::walk_state(*state_, "", collect);
+  return out;
+}
+
+TESSERA_API void Module::load_state_dict(const StateDict& state_dict, bool strict) {
+  std::vector<std::pair<std::string, AnyTensor>> own;
+  auto collect = [&](const std::string& key, const AnyTensor& value) {
+    own.emplace_back(key, value);
+  };
+  detail::walk_state(*state_, "", collect);
+  std::unordered_map<std::string, std::size_t> index;
+  for (std::size_t i = 0; i < own.size(); ++i) index.emplace(own[i].first, i);
+
+  // Which side carries the data-parallel prefix, if only one does.
+  auto all_prefixed = [](const auto& items) {
+    return !items.empty() && std::all_of(items.begin(), items.end(), [](const auto& item) {
+      return detail::has_data_parallel_prefix(item.first);
+    });
+  };
+  auto none_prefixed = [](const auto& items) {
+    return std::none_of(items.begin(), items.end(), [](const auto& item) {
+      return detail::has_data_parallel_prefix(item.first);
+    });
+  };
+  enum class prefix_mode { none, strip, add };
+  prefix_mode mode = prefix_mode::none;
+  if (all_prefixed(state_dict) && none_prefixed(own)) {
+    mode = prefix_mode::strip;
+  } else if (all_prefixed(own) && none_prefixed(state_dict) && !state_dict.empty()) {
+    mode = prefix_mode::add;
+  }
+  auto own_key = [&](const std::string& key) {
+    switch (mode) {
+      case prefix_mode::strip:
+        return key.substr(detail::data_parallel_prefix().size());
+      case prefix_mode::add:
+        return detail::data_parallel_prefix() + key;
+      case prefix_mode::none:
+        break;
+    }
+    return key;
+  };
+
+  std::vector<std::string> missing, unexpected, shape_mismatches, dtype_mismatches;
+  std::vector<bool> found(own.size(), false);
+  std::vector<std::pair<std::size_t, const AnyTensor*>> copies;
+  for (const auto& [key, tensor] : state_dict) {
+    const std::string mine = own_key(key);
+    const auto it = index.find(mine);
+    if (it == index.end()) {
+      unexpected.push_back(key);
+      continue;
+    }
+    found[it->second] = true;
+    const AnyTensor& target = own[it->second].second;
+    if (!tensor.defined()) {
+      shape_mismatches.push_back("the state dict's tensor for " + mine + " is undefined");
+    } else if (tensor.shape() != target.shape()) {
+      shape_mismatches.push_back("size mismatch for " + mine + ": shape " + tensor.shape().str() +
+                                 " in the state dict, " + target.shape().str() + " in the module");
+    } else if (tensor.dtype() != target.dtype()) {
+      dtype_mismatches.push_back("dtype mismatch for " + mine + ": " + name(tensor.dtype()) +
+                                 " in the state dict, " + name(target.dtype()) + " in the module");
+    } else {
+      copies.emplace_back(it->second, &tensor);
+    }
+  }
+  for (std::size_t i = 0; i < own.size(); ++i) {
+    if (!found[i]) missing.push_back(own[i].first);
+  }
+
+  const bool key_problems = strict && (!missing.empty() || !unexpected.empty());
+  if (key_problems || !shape_mismatches.empty() || !dtype_mismatches.empty()) {
+    std::string message =
+        "load_state_dict: error(s) in loading a state dict into " + state_->type_name + ":";
+    if (strict && !missing.empty()) {
+      message += "\n  missing key(s): " + detail::quoted_list(missing);
+    }
+    if (strict && !unexpected.empty()) {
+      message += "\n  unexpected key(s): " + detail::quoted_list(unexpected);
+    }
+    for (const auto& line : shape_mismatches) message += "\n  " + line;
+    for (const auto& line : dtype_mismatches) message += "\n  " + line;
+    if (!key_problems && dtype_mismatches.empty()) throw shape_error(message);
+    if (!key_problems && shape_mismatches.empty()) throw dtype_error(message);
+    throw error(message);
+  }
+  for (const auto& [i, source] : copies) detail::copy_tensor(own[i].second, *source);
+}
+
+TESSERA_API Module& Module::to(int index) {
+  std::vector<std::pair<ParameterRef, std::pair<AnyTensor, AnyTensor>>> parameters;
+  for (const auto& [name, parameter] : named_parameters()) {
+    const AnyTensor value = parameter.value();
+    const AnyTensor grad = parameter.grad();
+    const Device target{value.device().type, index};
+    parameters.push_back(
+        {parameter, {value.to(target), grad.defined() ? grad.to(target) : AnyTensor()}});
+  }
+  std::vector<std::pair<BufferRef, AnyTensor>> buffers;
+  for (const auto& [name, buffer] : named_buffers()) {
+    const AnyTensor value = buffer.value();
+    buffers.push_back({buffer, value.to(Device{value.device().type, index})});
+  }
+  for (const auto& [parameter, moved] : parameters) {
+    parameter.set_value(moved.first);
+    parameter.set_grad(moved.second);
+  }
+  for (const auto& [buffer, moved] : buffers) buffer.set_value(moved);
+  return *this;
+}
+
+TESSERA_API void Module::zero_grad() {
+  for (const auto& [name, parameter] : named_parameters()) {
+    const AnyTensor grad = parameter.grad();
+    if (grad.defined()) grad.visit([](auto typed) { typed.zero_(); });
+  }
+}
+
+TESSERA_API void Module::check_new_name(const std::string& name, const char* operation) const {
+  if (name.empty()) {
+    throw error(std::string(operation) + ": the name is empty (in " + state_->type_name + ")");
+  }
+  if (name.find('.') != std::string::npos) {
+    throw error(std::string(operation) + ": the name '" + name + "' contains '.' (in " +
+                state_->type_name + ")");
+  }
+  auto taken = [&](const auto& items) {
+    return std::any_of(items.begin(), items.end(),
+                       [&](const auto& item) { return item.first == name; });
+  };
+  if (taken(state_->parameters) || taken(state_->buffers) || taken(state_->children)) {
+    throw error(std::string(operation) + ": '" + name + "' is already registered in " +
+                state_->type_name);
+  }
+}
+
+TESSERA_API void Module::set_training(detail::module_state& state, bool on) {
+  state.training = on;
+  for (auto& child : state.children) set_training(*child.second, on);
+}
+
+TESSERA_API void Module::collect_modules(const std::shared_ptr<detail::module_state>& state,
+                                         const std::string& prefix,
+                                         std::unordered_set<const detail::module_state*>& seen,
+                                         std::vector<std::pair<std::string, Module>>& out) {
+  if (!seen.insert(state.get()).second) return;
+  out.emplace_back(prefix, Module(state));
+  for (const auto& [name, child] : state->children) {
+    collect_modules(child, detail::join(prefix, name), seen, out);
+  }
+}
+#endif  // TESSERA_DEFINITIONS
 
 // ---- conversion to another device kind ------------------------------------------------------
 
@@ -481,16 +514,21 @@ using rebind_kind_t = typename rebind_kind<M, K2>::type;
 namespace detail {
 
 /// True when every parameter and buffer of `module` is on `device`.
-inline bool all_on(const Module& module, Device device) {
+TESSERA_API bool all_on(const Module& module, Device device);
+#if TESSERA_DEFINITIONS
+TESSERA_API bool all_on(const Module& module, Device device) {
   for (const auto& [key, value] : module.state_dict()) {
     if (value.device() != device) return false;
   }
   return true;
 }
+#endif
 
 /// Sets each module of `target` (same structure as `source`) to the training mode of its
 /// counterpart. train() is recursive, so setting the flags parents first leaves each its own.
-inline void copy_training_modes(const Module& source, Module& target) {
+TESSERA_API void copy_training_modes(const Module& source, Module& target);
+#if TESSERA_DEFINITIONS
+TESSERA_API void copy_training_modes(const Module& source, Module& target) {
   std::unordered_map<std::string, Module> target_modules;
   for (auto& [name, module] : target.named_modules()) target_modules.emplace(name, module);
   for (const auto& [name, module] : source.named_modules()) {
@@ -499,10 +537,13 @@ inline void copy_training_modes(const Module& source, Module& target) {
     }
   }
 }
+#endif
 
 /// Gives `target` (same structure as `source`, on any device) source's values, buffers,
 /// requires_grad flags and training modes. Gradients are not copied.
-inline void copy_module_state(const Module& source, Module& target) {
+TESSERA_API void copy_module_state(const Module& source, Module& target);
+#if TESSERA_DEFINITIONS
+TESSERA_API void copy_module_state(const Module& source, Module& target) {
   target.load_state_dict(source.state_dict(), true);
   std::unordered_map<std::string, ParameterRef> target_parameters;
   for (auto& [name, parameter] : target.named_parameters()) target_parameters[name] = parameter;
@@ -513,6 +554,7 @@ inline void copy_module_state(const Module& source, Module& target) {
   }
   copy_training_modes(source, target);
 }
+#endif
 
 /// `make()` (called with `device` current for its kind and initialisation skipped), then
 /// filled with `source`'s state.

@@ -108,31 +108,13 @@ class adam_base : public Optimizer {
   const AnyTensor& exp_avg_sq(std::size_t i) const { return state_.at(i).exp_avg_sq; }
   const AnyTensor& max_exp_avg_sq(std::size_t i) const { return state_.at(i).max_exp_avg_sq; }
 
-  void step() override {
-    validate(options_, name_);
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-      with_typed(i, [&](auto value, auto grad) { update(i, value, grad); });
-    }
-  }
+  // Defined below the class, not inline: in compiled mode the library instantiates Adam's and
+  // AdamW's (TESSERA_INSTANTIATE), and a user's unit compiles no update for any dtype.
+  void step() override;
 
   /// Throws std::invalid_argument as PyTorch does: lr < 0, eps < 0, a beta outside [0, 1),
   /// weight_decay < 0.
-  static void validate(const Options& o, const std::string& name) {
-    auto text = [](double v) { return std::to_string(v); };
-    if (!(o.lr >= 0.0)) throw std::invalid_argument(name + ": invalid learning rate " + text(o.lr));
-    if (!(o.eps >= 0.0))
-      throw std::invalid_argument(name + ": invalid epsilon value " + text(o.eps));
-    for (int k = 0; k < 2; ++k) {
-      if (!(o.betas[k] >= 0.0 && o.betas[k] < 1.0)) {
-        throw std::invalid_argument(name + ": invalid beta parameter at index " +
-                                    std::to_string(k) + ": " + text(o.betas[k]) +
-                                    " (expected 0 <= beta < 1)");
-      }
-    }
-    if (!(o.weight_decay >= 0.0)) {
-      throw std::invalid_argument(name + ": invalid weight_decay value " + text(o.weight_decay));
-    }
-  }
+  static void validate(const Options& o, const std::string& name);
 
  private:
   struct parameter_state {
@@ -195,6 +177,33 @@ class adam_base : public Optimizer {
   Options options_;
   std::vector<parameter_state> state_;
 };
+
+template <class Options, bool Decoupled>
+void adam_base<Options, Decoupled>::step() {
+  validate(options_, name_);
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    with_typed(i, [&](auto value, auto grad) { update(i, value, grad); });
+  }
+}
+
+template <class Options, bool Decoupled>
+void adam_base<Options, Decoupled>::validate(const Options& o, const std::string& name) {
+  auto text = [](double v) { return std::to_string(v); };
+  if (!(o.lr >= 0.0)) throw std::invalid_argument(name + ": invalid learning rate " + text(o.lr));
+  if (!(o.eps >= 0.0)) throw std::invalid_argument(name + ": invalid epsilon value " + text(o.eps));
+  for (int k = 0; k < 2; ++k) {
+    if (!(o.betas[k] >= 0.0 && o.betas[k] < 1.0)) {
+      throw std::invalid_argument(name + ": invalid beta parameter at index " + std::to_string(k) +
+                                  ": " + text(o.betas[k]) + " (expected 0 <= beta < 1)");
+    }
+  }
+  if (!(o.weight_decay >= 0.0)) {
+    throw std::invalid_argument(name + ": invalid weight_decay value " + text(o.weight_decay));
+  }
+}
+
+TESSERA_INSTANTIATE(class adam_base<AdamOptions, false>)
+TESSERA_INSTANTIATE(class adam_base<AdamWOptions, true>)
 
 }  // namespace detail
 

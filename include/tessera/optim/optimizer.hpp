@@ -135,12 +135,7 @@ class Optimizer {
 
   /// Zeroes every existing gradient in place (nothing is allocated; parameters without a
   /// gradient keep none).
-  void zero_grad() {
-    for (const auto& parameter : parameters_) {
-      const AnyTensor grad = parameter.grad();
-      if (grad.defined()) grad.visit([](auto typed) { typed.zero_(); });
-    }
-  }
+  void zero_grad();
 
   const std::vector<nn::ParameterRef>& parameters() const noexcept { return parameters_; }
   const std::string& name() const noexcept { return name_; }
@@ -222,5 +217,14 @@ class Optimizer {
     }
   }
 };
+
+#if TESSERA_DEFINITIONS
+TESSERA_API void Optimizer::zero_grad() {
+  for (const auto& parameter : parameters_) {
+    const AnyTensor grad = parameter.grad();
+    if (grad.defined()) grad.visit([](auto typed) { typed.zero_(); });
+  }
+}
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera::optim

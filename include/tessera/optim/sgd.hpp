@@ -131,33 +131,9 @@ class SGD : public Optimizer {
   /// Parameter i's momentum buffer (undefined before its first step, or without momentum).
   const AnyTensor& momentum_buffer(std::size_t i) const { return momentum_buffers_.at(i); }
 
-  void step() override {
-    validate(options_);
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-      with_typed(i, [&](auto value, auto grad) { update(i, value, grad); });
-    }
-  }
+  void step() override;
 
-  static void validate(const SGDOptions& o) {
-    if (std::isnan(o.lr)) {
-      throw std::invalid_argument("SGD: the learning rate is not set; give options.lr");
-    }
-    if (!(o.lr >= 0.0)) throw std::invalid_argument("SGD: invalid learning rate " + str(o.lr));
-    if (!(o.momentum >= 0.0)) {
-      throw std::invalid_argument("SGD: invalid momentum value " + str(o.momentum));
-    }
-    if (!(o.dampening >= 0.0)) {
-      throw std::invalid_argument("SGD: invalid dampening value " + str(o.dampening));
-    }
-    if (!(o.weight_decay >= 0.0)) {
-      throw std::invalid_argument("SGD: invalid weight_decay value " + str(o.weight_decay));
-    }
-    if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0)) {
-      throw std::invalid_argument(
-          "SGD: Nesterov momentum requires a momentum and zero dampening (momentum " +
-          str(o.momentum) + ", dampening " + str(o.dampening) + ")");
-    }
-  }
+  static void validate(const SGDOptions& o);
 
  private:
   static std::string str(double v) { return std::to_string(v); }
@@ -191,5 +167,35 @@ class SGD : public Optimizer {
   SGDOptions options_;
   std::vector<AnyTensor> momentum_buffers_;
 };
+
+#if TESSERA_DEFINITIONS
+TESSERA_API void SGD::step() {
+  validate(options_);
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    with_typed(i, [&](auto value, auto grad) { update(i, value, grad); });
+  }
+}
+
+TESSERA_API void SGD::validate(const SGDOptions& o) {
+  if (std::isnan(o.lr)) {
+    throw std::invalid_argument("SGD: the learning rate is not set; give options.lr");
+  }
+  if (!(o.lr >= 0.0)) throw std::invalid_argument("SGD: invalid learning rate " + str(o.lr));
+  if (!(o.momentum >= 0.0)) {
+    throw std::invalid_argument("SGD: invalid momentum value " + str(o.momentum));
+  }
+  if (!(o.dampening >= 0.0)) {
+    throw std::invalid_argument("SGD: invalid dampening value " + str(o.dampening));
+  }
+  if (!(o.weight_decay >= 0.0)) {
+    throw std::invalid_argument("SGD: invalid weight_decay value " + str(o.weight_decay));
+  }
+  if (o.nesterov && (o.momentum <= 0.0 || o.dampening != 0.0)) {
+    throw std::invalid_argument(
+        "SGD: Nesterov momentum requires a momentum and zero dampening (momentum " +
+        str(o.momentum) + ", dampening " + str(o.dampening) + ")");
+  }
+}
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera::optim

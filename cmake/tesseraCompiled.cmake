@@ -1,0 +1,23 @@
+# tessera::compiled, Tessera's optional compiled mode: a static library made of one translation
+# unit (tessera_compiled.cpp beside this file) that compiles, once, the machinery that does not
+# depend on a user's types; a program linking it gets only declarations of that machinery from
+# the headers (TESSERA_COMPILED=1), so each of its units compiles less. Header-only use
+# (tessera::tessera alone) is unchanged. The library is built inside the user's project, with
+# the user's compiler and flags, from the source installed with the package.
+# Used by Tessera's CMakeLists.txt and by the installed tesseraConfig.cmake.
+function(tessera_add_compiled_library source with_cuda)
+  if(TARGET tessera_compiled)
+    return()
+  endif()
+  add_library(tessera_compiled STATIC ${source})
+  add_library(tessera::compiled ALIAS tessera_compiled)
+  target_link_libraries(tessera_compiled PUBLIC tessera::tessera)
+  target_compile_definitions(tessera_compiled PUBLIC TESSERA_COMPILED=1
+                                              PRIVATE TESSERA_IMPLEMENTATION=1)
+  if(with_cuda)
+    # nvcc compiles the library, so the optimisers' update kernels and every other CUDA path it
+    # holds are real kernels, callable from g++ units as well.
+    set_source_files_properties(${source} PROPERTIES LANGUAGE CUDA)
+    target_compile_options(tessera_compiled PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+  endif()
+endfunction()
