@@ -16,3 +16,15 @@
 #include "tessera/nn.hpp"
 #include "tessera/optim.hpp"
 #include "tessera/tensor.hpp"
+
+// Compiled mode (core/config.hpp): the class templates every program instantiates for the same
+// arguments are compiled once, in tessera::compiled, and only declared to its users' units. Here,
+// after every header, so that each member's definition is visible to the library's explicit
+// instantiation.
+TESSERA_INSTANTIATE(class tessera::Tensor<float, tessera::cpu>)
+TESSERA_INSTANTIATE(class tessera::Tensor<double, tessera::cpu>)
+TESSERA_INSTANTIATE(class tessera::Tensor<std::int64_t, tessera::cpu>)
+TESSERA_INSTANTIATE(class tessera::memory::pool_resource<
+                    tessera::memory::limit_resource_adaptor<tessera::memory::host_memory_resource>,
+                    tessera::memory::pytorch_size_policy, tessera::memory::host_stream_policy>)
+TESSERA_INSTANTIATE(struct tessera::detail::safetensors::codec<0>)
