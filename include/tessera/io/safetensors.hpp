@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <array>
 #include <bit>
 #include <cerrno>
 #include <cstdint>
@@ -88,13 +89,15 @@ struct codec {
     return "?";
   }
 
-  static constexpr ScalarType all_dtypes[] = {
+  // Sized std::arrays: nvcc's front end cannot range-for over an unsized static array member of
+  // a class template when the class is explicitly instantiated (compiled mode under CUDA).
+  static constexpr std::array<ScalarType, 10> all_dtypes = {
       ScalarType::float64, ScalarType::float32, ScalarType::float16, ScalarType::bfloat16,
       ScalarType::int64,   ScalarType::int32,   ScalarType::int16,   ScalarType::int8,
       ScalarType::uint8,   ScalarType::boolean};
 
   /// Dtypes the format defines that Tessera has no element type for (named in the error).
-  static constexpr std::string_view unsupported_dtypes[] = {
+  static constexpr std::array<std::string_view, 10> unsupported_dtypes = {
       "U16", "U32", "U64", "F8_E5M2", "F8_E4M3", "F8_E8M0", "F6_E2M3", "F6_E3M2", "F4", "C64"};
 
   /// Shortens text taken from a file for a message (a name may be megabytes long), keeping whole
