@@ -12,7 +12,6 @@
 #include <cstdint>
 #include <limits>
 #include <memory>
-#include <mutex>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -272,21 +271,24 @@ typename Op::acc_type fold_all(std::int64_t count, Get&& get) {
 }
 
 /// Splits [0, n) over parallel_for's threads; chunk(first, last) returns the accumulator of its
-/// range. Partials are merged in index order, so the result depends only on the thread count.
+/// range. Each chunk's partial has its own slot, merged in index order, so the result depends only
+/// on the thread count.
 template <class Op, class Chunk>
 typename Op::acc_type reduce_chunks(std::int64_t n, std::int64_t grain, Chunk&& chunk) {
   using acc_type = typename Op::acc_type;
-  std::vector<std::pair<std::int64_t, acc_type>> partials;
-  std::mutex mutex;
-  parallel_for(0, n, grain, [&](std::int64_t first, std::int64_t last) {
-    const acc_type partial = chunk(first, last);
-    std::lock_guard<std::mutex> lock(mutex);
-    partials.emplace_back(first, partial);
-  });
-  std::sort(partials.begin(), partials.end(),
-            [](const auto& a, const auto& b) { return a.first < b.first; });
+  const std::int64_t chunks = detail::planned_chunks(n, grain);
+  // A single chunk is merged into the identity too, as several are below (a sum of -0.0 gives
+  // +0.0 either way).
+  if (chunks <= 1) return Op::merge(Op::identity(), chunk(0, n));
+  // Not std::vector: acc_type may be bool.
+  const auto partials = std::make_unique<acc_type[]>(static_cast<std::size_t>(chunks));
+  for (std::int64_t c = 0; c < chunks; ++c) partials[c] = Op::identity();
+  auto body = [&](std::int64_t c, std::int64_t first, std::int64_t last) {
+    partials[c] = chunk(first, last);
+  };
+  detail::run_chunks(0, n, chunks, body);
   acc_type total = Op::identity();
-  for (const auto& partial : partials) total = Op::merge(total, partial.second);
+  for (std::int64_t c = 0; c < chunks; ++c) total = Op::merge(total, partials[c]);
   return total;
 }
 
