@@ -222,11 +222,34 @@ class cascade {
   std::uint64_t pushes_ = 0;
 };
 
-/// The merge of get(0) .. get(count - 1) (each already lifted to Op::acc_type) for a count of at
-/// most reduce_block (any count for an exact Op): reduce_lanes independent accumulators (the
-/// loop the compiler vectorises), then a tree over the lanes.
+/// True when Op's result depends on the positions lifted with each element (argmax, argmin).
+template <class Op>
+inline constexpr bool uses_positions = requires(typename Op::acc_type acc) { acc.index; };
+
+/// Element j of a run of the expression, lifted to Op's accumulator: the value at
+/// Access{offset + j} (linear_access, or row_access in a row placed by bind_row), at position
+/// index + j (times index_step when Strided). One type per (Op, expression, access kind), so every
+/// loop that folds such runs shares one fold_block.
+template <class Op, class V, class Evaluator, class Access, bool Strided = false>
+struct run_reader {
+  const Evaluator* evaluator;
+  std::int64_t offset;
+  std::int64_t index;
+  std::int64_t index_step = 1;
+
+  typename Op::acc_type operator()(std::int64_t j) const {
+    const std::int64_t position = Strided ? index + j * index_step : index + j;
+    return Op::lift(read_as<V>(*evaluator, Access{offset + j}), position);
+  }
+};
+
+/// The merge of get(first) .. get(first + count - 1) (each already lifted to Op::acc_type) for a
+/// count of at most reduce_block (any count for an exact Op): reduce_lanes independent
+/// accumulators (the loop the compiler vectorises), then a tree over the lanes. Out of line: one
+/// copy per reader, however many loops call it (a call per block costs little).
 template <class Op, class Get>
-typename Op::acc_type fold_block(std::int64_t count, Get&& get) {
+TESSERA_CPU_OUT_OF_LINE typename Op::acc_type fold_block(const Get& get, std::int64_t first,
+                                                         std::int64_t count) {
   using acc_type = typename Op::acc_type;
   acc_type total = Op::identity();
   const std::int64_t full = count - count % reduce_lanes;
@@ -234,40 +257,45 @@ typename Op::acc_type fold_block(std::int64_t count, Get&& get) {
     acc_type lane[reduce_lanes];
     for (auto& a : lane) a = Op::identity();
     for (std::int64_t k = 0; k < full; k += reduce_lanes) {
-      for (int l = 0; l < reduce_lanes; ++l) lane[l] = Op::step(lane[l], get(k + l));
+      for (int l = 0; l < reduce_lanes; ++l) lane[l] = Op::step(lane[l], get(first + k + l));
     }
     for (int width = reduce_lanes / 2; width > 0; width /= 2) {
       for (int l = 0; l < width; ++l) lane[l] = Op::merge(lane[l], lane[l + width]);
     }
     total = lane[0];
   }
-  for (std::int64_t j = full; j < count; ++j) total = Op::step(total, get(j));
+  for (std::int64_t j = full; j < count; ++j) total = Op::step(total, get(first + j));
   return total;
 }
 
 /// Folds get(0) .. get(count - 1) into `sums`, one block at a time (exact operators in one
 /// block: fewer merges, and each lane's running best changes rarely, so its branch predicts).
 template <class Op, class Get>
-void fold(cascade<Op>& sums, std::int64_t count, Get&& get) {
+void fold(cascade<Op>& sums, const Get& get, std::int64_t count) {
   // The loop in the else branch, not after a return: nvcc warns (#128, an error under
   // -Werror=all-warnings) about a loop it cannot reach.
   if constexpr (Op::exact) {
-    if (count > 0) sums.push(fold_block<Op>(count, get));
+    if (count > 0) sums.push(fold_block<Op>(get, 0, count));
   } else {
     for (std::int64_t first = 0; first < count; first += reduce_block) {
-      sums.push(fold_block<Op>(std::min(reduce_block, count - first),
-                               [&](std::int64_t j) { return get(first + j); }));
+      sums.push(fold_block<Op>(get, first, std::min(reduce_block, count - first)));
     }
   }
 }
 
 /// The merge of get(0) .. get(count - 1): one block directly, longer runs through a cascade.
 template <class Op, class Get>
-typename Op::acc_type fold_all(std::int64_t count, Get&& get) {
-  if (Op::exact || count <= reduce_block) return fold_block<Op>(count, get);
+typename Op::acc_type fold_all(const Get& get, std::int64_t count) {
+  if (Op::exact || count <= reduce_block) return fold_block<Op>(get, 0, count);
   cascade<Op> sums;
-  fold(sums, count, get);
+  fold(sums, get, count);
   return sums.result();
+}
+
+/// fold_all over a lambda get(j) (softmax's rows).
+template <class Op, class Get>
+typename Op::acc_type fold_all_of(std::int64_t count, Get&& get) {
+  return fold_all<Op>(get, count);
 }
 
 /// Splits [0, n) over parallel_for's threads; chunk(first, last) returns the accumulator of its
@@ -508,12 +536,10 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
   }
   if (all_row_major(shape, leaf_strides)) {
     const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    using reader = run_reader<Op, V, std::remove_cvref_t<decltype(evaluator)>, linear_access>;
     const acc_type total =
         reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
-          return fold_all<Op>(last - first, [&](std::int64_t j) {
-            const std::int64_t i = first + j;
-            return Op::lift(read_as<V>(evaluator, linear_access{i}), i);
-          });
+          return fold_all<Op>(reader{&evaluator, first, first}, last - first);
         });
     *out = Finish::template apply<Out>(total, n);
     return;
@@ -534,6 +560,9 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
   const std::int64_t inner = extents[rank - 1];
   const std::int64_t position_step = strides[0][rank - 1];
   const auto prototype = make_evaluator(strides.data() + 1, rank);
+  // Positions step through the logical order; only argmax and argmin read them.
+  using reader = run_reader<Op, V, std::remove_cvref_t<decltype(prototype)>, row_access,
+                            uses_positions<Op>>;
   const acc_type total =
       reduce_chunks<Op>(n, grain_size, [&](std::int64_t first, std::int64_t last) {
         auto evaluator = prototype;
@@ -548,10 +577,9 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
           std::int64_t row_position = 0;
           for (int d = 0; d + 1 < rank; ++d) row_position += index[d] * strides[0][d];
           evaluator.bind_row(index);
-          fold(sums, length, [&](std::int64_t j) {
-            return Op::lift(read_as<V>(evaluator, row_access{column + j}),
-                            row_position + (column + j) * position_step);
-          });
+          fold(sums,
+               reader{&evaluator, column, row_position + column * position_step, position_step},
+               length);
           i += length;
           index[rank - 1] = 0;
           next_index(index, extents, rank - 1);
@@ -587,17 +615,19 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
   }
   const bool few_outputs = outputs < tessera::cpu::num_threads() && extent >= 2 * grain_size;
 
-  // Reads row o: its element r through a linear index, or through a row placed by bind_row.
-  auto run_rows = [&](const auto& prototype, auto place_row, auto access) {
+  // Folds every row: place_row(evaluator, o, first) places row o and returns the reader of its
+  // elements from `first` on. Few outputs split each row over the threads; otherwise each
+  // thread takes whole rows.
+  auto run_rows = [&](const auto& prototype, auto place_row) {
+    auto fold_row = [&](auto& evaluator, std::int64_t o, std::int64_t first, std::int64_t last) {
+      return fold_all<Op>(place_row(evaluator, o, first), last - first);
+    };
     if (few_outputs) {
       for (std::int64_t o = 0; o < outputs; ++o) {
         const acc_type total =
             reduce_chunks<Op>(extent, grain_size, [&](std::int64_t first, std::int64_t last) {
               auto evaluator = prototype;
-              place_row(evaluator, o);
-              return fold_all<Op>(last - first, [&](std::int64_t j) {
-                return Op::lift(read_as<V>(evaluator, access(o, first + j)), first + j);
-              });
+              return fold_row(evaluator, o, first, last);
             });
         out[o] = Finish::template apply<Out>(total, extent);
       }
@@ -607,11 +637,7 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
                  [&](std::int64_t first, std::int64_t last) {
                    auto evaluator = prototype;
                    for (std::int64_t o = first; o < last; ++o) {
-                     place_row(evaluator, o);
-                     const acc_type total = fold_all<Op>(extent, [&](std::int64_t r) {
-                       return Op::lift(read_as<V>(evaluator, access(o, r)), r);
-                     });
-                     out[o] = Finish::template apply<Out>(total, extent);
+                     out[o] = Finish::template apply<Out>(fold_row(evaluator, o, 0, extent), extent);
                    }
                  });
   };
@@ -622,9 +648,10 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
     // Rows are contiguous and every leaf reads at the same linear index: element r of row o is
     // o * extent + r.
     const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-    run_rows(
-        evaluator, [](auto&, std::int64_t) {},
-        [extent](std::int64_t o, std::int64_t r) { return linear_access{o * extent + r}; });
+    using reader = run_reader<Op, V, std::remove_cvref_t<decltype(evaluator)>, linear_access>;
+    run_rows(evaluator, [extent](const auto& e, std::int64_t o, std::int64_t first) {
+      return reader{&e, o * extent + first, first};
+    });
     return;
   }
 
@@ -634,14 +661,13 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
   if (!layout.kept_is_inner() || few_outputs) {
     const auto strides = layout.dim_innermost();
     const auto evaluator = make_evaluator(strides.data(), kept_rank + 1);
-    run_rows(
-        evaluator,
-        [&kept](auto& e, std::int64_t o) {
-          std::int64_t index[max_dims] = {};
-          unravel(o, kept, index);
-          e.bind_row(index);
-        },
-        [](std::int64_t, std::int64_t r) { return row_access{r}; });
+    using reader = run_reader<Op, V, std::remove_cvref_t<decltype(evaluator)>, row_access>;
+    run_rows(evaluator, [&kept](auto& e, std::int64_t o, std::int64_t first) {
+      std::int64_t index[max_dims] = {};
+      unravel(o, kept, index);
+      e.bind_row(index);
+      return reader{&e, first, first};
+    });
     return;
   }
 
@@ -717,9 +743,9 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
 
   // One row: x(r) reads element r, slot(r) is its output element.
   auto softmax_row = [](std::int64_t length, auto&& x, auto&& slot) {
-    const A m = fold_all<max_op<A>>(length, [&](std::int64_t r) { return x(r); });
+    const A m = fold_all_of<max_op<A>>(length, [&](std::int64_t r) { return x(r); });
     if constexpr (keep_exponentials) {
-      const A s = fold_all<sum_op<A>>(length, [&](std::int64_t r) {
+      const A s = fold_all_of<sum_op<A>>(length, [&](std::int64_t r) {
         const A e = ops::exp{}(A(x(r) - m));
         slot(r) = e;
         return e;
@@ -727,7 +753,7 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
       for (std::int64_t r = 0; r < length; ++r) slot(r) = A(slot(r) / s);
     } else {
       const A s =
-          fold_all<sum_op<A>>(length, [&](std::int64_t r) { return ops::exp{}(A(x(r) - m)); });
+          fold_all_of<sum_op<A>>(length, [&](std::int64_t r) { return ops::exp{}(A(x(r) - m)); });
       if constexpr (Log) {
         const A log_s = ops::log{}(s);
         for (std::int64_t r = 0; r < length; ++r) slot(r) = store_cast<F>(A(x(r) - m - log_s));
