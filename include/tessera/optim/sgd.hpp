@@ -131,7 +131,9 @@ class SGD : public Optimizer {
   /// Parameter i's momentum buffer (undefined before its first step, or without momentum).
   const AnyTensor& momentum_buffer(std::size_t i) const { return momentum_buffers_.at(i); }
 
-  void step() override;
+  // TESSERA_API (inline) header-only: a virtual function declared without it would be SGD's key
+  // function, and every unit would then emit SGD's vtable and the update of every dtype.
+  TESSERA_API void step() override;
 
   static void validate(const SGDOptions& o);
 
