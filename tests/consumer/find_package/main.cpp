@@ -1,6 +1,8 @@
 // An installed Tessera, used the way the README tells users to: one include, `ts::`.
 #include <tessera/tessera.hpp>
 
+#include "../training_step.hpp"
+
 #include <iostream>
 
 namespace ts = tessera;
@@ -16,25 +18,7 @@ int main() {
     std::cerr << "find_package consumer: ones({2, 3}) is wrong\n";
     return 1;
   }
-  // A training step: the autograd program, the module and the optimiser are what the compiled
-  // mode (tessera::compiled) compiles in its library, so this links against it there.
-  ts::nn::Linear<float> layer(3, 1);
-  auto step = ts::autograd::compile(
-      [&](ts::autograd::Var<float> in) { return ts::nn::mse_loss(layer.forward(in), ts::zeros<float>({2, 1})); },
-      ts::autograd::input<float>({2, 3}));
-  ts::optim::SGD sgd(layer.parameters(), {.lr = 0.1});
-  float first = 0, last = 0;
-  for (int i = 0; i < 5; ++i) {
-    sgd.zero_grad();
-    last = step.forward(x).item();
-    if (i == 0) first = last;
-    step.backward();
-    sgd.step();
-  }
-  if (!(last < first)) {
-    std::cerr << "find_package consumer: the loss did not fall (" << first << " -> " << last << ")\n";
-    return 1;
-  }
+  if (!loss_falls(x, "find_package consumer")) return 1;
   std::cout << "find_package consumer: ok\n";
   return 0;
 }
