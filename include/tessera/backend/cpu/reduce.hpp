@@ -292,12 +292,6 @@ typename Op::acc_type fold_all(const Get& get, std::int64_t count) {
   return sums.result();
 }
 
-/// fold_all over a lambda get(j) (softmax's rows).
-template <class Op, class Get>
-typename Op::acc_type fold_all_of(std::int64_t count, Get&& get) {
-  return fold_all<Op>(get, count);
-}
-
 /// Splits [0, n) over parallel_for's threads; chunk(first, last) returns the accumulator of its
 /// range. Each chunk's partial has its own slot, merged in index order, so the result depends only
 /// on the thread count.
@@ -743,17 +737,19 @@ void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& 
 
   // One row: x(r) reads element r, slot(r) is its output element.
   auto softmax_row = [](std::int64_t length, auto&& x, auto&& slot) {
-    const A m = fold_all_of<max_op<A>>(length, [&](std::int64_t r) { return x(r); });
+    const A m = fold_all<max_op<A>>([&](std::int64_t r) { return x(r); }, length);
     if constexpr (keep_exponentials) {
-      const A s = fold_all_of<sum_op<A>>(length, [&](std::int64_t r) {
-        const A e = ops::exp{}(A(x(r) - m));
-        slot(r) = e;
-        return e;
-      });
+      const A s = fold_all<sum_op<A>>(
+          [&](std::int64_t r) {
+            const A e = ops::exp{}(A(x(r) - m));
+            slot(r) = e;
+            return e;
+          },
+          length);
       for (std::int64_t r = 0; r < length; ++r) slot(r) = A(slot(r) / s);
     } else {
       const A s =
-          fold_all_of<sum_op<A>>(length, [&](std::int64_t r) { return ops::exp{}(A(x(r) - m)); });
+          fold_all<sum_op<A>>([&](std::int64_t r) { return ops::exp{}(A(x(r) - m)); }, length);
       if constexpr (Log) {
         const A log_s = ops::log{}(s);
         for (std::int64_t r = 0; r < length; ++r) slot(r) = store_cast<F>(A(x(r) - m - log_s));
