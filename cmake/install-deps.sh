@@ -17,7 +17,7 @@ usage() {
 }
 
 demo_packages=(cmake ninja-build g++)
-test_packages=(catch2 python3-numpy python3-torch libopenblas-dev ccache libbenchmark-dev)
+test_packages=(catch2 python3-numpy python3-torch libopenblas-openmp-dev ccache libbenchmark-dev)
 bench_packages=(libtorch-dev libeigen3-dev libbenchmark-dev)
 
 # Python test oracles from PyPI (not Debian): `safetensors` (the official reader and writer) for

@@ -23,6 +23,13 @@ ts::Tensor<float> iota(const ts::Shape& shape) {
 }
 }  // namespace
 
+TEST_CASE("tensors with no elements are contiguous, as in PyTorch", "[tensor]") {
+  CHECK(ts::zeros<float>({4, 0}).is_contiguous());
+  CHECK(ts::zeros<float>({0, 3}).transpose(0, 1).is_contiguous());
+  CHECK(ts::zeros<float>({2, 0, 3}).permute({2, 0, 1}).is_contiguous());
+  CHECK_FALSE(ts::zeros<float>({2, 3}).transpose(0, 1).is_contiguous());
+}
+
 TEST_CASE("factories fill, shape and device", "[tensor]") {
   auto z = ts::zeros<float>({2, 3});
   CHECK(z.shape() == ts::Shape{2, 3});

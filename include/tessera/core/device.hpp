@@ -9,6 +9,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <ostream>
 #include <string>
 #include <string_view>
@@ -47,7 +48,7 @@ inline int& current_cpu_device_slot() noexcept {
 }  // namespace detail
 
 /// The CPU device kind. Virtual CPU devices share the host's memory but each has its own pool,
-/// statistics and (later) worker, like JAX's forced host device count.
+/// statistics, current stream and share of the cores, like JAX's forced host device count.
 struct cpu {
   static constexpr DeviceType type = DeviceType::cpu;
   static constexpr const char* name = "cpu";
@@ -64,11 +65,19 @@ struct cpu {
   static void set_device(int index);
   /// CPU work is synchronous for now; kept so device-agnostic code can call it.
   static void synchronize(int index = -1);
-  /// Threads a CPU device's loops use: set_num_threads's value, else the cores divided among
-  /// the virtual devices (at least 1).
+  /// Threads the calling thread's CPU loops (and BLAS calls) use now: the setting of its current
+  /// CPU device if set_num_threads(threads, device) gave one; else the process's threads
+  /// (set_num_threads(threads), default: every core) divided among the devices that Tessera's
+  /// runtime drives at once (parallel::DeviceThreads, collectives, DataParallel), at least 1.
   static int num_threads();
-  /// Sets the threads every CPU device's loops use (std::invalid_argument below 1).
+  /// Sets the threads CPU work may use in all (like torch.set_num_threads); devices run
+  /// concurrently share them. std::invalid_argument below 1.
   static void set_num_threads(int threads);
+  /// Sets the threads the loops of CPU device `device` use, whatever else runs (0 removes the
+  /// setting). std::invalid_argument below 0, device_error for a device that does not exist.
+  static void set_num_threads(int threads, int device);
+  /// The machine's online cores (read once).
+  static int core_count();
 };
 
 /// The CUDA device kind. Every query treats "no driver" and "no device" as "not available".
@@ -198,15 +207,40 @@ inline void cpu::set_device(int index) {
 }
 
 namespace detail {
-inline std::atomic<int>& cpu_thread_setting() {
-  static std::atomic<int> threads{0};  // 0: the default share of the cores
-  return threads;
+/// The thread settings of the CPU devices: the process's threads (0: every core) and one per
+/// device (0: none).
+struct cpu_thread_settings {
+  std::atomic<int> process{0};
+  std::unique_ptr<std::atomic<int>[]> device;
+  cpu_thread_settings() : device(new std::atomic<int>[static_cast<std::size_t>(cpu::device_count())]()) {}
+};
+inline cpu_thread_settings& cpu_threads() {
+  static cpu_thread_settings settings;
+  return settings;
 }
+/// How many devices the runtime is driving at once in the group the calling thread belongs to
+/// (1 outside such a group); set by cpu_share_scope.
+inline int& concurrent_cpu_devices() noexcept {
+  thread_local int devices = 1;
+  return devices;
+}
+/// RAII for the runtime's device threads: while it lives, the calling thread is one of `devices`
+/// threads driving devices at once, and its loops get that share of the process's threads.
+class cpu_share_scope {
+ public:
+  explicit cpu_share_scope(int devices) noexcept : previous_(concurrent_cpu_devices()) {
+    concurrent_cpu_devices() = std::max(1, devices);
+  }
+  ~cpu_share_scope() { concurrent_cpu_devices() = previous_; }
+  cpu_share_scope(const cpu_share_scope&) = delete;
+  cpu_share_scope& operator=(const cpu_share_scope&) = delete;
+
+ private:
+  int previous_;
+};
 }  // namespace detail
 
-inline int cpu::num_threads() {
-  int set = detail::cpu_thread_setting().load(std::memory_order_relaxed);
-  if (set > 0) return set;
+inline int cpu::core_count() {
   // sysconf, not std::thread::hardware_concurrency: <thread> costs every user compile time.
   // Read once: glibc answers it by reading /sys/devices/system/cpu/online (open, read, close:
   // tens of microseconds), and every parallel loop asks.
@@ -214,7 +248,17 @@ inline int cpu::num_threads() {
     const long online = sysconf(_SC_NPROCESSORS_ONLN);
     return online > 0 ? static_cast<int>(online) : 1;
   }();
-  return std::max(1, cores / device_count());
+  return cores;
+}
+
+inline int cpu::num_threads() {
+  detail::cpu_thread_settings& settings = detail::cpu_threads();
+  const int device = detail::current_cpu_device_slot();
+  const int own = settings.device[static_cast<std::size_t>(device)].load(std::memory_order_relaxed);
+  if (own > 0) return own;
+  const int set = settings.process.load(std::memory_order_relaxed);
+  const int total = set > 0 ? set : core_count();
+  return std::max(1, total / detail::concurrent_cpu_devices());
 }
 
 inline void cpu::set_num_threads(int threads) {
@@ -222,7 +266,18 @@ inline void cpu::set_num_threads(int threads) {
     throw std::invalid_argument("cpu::set_num_threads: " + std::to_string(threads) +
                                 " threads requested; at least 1 is needed");
   }
-  detail::cpu_thread_setting().store(threads, std::memory_order_relaxed);
+  detail::cpu_threads().process.store(threads, std::memory_order_relaxed);
+}
+
+inline void cpu::set_num_threads(int threads, int device) {
+  if (threads < 0) {
+    throw std::invalid_argument("cpu::set_num_threads: " + std::to_string(threads) +
+                                " threads requested for cpu:" + std::to_string(device) +
+                                "; at least 1 is needed (0 removes the setting)");
+  }
+  check_device(Device{DeviceType::cpu, device});
+  detail::cpu_threads().device[static_cast<std::size_t>(device)].store(threads,
+                                                                      std::memory_order_relaxed);
 }
 
 inline void cpu::synchronize(int index) {

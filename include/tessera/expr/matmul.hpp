@@ -211,7 +211,7 @@ void matmul_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b
       backend::cuda::gemm<T>(a.device_index(), plan.batch, plan.m, n, k, lhs.data(),
                              plan.a.transposed, plan.a.ld, lhs.batch_stride, rhs.data(),
                              plan.b.transposed, plan.b.ld, rhs.batch_stride, out.data(), n, m * n,
-                             stream_ref{}, accumulate);
+                             tessera::detail::current_cuda_stream(), accumulate);
     } else {
       throw dtype_error(std::string("matmul: cuBLAS has no ") + dtype_name<T>() + " GEMM here");
     }

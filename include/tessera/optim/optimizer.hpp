@@ -70,7 +70,8 @@ void for_each_element(const char* optimiser, Device device, std::int64_t n, cons
     profiler::count_launch();
     if (n == 0) return;
     DeviceGuard<tessera::cuda> guard(device.index);
-    update_kernel<<<backend::cuda::grid_for(n), backend::cuda::threads_per_block>>>(n, update);
+    update_kernel<<<backend::cuda::grid_for(n), backend::cuda::threads_per_block, 0,
+                    tessera::detail::current_cuda_stream().native()>>>(n, update);
     TESSERA_CUDA_CHECK(cudaGetLastError());
 #else
     (void)n;

@@ -184,6 +184,18 @@ class Tensor {
   T* data() const noexcept { return static_cast<T*>(storage_.data()) + offset_; }
   const Storage& storage() const noexcept { return storage_; }
   std::int64_t storage_offset() const noexcept { return offset_; }
+  /// Marks this tensor's memory as used by work queued on `stream` (PyTorch's record_stream):
+  /// when the last handle to its storage goes, the pool hands the block out again only after the
+  /// work queued on `stream` until then is done. `stream` must be on this tensor's device
+  /// (device_mismatch_error naming both). On CPU, whose work is synchronous, nothing waits.
+  void record_stream(const Stream& stream) const {
+    require_defined("record_stream");
+    if (stream.device() != device()) {
+      throw device_mismatch_error("record_stream: the tensor is on " + device().str() +
+                                  ", the stream on " + stream.device().str());
+    }
+    if (storage_.data() != nullptr) memory::record_stream(device(), storage_.data(), stream.ref());
+  }
   /// True when both tensors view the same storage (PyTorch: `a.untyped_storage() is ...`).
   template <class U, class K2>
   bool shares_storage_with(const Tensor<U, K2>& other) const noexcept {

@@ -20,8 +20,12 @@
 namespace tessera::backend::cpu {
 
 /// True when `strides` lay `shape` out row-major without gaps (extent-1 dimensions may have any
-/// stride): the condition for walking an operand with a linear index.
+/// stride; a shape with no elements is row-major whatever its strides, as PyTorch's contiguity):
+/// the condition for walking an operand with a linear index.
 inline bool is_row_major(const Shape& shape, const Strides& strides) {
+  for (int d = 0; d < shape.size(); ++d) {
+    if (shape[d] == 0) return true;
+  }
   std::int64_t expected = 1;
   for (int d = shape.size() - 1; d >= 0; --d) {
     if (shape[d] == 1) continue;

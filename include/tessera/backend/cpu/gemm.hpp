@@ -629,14 +629,17 @@ void gemm_fallback(const gemm_shape& shape, gemm_operand<T> a, gemm_operand<T> b
 
 #if TESSERA_GEMM_HAS_BLAS
 namespace detail {
-/// OpenBLAS runs its own threads; give it this device's share of the cores like Tessera's own
-/// loops (the setting is process-wide, so it is only changed when the share changed).
+/// OpenBLAS runs its own threads; give it the calling thread's share of the cores, as Tessera's
+/// own loops get. With OpenBLAS's OpenMP build (the one Tessera's CMake prefers) the count is the
+/// calling thread's OpenMP setting, so two threads driving two devices each get their own share
+/// and one pool of threads serves both libraries; it is only changed when the share changed.
 inline void sync_blas_threads() {
 #if defined(OPENBLAS_VERSION)
-  static std::atomic<int> applied{0};
+  thread_local int applied = 0;
   const int wanted = tessera::cpu::num_threads();
-  if (applied.exchange(wanted, std::memory_order_relaxed) != wanted) {
+  if (applied != wanted) {
     openblas_set_num_threads(wanted);
+    applied = wanted;
   }
 #endif
 }

@@ -1,6 +1,7 @@
-// Threads for CPU work: parallel_for splits an index range over OpenMP threads. Each virtual CPU
-// device gets its share of the cores by default (cores / TESSERA_CPU_DEVICES), settable with
-// tessera::cpu::set_num_threads. Without OpenMP (no -fopenmp) everything runs on the caller.
+// Threads for CPU work: parallel_for splits an index range over OpenMP threads. A thread driving a
+// device alone uses every core; devices that Tessera's runtime drives at once share them
+// (tessera::cpu::num_threads; set_num_threads per process or per device). Each driving thread has
+// its own OpenMP team. Without OpenMP (no -fopenmp) everything runs on the caller.
 // One out-of-line function (detail::run_chunks) holds the OpenMP region for every caller; a loop
 // body reaches it through a function pointer, so each body is compiled once, not once inside the
 // region and again for the serial path.

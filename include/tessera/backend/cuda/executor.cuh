@@ -119,7 +119,7 @@ inline unsigned grid_for(std::int64_t n) {
 template <class T, std::size_t L, class MakeEvaluator>
 void execute(T* out, const Strides& out_strides, const Shape& shape,
              const std::array<Strides, L>& leaf_strides, MakeEvaluator&& make_evaluator,
-             stream_ref stream = {}) {
+             stream_ref stream = tessera::detail::current_cuda_stream()) {
   profiler::count_launch();
   const std::int64_t n = shape.numel();
   if (n == 0) return;

@@ -19,8 +19,8 @@
 
 #include <climits>
 #include <memory>
-#include <mutex>
-#include <vector>
+#include <map>
+#include <utility>
 
 namespace tessera::detail {
 [[noreturn]] inline void throw_cublas_error(cublasStatus_t status, const char* call,
@@ -54,41 +54,30 @@ inline constexpr bool gemm_supports = std::is_same_v<T, float> || std::is_same_v
 #if TESSERA_CUDA
 namespace detail {
 
-/// One cuBLAS handle per device, shared by every thread: a per-device mutex is held while the
-/// stream is set and the call enqueued (microseconds), so two threads never race on the
-/// handle's stream. PyTorch keeps a handle per (device, thread) instead; one per device is
-/// enough while Tessera enqueues from few threads. Handles are created on first use with their
-/// device current, and never destroyed: static destructors may run after the CUDA runtime has
-/// shut down, where cublasDestroy would fail (PyTorch leaks them for the same reason).
+/// cuBLAS handles per (thread, device, stream), as PyTorch keeps them per thread and device with
+/// a workspace per stream: a handle's internal workspace is then only ever used by work queued on
+/// one stream, so kernels of two streams never share it, and no lock is taken. Created on first
+/// use with their device current, and never destroyed: static and thread-exit destructors may run
+/// after the CUDA runtime has shut down, where cublasDestroy would fail (PyTorch leaks them for the
+/// same reason). A thread that uses many short-lived streams keeps a handle for each.
 class cublas_handles {
  public:
-  static cublas_handles& instance() {
-    static cublas_handles* handles = new cublas_handles(::tessera::cuda::device_count());
-    return *handles;
-  }
-
-  /// Calls fn(handle) with the handle of `device` bound to `stream`, under that device's lock
-  /// and with the device current.
+  /// Calls fn(handle) with the calling thread's handle for `device` and `stream`, with the device
+  /// current.
   template <class Fn>
-  void with_handle(int device, stream_ref stream, Fn&& fn) {
+  static void with_handle(int device, stream_ref stream, Fn&& fn) {
     check_device(Device{DeviceType::cuda, device});
-    slot& s = *slots_[static_cast<std::size_t>(device)];
     DeviceGuard<::tessera::cuda> guard(device);
-    std::lock_guard<std::mutex> lock(s.mutex);
-    if (s.handle == nullptr) TESSERA_CUBLAS_CHECK(cublasCreate(&s.handle));
-    TESSERA_CUBLAS_CHECK(cublasSetStream(s.handle, stream.native()));
-    fn(s.handle);
+    thread_local std::map<std::pair<int, void*>, cublasHandle_t> handles;
+    cublasHandle_t& handle = handles[{device, stream.handle}];
+    if (handle == nullptr) {
+      cublasHandle_t created = nullptr;
+      TESSERA_CUBLAS_CHECK(cublasCreate(&created));
+      TESSERA_CUBLAS_CHECK(cublasSetStream(created, stream.native()));
+      handle = created;
+    }
+    fn(handle);
   }
-
- private:
-  struct slot {
-    std::mutex mutex;
-    cublasHandle_t handle = nullptr;
-  };
-  explicit cublas_handles(int devices) {
-    for (int i = 0; i < devices; ++i) slots_.push_back(std::make_unique<slot>());
-  }
-  std::vector<std::unique_ptr<slot>> slots_;
 };
 
 template <class T>
@@ -122,7 +111,7 @@ template <class T>
 void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
           const T* a, bool a_trans, std::int64_t lda, std::int64_t a_batch_stride, const T* b,
           bool b_trans, std::int64_t ldb, std::int64_t b_batch_stride, T* c, std::int64_t ldc,
-          std::int64_t c_batch_stride, stream_ref stream = {}, bool accumulate = false) {
+          std::int64_t c_batch_stride, stream_ref stream = tessera::detail::current_cuda_stream(), bool accumulate = false) {
   if constexpr (!gemm_supports<T>) {
     throw dtype_error(std::string("matmul: cuBLAS has no ") + dtype_name<T>() +
                       " GEMM here (float32, float64, float16 and bfloat16 only); multiply on the "
@@ -147,7 +136,7 @@ void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::i
     using scale_t = std::conditional_t<is_double, double, float>;
     // accumulate: beta = 1, C += A B (gradients accumulating into a buffer).
     const scale_t alpha = 1, beta = accumulate ? 1 : 0;
-    detail::cublas_handles::instance().with_handle(device, stream, [&](cublasHandle_t handle) {
+    detail::cublas_handles::with_handle(device, stream, [&](cublasHandle_t handle) {
       if (batch == 1) {
         TESSERA_CUBLAS_CHECK(cublasGemmEx(handle, op_b, op_a, in, im, ik, &alpha, b, type, ildb, a,
                                           type, ilda, &beta, c, type, ildc, compute,

@@ -107,7 +107,7 @@ void device_reduce(Input input, Output output, std::int64_t n, Merge merge, Acc 
 /// on the current device and `stream`. Counts one launch (CUB runs two kernels).
 template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
 void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
-                MakeEvaluator&& make_evaluator, stream_ref stream = {}) {
+                MakeEvaluator&& make_evaluator, stream_ref stream = tessera::detail::current_cuda_stream()) {
   using acc_type = typename Op::acc_type;
   profiler::count_launch();
   const std::int64_t n = shape.numel();
@@ -328,7 +328,7 @@ void with_rows(const Shape& shape, int dim, const Strides& out_strides,
 /// CUDA twin of backend::cpu::reduce_dim (out is contiguous over the kept dimensions). One launch.
 template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
 void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
-                MakeEvaluator&& make_evaluator, stream_ref stream = {}) {
+                MakeEvaluator&& make_evaluator, stream_ref stream = tessera::detail::current_cuda_stream()) {
   profiler::count_launch();
   const std::int64_t extent = shape[dim];
   std::int64_t outputs = 1;
@@ -415,7 +415,7 @@ __global__ void __launch_bounds__(threads_per_block)
 /// CUDA twin of backend::cpu::softmax (out contiguous with the input's shape). One launch.
 template <bool Log, class V, class F, std::size_t L, class MakeEvaluator>
 void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
-             MakeEvaluator&& make_evaluator, stream_ref stream = {}) {
+             MakeEvaluator&& make_evaluator, stream_ref stream = tessera::detail::current_cuda_stream()) {
   profiler::count_launch();
   const std::int64_t n = shape.numel();
   if (n == 0) return;

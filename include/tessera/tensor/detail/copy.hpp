@@ -78,20 +78,32 @@ void cpu_fill(T* dst, const Strides& dst_strides, const Shape& shape, T value) {
 }
 
 #if TESSERA_CUDA
-/// Copies raw bytes between any two devices (host memory of any virtual CPU device is one space).
+/// Copies raw bytes between any two devices (host memory of any virtual CPU device is one space),
+/// on the current streams of the CUDA devices involved, after the work queued there:
+/// - within one CUDA device: asynchronous on its current stream (ordered with later kernels);
+/// - between two CUDA devices: on the destination's current stream, which first waits for the
+///   source's; then waited for, so that neither block can be reused while the copy runs;
+/// - between host and device: on the device's current stream, then waited for (the host side may
+///   be read or freed as soon as this returns).
 inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
                        std::size_t bytes) {
   if (bytes == 0) return;
   if (dst_device.is_cpu() && src_device.is_cpu()) {
     std::memcpy(dst, src, bytes);
   } else if (dst_device.is_cuda() && src_device.is_cuda() && dst_device != src_device) {
-    TESSERA_CUDA_CHECK(cudaMemcpyPeer(dst, dst_device.index, src, src_device.index, bytes));
+    const Stream destination = current_stream(dst_device);
+    destination.wait_stream(current_stream(src_device));
+    DeviceGuard<tessera::cuda> guard(dst_device.index);
+    TESSERA_CUDA_CHECK(cudaMemcpyPeerAsync(dst, dst_device.index, src, src_device.index, bytes,
+                                           destination.native()));
+    destination.synchronize();
   } else {
-    // cudaMemcpy with cudaMemcpyDefault infers the direction from unified addressing and is
-    // ordered after the legacy default stream's work, on which Tessera's kernels run today.
-    Device cuda_side = dst_device.is_cuda() ? dst_device : src_device;
+    // cudaMemcpyDefault infers the direction from unified addressing.
+    const Device cuda_side = dst_device.is_cuda() ? dst_device : src_device;
+    const Stream stream = current_stream(cuda_side);
     DeviceGuard<tessera::cuda> guard(cuda_side.index);
-    TESSERA_CUDA_CHECK(cudaMemcpy(dst, src, bytes, cudaMemcpyDefault));
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream.native()));
+    if (dst_device.is_cpu() || src_device.is_cpu()) stream.synchronize();
   }
 }
 #endif

@@ -1,0 +1,184 @@
+// The multi-device runtime against its physical limits, in one run (two virtual CPU devices):
+// - all_reduce (sum) of 64 MiB of float over cpu:0 and cpu:1: bus bandwidth (NCCL's definition,
+//   algorithm bandwidth x 2(n-1)/n) over the bandwidth of a 64 MiB memcpy; and the speedup over
+//   the same reduction done by one thread;
+// - tensor create + destroy (4 KiB) from 2 threads on one device against malloc/free from 2
+//   threads;
+// - one training step (forward, backward, SGD) of an MLP 784-1024-10 at batch 256 against the
+//   same step's five matrix products done by raw cblas_sgemm calls (the GEMM limit), default
+//   environment and threads.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "bench_report.hpp"
+#include "tessera/parallel.hpp"
+#include "tessera/tessera.hpp"
+
+#if TESSERA_BLAS
+#include <cblas.h>
+#endif
+
+namespace ts = tessera;
+namespace ag = tessera::autograd;
+namespace nn = tessera::nn;
+
+namespace {
+
+constexpr std::int64_t all_reduce_floats = std::int64_t{16} << 20;  // 64 MiB
+constexpr auto all_reduce_bytes = static_cast<double>(all_reduce_floats * 4);
+
+void set_bytes(benchmark::State& state, double bytes) {
+  state.counters["GB/s"] = benchmark::Counter(bytes, benchmark::Counter::kIsIterationInvariantRate,
+                                              benchmark::Counter::kIs1000);
+}
+
+void memcpy_64mib(benchmark::State& state) {
+  std::vector<float> src(static_cast<std::size_t>(all_reduce_floats), 1.0f);
+  std::vector<float> dst(static_cast<std::size_t>(all_reduce_floats), 0.0f);
+  for (auto _ : state) {
+    std::memcpy(dst.data(), src.data(), static_cast<std::size_t>(all_reduce_bytes));
+    benchmark::DoNotOptimize(dst.data());
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, all_reduce_bytes);
+}
+
+// Bus bandwidth: size / time x 2(n-1)/n, n = 2 members (NCCL's tests' definition).
+void all_reduce_2_devices(benchmark::State& state) {
+  ts::parallel::Communicator<ts::cpu> comm({0, 1});
+  std::vector<ts::Tensor<float>> tensors{ts::full<float>({all_reduce_floats}, 1.0f, 0),
+                                         ts::full<float>({all_reduce_floats}, 2.0f, 1)};
+  for (auto _ : state) {
+    comm.all_reduce(tensors);
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, all_reduce_bytes * 2.0 * (2 - 1) / 2);
+}
+
+// The same in-place reduction of two buffers done by the calling thread alone.
+void all_reduce_one_thread(benchmark::State& state) {
+  auto a = ts::full<float>({all_reduce_floats}, 1.0f, 0);
+  auto b = ts::full<float>({all_reduce_floats}, 2.0f, 1);
+  const float* sources[] = {a.data(), b.data()};
+  float* targets[] = {a.data(), b.data()};
+  for (auto _ : state) {
+    ts::parallel::detail::reduce_elements(ts::parallel::ReduceOp::sum, sources, 2, targets, 2, 0,
+                                          all_reduce_floats);
+    benchmark::ClobberMemory();
+  }
+  set_bytes(state, all_reduce_bytes * 2.0 * (2 - 1) / 2);
+}
+
+constexpr std::int64_t small_floats = 1024;  // 4 KiB
+
+void tensor_create_destroy(benchmark::State& state) {
+  for (auto _ : state) {
+    auto t = ts::empty<float>({small_floats}, 0);
+    benchmark::DoNotOptimize(t.data());
+  }
+}
+
+void malloc_free(benchmark::State& state) {
+  for (auto _ : state) {
+    void* p = std::malloc(small_floats * sizeof(float));
+    benchmark::DoNotOptimize(p);
+    std::free(p);
+  }
+}
+
+// MLP 784-1024-10, batch 256: Linear, ReLU, Linear, cross entropy, SGD.
+struct mlp {
+  nn::Linear<float> fc1{784, 1024}, fc2{1024, 10};
+  template <class X>
+  auto forward(const X& x) const {
+    return fc2(ts::relu(fc1(x)));
+  }
+  std::vector<nn::ParameterRef> parameters() const {
+    return {fc1.weight(), fc1.bias(), fc2.weight(), fc2.bias()};
+  }
+};
+constexpr std::int64_t batch = 256;
+
+void mlp_step_tessera(benchmark::State& state) {
+  ts::manual_seed(0);
+  mlp net;
+  const auto x = ts::randn<float>({batch, 784});
+  const auto y = ts::arange<std::int64_t>(0, batch) % 10;
+  const ts::Tensor<std::int64_t> targets = y;
+  auto step = ag::compile([&](ag::Var<float> in) { return nn::cross_entropy(net.forward(in), targets); },
+                          ag::input<float>({batch, 784}));
+  ts::optim::SGD sgd(net.parameters(), {.lr = 0.01});
+  for (auto _ : state) {
+    sgd.zero_grad();
+    benchmark::DoNotOptimize(step.forward(x).data());
+    step.backward();
+    sgd.step();
+  }
+}
+
+#if TESSERA_BLAS
+// The step's five products: h = x W1^T, o = h W2^T; dW2 = g^T h, dh = g W2, dW1 = dh^T x.
+void mlp_step_gemm_limit(benchmark::State& state) {
+  std::vector<float> x(batch * 784, 0.5f), w1(1024 * 784, 0.01f), h(batch * 1024), w2(10 * 1024, 0.01f),
+      o(batch * 10), g(batch * 10, 0.1f), dw2(10 * 1024), dh(batch * 1024), dw1(1024 * 784);
+  const int b = static_cast<int>(batch);
+  for (auto _ : state) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b, 1024, 784, 1.0f, x.data(), 784, w1.data(), 784, 0.0f, h.data(), 1024);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, b, 10, 1024, 1.0f, h.data(), 1024, w2.data(), 1024, 0.0f, o.data(), 10);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 10, 1024, b, 1.0f, g.data(), 10, h.data(), 1024, 0.0f, dw2.data(), 1024);
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, b, 1024, 10, 1.0f, g.data(), 10, w2.data(), 1024, 0.0f, dh.data(), 1024);
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, 1024, 784, b, 1.0f, dh.data(), 1024, x.data(), 784, 0.0f, dw1.data(), 784);
+    benchmark::ClobberMemory();
+  }
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  // Two virtual CPU devices unless the caller chose otherwise (read once, at first use).
+  setenv("TESSERA_CPU_DEVICES", "2", 0);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  benchmark::RegisterBenchmark("memcpy_64MiB", memcpy_64mib)->UseRealTime();
+  benchmark::RegisterBenchmark("all_reduce_2_devices", all_reduce_2_devices)->UseRealTime();
+  benchmark::RegisterBenchmark("all_reduce_one_thread", all_reduce_one_thread)->UseRealTime();
+  benchmark::RegisterBenchmark("tensor_create_destroy", tensor_create_destroy)->Threads(2)->UseRealTime();
+  benchmark::RegisterBenchmark("malloc_free", malloc_free)->Threads(2)->UseRealTime();
+  benchmark::RegisterBenchmark("mlp784_step_tessera", mlp_step_tessera)->UseRealTime()->Unit(benchmark::kMillisecond);
+#if TESSERA_BLAS
+  benchmark::RegisterBenchmark("mlp784_step_gemm_limit", mlp_step_gemm_limit)->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
+  ts::bench::recording_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  std::printf("\nratios (baseline time / measured time; %d cores, %d CPU devices, %d threads alone):\n",
+              ts::cpu::core_count(), ts::cpu::device_count(), ts::cpu::num_threads());
+  // Time ratios equal bandwidth ratios here: bus bandwidth / memcpy bandwidth.
+  const double busbw = reporter.bandwidth.count("all_reduce_2_devices/real_time")
+                           ? reporter.bandwidth["all_reduce_2_devices/real_time"] : 0;
+  const double copybw = reporter.bandwidth.count("memcpy_64MiB/real_time")
+                            ? reporter.bandwidth["memcpy_64MiB/real_time"] : 0;
+  if (busbw > 0 && copybw > 0) {
+    std::printf("all_reduce 64 MiB, 2 devices: bus bandwidth %.2f GB/s / memcpy %.2f GB/s = %.2f "
+                "(goal >= 0.8: %s)\n",
+                busbw, copybw, busbw / copybw, busbw / copybw >= 0.8 ? "met" : "MISSED");
+  }
+  const std::vector<ts::bench::summary_line> lines = {
+      {"all_reduce 64 MiB", {{"speedup of 2 devices over one thread", "all_reduce_2_devices/real_time",
+                              "all_reduce_one_thread/real_time", 0}}},
+      {"create+destroy 4 KiB, 2 threads, one device",
+       {{"malloc/free time / tessera time", "tensor_create_destroy/real_time/threads:2",
+         "malloc_free/real_time/threads:2", 1.0}}},
+      {"MLP 784-1024-10 step, batch 256",
+       {{"GEMM limit / tessera (goal: tessera <= 1.15 x the limit)", "mlp784_step_tessera/real_time",
+         "mlp784_step_gemm_limit/real_time", 1 / 1.15}}},
+  };
+  for (const auto& line : lines) ts::bench::print_summary(reporter.results, line);
+  return 0;
+}
