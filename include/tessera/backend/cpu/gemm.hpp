@@ -636,7 +636,13 @@ namespace detail {
 inline void sync_blas_threads() {
 #if defined(OPENBLAS_VERSION)
   thread_local int applied = 0;
+#if defined(__SANITIZE_THREAD__)
+  // Under ThreadSanitizer BLAS runs on the calling thread: OpenBLAS's OpenMP threads synchronise
+  // inside libgomp, which TSan does not see, so their writes would be reported as races.
+  const int wanted = 1;
+#else
   const int wanted = tessera::cpu::num_threads();
+#endif
   if (applied != wanted) {
     openblas_set_num_threads(wanted);
     applied = wanted;
