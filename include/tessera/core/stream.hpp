@@ -255,6 +255,22 @@ class StreamGuard {
 
 // ---- definitions ------------------------------------------------------------------------------
 
+#if TESSERA_CUDA
+namespace detail {
+/// The answer of cudaStreamQuery / cudaEventQuery: true when the work is done, false when it is
+/// not ready yet ("not ready" is an answer, not an error to leave behind: it is cleared); any
+/// other status throws cuda_error naming `call`.
+inline bool cuda_query_done(cudaError_t status, const char* call) {
+  if (status == cudaErrorNotReady) {
+    (void)cudaGetLastError();
+    return false;
+  }
+  if (status != cudaSuccess) throw_cuda_error(status, call, __FILE__, __LINE__);
+  return true;
+}
+}  // namespace detail
+#endif
+
 inline Stream::Stream(Device device, int priority) : device_(device) {
   check_device(device);
   auto created = std::make_shared<state>();
@@ -288,12 +304,7 @@ inline bool Stream::query() const {
 #if TESSERA_CUDA
   if (device_.is_cuda()) {
     detail::cuda_device_scope scope(device_.index);
-    cudaError_t status = cudaStreamQuery(native());
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // "not ready" is an answer, not an error to leave behind
-      return false;
-    }
-    TESSERA_CUDA_CHECK(status);
+    return detail::cuda_query_done(cudaStreamQuery(native()), "cudaStreamQuery(stream)");
   }
 #endif
   return true;
@@ -366,12 +377,7 @@ inline void Event::record(const Stream& stream) {
 inline bool Event::query() const {
 #if TESSERA_CUDA
   if (state_->recorded && state_->device.is_cuda()) {
-    cudaError_t status = cudaEventQuery(state_->event);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();
-      return false;
-    }
-    TESSERA_CUDA_CHECK(status);
+    return detail::cuda_query_done(cudaEventQuery(state_->event), "cudaEventQuery(event)");
   }
 #endif
   return true;

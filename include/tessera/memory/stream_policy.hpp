@@ -83,13 +83,7 @@ class cuda_stream_policy {
   }
   /// True when the work before the event has completed; throws cuda_error on a failed query.
   bool query(event_type event) {
-    cudaError_t status = cudaEventQuery(event);
-    if (status == cudaErrorNotReady) {
-      (void)cudaGetLastError();  // "not ready" is an answer, not an error to leave behind
-      return false;
-    }
-    TESSERA_CUDA_CHECK(status);
-    return true;
+    return tessera::detail::cuda_query_done(cudaEventQuery(event), "cudaEventQuery(event)");
   }
   void synchronize(event_type event) { TESSERA_CUDA_CHECK(cudaEventSynchronize(event)); }
   /// Returns the event to the free list (or destroys it if the list cannot grow).
