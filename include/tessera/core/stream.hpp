@@ -191,8 +191,12 @@ inline Stream current_stream(Device device) {
 namespace detail {
 /// The calling thread's current stream on its current CUDA device: where Tessera's kernels,
 /// copies and library calls go unless a stream is given.
+/// Called before every launch: reads the thread's slot without copying a Stream handle (no
+/// reference-count traffic) and without re-checking an ordinal the runtime reported.
 inline stream_ref current_cuda_stream() {
-  return current_stream(Device{DeviceType::cuda, cuda::current_device()}).ref();
+  const std::vector<Stream>& streams = thread_current_streams().cuda;
+  const auto i = static_cast<std::size_t>(cuda::current_device());
+  return i < streams.size() ? streams[i].ref() : stream_ref{};
 }
 }  // namespace detail
 

@@ -338,17 +338,12 @@ class Communicator {
     }
     std::vector<Tensor<T, Kind>> pieces;
     pieces.reserve(static_cast<std::size_t>(size()));
-    std::int64_t offset = 0;
     for (int i = 0; i < size(); ++i) {
       Shape shape = t.shape();
       shape[d] = chunk_sizes[static_cast<std::size_t>(i)];
       pieces.push_back(empty<T, Kind>(shape, device_ids()[static_cast<std::size_t>(i)]));
     }
-    std::vector<std::int64_t> offsets(chunk_sizes.size());
-    for (std::size_t i = 0; i < chunk_sizes.size(); ++i) {
-      offsets[i] = offset;
-      offset += chunk_sizes[i];
-    }
+    const std::vector<std::int64_t> offsets = offsets_along(pieces, d);
     run([&](int member) {
       const auto m = static_cast<std::size_t>(member);
       if (pieces[m].numel() == 0) return;
