@@ -7,6 +7,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 
 #include "tessera/core/device.hpp"
@@ -31,6 +32,16 @@ class device_memory_resource {
   virtual void record_stream(void* pointer, stream_ref stream) = 0;
   /// The device this resource serves.
   virtual Device device() const = 0;
+  /// Blocks of at most this many (rounded) bytes may wait in a thread's cache.
+  static constexpr std::size_t thread_cache_max_block = 64 * 1024;
+  /// The rounded size a freed block of `bytes` counts as in the statistics, if it may wait in
+  /// the freeing thread's cache (memory/detail/thread_cache.hpp) for that thread's next request of
+  /// `bytes`; 0 if not. Pools of host memory with PyTorch's size policy say yes up to
+  /// thread_cache_max_block; pools that track streams (CUDA) never.
+  virtual std::size_t thread_cached_size(std::size_t bytes) const noexcept {
+    (void)bytes;
+    return 0;
+  }
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
   virtual void reset_accumulated() = 0;
@@ -73,6 +84,20 @@ class device_resource_adaptor final : public device_memory_resource {
     pool_.record_stream(pointer, stream);
   }
   Device device() const override { return pool_.device(); }
+  std::size_t thread_cached_size(std::size_t bytes) const noexcept override {
+    if constexpr (requires {
+                    requires !Pool::stream_policy_type::tracks_streams;
+                    requires std::is_same_v<typename Pool::size_policy_type, pytorch_size_policy>;
+                  }) {
+      // A small block of a host pool is exactly round_size(bytes) (always split at 512 bytes).
+      if (bytes <= thread_cache_max_block) {
+        const std::size_t rounded = pool_.size_policy().round_size(bytes);
+        if (rounded < pool_.size_policy().max_split_size) return rounded;
+      }
+    }
+    (void)bytes;
+    return 0;
+  }
   MemoryStats stats() const override { return pool_.stats(); }
   void reset_peak() override { pool_.reset_peak(); }
   void reset_accumulated() override { pool_.reset_accumulated(); }

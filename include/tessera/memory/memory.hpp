@@ -15,6 +15,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/stream.hpp"
 #include "tessera/memory/cuda_memory_resource.hpp"
+#include "tessera/memory/detail/thread_cache.hpp"
 #include "tessera/memory/device_memory_resource.hpp"
 #include "tessera/memory/format.hpp"
 #include "tessera/memory/host_memory_resource.hpp"
@@ -117,11 +118,36 @@ inline device_memory_resource& resource_of(Device device, const char* operation)
   return device_registry::instance().get(device);
 }
 
+/// Returns the calling thread's cached blocks of `device` to its pool (memory/detail/
+/// thread_cache.hpp): done before every query and control call, so that one thread sees exactly
+/// the statistics it would without the cache.
+inline void flush_thread_cache(Device device) noexcept {
+  if (!device.is_cpu()) return;
+  if (thread_cache* caches = thread_cache::local()) {
+    if (device_thread_cache* cache = caches->find(device.index)) cache->flush();
+  }
+}
+
+/// The resource of `device` with the calling thread's cache of it flushed.
+inline device_memory_resource& flushed_resource_of(Device device, const char* operation) {
+  device_memory_resource& resource = resource_of(device, operation);
+  flush_thread_cache(device);
+  return resource;
+}
+
+/// The statistics as users see them: the pool's, less the blocks waiting in other threads'
+/// caches, plus the caches' hand-outs and frees in the running totals.
+inline MemoryStats user_stats(Device device, const char* operation) {
+  MemoryStats stats = flushed_resource_of(device, operation).stats();
+  if (device.is_cpu()) thread_cache_registry::instance().correct(device.index, stats);
+  return stats;
+}
+
 }  // namespace detail
 
 /// The resource serving `device` (its pool, unless set_device_resource installed another).
 inline device_memory_resource& get_device_resource(Device device) {
-  return detail::resource_of(device, "get_device_resource");
+  return detail::flushed_resource_of(device, "get_device_resource");
 }
 
 /// Installs `resource` for `device` (e.g. make_pool_resource over cuda_async_memory_resource, or a
@@ -132,7 +158,7 @@ inline device_memory_resource& get_device_resource(Device device) {
 /// allocations on the same device.
 inline std::unique_ptr<device_memory_resource> set_device_resource(
     Device device, std::unique_ptr<device_memory_resource> resource) {
-  detail::resource_of(device, "set_device_resource");
+  detail::flushed_resource_of(device, "set_device_resource");
   if (resource == nullptr) {
     throw std::invalid_argument("memory::set_device_resource(" + device.str() +
                                 "): the resource is null");
@@ -147,9 +173,22 @@ inline std::unique_ptr<device_memory_resource> set_device_resource(
 /// Allocates `bytes` on `device` for work on `stream` from the device's pool. Returns nullptr for
 /// 0 bytes (nothing is accounted, as PyTorch's empty tensors). Throws out_of_memory_error after
 /// releasing cached segments and retrying once; device_error for a device that does not exist.
+///
+/// On CPU devices a small request is first served from the calling thread's cache of blocks it
+/// freed (no lock); a request the cache cannot serve returns the cached blocks to the pool first.
 inline void* allocate(Device device, std::size_t bytes, stream_ref stream = {}) {
   device_memory_resource& resource = detail::resource_of(device, "allocate");
   if (bytes == 0) return nullptr;
+  if (device.is_cpu()) {
+    if (detail::thread_cache* caches = detail::thread_cache::local()) {
+      if (detail::device_thread_cache* cache = caches->find(device.index)) {
+        if (const std::size_t rounded = resource.thread_cached_size(bytes)) {
+          if (void* pointer = cache->take(resource, bytes, rounded)) return pointer;
+        }
+        cache->flush();  // the pool then counts its peaks with this thread's memory as it is
+      }
+    }
+  }
   return resource.allocate(bytes, stream);
 }
 
@@ -159,7 +198,19 @@ inline void* allocate(Device device, std::size_t bytes, stream_ref stream = {}) 
 inline void deallocate(Device device, void* pointer, std::size_t bytes,
                        stream_ref stream = {}) noexcept {
   if (pointer == nullptr) return;
-  detail::resource_of(device, "deallocate").deallocate(pointer, bytes, stream);
+  device_memory_resource& resource = detail::resource_of(device, "deallocate");
+  if (device.is_cpu()) {
+    if (const std::size_t rounded = resource.thread_cached_size(bytes)) {
+      try {
+        detail::thread_cache* caches = detail::thread_cache::local();
+        if (caches != nullptr && caches->of(device.index).put(resource, pointer, bytes, rounded)) {
+          return;
+        }
+      } catch (const std::bad_alloc&) {  // no cache for this thread: the pool takes the block
+      }
+    }
+  }
+  resource.deallocate(pointer, bytes, stream);
 }
 
 /// Marks memory from allocate as used by work on `stream`, so that on free it rejoins the pool
@@ -173,52 +224,57 @@ inline void record_stream(Device device, void* pointer, stream_ref stream) {
 /// Bytes in live blocks, rounded to the 512-byte granularity (PyTorch memory_allocated).
 inline std::size_t allocated(Device device) {
   return static_cast<std::size_t>(
-      detail::resource_of(device, "allocated").stats().allocated_bytes.current);
+      detail::user_stats(device, "allocated").allocated_bytes.current);
 }
 
 /// The peak of allocated(device) since the start or the last reset_peak (max_memory_allocated).
 inline std::size_t peak_allocated(Device device) {
   return static_cast<std::size_t>(
-      detail::resource_of(device, "peak_allocated").stats().allocated_bytes.peak);
+      detail::user_stats(device, "peak_allocated").allocated_bytes.peak);
 }
 
 /// Bytes held from the upstream: live blocks plus the cache (PyTorch memory_reserved).
 inline std::size_t reserved(Device device) {
   return static_cast<std::size_t>(
-      detail::resource_of(device, "reserved").stats().reserved_bytes.current);
+      detail::user_stats(device, "reserved").reserved_bytes.current);
 }
 
 /// The peak of reserved(device) since the start or the last reset_peak (max_memory_reserved).
 inline std::size_t peak_reserved(Device device) {
   return static_cast<std::size_t>(
-      detail::resource_of(device, "peak_reserved").stats().reserved_bytes.peak);
+      detail::user_stats(device, "peak_reserved").reserved_bytes.peak);
 }
 
 /// Sets every statistic's peak to its current value (reset_peak_memory_stats).
-inline void reset_peak(Device device) { detail::resource_of(device, "reset_peak").reset_peak(); }
+inline void reset_peak(Device device) { detail::flushed_resource_of(device, "reset_peak").reset_peak(); }
 
 /// Zeroes the running totals and the OOM/retry counters (reset_accumulated_memory_stats).
 inline void reset_accumulated(Device device) {
-  detail::resource_of(device, "reset_accumulated").reset_accumulated();
+  detail::flushed_resource_of(device, "reset_accumulated").reset_accumulated();
+  if (device.is_cpu()) detail::thread_cache_registry::instance().reset_accumulated(device.index);
 }
 
 /// Returns every fully free segment of the device's pool to its upstream (empty_cache). Segments
 /// holding a live block stay reserved ("non-releasable").
-inline void empty_cache(Device device) { detail::resource_of(device, "empty_cache").empty_cache(); }
+/// Blocks cached by other threads (memory/detail/thread_cache.hpp) stay until those threads
+/// allocate again or exit.
+inline void empty_cache(Device device) {
+  detail::flushed_resource_of(device, "empty_cache").empty_cache();
+}
 
 /// All statistics of the device's pool (memory_stats).
-inline MemoryStats stats(Device device) { return detail::resource_of(device, "stats").stats(); }
+inline MemoryStats stats(Device device) { return detail::user_stats(device, "stats"); }
 
 /// The statistics as a table like torch.cuda.memory_summary(), titled with the device.
 inline std::string summary(Device device) {
-  return detail::resource_of(device, "summary").summary();
+  return format_summary(detail::user_stats(device, "summary"), device);
 }
 
 /// Caps the bytes the device's pool may reserve; an allocation that would need more is an OOM.
 /// A cap below reserved() empties the cache first; memory in use above it stays. no_limit removes
 /// the cap. Throws std::invalid_argument if the device's resource has no limit.
 inline void set_limit(Device device, std::size_t bytes) {
-  detail::resource_of(device, "set_limit").set_limit(bytes);
+  detail::flushed_resource_of(device, "set_limit").set_limit(bytes);
 }
 
 /// The device's cap on reserved bytes, or no_limit (SIZE_MAX) when there is none.

@@ -22,6 +22,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/half.hpp"
+#include "tessera/parallel/detail/nccl.hpp"
 #include "tessera/parallel/device_threads.hpp"
 #include "tessera/tensor/any_tensor.hpp"
 #include "tessera/tensor/factories.hpp"
@@ -170,14 +171,27 @@ struct mailbox {
 
 /// In-process collectives over the devices `device_ids` of kind `Kind` (one member per device, in
 /// that order). Collective calls take one tensor per member, `ts[i]` on `device_ids[i]`, all of
-/// the same shape unless the call says otherwise, contiguous where written in place. They return
-/// when the result is complete. A Communicator may be used from several threads, one collective
-/// at a time (calls wait their turn); send and recv are called from the two members' threads.
+/// the same shape unless the call says otherwise, contiguous where written in place. A
+/// Communicator may be used from several threads, one collective at a time (calls wait their
+/// turn); send and recv are called from the two members' threads.
 ///
 /// CPU: the work is split over the members' threads (DeviceThreads), each on its share of the
-/// cores. CUDA: NCCL (TESSERA_WITH_NCCL); without it the constructor throws tessera::error.
+/// cores; a call returns when its result is complete.
+/// CUDA: NCCL (CMake's TESSERA_WITH_NCCL, on when NCCL is found; without it the constructor throws
+/// tessera::error). The NCCL communicators are created once per device set (ncclCommInitAll) and
+/// shared by the Communicators over it. all_reduce, broadcast, reduce, all_gather and
+/// reduce_scatter are one NCCL group each, queued on every member's current stream (as any CUDA
+/// work in Tessera): later work on those streams sees the result; the host does not wait.
+/// scatter, gather, send and recv are device-to-device copies. int16 has no NCCL type
+/// (dtype_error).
 template <DeviceKind Kind>
 class Communicator {
+#if TESSERA_CUDA && TESSERA_NCCL
+  static constexpr bool uses_nccl = Kind::type == DeviceType::cuda;
+#else
+  static constexpr bool uses_nccl = false;  // Communicator<cuda>'s constructor throws
+#endif
+
  public:
   /// A communicator over `device_ids` (non-empty, existing, distinct ordinals of Kind). Throws
   /// std::invalid_argument or device_error naming the member.
@@ -185,6 +199,9 @@ class Communicator {
     const std::size_t n = threads_.device_ids().size();
     mailboxes_.reserve(n * n);
     for (std::size_t i = 0; i < n * n; ++i) mailboxes_.push_back(std::make_unique<detail::mailbox>());
+#if TESSERA_CUDA && TESSERA_NCCL
+    if constexpr (uses_nccl) nccl_ = detail::nccl_clique::get(threads_.device_ids());
+#endif
   }
 
   int size() const noexcept { return threads_.size(); }
@@ -202,6 +219,7 @@ class Communicator {
   void all_reduce(const std::vector<Tensor<T, Kind>>& ts, ReduceOp op = ReduceOp::sum) {
     check_reduce_op<T>("all_reduce", op);
     check_same_shapes("all_reduce", ts, true);
+    if constexpr (uses_nccl) return this->nccl_all_reduce(ts, op);
     std::vector<const T*> sources = pointers<const T>(ts);
     std::vector<T*> targets = pointers<T>(ts);
     const std::int64_t n = ts[0].numel();
@@ -216,6 +234,7 @@ class Communicator {
   void broadcast(const std::vector<Tensor<T, Kind>>& ts, int root = 0) {
     check_root("broadcast", root);
     check_same_shapes("broadcast", ts, true);
+    if constexpr (uses_nccl) return this->nccl_broadcast(ts, root);
     std::vector<T*> targets = pointers<T>(ts);
     const std::int64_t n = ts[0].numel();
     run([&](int member) {
@@ -236,6 +255,7 @@ class Communicator {
     check_root("reduce", root);
     check_reduce_op<T>("reduce", op);
     check_same_shapes("reduce", ts, true);
+    if constexpr (uses_nccl) return this->nccl_reduce(ts, root, op);
     std::vector<const T*> sources = pointers<const T>(ts);
     T* target = ts[static_cast<std::size_t>(root)].data();
     const std::int64_t n = ts[0].numel();
@@ -263,6 +283,7 @@ class Communicator {
                           total.str());
       }
     }
+    if constexpr (uses_nccl) return this->nccl_all_gather(in, out, d);
     const std::vector<std::int64_t> offsets = offsets_along(in, d);
     run([&](int member) {
       const auto m = static_cast<std::size_t>(member);
@@ -306,6 +327,7 @@ class Communicator {
                         std::to_string(total) + " along dim " + std::to_string(d) +
                         ", the input shape " + shape.str() + " has " + std::to_string(shape[d]));
     }
+    if constexpr (uses_nccl) return this->nccl_reduce_scatter(in, out, op, d);
     std::vector<const T*> sources = pointers<const T>(in);
     const auto [outer, inner] = detail::outer_inner(shape, d);
     std::vector<std::int64_t> offsets = offsets_along(out, d);
@@ -426,12 +448,142 @@ class Communicator {
 
  private:
   static std::vector<int> check_kind(std::vector<int> device_ids) {
+#if !(TESSERA_CUDA && TESSERA_NCCL)
     if constexpr (Kind::type == DeviceType::cuda) {
       throw error("Communicator<cuda>: collectives between CUDA devices need NCCL; configure "
-                  "Tessera with -DTESSERA_WITH_NCCL=ON");
+                  "Tessera with -DTESSERA_WITH_NCCL=ON (NCCL must be installed)");
     }
+#endif
     return device_ids;
   }
+
+#if TESSERA_CUDA && TESSERA_NCCL
+  template <class T>
+  static void check_nccl_dtype(const char* operation) {
+    if constexpr (!detail::nccl_supports_v<T>) {
+      throw dtype_error("Communicator<cuda>::" + std::string(operation) + ": NCCL has no " +
+                        name(scalar_type_of<T>) + " type; convert to int32");
+    }
+  }
+
+  template <class Fn>
+  void nccl_group(Fn&& issue) {
+    detail::nccl_group(*nccl_, device_ids(), std::forward<Fn>(issue));
+  }
+
+  template <class T>
+  void nccl_all_reduce(const std::vector<Tensor<T, Kind>>& ts, ReduceOp op) {
+    check_nccl_dtype<T>("all_reduce");
+    const auto count = static_cast<std::size_t>(ts[0].numel());
+    nccl_group([&](std::size_t m, ncclComm_t comm, cudaStream_t stream) {
+      TESSERA_NCCL_CHECK(ncclAllReduce(ts[m].data(), ts[m].data(), count, detail::nccl_type<T>(),
+                                       detail::nccl_op<T>(static_cast<int>(op)), comm, stream));
+    });
+  }
+
+  template <class T>
+  void nccl_broadcast(const std::vector<Tensor<T, Kind>>& ts, int root) {
+    check_nccl_dtype<T>("broadcast");
+    const auto count = static_cast<std::size_t>(ts[0].numel());
+    const T* source = ts[static_cast<std::size_t>(root)].data();
+    nccl_group([&](std::size_t m, ncclComm_t comm, cudaStream_t stream) {
+      TESSERA_NCCL_CHECK(ncclBroadcast(source, ts[m].data(), count, detail::nccl_type<T>(), root,
+                                       comm, stream));
+    });
+  }
+
+  template <class T>
+  void nccl_reduce(const std::vector<Tensor<T, Kind>>& ts, int root, ReduceOp op) {
+    check_nccl_dtype<T>("reduce");
+    const auto count = static_cast<std::size_t>(ts[0].numel());
+    // The receive buffer is read only on the root: the root reduces in place.
+    nccl_group([&](std::size_t m, ncclComm_t comm, cudaStream_t stream) {
+      TESSERA_NCCL_CHECK(ncclReduce(ts[m].data(), ts[m].data(), count, detail::nccl_type<T>(),
+                                    detail::nccl_op<T>(static_cast<int>(op)), root, comm, stream));
+    });
+  }
+
+  // Collectives along dim d work on [n, outer, inner] (d moved to the front, contiguous), where
+  // every member's piece is one run of memory. A contiguous tensor with outer = 1 is that already.
+  template <class T>
+  static bool is_dim_first(const Tensor<T, Kind>& t, int d) {
+    return detail::outer_inner(t.shape(), d).first == 1 && t.is_contiguous();
+  }
+  template <class T>
+  static Tensor<T, Kind> dim_first(const Tensor<T, Kind>& t, int d) {
+    if (is_dim_first(t, d)) return t;
+    const auto [outer, inner] = detail::outer_inner(t.shape(), d);
+    return t.reshape(Shape{outer, t.size(d), inner}).transpose(0, 1).contiguous();
+  }
+  // `t` itself when it is dim-first, else an uninitialised [n, outer, inner] on its device.
+  template <class T>
+  static Tensor<T, Kind> dim_first_target(const Tensor<T, Kind>& t, int d) {
+    if (is_dim_first(t, d)) return t;
+    const auto [outer, inner] = detail::outer_inner(t.shape(), d);
+    return empty<T, Kind>(Shape{t.size(d), outer, inner}, t.device_index());
+  }
+  // Writes `front` (from dim_first_target) into `target`, unless it is `target` itself.
+  template <class T>
+  static void from_dim_first(const Tensor<T, Kind>& front, const Tensor<T, Kind>& target, int d) {
+    if (is_dim_first(target, d)) return;
+    Tensor<T, Kind> destination = target;
+    destination.copy_(front.transpose(0, 1).reshape(target.shape()));
+  }
+
+  // out[m] along d gets every member's piece: a broadcast from each member, in one group.
+  template <class T>
+  void nccl_all_gather(const std::vector<Tensor<T, Kind>>& in,
+                       const std::vector<Tensor<T, Kind>>& out, int d) {
+    check_nccl_dtype<T>("all_gather");
+    std::vector<Tensor<T, Kind>> pieces, gathered;
+    for (std::size_t m = 0; m < in.size(); ++m) {
+      pieces.push_back(dim_first(in[m], d));
+      gathered.push_back(dim_first_target(out[m], d));
+    }
+    const std::vector<std::int64_t> offsets = offsets_along(in, d);
+    const auto [outer, inner] = detail::outer_inner(out[0].shape(), d);
+    const std::int64_t per_index = outer * inner;  // elements per index along d
+    nccl_group([&](std::size_t m, ncclComm_t comm, cudaStream_t stream) {
+      for (std::size_t j = 0; j < in.size(); ++j) {
+        const std::int64_t count = in[j].size(d) * per_index;
+        if (count == 0) continue;
+        TESSERA_NCCL_CHECK(ncclBroadcast(pieces[j].data(), gathered[m].data() + offsets[j] * per_index,
+                                         static_cast<std::size_t>(count), detail::nccl_type<T>(),
+                                         static_cast<int>(j), comm, stream));
+      }
+    });
+    for (std::size_t m = 0; m < out.size(); ++m) from_dim_first(gathered[m], out[m], d);
+  }
+
+  // out[j] = member j's slice of the reduction: a reduce to each member, in one group.
+  template <class T>
+  void nccl_reduce_scatter(const std::vector<Tensor<T, Kind>>& in,
+                           const std::vector<Tensor<T, Kind>>& out, ReduceOp op, int d) {
+    check_nccl_dtype<T>("reduce_scatter");
+    std::vector<Tensor<T, Kind>> sources, targets;
+    for (std::size_t m = 0; m < in.size(); ++m) {
+      sources.push_back(dim_first(in[m], d));
+      targets.push_back(dim_first_target(out[m], d));
+    }
+    const std::vector<std::int64_t> offsets = offsets_along(out, d);
+    const auto [outer, inner] = detail::outer_inner(in[0].shape(), d);
+    const std::int64_t per_index = outer * inner;
+    nccl_group([&](std::size_t m, ncclComm_t comm, cudaStream_t stream) {
+      for (std::size_t j = 0; j < out.size(); ++j) {
+        const std::int64_t count = out[j].size(d) * per_index;
+        if (count == 0) continue;
+        const T* source = sources[m].data() + offsets[j] * per_index;
+        // The receive buffer is used only on the root (member j).
+        T* target = m == j ? targets[m].data() : sources[m].data() + offsets[j] * per_index;
+        TESSERA_NCCL_CHECK(ncclReduce(source, target, static_cast<std::size_t>(count),
+                                      detail::nccl_type<T>(),
+                                      detail::nccl_op<T>(static_cast<int>(op)),
+                                      static_cast<int>(j), comm, stream));
+      }
+    });
+    for (std::size_t m = 0; m < out.size(); ++m) from_dim_first(targets[m], out[m], d);
+  }
+#endif
 
   template <class Fn>
   void run(Fn&& fn) {
@@ -605,6 +757,9 @@ class Communicator {
 
   DeviceThreads<Kind> threads_;
   std::vector<std::unique_ptr<detail::mailbox>> mailboxes_;
+#if TESSERA_CUDA && TESSERA_NCCL
+  std::shared_ptr<detail::nccl_clique> nccl_;
+#endif
 };
 
 }  // namespace tessera::parallel

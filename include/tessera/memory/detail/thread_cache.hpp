@@ -1,0 +1,287 @@
+// Per-thread caches of small freed blocks in front of the CPU devices' pools (as jemalloc's and
+// tcmalloc's thread caches): a thread that frees a small block keeps it, and its next request of
+// the same size takes it back without the pool's lock. Two threads creating and destroying tensors
+// on one device then do not meet on the pool's mutex.
+//
+// Statistics keep PyTorch's meaning:
+// - A cached block is still allocated as far as the pool knows. The memory:: functions subtract
+//   every thread's cached blocks from the current values and add the cache's hand-outs and frees
+//   to the running totals, so `allocated` is exact.
+// - A request the cache cannot serve first returns this thread's cached blocks to the pool
+//   ("flush"), and every memory:: query or control call flushes the calling thread's cache of that
+//   device. So the pool sees this thread's memory as it is whenever it counts a peak, and with one
+//   thread every statistic, peaks included, is what it was without the cache. With several
+//   threads a peak can include blocks cached by other threads: at most max_cached_bytes per thread
+//   and device, never less than the true peak.
+// - A thread's caches are flushed when it exits. empty_cache releases the calling thread's cached
+//   blocks; blocks cached by other threads stay until those threads allocate again or exit.
+#pragma once
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "tessera/memory/device_memory_resource.hpp"
+#include "tessera/memory/stats.hpp"
+
+namespace tessera::memory::detail {
+
+/// One thread's cache for one device.
+class device_thread_cache {
+ public:
+  /// Rounded sizes up to this many bytes are cached: one bin per 512-byte class.
+  static constexpr std::size_t max_block = device_memory_resource::thread_cache_max_block;
+  static constexpr std::size_t granularity = 512;
+  static constexpr std::size_t bins = max_block / granularity;
+  static constexpr std::size_t per_bin = 4;
+  /// At most this many (rounded) bytes stay cached per thread and device.
+  static constexpr std::int64_t max_cached_bytes = 1 << 20;
+
+  /// What other threads read to correct the statistics. Written by the owning thread only
+  /// (load + store, no read-modify-write), read with relaxed loads.
+  struct counters {
+    std::atomic<std::int64_t> cached_blocks{0}, cached_bytes{0}, cached_requested{0};
+    std::atomic<std::int64_t> hit_blocks{0}, hit_bytes{0}, hit_requested{0};
+  };
+
+  /// A cached block of exactly `bytes` (rounded: `rounded`) from `resource`, or nullptr.
+  void* take(device_memory_resource& resource, std::size_t bytes, std::size_t rounded) noexcept {
+    if (resource_ != &resource) return nullptr;
+    const std::size_t bin = rounded / granularity - 1;
+    entry* first = entries_[bin].data();
+    for (std::size_t i = counts_[bin]; i-- > 0;) {
+      if (first[i].bytes != bytes) continue;
+      void* pointer = first[i].pointer;
+      first[i] = first[--counts_[bin]];
+      move(-1, -static_cast<std::int64_t>(rounded), -static_cast<std::int64_t>(bytes));
+      bump(counters_.hit_blocks, 1);
+      bump(counters_.hit_bytes, static_cast<std::int64_t>(rounded));
+      bump(counters_.hit_requested, static_cast<std::int64_t>(bytes));
+      return pointer;
+    }
+    return nullptr;
+  }
+
+  /// Keeps a freed block if there is room; false: the caller frees it to the pool.
+  bool put(device_memory_resource& resource, void* pointer, std::size_t bytes,
+           std::size_t rounded) {
+    if (resource_ != &resource) {
+      if (cached_bytes_ != 0) flush();  // the device's resource was replaced: start over
+      resource_ = &resource;
+    }
+    const std::size_t bin = rounded / granularity - 1;
+    if (counts_[bin] == per_bin ||
+        cached_bytes_ + static_cast<std::int64_t>(rounded) > max_cached_bytes) {
+      return false;
+    }
+    entries_[bin][counts_[bin]++] = entry{pointer, bytes};
+    move(1, static_cast<std::int64_t>(rounded), static_cast<std::int64_t>(bytes));
+    return true;
+  }
+
+  /// Returns every cached block to the resource it came from.
+  void flush() noexcept {
+    if (cached_bytes_ == 0) return;
+    for (std::size_t bin = 0; bin < bins; ++bin) {
+      for (std::size_t i = 0; i < counts_[bin]; ++i) {
+        resource_->deallocate(entries_[bin][i].pointer, entries_[bin][i].bytes, stream_ref{});
+      }
+      counts_[bin] = 0;
+    }
+    cached_bytes_ = 0;
+    counters_.cached_blocks.store(0, std::memory_order_relaxed);
+    counters_.cached_bytes.store(0, std::memory_order_relaxed);
+    counters_.cached_requested.store(0, std::memory_order_relaxed);
+  }
+
+  const counters& statistics() const noexcept { return counters_; }
+
+ private:
+  struct entry {
+    void* pointer;
+    std::size_t bytes;
+  };
+
+  static void bump(std::atomic<std::int64_t>& counter, std::int64_t amount) noexcept {
+    counter.store(counter.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
+  }
+  void move(std::int64_t blocks, std::int64_t rounded, std::int64_t requested) noexcept {
+    cached_bytes_ += rounded;
+    bump(counters_.cached_blocks, blocks);
+    bump(counters_.cached_bytes, rounded);
+    bump(counters_.cached_requested, requested);
+  }
+
+  device_memory_resource* resource_ = nullptr;
+  std::int64_t cached_bytes_ = 0;
+  std::array<std::uint8_t, bins> counts_{};
+  std::array<std::array<entry, per_bin>, bins> entries_{};
+  counters counters_;
+};
+
+/// Every live thread's caches, so that statistics can add them up; leaked like the device
+/// registry (threads may exit during static destruction).
+class thread_cache_registry {
+ public:
+  static thread_cache_registry& instance() {
+    static thread_cache_registry* registry = new thread_cache_registry();
+    return *registry;
+  }
+
+  /// `s` (the pool's statistics of CPU device `index`) as its users see them: other threads'
+  /// cached blocks are not allocated, and the caches' hand-outs and frees are in the totals.
+  void correct(int index, MemoryStats& s) {
+    std::int64_t blocks = 0, bytes = 0, requested = 0;
+    std::int64_t hit_blocks = 0, hit_bytes = 0, hit_requested = 0;
+    std::lock_guard lock(mutex_);
+    for (const auto& caches : caches_) {
+      if (static_cast<std::size_t>(index) >= caches->size()) continue;
+      const device_thread_cache* cache = (*caches)[static_cast<std::size_t>(index)].get();
+      if (cache == nullptr) continue;
+      const auto& c = cache->statistics();
+      blocks += c.cached_blocks.load(std::memory_order_relaxed);
+      bytes += c.cached_bytes.load(std::memory_order_relaxed);
+      requested += c.cached_requested.load(std::memory_order_relaxed);
+      hit_blocks += c.hit_blocks.load(std::memory_order_relaxed);
+      hit_bytes += c.hit_bytes.load(std::memory_order_relaxed);
+      hit_requested += c.hit_requested.load(std::memory_order_relaxed);
+    }
+    const baseline& base = baseline_of(index);
+    hit_blocks += base.hit_blocks;  // exited threads' hits, less those before reset_accumulated
+    hit_bytes += base.hit_bytes;
+    hit_requested += base.hit_requested;
+    for (PoolStats* pool : {static_cast<PoolStats*>(&s), &s.small_pool}) {
+      adjust(pool->allocations, blocks, hit_blocks);
+      adjust(pool->active, blocks, hit_blocks);
+      adjust(pool->allocated_bytes, bytes, hit_bytes);
+      adjust(pool->active_bytes, bytes, hit_bytes);
+      adjust(pool->requested_bytes, requested, hit_requested);
+    }
+  }
+
+  /// After reset_accumulated: the caches' hand-outs so far no longer count.
+  void reset_accumulated(int index) {
+    std::lock_guard lock(mutex_);
+    baseline& base = baseline_of(index);
+    base = baseline{};
+    for (const auto& caches : caches_) {
+      if (static_cast<std::size_t>(index) >= caches->size()) continue;
+      const device_thread_cache* cache = (*caches)[static_cast<std::size_t>(index)].get();
+      if (cache == nullptr) continue;
+      const auto& c = cache->statistics();
+      base.hit_blocks -= c.hit_blocks.load(std::memory_order_relaxed);
+      base.hit_bytes -= c.hit_bytes.load(std::memory_order_relaxed);
+      base.hit_requested -= c.hit_requested.load(std::memory_order_relaxed);
+    }
+  }
+
+  using thread_caches = std::vector<std::unique_ptr<device_thread_cache>>;
+
+  /// Puts `cache` at `index` of a thread's caches, under the lock (the registry reads them).
+  void install(thread_caches* caches, std::size_t index, std::unique_ptr<device_thread_cache> cache) {
+    std::lock_guard lock(mutex_);
+    if (index >= caches->size()) caches->resize(index + 1);
+    (*caches)[index] = std::move(cache);
+  }
+
+  void add(thread_caches* caches) {
+    std::lock_guard lock(mutex_);
+    caches_.push_back(caches);
+  }
+  /// A thread exits: its (flushed) caches go; their hand-outs stay in the totals.
+  void remove(thread_caches* caches) noexcept {
+    std::lock_guard lock(mutex_);
+    for (std::size_t index = 0; index < caches->size(); ++index) {
+      const device_thread_cache* cache = (*caches)[index].get();
+      if (cache == nullptr) continue;
+      baseline& base = baseline_of(static_cast<int>(index));
+      base.hit_blocks += cache->statistics().hit_blocks.load(std::memory_order_relaxed);
+      base.hit_bytes += cache->statistics().hit_bytes.load(std::memory_order_relaxed);
+      base.hit_requested += cache->statistics().hit_requested.load(std::memory_order_relaxed);
+    }
+    caches_.erase(std::find(caches_.begin(), caches_.end(), caches));
+  }
+
+ private:
+  struct baseline {
+    std::int64_t hit_blocks = 0, hit_bytes = 0, hit_requested = 0;
+  };
+
+  static void adjust(Stat& stat, std::int64_t cached, std::int64_t hits) noexcept {
+    stat.current -= cached;
+    stat.allocated += hits;
+    stat.freed += hits + cached;
+  }
+
+  baseline& baseline_of(int index) {
+    if (static_cast<std::size_t>(index) >= baselines_.size()) {
+      baselines_.resize(static_cast<std::size_t>(index) + 1);
+    }
+    return baselines_[static_cast<std::size_t>(index)];
+  }
+
+  std::mutex mutex_;
+  std::vector<thread_caches*> caches_;
+  std::vector<baseline> baselines_;
+};
+
+/// The calling thread's caches, one per CPU device (created on first use), flushed at exit.
+class thread_cache {
+ public:
+  /// The calling thread's caches; nullptr while the thread's thread_local objects are being
+  /// destroyed after them (a tensor freed then goes straight to the pool).
+  static thread_cache* local() {
+    if (state() == destroyed) return nullptr;
+    thread_local thread_cache cache;
+    return &cache;
+  }
+
+  /// The cache of CPU device `index`.
+  device_thread_cache& of(int index) {
+    const auto i = static_cast<std::size_t>(index);
+    if (i < caches_.size() && caches_[i] != nullptr) return *caches_[i];
+    return create(i);
+  }
+  /// The cache of CPU device `index` if this thread has one.
+  device_thread_cache* find(int index) noexcept {
+    const auto i = static_cast<std::size_t>(index);
+    return i < caches_.size() ? caches_[i].get() : nullptr;
+  }
+
+  thread_cache(const thread_cache&) = delete;
+  thread_cache& operator=(const thread_cache&) = delete;
+
+ private:
+  enum : unsigned char { unused, live, destroyed };
+  // Trivially destructible, so it can be read while other thread_local objects are destroyed.
+  static unsigned char& state() noexcept {
+    thread_local unsigned char value = unused;
+    return value;
+  }
+
+  thread_cache() {
+    thread_cache_registry::instance().add(&caches_);
+    state() = live;
+  }
+  ~thread_cache() {
+    for (auto& cache : caches_) {
+      if (cache != nullptr) cache->flush();
+    }
+    state() = destroyed;
+    thread_cache_registry::instance().remove(&caches_);
+  }
+
+  device_thread_cache& create(std::size_t i) {
+    thread_cache_registry::instance().install(&caches_, i, std::make_unique<device_thread_cache>());
+    return *caches_[i];
+  }
+
+  thread_cache_registry::thread_caches caches_;
+};
+
+}  // namespace tessera::memory::detail
