@@ -56,6 +56,9 @@ class nccl_clique {
   nccl_clique& operator=(const nccl_clique&) = delete;
 
   ncclComm_t comm(std::size_t member) const noexcept { return comms_[member]; }
+  /// Held while a group is issued: NCCL calls on one communicator must not interleave, and every
+  /// Communicator over these devices shares them.
+  std::mutex& mutex() const noexcept { return mutex_; }
 
   /// The clique over `ids`: the live one if a Communicator over the same devices (same order)
   /// holds it, else a new one. Creating NCCL communicators costs milliseconds to seconds.
@@ -72,6 +75,7 @@ class nccl_clique {
 
  private:
   std::vector<ncclComm_t> comms_;
+  mutable std::mutex mutex_;
 };
 
 /// NCCL's type for T. bool travels as uint8 (0 or 1); NCCL has no 16-bit integer type.
@@ -112,6 +116,7 @@ void nccl_group(const nccl_clique& clique, const std::vector<int>& ids, Fn&& iss
   std::vector<cudaStream_t> streams;
   streams.reserve(ids.size());
   for (int id : ids) streams.push_back(current_stream(Device{DeviceType::cuda, id}).native());
+  std::lock_guard lock(clique.mutex());
   TESSERA_NCCL_CHECK(ncclGroupStart());
   try {
     for (std::size_t m = 0; m < ids.size(); ++m) issue(m, clique.comm(m), streams[m]);
