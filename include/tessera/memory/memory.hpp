@@ -246,7 +246,9 @@ inline std::size_t peak_reserved(Device device) {
 }
 
 /// Sets every statistic's peak to its current value (reset_peak_memory_stats).
-inline void reset_peak(Device device) { detail::flushed_resource_of(device, "reset_peak").reset_peak(); }
+inline void reset_peak(Device device) {
+  detail::flushed_resource_of(device, "reset_peak").reset_peak();
+}
 
 /// Zeroes the running totals and the OOM/retry counters (reset_accumulated_memory_stats).
 inline void reset_accumulated(Device device) {

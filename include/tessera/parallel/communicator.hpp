@@ -547,9 +547,10 @@ class Communicator {
       for (std::size_t j = 0; j < in.size(); ++j) {
         const std::int64_t count = in[j].size(d) * per_index;
         if (count == 0) continue;
-        TESSERA_NCCL_CHECK(ncclBroadcast(pieces[j].data(), gathered[m].data() + offsets[j] * per_index,
-                                         static_cast<std::size_t>(count), detail::nccl_type<T>(),
-                                         static_cast<int>(j), comm, stream));
+        T* target = gathered[m].data() + offsets[j] * per_index;
+        TESSERA_NCCL_CHECK(ncclBroadcast(pieces[j].data(), target, static_cast<std::size_t>(count),
+                                         detail::nccl_type<T>(), static_cast<int>(j), comm,
+                                         stream));
       }
     });
     for (std::size_t m = 0; m < out.size(); ++m) from_dim_first(gathered[m], out[m], d);

@@ -183,7 +183,8 @@ class thread_cache_registry {
   using thread_caches = std::vector<std::unique_ptr<device_thread_cache>>;
 
   /// Puts `cache` at `index` of a thread's caches, under the lock (the registry reads them).
-  void install(thread_caches* caches, std::size_t index, std::unique_ptr<device_thread_cache> cache) {
+  void install(thread_caches* caches, std::size_t index,
+               std::unique_ptr<device_thread_cache> cache) {
     std::lock_guard lock(mutex_);
     if (index >= caches->size()) caches->resize(index + 1);
     (*caches)[index] = std::move(cache);
