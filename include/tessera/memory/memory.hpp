@@ -258,8 +258,8 @@ inline void reset_accumulated(Device device) {
 
 /// Returns every fully free segment of the device's pool to its upstream (empty_cache). Segments
 /// holding a live block stay reserved ("non-releasable").
-/// Blocks cached by other threads (memory/detail/thread_cache.hpp) stay until those threads
-/// allocate again or exit.
+/// Blocks cached by other threads (memory/detail/thread_cache.hpp) stay until those threads make
+/// a request their cache cannot serve, call a memory:: function on the device, or exit.
 inline void empty_cache(Device device) {
   detail::flushed_resource_of(device, "empty_cache").empty_cache();
 }

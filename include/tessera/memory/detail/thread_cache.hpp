@@ -14,7 +14,8 @@
 //   threads a peak can include blocks cached by other threads: at most max_cached_bytes per thread
 //   and device, never less than the true peak.
 // - A thread's caches are flushed when it exits. empty_cache releases the calling thread's cached
-//   blocks; blocks cached by other threads stay until those threads allocate again or exit.
+//   blocks; blocks cached by other threads stay until those threads make a request their cache
+//   cannot serve, call a memory:: function on the device, or exit.
 #pragma once
 
 #include <algorithm>
