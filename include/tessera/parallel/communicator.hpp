@@ -530,16 +530,26 @@ class Communicator {
     destination.copy_(front.transpose(0, 1).reshape(target.shape()));
   }
 
+  // Every member's input and output in dim-first form (dim_first, dim_first_target).
+  template <class T>
+  static std::pair<std::vector<Tensor<T, Kind>>, std::vector<Tensor<T, Kind>>> staged(
+      const std::vector<Tensor<T, Kind>>& in, const std::vector<Tensor<T, Kind>>& out, int d) {
+    std::pair<std::vector<Tensor<T, Kind>>, std::vector<Tensor<T, Kind>>> result;
+    for (std::size_t m = 0; m < in.size(); ++m) {
+      result.first.push_back(dim_first(in[m], d));
+      result.second.push_back(dim_first_target(out[m], d));
+    }
+    return result;
+  }
+
   // out[m] along d gets every member's piece: a broadcast from each member, in one group.
   template <class T>
   void nccl_all_gather(const std::vector<Tensor<T, Kind>>& in,
                        const std::vector<Tensor<T, Kind>>& out, int d) {
     check_nccl_dtype<T>("all_gather");
-    std::vector<Tensor<T, Kind>> pieces, gathered;
-    for (std::size_t m = 0; m < in.size(); ++m) {
-      pieces.push_back(dim_first(in[m], d));
-      gathered.push_back(dim_first_target(out[m], d));
-    }
+    const auto staging = staged(in, out, d);
+    const std::vector<Tensor<T, Kind>>& pieces = staging.first;
+    const std::vector<Tensor<T, Kind>>& gathered = staging.second;
     const std::vector<std::int64_t> offsets = offsets_along(in, d);
     const auto [outer, inner] = detail::outer_inner(out[0].shape(), d);
     const std::int64_t per_index = outer * inner;  // elements per index along d
@@ -561,11 +571,9 @@ class Communicator {
   void nccl_reduce_scatter(const std::vector<Tensor<T, Kind>>& in,
                            const std::vector<Tensor<T, Kind>>& out, ReduceOp op, int d) {
     check_nccl_dtype<T>("reduce_scatter");
-    std::vector<Tensor<T, Kind>> sources, targets;
-    for (std::size_t m = 0; m < in.size(); ++m) {
-      sources.push_back(dim_first(in[m], d));
-      targets.push_back(dim_first_target(out[m], d));
-    }
+    const auto staging = staged(in, out, d);
+    const std::vector<Tensor<T, Kind>>& sources = staging.first;
+    const std::vector<Tensor<T, Kind>>& targets = staging.second;
     const std::vector<std::int64_t> offsets = offsets_along(out, d);
     const auto [outer, inner] = detail::outer_inner(in[0].shape(), d);
     const std::int64_t per_index = outer * inner;

@@ -32,6 +32,23 @@
 
 namespace tessera::memory::detail {
 
+/// Blocks, rounded bytes and requested bytes: an amount of cached or handed-out memory.
+struct tally {
+  std::int64_t blocks = 0, bytes = 0, requested = 0;
+  tally& operator+=(const tally& other) noexcept {
+    blocks += other.blocks;
+    bytes += other.bytes;
+    requested += other.requested;
+    return *this;
+  }
+  tally& operator-=(const tally& other) noexcept {
+    blocks -= other.blocks;
+    bytes -= other.bytes;
+    requested -= other.requested;
+    return *this;
+  }
+};
+
 /// One thread's cache for one device.
 class device_thread_cache {
  public:
@@ -48,6 +65,18 @@ class device_thread_cache {
   struct counters {
     std::atomic<std::int64_t> cached_blocks{0}, cached_bytes{0}, cached_requested{0};
     std::atomic<std::int64_t> hit_blocks{0}, hit_bytes{0}, hit_requested{0};
+
+    /// Blocks waiting in the cache now.
+    tally cached() const noexcept {
+      return {cached_blocks.load(std::memory_order_relaxed),
+              cached_bytes.load(std::memory_order_relaxed),
+              cached_requested.load(std::memory_order_relaxed)};
+    }
+    /// Blocks the cache handed out so far.
+    tally hits() const noexcept {
+      return {hit_blocks.load(std::memory_order_relaxed), hit_bytes.load(std::memory_order_relaxed),
+              hit_requested.load(std::memory_order_relaxed)};
+    }
   };
 
   /// A cached block of exactly `bytes` (rounded: `rounded`) from `resource`, or nullptr.
@@ -137,48 +166,27 @@ class thread_cache_registry {
   /// `s` (the pool's statistics of CPU device `index`) as its users see them: other threads'
   /// cached blocks are not allocated, and the caches' hand-outs and frees are in the totals.
   void correct(int index, MemoryStats& s) {
-    std::int64_t blocks = 0, bytes = 0, requested = 0;
-    std::int64_t hit_blocks = 0, hit_bytes = 0, hit_requested = 0;
     std::lock_guard lock(mutex_);
-    for (const auto& caches : caches_) {
-      if (static_cast<std::size_t>(index) >= caches->size()) continue;
-      const device_thread_cache* cache = (*caches)[static_cast<std::size_t>(index)].get();
-      if (cache == nullptr) continue;
-      const auto& c = cache->statistics();
-      blocks += c.cached_blocks.load(std::memory_order_relaxed);
-      bytes += c.cached_bytes.load(std::memory_order_relaxed);
-      requested += c.cached_requested.load(std::memory_order_relaxed);
-      hit_blocks += c.hit_blocks.load(std::memory_order_relaxed);
-      hit_bytes += c.hit_bytes.load(std::memory_order_relaxed);
-      hit_requested += c.hit_requested.load(std::memory_order_relaxed);
-    }
-    const baseline& base = baseline_of(index);
-    hit_blocks += base.hit_blocks;  // exited threads' hits, less those before reset_accumulated
-    hit_bytes += base.hit_bytes;
-    hit_requested += base.hit_requested;
+    tally cached, hits = baseline_of(index);  // exited threads' hits, less those before a reset
+    for_each_cache(index, [&](const device_thread_cache::counters& c) {
+      cached += c.cached();
+      hits += c.hits();
+    });
     for (PoolStats* pool : {static_cast<PoolStats*>(&s), &s.small_pool}) {
-      adjust(pool->allocations, blocks, hit_blocks);
-      adjust(pool->active, blocks, hit_blocks);
-      adjust(pool->allocated_bytes, bytes, hit_bytes);
-      adjust(pool->active_bytes, bytes, hit_bytes);
-      adjust(pool->requested_bytes, requested, hit_requested);
+      adjust(pool->allocations, cached.blocks, hits.blocks);
+      adjust(pool->active, cached.blocks, hits.blocks);
+      adjust(pool->allocated_bytes, cached.bytes, hits.bytes);
+      adjust(pool->active_bytes, cached.bytes, hits.bytes);
+      adjust(pool->requested_bytes, cached.requested, hits.requested);
     }
   }
 
   /// After reset_accumulated: the caches' hand-outs so far no longer count.
   void reset_accumulated(int index) {
     std::lock_guard lock(mutex_);
-    baseline& base = baseline_of(index);
-    base = baseline{};
-    for (const auto& caches : caches_) {
-      if (static_cast<std::size_t>(index) >= caches->size()) continue;
-      const device_thread_cache* cache = (*caches)[static_cast<std::size_t>(index)].get();
-      if (cache == nullptr) continue;
-      const auto& c = cache->statistics();
-      base.hit_blocks -= c.hit_blocks.load(std::memory_order_relaxed);
-      base.hit_bytes -= c.hit_bytes.load(std::memory_order_relaxed);
-      base.hit_requested -= c.hit_requested.load(std::memory_order_relaxed);
-    }
+    tally& base = baseline_of(index);
+    base = tally{};
+    for_each_cache(index, [&](const device_thread_cache::counters& c) { base -= c.hits(); });
   }
 
   using thread_caches = std::vector<std::unique_ptr<device_thread_cache>>;
@@ -187,6 +195,7 @@ class thread_cache_registry {
   void install(thread_caches* caches, std::size_t index,
                std::unique_ptr<device_thread_cache> cache) {
     std::lock_guard lock(mutex_);
+    baseline_of(static_cast<int>(index));  // remove() may not allocate
     if (index >= caches->size()) caches->resize(index + 1);
     (*caches)[index] = std::move(cache);
   }
@@ -199,37 +208,38 @@ class thread_cache_registry {
   void remove(thread_caches* caches) noexcept {
     std::lock_guard lock(mutex_);
     for (std::size_t index = 0; index < caches->size(); ++index) {
-      const device_thread_cache* cache = (*caches)[index].get();
-      if (cache == nullptr) continue;
-      baseline& base = baseline_of(static_cast<int>(index));
-      base.hit_blocks += cache->statistics().hit_blocks.load(std::memory_order_relaxed);
-      base.hit_bytes += cache->statistics().hit_bytes.load(std::memory_order_relaxed);
-      base.hit_requested += cache->statistics().hit_requested.load(std::memory_order_relaxed);
+      // install() sized the baselines for every index a thread has a cache for.
+      if ((*caches)[index] != nullptr) baselines_[index] += (*caches)[index]->statistics().hits();
     }
     caches_.erase(std::find(caches_.begin(), caches_.end(), caches));
   }
 
  private:
-  struct baseline {
-    std::int64_t hit_blocks = 0, hit_bytes = 0, hit_requested = 0;
-  };
-
   static void adjust(Stat& stat, std::int64_t cached, std::int64_t hits) noexcept {
     stat.current -= cached;
     stat.allocated += hits;
     stat.freed += hits + cached;
   }
 
-  baseline& baseline_of(int index) {
+  tally& baseline_of(int index) {
     if (static_cast<std::size_t>(index) >= baselines_.size()) {
       baselines_.resize(static_cast<std::size_t>(index) + 1);
     }
     return baselines_[static_cast<std::size_t>(index)];
   }
 
+  // Calls fn(counters) for every live thread's cache of CPU device `index` (lock held).
+  template <class Fn>
+  void for_each_cache(int index, Fn&& fn) const {
+    const auto i = static_cast<std::size_t>(index);
+    for (const thread_caches* caches : caches_) {
+      if (i < caches->size() && (*caches)[i] != nullptr) fn((*caches)[i]->statistics());
+    }
+  }
+
   std::mutex mutex_;
   std::vector<thread_caches*> caches_;
-  std::vector<baseline> baselines_;
+  std::vector<tally> baselines_;
 };
 
 /// The calling thread's caches, one per CPU device (created on first use), flushed at exit.
