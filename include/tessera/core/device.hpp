@@ -176,15 +176,20 @@ inline int device_count(DeviceType type) {
 }
 
 /// Throws device_error naming the device when its ordinal does not exist on this machine.
+namespace detail {
+/// check_device's error, out of line so that the check itself inlines into every allocation.
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_no_such_device(Device device, int count) {
+  throw device_error("device " + device.str() + " does not exist: " + std::to_string(count) + " " +
+                     to_string(device.type) + (count == 1 ? " device is" : " devices are") +
+                     " available" +
+                     (device.is_cpu() ? " (set TESSERA_CPU_DEVICES for more virtual CPU devices)"
+                                      : ""));
+}
+}  // namespace detail
+
 inline void check_device(Device device) {
-  int count = device_count(device.type);
-  if (device.index < 0 || device.index >= count) {
-    throw device_error("device " + device.str() + " does not exist: " +
-                       std::to_string(count) + " " + to_string(device.type) +
-                       (count == 1 ? " device is" : " devices are") + " available" +
-                       (device.is_cpu() ? " (set TESSERA_CPU_DEVICES for more virtual CPU devices)"
-                                        : ""));
-  }
+  const int count = device_count(device.type);
+  if (device.index < 0 || device.index >= count) detail::throw_no_such_device(device, count);
 }
 
 /// The current ordinal of kind K for the calling thread.

@@ -107,13 +107,18 @@ class device_registry {
 
 /// The resource of `device`; a device that does not exist is a device_error naming the operation
 /// and the device.
+[[noreturn, gnu::cold, gnu::noinline]] inline void throw_no_such_device(Device device,
+                                                                       const char* operation) {
+  try {
+    check_device(device);
+  } catch (const device_error& e) {
+    throw device_error(std::string("memory::") + operation + ": " + e.what());
+  }
+  std::abort();  // unreachable: the device does not exist
+}
 inline device_memory_resource& resource_of(Device device, const char* operation) {
   if (device.index < 0 || device.index >= device_count(device.type)) {
-    try {
-      check_device(device);
-    } catch (const device_error& e) {
-      throw device_error(std::string("memory::") + operation + ": " + e.what());
-    }
+    throw_no_such_device(device, operation);
   }
   return device_registry::instance().get(device);
 }

@@ -18,8 +18,72 @@ struct storage_block {
   std::atomic<std::int64_t> references{1};
   void* data = nullptr;
   std::size_t bytes = 0;
-  Device device;
+  // The device as two whole words, not a Device (a byte and an int): a tensor freed right after
+  // it was made reads back what was just written, and an 8-byte read of a byte store and an int
+  // store cannot be forwarded from the store buffer (a stall measured at a third of a
+  // create+destroy's time).
+  std::int32_t device_type = 0;
+  std::int32_t device_index = 0;
   stream_ref stream;
+
+  Device device() const noexcept {
+    return Device{static_cast<DeviceType>(device_type), device_index};
+  }
+};
+
+/// The calling thread's spare storage blocks (up to `capacity`), so that creating and destroying
+/// a tensor costs no heap call once a thread has freed one: a block freed by any thread is kept
+/// by that thread. A free block links to the next through its `data` field.
+class storage_block_cache {
+ public:
+  static constexpr int capacity = 64;
+
+  /// A block with every field at its initial value.
+  static storage_block* take() {
+    if (storage_block_cache* cache = local(); cache != nullptr && cache->head_ != nullptr) {
+      storage_block* block = cache->head_;
+      cache->head_ = static_cast<storage_block*>(block->data);
+      --cache->count_;
+      block->references.store(1, std::memory_order_relaxed);
+      block->data = nullptr;
+      return block;
+    }
+    return new storage_block;
+  }
+  static void give_back(storage_block* block) noexcept {
+    storage_block_cache* cache = local();
+    if (cache == nullptr || cache->count_ == capacity) {
+      delete block;
+      return;
+    }
+    block->data = cache->head_;
+    cache->head_ = block;
+    ++cache->count_;
+  }
+
+  storage_block_cache(const storage_block_cache&) = delete;
+  storage_block_cache& operator=(const storage_block_cache&) = delete;
+
+ private:
+  storage_block_cache() = default;
+  ~storage_block_cache() {
+    destroyed() = true;
+    while (head_ != nullptr) delete std::exchange(head_, static_cast<storage_block*>(head_->data));
+  }
+  // nullptr once the thread's cache is destroyed (a tensor held by another thread_local object
+  // and freed after it goes straight to the heap).
+  static storage_block_cache* local() noexcept {
+    if (destroyed()) return nullptr;
+    thread_local storage_block_cache cache;
+    return &cache;
+  }
+  static bool& destroyed() noexcept {  // trivially destructible: readable during thread exit
+    thread_local bool value = false;
+    return value;
+  }
+
+  storage_block* head_ = nullptr;
+  int count_ = 0;
 };
 }  // namespace detail
 
@@ -30,15 +94,18 @@ class Storage {
   /// Allocates `bytes` on `device` from its pool (0 bytes allocates nothing). Throws
   /// out_of_memory_error, or device_error for a device that does not exist.
   static Storage allocate(Device device, std::size_t bytes, stream_ref stream = {}) {
-    void* data = memory::allocate(device, bytes, stream);
-    auto* block = new (std::nothrow) detail::storage_block;
-    if (block == nullptr) {
-      memory::deallocate(device, data, bytes, stream);
-      throw std::bad_alloc();
+    detail::storage_block* block = detail::storage_block_cache::take();
+    void* data = nullptr;
+    try {
+      data = memory::allocate(device, bytes, stream);
+    } catch (...) {
+      detail::storage_block_cache::give_back(block);
+      throw;
     }
     block->data = data;
     block->bytes = bytes;
-    block->device = device;
+    block->device_type = static_cast<std::int32_t>(device.type);
+    block->device_index = device.index;
     block->stream = stream;
     return Storage(block);
   }
@@ -64,7 +131,7 @@ class Storage {
   bool defined() const noexcept { return block_ != nullptr; }
   void* data() const noexcept { return block_ ? block_->data : nullptr; }
   std::size_t bytes() const noexcept { return block_ ? block_->bytes : 0; }
-  Device device() const noexcept { return block_ ? block_->device : Device{}; }
+  Device device() const noexcept { return block_ ? block_->device() : Device{}; }
   stream_ref stream() const noexcept { return block_ ? block_->stream : stream_ref{}; }
   /// Number of handles (tensors, views) sharing this storage.
   std::int64_t use_count() const noexcept {
@@ -78,10 +145,13 @@ class Storage {
   void retain() noexcept {
     if (block_) block_->references.fetch_add(1, std::memory_order_relaxed);
   }
+  // The sole handle (count 1, read with acquire) frees without an atomic read-modify-write: no
+  // other thread can hold a handle to copy from, so the count cannot change meanwhile.
   void release() noexcept {
-    if (block_ && block_->references.fetch_sub(1, std::memory_order_acq_rel) == 1) {
-      memory::deallocate(block_->device, block_->data, block_->bytes, block_->stream);
-      delete block_;
+    if (block_ && (block_->references.load(std::memory_order_acquire) == 1 ||
+                   block_->references.fetch_sub(1, std::memory_order_acq_rel) == 1)) {
+      memory::deallocate(block_->device(), block_->data, block_->bytes, block_->stream);
+      detail::storage_block_cache::give_back(block_);
     }
     block_ = nullptr;
   }
