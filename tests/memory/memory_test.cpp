@@ -7,10 +7,12 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/memory/memory.hpp"
+#include "tessera/tensor.hpp"
 #include "memory/units.hpp"
 
 namespace memory_test {  // one namespace per test file: unity builds compile several together
@@ -139,6 +141,37 @@ TEST_CASE("memory: empty_cache keeps segments with live blocks", "[memory]") {
   mem::deallocate(cpu0, live, 512);
   mem::empty_cache(cpu0);
   CHECK(mem::reserved(cpu0) == 0);
+}
+
+TEST_CASE("memory: under a limit smaller than a segment, requests that fit are served",
+          "[memory]") {
+  require_two_cpu_devices();
+  require_clean(cpu1);
+  // The small pool's segments are 2 MiB: under a 1 MiB limit a 400-byte request takes a segment
+  // of its own rounded size instead (issue: a limit means "this many bytes").
+  mem::set_limit(cpu1, 1 * MiB);
+  void* a = mem::allocate(cpu1, 400);
+  CHECK(mem::allocated(cpu1) == 512);
+  CHECK(mem::reserved(cpu1) == 512);
+  void* b = mem::allocate(cpu1, 600 * KiB);
+  CHECK(mem::allocated(cpu1) == 512 + 600 * KiB);
+  CHECK(mem::reserved(cpu1) == 512 + 600 * KiB);
+  // 512 + 600 KiB + 500 KiB is over 1 MiB: refused, and nothing changes.
+  CHECK_THROWS_AS(mem::allocate(cpu1, 500 * KiB), tessera::out_of_memory_error);
+  CHECK(mem::reserved(cpu1) == 512 + 600 * KiB);
+  {  // A tensor too: the report's case, a 400-byte tensor under a 1 MiB limit.
+    auto t = tessera::zeros<float>({100}, 1);
+    CHECK(t.to_vector() == std::vector<float>(100, 0.0f));
+    CHECK(mem::allocated(cpu1) == 512 + 600 * KiB + 512);
+  }
+  mem::deallocate(cpu1, b, 600 * KiB);
+  mem::deallocate(cpu1, a, 400);
+  CHECK(mem::allocated(cpu1) == 0);
+  mem::set_limit(cpu1, mem::no_limit);
+  mem::empty_cache(cpu1);
+  CHECK(mem::reserved(cpu1) == 0);
+  mem::reset_accumulated(cpu1);
+  mem::reset_peak(cpu1);
 }
 
 TEST_CASE("memory: a limit turns a large request into an OOM that changes nothing", "[memory]") {

@@ -49,13 +49,16 @@ struct alignas(sizeof(T) * V) aligned_vector {
 };
 
 /// Converts a computed value to the stored type T; bool is "non-zero" (NaN is true, as in
-/// PyTorch), half/bfloat16 round to nearest even.
+/// PyTorch), half/bfloat16 round to nearest even, floating to integer as PyTorch on x86
+/// (float_to_integer: NaN and out-of-range values defined).
 template <class T, class V>
 TESSERA_HOST_DEVICE constexpr T store_cast(const V& value) {
   if constexpr (std::is_same_v<T, V>) {
     return value;
   } else if constexpr (std::is_same_v<T, bool>) {
     return !(value == V(0));
+  } else if constexpr (std::is_integral_v<T> && !std::is_integral_v<V>) {
+    return float_to_integer<T>(value);  // defined for NaN and out-of-range values
   } else {
     return static_cast<T>(value);
   }

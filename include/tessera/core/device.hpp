@@ -201,7 +201,7 @@ int current_device() {
 /// Resolves a user-given ordinal: -1 means the current device of the kind. Checks it exists.
 template <DeviceKind K>
 Device resolve_device(int index) {
-  Device device{K::type, index < 0 ? K::current_device() : index};
+  Device device{K::type, index == -1 ? K::current_device() : index};
   check_device(device);
   return device;
 }
@@ -286,7 +286,7 @@ inline void cpu::set_num_threads(int threads, int device) {
 }
 
 inline void cpu::synchronize(int index) {
-  if (index >= 0) check_device(Device{DeviceType::cpu, index});
+  if (index != -1) check_device(Device{DeviceType::cpu, index});
 }
 
 inline std::string cuda::device_name(int index) {
@@ -322,14 +322,14 @@ inline void cuda::synchronize(int index) {
 #if TESSERA_CUDA
   if (!is_available()) return;
   int previous = current_device();
-  int target = index < 0 ? previous : index;
+  int target = index == -1 ? previous : index;
   check_device(Device{DeviceType::cuda, target});
   if (target != previous) TESSERA_CUDA_CHECK(cudaSetDevice(target));
   cudaError_t status = cudaDeviceSynchronize();
   if (target != previous) TESSERA_CUDA_CHECK(cudaSetDevice(previous));
   TESSERA_CUDA_CHECK(status);
 #else
-  if (index >= 0) check_device(Device{DeviceType::cuda, index});
+  if (index != -1) check_device(Device{DeviceType::cuda, index});
 #endif
 }
 

@@ -6,9 +6,11 @@
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
+#include <limits>
 #include <ostream>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "tessera/core/config.hpp"
 #include "tessera/core/error.hpp"
@@ -101,6 +103,85 @@ constexpr bool is_floating_point(ScalarType type) noexcept {
 template <Dtype T>
 constexpr const char* dtype_name() noexcept {
   return name(scalar_type_of<T>);
+}
+
+/// A floating-point value converted to integer type T (not bool) with the results PyTorch gives
+/// on x86, defined for every input (a plain C++ cast of NaN or of an out-of-range value is
+/// undefined): truncation toward zero; NaN, infinities and values outside the range give the
+/// lowest value for int64 and int32; narrower types take the int32 result modulo 2^bits (so
+/// 300.0 -> uint8 44, -1.0 -> uint8 255, NaN -> 0).
+template <class T, class V>
+TESSERA_HOST_DEVICE constexpr T float_to_integer(V value) {
+  const auto d = static_cast<double>(value);
+  if constexpr (sizeof(T) == 8) {
+    constexpr auto lowest = static_cast<std::int64_t>(static_cast<std::uint64_t>(1) << 63);
+    return d >= -0x1p63 && d < 0x1p63 ? static_cast<T>(static_cast<std::int64_t>(d))
+                                      : static_cast<T>(lowest);
+  } else {
+    constexpr auto lowest = static_cast<std::int32_t>(static_cast<std::uint32_t>(1) << 31);
+    const std::int32_t wide = d > -2147483649.0 && d < 2147483648.0
+                                  ? static_cast<std::int32_t>(d)
+                                  : lowest;
+    return static_cast<T>(wide);
+  }
+}
+
+/// True when the number `value` cannot be stored as dtype T without overflow, as PyTorch decides
+/// for fill_ and full (c10's `overflows`): NaN for an integer type, a value outside T's range
+/// (an infinity is fine for a floating type), except that negative integers may wrap into
+/// unsigned types down to -max (fill_(-1) on uint8 stores 255). bool accepts everything.
+template <class T, class S>
+constexpr bool overflows(S value) {
+  if constexpr (std::is_same_v<T, bool>) {
+    return false;
+  } else if constexpr (std::is_integral_v<S>) {  // an integer (or bool) number
+    if constexpr (std::is_same_v<S, bool>) {
+      return false;
+    } else if constexpr (std::is_integral_v<T>) {
+      if constexpr (std::is_unsigned_v<T> && std::is_signed_v<S>) {
+        if (value < 0) {
+          return static_cast<std::uint64_t>(0) - static_cast<std::uint64_t>(value) >
+                 static_cast<std::uint64_t>(std::numeric_limits<T>::max());
+        }
+      }
+      return std::cmp_less(value, std::numeric_limits<T>::lowest()) ||
+             std::cmp_greater(value, std::numeric_limits<T>::max());
+    } else {
+      return false;  // every integer is within a floating type's range
+    }
+  } else {  // a floating number (float, double, half, bfloat16)
+    const auto d = static_cast<double>(value);
+    if (d != d) return std::is_integral_v<T>;
+    if constexpr (!std::is_integral_v<T>) {
+      if (d == std::numeric_limits<double>::infinity() ||
+          d == -std::numeric_limits<double>::infinity()) {
+        return false;
+      }
+    }
+    if constexpr (sizeof(T) == 8 && std::is_integral_v<T>) {
+      return !(d >= -0x1p63 && d < 0x1p63);  // int64's largest value is not a double
+    } else {
+      return d < static_cast<double>(std::numeric_limits<T>::lowest()) ||
+             d > static_cast<double>(std::numeric_limits<T>::max());
+    }
+  }
+}
+
+/// `value` as dtype T for fill_ and full: throws tessera::error naming the operation, the value
+/// and T when it overflows T (overflows<T>); otherwise converts as a cast does.
+template <class T, class S>
+T checked_scalar(S value, const char* operation) {
+  if (overflows<T>(value)) {
+    throw error(std::string(operation) + ": value " + detail::number_str(static_cast<double>(value)) +
+                " cannot be converted to dtype " + name(scalar_type_of<T>) + " without overflow");
+  }
+  if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_integral_v<S>) {
+    return float_to_integer<T>(value);
+  } else if constexpr (std::is_same_v<T, bool>) {
+    return !(value == S(0));
+  } else {
+    return static_cast<T>(value);
+  }
 }
 
 /// An empty value standing for a type, for run-time dispatch.

@@ -3,12 +3,23 @@
 // and the values involved.
 #pragma once
 
+#include <charconv>
 #include <stdexcept>
 #include <string>
 
 #include "tessera/core/config.hpp"
 
 namespace tessera {
+
+namespace detail {
+/// A number for a message, in the shortest form that reads back exactly ("300", "0.1", "1e+30",
+/// "nan"), where std::to_string would print "300.000000".
+inline std::string number_str(double value) {
+  char buffer[32];
+  const auto result = std::to_chars(buffer, buffer + sizeof buffer, value);
+  return std::string(buffer, result.ptr);
+}
+}  // namespace detail
 
 /// Base of every Tessera exception.
 class error : public std::runtime_error {

@@ -101,8 +101,10 @@ class Shape {
       } else if (extents_[i] < 0) {
         throw shape_error(std::string(operation) + ": invalid extent " +
                           std::to_string(extents_[i]) + " in " + str());
-      } else {
-        known *= extents_[i];
+      } else if (__builtin_mul_overflow(known, extents_[i], &known)) {
+        throw shape_error(std::string(operation) + ": shape " + str() +
+                          " is invalid for input of size " + std::to_string(numel) +
+                          " (its element count does not fit in a 64-bit integer)");
       }
     }
     if (unknown >= 0) {
@@ -116,6 +118,26 @@ class Shape {
                         " is invalid for input of size " + std::to_string(numel));
     }
     return out;
+  }
+
+  /// Throws shape_error naming the operation and the shape when an extent is negative, or when
+  /// the shape is too large for 64-bit arithmetic: its element count, a row-major stride (the
+  /// product of the extents, each counted as at least 1) or its size at `element_bytes` per
+  /// element does not fit in int64. Every tensor Tessera makes passes this check, so numel(),
+  /// strides and byte sizes computed later cannot overflow.
+  void check_size(const char* operation, std::size_t element_bytes = 1) const {
+    check_non_negative(operation);
+    std::int64_t product = static_cast<std::int64_t>(element_bytes);
+    for (int i = 0; i < rank_; ++i) {
+      if (__builtin_mul_overflow(product, std::max<std::int64_t>(extents_[i], 1), &product)) {
+        throw shape_error(std::string(operation) + ": shape " + str() +
+                          " is too large: its element count" +
+                          (element_bytes > 1 ? " or size in bytes (" +
+                                                   std::to_string(element_bytes) + " per element)"
+                                             : std::string()) +
+                          " does not fit in a 64-bit integer");
+      }
+    }
   }
 
   /// Throws shape_error when an extent is negative (factories call this).

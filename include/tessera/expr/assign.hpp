@@ -93,16 +93,7 @@ void evaluate_into(Tensor<T, K>& out, const E& node, const char* operation) {
     throw shape_error(std::string(operation) + ": an output of shape " + out.shape().str() +
                       " cannot hold the result of shape " + node.shape().str());
   }
-  if (out.numel() > 0) {
-    for (int d = 0; d < out.dim(); ++d) {
-      if (out.strides()[d] == 0 && out.shape()[d] > 1) {
-        // As PyTorch: writing would store several results into one memory location.
-        throw error(std::string(operation) + ": the output of shape " + out.shape().str() +
-                    " is an expanded view (stride 0 in dimension " + std::to_string(d) +
-                    "), so several of its elements share one memory location; clone() it first");
-      }
-    }
-  }
+  check_not_expanded(out.shape(), out.strides(), operation);
   if (aliases_output(out, node)) {
     // Reading and writing one buffer in different orders: evaluate aside, then copy (2 passes).
     out.copy_(evaluate_as<T, K>(node));

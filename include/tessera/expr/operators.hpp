@@ -49,8 +49,21 @@ TESSERA_BINARY_OPERATOR(!=, not_equal)
   auto name(const A& a, const B& b) {               \
     return detail::make_binary<ops::functor>(a, b); \
   }
-/// Elementwise a^b (pow(e, 2.0), pow(2.0, e) or pow(e1, e2)).
-TESSERA_BINARY_FUNCTION(pow, power)
+/// Elementwise a^b (pow(e, 2.0), pow(2.0, e) or pow(e1, e2)). An integer tensor raised to a
+/// negative integer number throws tessera::error, as in PyTorch (a tensor of exponents gives
+/// PyTorch's integer results: 1 and -1 keep a magnitude of 1, other bases give 0).
+template <class A, class B>
+  requires detail::binary_operands<A, B>
+auto pow(const A& a, const B& b) {
+  using Base = typename detail::node_of<A>::value_type;
+  if constexpr (std::is_integral_v<B> && !std::is_same_v<B, bool> && std::is_integral_v<Base>) {
+    if (b < 0) {
+      throw error("pow: integers to negative integer powers are not allowed (exponent " +
+                  std::to_string(b) + " for a base of dtype " + std::string(dtype_name<Base>()) + ")");
+    }
+  }
+  return detail::make_binary<ops::power>(a, b);
+}
 /// Elementwise maximum (NaN propagates).
 TESSERA_BINARY_FUNCTION(maximum, maximum)
 /// Elementwise minimum (NaN propagates).
@@ -60,6 +73,9 @@ TESSERA_BINARY_FUNCTION(minimum, minimum)
 template <class A>
   requires detail::any_expression<A>
 auto operator-(const A& a) {
+  static_assert(!std::is_same_v<typename detail::node_of<A>::value_type, bool>,
+                "Tessera: negation, the `-` operator, on a bool tensor is not supported (as in "
+                "PyTorch); use x == false for the logical negation");
   return detail::make_unary<ops::negate>(a);
 }
 

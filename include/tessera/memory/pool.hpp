@@ -287,9 +287,11 @@ class pool_resource {
   }
 
   // PyTorch's malloc ladder after a cache miss: a new segment; on OOM, release every cached
-  // segment and retry once; then give up.
+  // segment and retry once; then a segment of just the rounded request when the policy's segment
+  // is larger (so that under memory::set_limit a request that fits is served: a 400-byte tensor
+  // under a 1 MiB limit, where the small pool's segment is 2 MiB); then give up.
   block* allocate_segment(std::size_t bytes, std::size_t size, bool small, stream_ref stream) {
-    const std::size_t segment = size_policy_.segment_size(size);
+    std::size_t segment = size_policy_.segment_size(size);
     void* memory = upstream_allocate(segment, stream);
     if (memory == nullptr) {
       release_cached_blocks();
@@ -297,6 +299,10 @@ class pool_resource {
       // Blocks whose events completed during the release may fit now.
       if (block* b = take_free_block(small, stream, size)) return b;
       memory = upstream_allocate(segment, stream);
+      if (memory == nullptr && segment > size) {
+        segment = size;
+        memory = upstream_allocate(segment, stream);
+      }
       if (memory == nullptr) {
         ++stats_.num_ooms;
         throw out_of_memory_error(oom_message(bytes));

@@ -19,11 +19,14 @@ Tensor<T, K> empty(const Shape& shape, int device = -1) {
   return Tensor<T, K>::empty_on(shape, resolve_device<K>(device));
 }
 
-/// A tensor filled with `value`.
-template <Dtype T, DeviceKind K = cpu>
-Tensor<T, K> full(const Shape& shape, T value, int device = -1) {
+/// A tensor filled with `value` (a number converted to T; one that does not fit T, as NaN for an
+/// integer dtype, throws tessera::error before anything is allocated, as PyTorch's full).
+template <Dtype T, DeviceKind K = cpu, class S = T>
+  requires std::is_arithmetic_v<S> || std::is_same_v<S, half> || std::is_same_v<S, bfloat16>
+Tensor<T, K> full(const Shape& shape, S value, int device = -1) {
+  const T converted = checked_scalar<T>(value, "full");
   auto out = empty<T, K>(shape, device);
-  out.fill_(value);
+  out.fill_(converted);
   return out;
 }
 
@@ -65,12 +68,25 @@ Tensor<T, K> arange(double start, double end, double step = 1.0, int device = -1
     throw error("arange: end " + std::to_string(end) + " cannot be reached from start " +
                 std::to_string(start) + " with step " + std::to_string(step));
   }
-  const auto count = static_cast<std::int64_t>(std::ceil((end - start) / step));
-  std::vector<T> values(static_cast<std::size_t>(count));
-  for (std::int64_t i = 0; i < count; ++i) {
-    values[static_cast<std::size_t>(i)] = static_cast<T>(start + static_cast<double>(i) * step);
+  const double steps = std::ceil((end - start) / step);
+  // 2^62 elements: beyond any memory, and exactly representable, so the cast below is defined.
+  if (!(steps < 0x1p62)) {
+    throw shape_error("arange: start " + detail::number_str(start) + ", end " +
+                      detail::number_str(end) + " and step " + detail::number_str(step) +
+                      " give " + detail::number_str(steps) + " elements, too many for a tensor");
   }
-  return from_vector<T, K>(values, {count}, device);
+  const auto count = static_cast<std::int64_t>(steps);
+  // Written into a CPU tensor from the pool (limits and statistics apply), then moved.
+  Tensor<T, cpu> values = empty<T, cpu>({count}, std::is_same_v<K, cpu> ? device : -1);
+  T* out = values.data();
+  for (std::int64_t i = 0; i < count; ++i) {
+    out[i] = backend::store_cast<T>(start + static_cast<double>(i) * step);
+  }
+  if constexpr (std::is_same_v<K, cpu>) {
+    return values;
+  } else {
+    return values.template to<K>(device);
+  }
 }
 
 /// arange(0, end).

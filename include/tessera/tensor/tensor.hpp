@@ -68,11 +68,25 @@ inline std::optional<Strides> view_strides(const Shape& old_shape, const Strides
 /// Throws shape_error unless `count` values fill `shape` exactly. Called before anything is
 /// allocated, so a bad call changes no statistic.
 inline void check_value_count(std::size_t count, const Shape& shape, const char* operation) {
-  shape.check_non_negative(operation);
+  shape.check_size(operation);
   if (static_cast<std::int64_t>(count) != shape.numel()) {
     throw shape_error(std::string(operation) + ": " + std::to_string(count) +
                       " values do not fill shape " + shape.str() + " (" +
                       std::to_string(shape.numel()) + " elements)");
+  }
+}
+
+/// Throws tessera::error naming the operation when writing through a view of `shape` and
+/// `strides` would store several elements into one memory location (an expanded view: stride 0
+/// over an extent above 1), as PyTorch refuses; nothing has been written then.
+inline void check_not_expanded(const Shape& shape, const Strides& strides, const char* operation) {
+  if (shape.numel() == 0) return;
+  for (int d = 0; d < shape.size(); ++d) {
+    if (strides[d] == 0 && shape[d] > 1) {
+      throw error(std::string(operation) + ": the output of shape " + shape.str() +
+                  " is an expanded view (stride 0 in dimension " + std::to_string(d) +
+                  "), so several of its elements share one memory location; clone() it first");
+    }
   }
 }
 
@@ -145,13 +159,13 @@ class Tensor {
   template <class S>
     requires std::is_arithmetic_v<S> || std::is_same_v<S, half> || std::is_same_v<S, bfloat16>
   Tensor&& operator=(S value) && {
-    fill_(static_cast<T>(value));
+    fill_(value);
     return std::move(*this);
   }
 
   /// An uninitialised contiguous tensor on `device` (must be of kind Kind).
   static Tensor empty_on(const Shape& shape, Device device) {
-    shape.check_non_negative("empty");
+    shape.check_size("empty", sizeof(T));
     if (device.type != Kind::type) {
       throw device_mismatch_error("empty: device " + device.str() + " is not a " +
                                   std::string(Kind::name) + " device");
@@ -275,7 +289,7 @@ class Tensor {
     int d = shape_.normalize_dim(dim, "narrow");
     std::int64_t extent = shape_[d];
     std::int64_t first = start < 0 ? start + extent : start;
-    if (first < 0 || first > extent || length < 0 || first + length > extent) {
+    if (first < 0 || first > extent || length < 0 || length > extent - first) {
       throw shape_error("narrow: start " + std::to_string(start) + " and length " +
                         std::to_string(length) + " are out of range for dimension " +
                         std::to_string(d) + " of size " + std::to_string(extent) + " (shape " +
@@ -372,7 +386,7 @@ class Tensor {
         target[i] = shape_[j];
       }
     }
-    target.check_non_negative("expand");
+    target.check_size("expand");
     Tensor out = *this;
     out.strides_ = expand_strides(shape_, strides_, target, "expand");
     out.shape_ = target;
@@ -516,6 +530,15 @@ class Tensor {
     detail::fill_strided(detail::strided_ref<T>{data(), device(), strides_}, shape_, value);
     return *this;
   }
+  /// Sets every element to the number `value` converted to T. Throws tessera::error naming the
+  /// value and the dtype, before writing, when it does not fit T (NaN or 1e10 into int32, 300 into
+  /// uint8, 1e300 into float), as PyTorch's fill_.
+  template <class S>
+    requires(!std::is_same_v<S, T>) &&
+            (std::is_arithmetic_v<S> || std::is_same_v<S, half> || std::is_same_v<S, bfloat16>)
+  Tensor& fill_(S value) {
+    return fill_(checked_scalar<T>(value, "fill_"));
+  }
   Tensor& zero_() { return fill_(T(0)); }
 
   /// Copies `src` into this tensor, converting its dtype and crossing devices as needed; `src`
@@ -524,6 +547,7 @@ class Tensor {
   Tensor& copy_(const Tensor<U, K2>& src) {
     require_defined("copy_");
     src.require_defined("copy_ (source)");
+    detail::check_not_expanded(shape_, strides_, "copy_");
     copy_from(src);
     return *this;
   }
