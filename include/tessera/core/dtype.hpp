@@ -146,8 +146,9 @@ constexpr bool overflows(S value) {
       }
       return std::cmp_less(value, std::numeric_limits<T>::lowest()) ||
              std::cmp_greater(value, std::numeric_limits<T>::max());
-    } else {
-      return false;  // every integer is within a floating type's range
+    } else {  // into a floating type: only half's range (65504) is small enough to matter
+      return static_cast<double>(value) < static_cast<double>(std::numeric_limits<T>::lowest()) ||
+             static_cast<double>(value) > static_cast<double>(std::numeric_limits<T>::max());
     }
   } else {  // a floating number (float, double, half, bfloat16)
     const auto d = static_cast<double>(value);
@@ -158,12 +159,10 @@ constexpr bool overflows(S value) {
         return false;
       }
     }
-    if constexpr (sizeof(T) == 8 && std::is_integral_v<T>) {
-      return !(d >= -0x1p63 && d < 0x1p63);  // int64's largest value is not a double
-    } else {
-      return d < static_cast<double>(std::numeric_limits<T>::lowest()) ||
-             d > static_cast<double>(std::numeric_limits<T>::max());
-    }
+    // In double, as c10 compares: int64's largest value rounds up to 2^63 there, so 2^63 itself
+    // passes (and is stored as float_to_integer makes it, the lowest int64), as in PyTorch.
+    return d < static_cast<double>(std::numeric_limits<T>::lowest()) ||
+           d > static_cast<double>(std::numeric_limits<T>::max());
   }
 }
 

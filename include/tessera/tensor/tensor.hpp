@@ -245,6 +245,11 @@ class Tensor {
   /// Swaps dimensions a and b.
   Tensor transpose(std::int64_t a, std::int64_t b) const {
     require_defined("transpose");
+    if (dim() == 0) {  // as PyTorch: dimensions -1 and 0 of a 0-dim tensor are itself
+      Shape::normalize_dim(a, 1, "transpose");
+      Shape::normalize_dim(b, 1, "transpose");
+      return *this;
+    }
     int da = shape_.normalize_dim(a, "transpose");
     int db = shape_.normalize_dim(b, "transpose");
     Tensor out = *this;
@@ -288,7 +293,8 @@ class Tensor {
     require_defined("narrow");
     int d = shape_.normalize_dim(dim, "narrow");
     std::int64_t extent = shape_[d];
-    std::int64_t first = start < 0 ? start + extent : start;
+    // PyTorch wraps a negative start as a dimension index: an extent of 0 counts as 1 there.
+    std::int64_t first = start < 0 ? start + std::max<std::int64_t>(extent, 1) : start;
     if (first < 0 || first > extent || length < 0 || length > extent - first) {
       throw shape_error("narrow: start " + std::to_string(start) + " and length " +
                         std::to_string(length) + " are out of range for dimension " +
@@ -345,6 +351,10 @@ class Tensor {
   /// Removes dimension `dim` if its extent is 1 (PyTorch leaves other extents alone).
   Tensor squeeze(std::int64_t dim) const {
     require_defined("squeeze");
+    if (this->dim() == 0) {  // as PyTorch: dimension -1 or 0 of a 0-dim tensor is itself
+      Shape::normalize_dim(dim, 1, "squeeze");
+      return *this;
+    }
     int d = shape_.normalize_dim(dim, "squeeze");
     if (shape_[d] != 1) return *this;
     Tensor out = *this;
@@ -356,7 +366,11 @@ class Tensor {
   /// The dimensions start..end merged into one (a view when possible).
   Tensor flatten(std::int64_t start = 0, std::int64_t end = -1) const {
     require_defined("flatten");
-    if (dim() == 0) return reshape({1});
+    if (dim() == 0) {  // as PyTorch: a 0-dim tensor has dimensions -1 and 0 here
+      Shape::normalize_dim(start, 1, "flatten");
+      Shape::normalize_dim(end, 1, "flatten");
+      return reshape({1});
+    }
     int s = shape_.normalize_dim(start, "flatten");
     int e = shape_.normalize_dim(end, "flatten");
     if (s > e) {
