@@ -270,3 +270,45 @@ TEST_CASE("rand and randn draw from the device generator", "[tensor][random]") {
 }
 
 }  // namespace tensor_test
+
+namespace tensor_test {
+
+namespace {
+template <class H>
+std::vector<std::uint16_t> bits_of(const ts::Tensor<H>& t) {
+  std::vector<std::uint16_t> bits;
+  for (const H& value : t.contiguous().to_vector()) bits.push_back(value.bits());
+  return bits;
+}
+template <class H>
+H from_bits(std::uint16_t bits) {
+  return H::from_bits(bits);
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("copies of one 16-bit dtype move the bits, signalling NaNs included",
+                   "[tensor][copy][half]", ts::half, ts::bfloat16) {
+  // Signalling NaNs (quiet bit clear), a quiet NaN with a payload, -0 and an ordinary value:
+  // converting through float would set the quiet bit (0x7C01 -> 0x7E01); PyTorch's copies keep it.
+  const std::vector<std::uint16_t> bits =
+      std::is_same_v<TestType, ts::half>
+          ? std::vector<std::uint16_t>{0x7C01, 0xFC02, 0x7E05, 0x8000, 0x3C00, 0x7D00}
+          : std::vector<std::uint16_t>{0x7F81, 0xFF82, 0x7FC5, 0x8000, 0x3F80, 0x7F90};
+  std::vector<TestType> values;
+  for (auto b : bits) values.push_back(from_bits<TestType>(b));
+  const auto t = ts::from_vector<TestType>(values, {2, 3});
+  CHECK(bits_of(t) == bits);
+  CHECK(bits_of(t.clone()) == bits);
+  CHECK(bits_of(t.template to<TestType>()) == bits);
+  auto copied = ts::zeros<TestType>({2, 3});
+  copied.copy_(t);
+  CHECK(bits_of(copied) == bits);
+  // Through a strided layout both ways: transposed, made contiguous, transposed back.
+  const auto round_trip = t.t().contiguous().t();
+  CHECK(bits_of(round_trip) == bits);
+  auto filled = ts::zeros<TestType>({3});
+  filled.fill_(from_bits<TestType>(bits[0]));
+  CHECK(bits_of(filled) == std::vector<std::uint16_t>(3, bits[0]));
+}
+
+}  // namespace tensor_test

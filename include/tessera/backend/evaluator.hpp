@@ -64,11 +64,13 @@ TESSERA_HOST_DEVICE constexpr T store_cast(const V& value) {
   }
 }
 
-/// Reads one operand of stored type T; returns opmath_t<T>.
-template <class T>
+/// Reads one operand of stored type T; returns opmath_t<T>, or R when given (a copy between
+/// tensors of one dtype reads T itself, so that its bits move unchanged: a signalling NaN of half
+/// stays one, as in PyTorch's copies).
+template <class T, class R = opmath_t<T>>
 struct leaf_evaluator {
   using value_type = T;
-  using result_type = opmath_t<T>;
+  using result_type = R;
   static constexpr int leaf_count = 1;
 
   const T* data = nullptr;

@@ -59,14 +59,25 @@ struct scratch_buffer {
   scratch_buffer& operator=(const scratch_buffer&) = delete;
 };
 
+/// The evaluator of a copy from `src` to dtype To: the stored values themselves for one dtype
+/// (bits unchanged, signalling NaNs included), else a conversion through the compute type.
+template <class To, class From>
+TESSERA_HOST_DEVICE auto copy_evaluator(const From* src, const Strides& strides, int rank) {
+  if constexpr (std::is_same_v<To, From>) {
+    return backend::leaf_evaluator<From, From>(src, strides, rank);
+  } else {
+    using leaf = backend::leaf_evaluator<From>;
+    return backend::cast_evaluator<To, leaf>{leaf(src, strides, rank)};
+  }
+}
+
 /// dst = To(src) over `shape` on the CPU executor (one pass).
 template <class To, class From>
 void cpu_convert(To* dst, const Strides& dst_strides, const From* src, const Strides& src_strides,
                  const Shape& shape) {
   backend::cpu::execute(dst, dst_strides, shape, std::array<Strides, 1>{src_strides},
                         [&](const Strides* strides, int rank) {
-                          using leaf = backend::leaf_evaluator<From>;
-                          return backend::cast_evaluator<To, leaf>{leaf(src, strides[0], rank)};
+                          return copy_evaluator<To>(src, strides[0], rank);
                         });
 }
 
@@ -119,8 +130,7 @@ void convert_on_device(strided_ref<To> dst, strided_ref<const From> src, const S
   DeviceGuard<tessera::cuda> guard(dst.device.index);
   backend::cuda::execute(dst.data, dst.strides, shape, std::array<Strides, 1>{src.strides},
                          [&](const Strides* strides, int rank) {
-                           using leaf = backend::leaf_evaluator<From>;
-                           return backend::cast_evaluator<To, leaf>{leaf(src.data, strides[0], rank)};
+                           return copy_evaluator<To>(src.data, strides[0], rank);
                          });
 #elif TESSERA_CUDA
   // Not compiled by nvcc: stage both spans through the host and run the CPU loop.
