@@ -1,5 +1,7 @@
-// Parallelism over several devices (DESIGN §3.7): device threads and in-process collectives.
+// Parallelism over several devices (DESIGN §3.7): device threads, in-process collectives and
+// DataParallel.
 #pragma once
 
 #include "tessera/parallel/communicator.hpp"
+#include "tessera/parallel/data_parallel.hpp"
 #include "tessera/parallel/device_threads.hpp"

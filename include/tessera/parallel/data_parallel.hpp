@@ -1,0 +1,260 @@
+// DataParallel<M>: PyTorch's nn.DataParallel over several devices of one kind, and replicate().
+// The module lives on device_ids[0]; persistent replicas on the other devices are made once.
+// dp(x) splits the batch along `dim` into even pieces (sizes differ by at most one; a batch
+// smaller than the device count uses that many devices), copies the module's parameters and
+// buffers into the replicas' existing tensors, runs every piece at once (one host thread per
+// device, each on its share of the cores: parallel::DeviceThreads) and gathers the outputs on
+// `output_device`. Training through dp.compile is not there yet (see the README).
+#pragma once
+
+#include <algorithm>
+#include <concepts>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tessera/core/device.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/nn/module.hpp"
+#include "tessera/nn/sequential.hpp"
+#include "tessera/parallel/communicator.hpp"
+#include "tessera/parallel/device_threads.hpp"
+#include "tessera/expr/assign.hpp"
+#include "tessera/tensor/state_dict.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera::parallel {
+
+namespace detail {
+
+/// The device kind of a module type: K of `Layer<T, K>` and `Net<K>`, the first kind among a
+/// Sequential's layers; cpu for types without one (a user model that is not a template of its
+/// kind: name the kind as DataParallel's second argument when it is cuda).
+template <class M>
+struct module_kind {
+  using type = void;
+};
+template <template <DeviceKind> class M, DeviceKind K>
+struct module_kind<M<K>> {
+  using type = K;
+};
+template <template <Dtype, DeviceKind> class M, Dtype T, DeviceKind K>
+struct module_kind<M<T, K>> {
+  using type = K;
+};
+template <class... M>
+struct module_kind<nn::Sequential<M...>> {
+  template <class First, class... Rest>
+  static auto first() {
+    if constexpr (!std::is_void_v<typename module_kind<First>::type> || sizeof...(Rest) == 0) {
+      return std::type_identity<typename module_kind<First>::type>{};
+    } else {
+      return first<Rest...>();
+    }
+  }
+  using type = typename decltype(first<M...>())::type;
+};
+template <class M>
+using module_kind_t = std::conditional_t<std::is_void_v<typename module_kind<M>::type>, cpu,
+                                         typename module_kind<M>::type>;
+
+/// Throws device_mismatch_error naming the first parameter or buffer of `module` that is not on
+/// `device` (`what` names the caller).
+inline void check_module_on(const nn::Module& module, Device device, const char* what) {
+  for (const auto& [key, value] : module.state_dict()) {
+    if (value.device() != device) {
+      throw device_mismatch_error(std::string(what) + ": the module's " + key + " is on " +
+                                  value.device().str() + " but device_ids[0] is " + device.str() +
+                                  " (move the module there first, e.g. with ts::nn::to)");
+    }
+  }
+}
+
+}  // namespace detail
+
+/// A deep copy of `module` on ordinal `device` of its kind: new parameters and buffers holding
+/// copies of the values, with the requires_grad flags and training modes (not the gradients),
+/// whatever device the module is on. Unlike ts::nn::to, which returns the same module when it is
+/// already on that device, this always copies. Throws device_error for an ordinal that does not
+/// exist.
+template <class M>
+M replicate(const M& module, int device) {
+  using Kind = detail::module_kind_t<M>;
+  static_assert(std::is_same_v<nn::rebind_kind_t<M, Kind>, M>,
+                "ts::parallel::replicate: the module type changes on its own kind");
+  return nn::detail::copy_to<Kind>(module, resolve_device<Kind>(device));
+}
+
+/// PyTorch's nn.DataParallel: `module` on device_ids[0], replicas on the other devices of kind
+/// Kind (by default the module's), inputs split along `dim`, outputs gathered on `output_device`.
+template <class M, DeviceKind Kind = detail::module_kind_t<M>>
+class DataParallel {
+ public:
+  /// Every device of Kind (cpu::device_count() virtual CPU devices, or every GPU), output on the
+  /// first, split along dimension 0.
+  explicit DataParallel(M module) : DataParallel(std::move(module), all_devices()) {}
+
+  /// `device_ids`: distinct existing ordinals of Kind, the module on the first (its parameters
+  /// and buffers all there); `output_device`: where outputs are gathered (-1: device_ids[0]);
+  /// `dim`: the batch dimension of inputs and outputs. Throws std::invalid_argument for an empty
+  /// or repeated list, device_error for an ordinal that does not exist, device_mismatch_error
+  /// naming the first tensor of the module that is not on device_ids[0].
+  DataParallel(M module, std::vector<int> device_ids, int output_device = -1, int dim = 0)
+      : module_(std::move(module)),
+        threads_(checked_ids(device_ids)),
+        output_device_(output_device == -1 ? device_ids.at(0) : output_device),
+        dim_(dim) {
+    check_device(Device{Kind::type, output_device_});
+    if constexpr (is_module) detail::check_module_on(module_, device(0), "DataParallel");
+    replicas_.reserve(device_ids.size() - 1);
+    for (std::size_t i = 1; i < device_ids.size(); ++i) {
+      replicas_.push_back(replicate(module_, device_ids[i]));
+    }
+  }
+
+  DataParallel(const DataParallel&) = delete;
+  DataParallel& operator=(const DataParallel&) = delete;
+
+  /// The wrapped module (on device_ids[0]); an optimiser over its parameters trains the model.
+  M& module() noexcept { return module_; }
+  const M& module() const noexcept { return module_; }
+  const std::vector<int>& device_ids() const noexcept { return threads_.device_ids(); }
+  int output_device() const noexcept { return output_device_; }
+  int dim() const noexcept { return dim_; }
+
+  /// The module's state dict with PyTorch's `module.` prefix on every key (what
+  /// torch.nn.DataParallel saves). A plain module's load_state_dict strips it, and this
+  /// wrapper's load_state_dict adds it when missing, so checkpoints move both ways.
+  StateDict state_dict() const
+    requires std::derived_from<M, nn::Module>
+  {
+    StateDict out;
+    for (const auto& [key, value] : module_.state_dict()) out.insert("module." + key, value);
+    return out;
+  }
+  /// Loads into the module (keys with or without the `module.` prefix); the replicas take the
+  /// new values at the next call.
+  void load_state_dict(const StateDict& state_dict, bool strict = true)
+    requires std::derived_from<M, nn::Module>
+  {
+    module_.load_state_dict(state_dict, strict);
+  }
+
+  /// The module applied to `x` (a tensor of Kind on any ordinal) as one batch split over the
+  /// devices: each device runs its piece at once, the outputs concatenated along dim on
+  /// output_device. Replica i uses the module's current parameters, buffers and training mode
+  /// (BatchNorm in training mode normalises each piece with its own statistics, as in PyTorch).
+  /// Throws shape_error naming the shape when x has no dimension `dim`, or when the pieces'
+  /// outputs cannot be concatenated.
+  template <Dtype T>
+  auto operator()(const Tensor<T, Kind>& x) {
+    if (!x.defined()) throw error("DataParallel: the input is undefined");
+    const int d = x.shape().normalize_dim(dim_, "DataParallel (dim of the input)");
+    const std::int64_t batch = x.size(d);
+    const int used = static_cast<int>(std::max<std::int64_t>(
+        1, std::min<std::int64_t>(batch, static_cast<std::int64_t>(threads_.size()))));
+    const std::vector<std::int64_t> sizes = even_split(batch, used);
+    std::vector<std::int64_t> offsets(sizes.size(), 0);
+    for (std::size_t i = 1; i < sizes.size(); ++i) offsets[i] = offsets[i - 1] + sizes[i - 1];
+
+    using Out = decltype(run(module_, x));
+    std::vector<Out> outputs(static_cast<std::size_t>(used));
+    // First every replica takes the module's state, then all run: the module's own forward on
+    // device_ids[0] may update its buffers (BatchNorm's running statistics) while running.
+    if (is_module && used > 1) {
+      threads_.run([&](int member) {
+        if (member > 0 && member < used) refresh(replicas_[static_cast<std::size_t>(member - 1)]);
+      });
+    }
+    threads_.run([&](int member) {
+      if (member >= used) return;
+      M& replica = member == 0 ? module_ : replicas_[static_cast<std::size_t>(member - 1)];
+      const auto i = static_cast<std::size_t>(member);
+      const Tensor<T, Kind> piece = x.narrow(d, offsets[i], sizes[i]).to(device_ids()[i]);
+      outputs[i] = run(replica, piece);
+    });
+    return gather(outputs);
+  }
+
+ private:
+  static std::vector<int> all_devices() {
+    std::vector<int> ids(static_cast<std::size_t>(device_count(Kind::type)));
+    for (std::size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<int>(i);
+    return ids;
+  }
+  static std::vector<int> checked_ids(const std::vector<int>& ids) {
+    parallel::detail::check_device_ids<Kind>(ids, "DataParallel");
+    return ids;
+  }
+  Device device(int member) const { return threads_.device(member); }
+
+  static constexpr bool is_module = std::derived_from<M, nn::Module>;
+
+  // The module's values, buffers and training modes copied into a replica's existing tensors.
+  void refresh(M& replica) const {
+    if constexpr (is_module) {
+      const StateDict source = module_.state_dict();
+      const StateDict target = replica.state_dict();
+      auto from = source.begin();
+      for (auto to = target.begin(); to != target.end(); ++to, ++from) {
+        nn::detail::copy_tensor(to->second, from->second);
+      }
+      nn::detail::copy_training_modes(module_, replica);
+    } else {
+      (void)replica;  // a layer without state (ReLU)
+    }
+  }
+
+  // A replica's output on its piece, as a tensor (a lazy expression is evaluated).
+  template <class X>
+  static auto run(M& replica, const X& x) {
+    auto out = replica.forward(x);
+    if constexpr (tessera::detail::is_tensor<decltype(out)>::value) {
+      return out;
+    } else {
+      return tessera::eval(out);
+    }
+  }
+
+  // The pieces' outputs concatenated along dim on output_device, each member copying its own.
+  template <class Out>
+  Out gather(const std::vector<Out>& outputs) {
+    const Out& first = outputs[0];
+    const int d = first.shape().normalize_dim(dim_, "DataParallel (dim of the outputs)");
+    Shape shape = first.shape();
+    shape[d] = 0;
+    for (const Out& out : outputs) {
+      Shape expected = first.shape();
+      expected[d] = out.size(d);
+      if (out.shape() != expected) {
+        throw shape_error("DataParallel: the replicas' outputs " + first.shape().str() + " and " +
+                          out.shape().str() + " cannot be concatenated along dimension " +
+                          std::to_string(d));
+      }
+      shape[d] += out.size(d);
+    }
+    using T = typename Out::value_type;
+    if (outputs.size() == 1 && first.device_index() == output_device_) return first;
+    Out gathered = Tensor<T, Kind>::empty_on(shape, Device{Kind::type, output_device_});
+    std::vector<std::int64_t> offsets(outputs.size(), 0);
+    for (std::size_t i = 1; i < outputs.size(); ++i) {
+      offsets[i] = offsets[i - 1] + outputs[i - 1].size(d);
+    }
+    threads_.run([&](int member) {
+      const auto i = static_cast<std::size_t>(member);
+      if (i < outputs.size()) gathered.narrow(d, offsets[i], outputs[i].size(d)).copy_(outputs[i]);
+    });
+    return gathered;
+  }
+
+  M module_;
+  std::vector<M> replicas_;
+  DeviceThreads<Kind> threads_;
+  int output_device_;
+  int dim_;
+};
+
+}  // namespace tessera::parallel
