@@ -10,12 +10,15 @@
 #include <algorithm>
 #include <concepts>
 #include <cstdint>
+#include <memory>
+#include <tuple>
 #include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
 #include <vector>
 
+#include "tessera/autograd/program.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/nn/module.hpp"
@@ -73,6 +76,14 @@ inline void check_module_on(const nn::Module& module, Device device, const char*
   }
 }
 
+/// R of an autograd::Program<R>: the tensor its forward returns.
+template <class P>
+struct program_result;
+template <class R>
+struct program_result<autograd::Program<R>> {
+  using type = R;
+};
+
 }  // namespace detail
 
 /// A deep copy of `module` on ordinal `device` of its kind: new parameters and buffers holding
@@ -87,6 +98,9 @@ M replicate(const M& module, int device) {
                 "ts::parallel::replicate: the module type changes on its own kind");
   return nn::detail::copy_to<Kind>(module, resolve_device<Kind>(device));
 }
+
+template <class M, DeviceKind Kind, class Program, class Inputs>
+class DataParallelProgram;
 
 /// PyTorch's nn.DataParallel: `module` on device_ids[0], replicas on the other devices of kind
 /// Kind (by default the module's), inputs split along `dim`, outputs gathered on `output_device`.
@@ -142,6 +156,18 @@ class DataParallel {
   {
     module_.load_state_dict(state_dict, strict);
   }
+
+  /// Training over the devices: `fn(module, vars...)` returns the loss of the batch it is given
+  /// as a mean over that batch (cross_entropy, mse_loss); `specs` (autograd::input) describe the
+  /// whole batch, each split along dim; an autograd::Options may follow. Compiles one program per
+  /// device, for its replica and its piece of the batch (a batch smaller than the device count
+  /// uses that many). The result's forward(tensors...) returns the whole batch's loss (the
+  /// pieces' losses weighted by their sizes: the one-device loss) and its backward() adds the
+  /// whole batch's gradient into the module's parameters on device_ids[0], so an optimiser over
+  /// module().parameters() works unchanged. The replicas' gradients are their own (zeroed at
+  /// each backward), and only the module's BatchNorm running statistics are kept.
+  template <class Fn, class... Args>
+  auto compile(Fn fn, const Args&... args);
 
   /// The module applied to `x` (a tensor of Kind on any ordinal) as one batch split over the
   /// devices: each device runs its piece at once, the outputs concatenated along dim on
@@ -250,11 +276,196 @@ class DataParallel {
     return gathered;
   }
 
+  template <class, DeviceKind, class, class>
+  friend class DataParallelProgram;
+
   M module_;
   std::vector<M> replicas_;
   DeviceThreads<Kind> threads_;
   int output_device_;
   int dim_;
 };
+
+/// The program of DataParallel::compile: one autograd Program per device used, run at once.
+/// `Inputs` is the std::tuple of the inputs' tensor types.
+template <class M, DeviceKind Kind, class Program, class Inputs>
+class DataParallelProgram {
+ public:
+  using Result = typename detail::program_result<Program>::type;
+
+  /// Copies the module's state into the replicas, each piece of `inputs` (tensors of the specs'
+  /// dtypes and whole-batch shapes, on any ordinal of Kind) into its device's input buffers, runs
+  /// every device's forward at once, and returns the whole batch's loss on device_ids[0] (a
+  /// buffer overwritten by the next forward). Throws shape_error naming the expected whole-batch
+  /// shape for an input of another shape.
+  template <class... Ts>
+  Result forward(const Ts&... inputs) {
+    static_assert(std::is_same_v<std::tuple<std::remove_cvref_t<Ts>...>, Inputs>,
+                  "DataParallel program: forward takes tensors of the compiled specs' dtypes and "
+                  "device kind, in order");
+    std::size_t k = 0;
+    (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
+    auto& dp = *owner_;
+    const int used = devices();
+    if (used > 1) {
+      dp.threads_.run([&](int member) {
+        if (member > 0 && member < used) {
+          dp.refresh(dp.replicas_[static_cast<std::size_t>(member - 1)]);
+        }
+      });
+    }
+    dp.threads_.run([&](int member) {
+      if (member >= used) return;
+      const auto m = static_cast<std::size_t>(member);
+      std::apply(
+          [&](auto&... buffers) {
+            (buffers.copy_(inputs.narrow(dim_, offsets_[m], sizes_[m])), ...);
+            losses_[m] = static_cast<double>(programs_[m].forward(buffers...).item());
+          },
+          buffers_[m]);
+    });
+    double total = 0;
+    for (double loss : losses_) total += loss;
+    loss_.fill_(static_cast<typename Result::value_type>(total));
+    return loss_;
+  }
+
+  /// Every device's backward at once (the replicas' gradients zeroed first), then the replicas'
+  /// gradients summed into the module's (which accumulate, as Program::backward's do).
+  void backward() {
+    auto& dp = *owner_;
+    const int used = devices();
+    dp.threads_.run([&](int member) {
+      if (member >= used) return;
+      if (member > 0) dp.replicas_[static_cast<std::size_t>(member - 1)].zero_grad();
+      programs_[static_cast<std::size_t>(member)].backward();
+    });
+    if (used == 1) return;
+    std::vector<std::vector<nn::ParameterRef>> parameters;
+    parameters.push_back(dp.module_.parameters());
+    for (int i = 1; i < used; ++i) {
+      parameters.push_back(dp.replicas_[static_cast<std::size_t>(i - 1)].parameters());
+    }
+    for (std::size_t p = 0; p < parameters[0].size(); ++p) {
+      const AnyTensor root = parameters[0][p].grad();
+      if (!root.defined()) continue;  // a parameter the loss does not use
+      visit_dtype(root.dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (is_floating_point_v<T>) {  // gradients are floating
+          std::vector<Tensor<T, Kind>> grads{root.template as<T, Kind>()};
+          for (int i = 1; i < used; ++i) {
+            const AnyTensor g = parameters[static_cast<std::size_t>(i)][p].grad();
+            grads.push_back(g.template as<T, Kind>());
+          }
+          communicator_->reduce(grads, 0, ReduceOp::sum);
+        }
+      });
+    }
+  }
+
+  /// Number of devices the batch is split over, and each piece's size along dim.
+  int devices() const noexcept { return static_cast<int>(programs_.size()); }
+  const std::vector<std::int64_t>& split_sizes() const noexcept { return sizes_; }
+  /// Device i's own program (its memory plan, its hooks).
+  Program& program(int i) { return programs_.at(static_cast<std::size_t>(i)); }
+
+  DataParallelProgram(DataParallel<M, Kind>* owner, std::vector<Program> programs,
+                      std::vector<Shape> shapes, std::vector<std::int64_t> sizes, int dim,
+                      std::vector<Inputs> buffers)
+      : owner_(owner),
+        programs_(std::move(programs)),
+        shapes_(std::move(shapes)),
+        sizes_(std::move(sizes)),
+        offsets_(sizes_.size(), 0),
+        dim_(dim),
+        buffers_(std::move(buffers)),
+        losses_(sizes_.size(), 0.0) {
+    for (std::size_t i = 1; i < sizes_.size(); ++i) offsets_[i] = offsets_[i - 1] + sizes_[i - 1];
+    const std::vector<int>& ids = owner->device_ids();
+    const std::vector<int> used(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(sizes_.size()));
+    if (used.size() > 1) communicator_ = std::make_unique<Communicator<Kind>>(used);
+    loss_ = Result::empty_on({}, Device{Kind::type, ids[0]});
+  }
+
+ private:
+  void check_input(std::size_t k, const Shape& shape) const {
+    if (shape != shapes_[k]) {
+      throw shape_error("DataParallel program: input " + std::to_string(k) + " has shape " +
+                        shape.str() + ", expected the whole batch's " + shapes_[k].str());
+    }
+  }
+
+  DataParallel<M, Kind>* owner_;
+  std::vector<Program> programs_;
+  std::vector<Shape> shapes_;
+  std::vector<std::int64_t> sizes_;
+  std::vector<std::int64_t> offsets_;
+  int dim_;
+  std::vector<Inputs> buffers_;  // each device's input tensors (its pieces)
+  std::vector<double> losses_;
+  std::unique_ptr<Communicator<Kind>> communicator_;
+  Result loss_;
+};
+
+template <class M, DeviceKind Kind>
+template <class Fn, class... Args>
+auto DataParallel<M, Kind>::compile(Fn fn, const Args&... args) {
+  constexpr bool has_options = autograd::detail::ends_with_options<Args...>();
+  constexpr std::size_t spec_count = sizeof...(Args) - (has_options ? 1 : 0);
+  static_assert(spec_count > 0, "DataParallel::compile(fn, specs..., options): no input spec");
+  const auto all = std::tie(args...);
+  autograd::Options options;
+  if constexpr (has_options) options = std::get<sizeof...(Args) - 1>(all);
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    const std::vector<Shape> shapes{std::get<I>(all).shape...};
+    // The batch: each input's extent along dim, which must agree.
+    std::int64_t batch = -1;
+    for (std::size_t k = 0; k < shapes.size(); ++k) {
+      const int d = shapes[k].normalize_dim(dim_, "DataParallel::compile (dim of an input)");
+      if (batch >= 0 && shapes[k][d] != batch) {
+        throw shape_error("DataParallel::compile: the inputs disagree on the batch along dim " +
+                          std::to_string(dim_) + ": " + shapes[0].str() + " and " +
+                          shapes[k].str());
+      }
+      batch = shapes[k][d];
+    }
+    const int used = static_cast<int>(std::max<std::int64_t>(
+        1, std::min<std::int64_t>(batch, static_cast<std::int64_t>(threads_.size()))));
+    const std::vector<std::int64_t> sizes = even_split(batch, used);
+    auto piece_spec = [&](auto spec, int member) {
+      spec.shape[spec.shape.normalize_dim(dim_)] = sizes[static_cast<std::size_t>(member)];
+      spec.device = device_ids()[static_cast<std::size_t>(member)];
+      return spec;
+    };
+    using Inputs = std::tuple<Tensor<typename std::tuple_element_t<I, std::tuple<Args...>>::value_type,
+                                     Kind>...>;
+    auto compile_member = [&](int member) {
+      M& replica = member == 0 ? module_ : replicas_[static_cast<std::size_t>(member - 1)];
+      // The piece's mean loss weighted by its share of the batch: the pieces add up to the
+      // whole batch's mean.
+      const double weight = static_cast<double>(sizes[static_cast<std::size_t>(member)]) /
+                            static_cast<double>(batch);
+      auto replica_fn = [&fn, &replica, weight](auto... vars) {
+        return fn(replica, vars...) * weight;  // 1 exactly for one device
+      };
+      return autograd::compile(replica_fn, piece_spec(std::get<I>(all), member)..., options);
+    };
+    using Program = decltype(compile_member(0));
+    std::vector<Program> programs;
+    std::vector<Inputs> buffers;
+    for (int member = 0; member < used; ++member) {
+      // Compiled on the member's own thread: tracing makes tensors on the current device.
+      std::optional<Program> compiled;
+      threads_.run([&](int m) {
+        if (m == member) compiled.emplace(compile_member(member));
+      });
+      programs.push_back(std::move(*compiled));
+      buffers.push_back(Inputs{Tensor<typename std::tuple_element_t<I, Inputs>::value_type, Kind>::empty_on(
+          piece_spec(std::get<I>(all), member).shape, device(member))...});
+    }
+    return DataParallelProgram<M, Kind, Program, Inputs>(this, std::move(programs), shapes,
+                                                         sizes, dim_, std::move(buffers));
+  }(std::make_index_sequence<spec_count>{});
+}
 
 }  // namespace tessera::parallel
