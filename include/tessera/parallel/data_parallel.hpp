@@ -8,6 +8,7 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <concepts>
 #include <cstdint>
 #include <memory>
@@ -307,16 +308,21 @@ class DataParallelProgram {
     (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
     auto& dp = *owner_;
     const int used = devices();
-    if (used > 1) {
+    // Buffers first, all replicas at once: the module's own forward (member 0) may update them
+    // (BatchNorm's running statistics). Parameters it only reads, so each replica copies its
+    // parameters in the same pass as its forward while member 0 computes.
+    if (has_buffers_) {
       dp.threads_.run([&](int member) {
-        if (member > 0 && member < used) {
-          dp.refresh(dp.replicas_[static_cast<std::size_t>(member - 1)]);
-        }
+        if (member > 0 && member < used) copy_all(buffer_copies_[static_cast<std::size_t>(member)]);
       });
     }
     dp.threads_.run([&](int member) {
       if (member >= used) return;
       const auto m = static_cast<std::size_t>(member);
+      if (member > 0) {
+        copy_all(parameter_copies_[m]);
+        nn::detail::copy_training_modes(dp.module_, dp.replicas_[m - 1]);
+      }
       std::apply(
           [&](auto&... buffers) {
             (buffers.copy_(inputs.narrow(dim_, offsets_[m], sizes_[m])), ...);
@@ -330,36 +336,23 @@ class DataParallelProgram {
     return loss_;
   }
 
-  /// Every device's backward at once (the replicas' gradients zeroed first), then the replicas'
-  /// gradients summed into the module's (which accumulate, as Program::backward's do).
+  /// Every device's backward at once; the replicas' gradients are summed into the module's
+  /// (which accumulate, as Program::backward's do). On CPU devices each parameter's gradients are
+  /// summed as soon as every device has it final (Program::on_gradient_ready), by the last device
+  /// to get there, while the others go on with their backward, and the replicas' gradients are
+  /// zeroed in the same pass; on CUDA, after the backward, through NCCL.
   void backward() {
     auto& dp = *owner_;
     const int used = devices();
     dp.threads_.run([&](int member) {
       if (member >= used) return;
-      if (member > 0) dp.replicas_[static_cast<std::size_t>(member - 1)].zero_grad();
+      if constexpr (!std::is_same_v<Kind, cpu>) {
+        if (member > 0) dp.replicas_[static_cast<std::size_t>(member - 1)].zero_grad();
+      }
       programs_[static_cast<std::size_t>(member)].backward();
     });
-    if (used == 1) return;
-    std::vector<std::vector<nn::ParameterRef>> parameters;
-    parameters.push_back(dp.module_.parameters());
-    for (int i = 1; i < used; ++i) {
-      parameters.push_back(dp.replicas_[static_cast<std::size_t>(i - 1)].parameters());
-    }
-    for (std::size_t p = 0; p < parameters[0].size(); ++p) {
-      const AnyTensor root = parameters[0][p].grad();
-      if (!root.defined()) continue;  // a parameter the loss does not use
-      visit_dtype(root.dtype(), [&](auto tag) {
-        using T = typename decltype(tag)::type;
-        if constexpr (is_floating_point_v<T>) {  // gradients are floating
-          std::vector<Tensor<T, Kind>> grads{root.template as<T, Kind>()};
-          for (int i = 1; i < used; ++i) {
-            const AnyTensor g = parameters[static_cast<std::size_t>(i)][p].grad();
-            grads.push_back(g.template as<T, Kind>());
-          }
-          communicator_->reduce(grads, 0, ReduceOp::sum);
-        }
-      });
+    if constexpr (!std::is_same_v<Kind, cpu>) {
+      if (used > 1) reduce_after_backward();
     }
   }
 
@@ -383,8 +376,37 @@ class DataParallelProgram {
     for (std::size_t i = 1; i < sizes_.size(); ++i) offsets_[i] = offsets_[i - 1] + sizes_[i - 1];
     const std::vector<int>& ids = owner->device_ids();
     const std::vector<int> used(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(sizes_.size()));
-    if (used.size() > 1) communicator_ = std::make_unique<Communicator<Kind>>(used);
     loss_ = Result::empty_on({}, Device{Kind::type, ids[0]});
+    if (used.size() == 1) return;
+    // What each replica copies from the module at each forward, found once.
+    parameter_copies_.resize(used.size());
+    buffer_copies_.resize(used.size());
+    const auto module_parameters = owner->module_.parameters();
+    const auto module_buffers = owner->module_.buffers();
+    has_buffers_ = !module_buffers.empty();
+    for (std::size_t m = 1; m < used.size(); ++m) {
+      const M& replica = owner->replicas_[m - 1];
+      const auto parameters = replica.parameters();
+      for (std::size_t p = 0; p < parameters.size(); ++p) {
+        parameter_copies_[m].emplace_back(parameters[p].value(), module_parameters[p].value());
+      }
+      const auto buffers = replica.buffers();
+      for (std::size_t b = 0; b < buffers.size(); ++b) {
+        buffer_copies_[m].emplace_back(buffers[b].value(), module_buffers[b].value());
+      }
+    }
+    if constexpr (std::is_same_v<Kind, cpu>) {
+      reduction_ = std::make_shared<overlapped_reduction>(static_cast<int>(used.size()),
+                                                          programs_[0].parameter_count());
+      for (std::size_t m = 0; m < used.size(); ++m) {
+        programs_[m].on_gradient_ready(
+            [state = reduction_, member = static_cast<int>(m)](const autograd::GradientReady& r) {
+              state->ready(member, r);
+            });
+      }
+    } else {
+      communicator_ = std::make_unique<Communicator<Kind>>(used);
+    }
   }
 
  private:
@@ -392,6 +414,78 @@ class DataParallelProgram {
     if (shape != shapes_[k]) {
       throw shape_error("DataParallel program: input " + std::to_string(k) + " has shape " +
                         shape.str() + ", expected the whole batch's " + shapes_[k].str());
+    }
+  }
+
+  // One parameter's gradients from every device meet here (CPU devices): the last device to
+  // report a parameter's gradient final sums them into the module's (device 0's) and zeroes the
+  // replicas', block by block so each block is read and rewritten while in cache.
+  struct overlapped_reduction {
+    overlapped_reduction(int devices, std::size_t parameters)
+        : devices(devices),
+          grads(parameters, std::vector<AnyTensor>(static_cast<std::size_t>(devices))),
+          arrived(new std::atomic<int>[parameters]()) {}
+
+    void ready(int member, const autograd::GradientReady& r) {
+      grads[r.index][static_cast<std::size_t>(member)] = r.grad;
+      if (arrived[r.index].fetch_add(1, std::memory_order_acq_rel) + 1 != devices) return;
+      arrived[r.index].store(0, std::memory_order_relaxed);  // every device has been here
+      reduce(grads[r.index]);
+    }
+
+    static void reduce(const std::vector<AnyTensor>& g) {
+      visit_dtype(g[0].dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (is_floating_point_v<T>) {  // gradients are floating
+          std::vector<const T*> sources;
+          for (const AnyTensor& t : g) sources.push_back(static_cast<const T*>(t.data_ptr()));
+          T* target = static_cast<T*>(g[0].data_ptr());
+          const std::int64_t n = g[0].numel();
+          constexpr std::int64_t block = 8192;
+          for (std::int64_t first = 0; first < n; first += block) {
+            const std::int64_t last = std::min(n, first + block);
+            detail::reduce_elements(ReduceOp::sum, sources.data(), static_cast<int>(g.size()),
+                                    &target, 1, first, last);
+            for (std::size_t m = 1; m < g.size(); ++m) {
+              std::fill(static_cast<T*>(g[m].data_ptr()) + first,
+                        static_cast<T*>(g[m].data_ptr()) + last, T(0));
+            }
+          }
+        }
+      });
+    }
+
+    int devices;
+    std::vector<std::vector<AnyTensor>> grads;  // [parameter][device]
+    std::unique_ptr<std::atomic<int>[]> arrived;
+  };
+
+  static void copy_all(const std::vector<std::pair<AnyTensor, AnyTensor>>& copies) {
+    for (const auto& [to, from] : copies) nn::detail::copy_tensor(to, from);
+  }
+
+  // CUDA: the replicas' gradients summed into the module's through NCCL, after the backward.
+  void reduce_after_backward() {
+    auto& dp = *owner_;
+    const int used = devices();
+    std::vector<std::vector<nn::ParameterRef>> parameters;
+    parameters.push_back(dp.module_.parameters());
+    for (int i = 1; i < used; ++i) {
+      parameters.push_back(dp.replicas_[static_cast<std::size_t>(i - 1)].parameters());
+    }
+    for (std::size_t p = 0; p < parameters[0].size(); ++p) {
+      const AnyTensor root = parameters[0][p].grad();
+      if (!root.defined()) continue;  // a parameter the loss does not use
+      visit_dtype(root.dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (is_floating_point_v<T>) {  // gradients are floating
+          std::vector<Tensor<T, Kind>> grads{root.template as<T, Kind>()};
+          for (int i = 1; i < used; ++i) {
+            grads.push_back(parameters[static_cast<std::size_t>(i)][p].grad().template as<T, Kind>());
+          }
+          communicator_->reduce(grads, 0, ReduceOp::sum);
+        }
+      });
     }
   }
 
@@ -403,7 +497,11 @@ class DataParallelProgram {
   int dim_;
   std::vector<Inputs> buffers_;  // each device's input tensors (its pieces)
   std::vector<double> losses_;
-  std::unique_ptr<Communicator<Kind>> communicator_;
+  std::vector<std::vector<std::pair<AnyTensor, AnyTensor>>> parameter_copies_;  // [device]
+  std::vector<std::vector<std::pair<AnyTensor, AnyTensor>>> buffer_copies_;     // (to, from)
+  bool has_buffers_ = false;
+  std::shared_ptr<overlapped_reduction> reduction_;  // CPU
+  std::unique_ptr<Communicator<Kind>> communicator_;  // CUDA
   Result loss_;
 };
 
