@@ -390,9 +390,9 @@ class DataParallelProgram {
       for (std::size_t p = 0; p < parameters.size(); ++p) {
         parameter_copies_[m].emplace_back(parameters[p].value(), module_parameters[p].value());
       }
-      const auto buffers = replica.buffers();
-      for (std::size_t b = 0; b < buffers.size(); ++b) {
-        buffer_copies_[m].emplace_back(buffers[b].value(), module_buffers[b].value());
+      const auto replica_buffers = replica.buffers();
+      for (std::size_t b = 0; b < replica_buffers.size(); ++b) {
+        buffer_copies_[m].emplace_back(replica_buffers[b].value(), module_buffers[b].value());
       }
     }
     if constexpr (std::is_same_v<Kind, cpu>) {
@@ -421,9 +421,9 @@ class DataParallelProgram {
   // report a parameter's gradient final sums them into the module's (device 0's) and zeroes the
   // replicas', block by block so each block is read and rewritten while in cache.
   struct overlapped_reduction {
-    overlapped_reduction(int devices, std::size_t parameters)
-        : devices(devices),
-          grads(parameters, std::vector<AnyTensor>(static_cast<std::size_t>(devices))),
+    overlapped_reduction(int device_count, std::size_t parameters)
+        : devices(device_count),
+          grads(parameters, std::vector<AnyTensor>(static_cast<std::size_t>(device_count))),
           arrived(new std::atomic<int>[parameters]()) {}
 
     void ready(int member, const autograd::GradientReady& r) {
