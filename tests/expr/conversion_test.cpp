@@ -110,7 +110,9 @@ TEST_CASE("floating to integer conversions give PyTorch's results for every inpu
 
 // PyTorch's fill_ takes a Python int for integral numbers; the test passes an int64 number then
 // (the overflow rules differ: -1 wraps into uint8 as an integer, not as a float).
-bool integral_number(double v) { return std::isfinite(v) && v == std::trunc(v) && std::abs(v) < 0x1p62; }
+bool integral_number(double v) {
+  return std::isfinite(v) && v == std::trunc(v) && std::abs(v) < 0x1p62;
+}
 
 template <class T>
 void check_fill(const char* target) {
@@ -172,7 +174,8 @@ TEST_CASE("pow of an integer tensor by a negative integer number throws, as PyTo
   CHECK_THROWS_WITH(ts::pow(x, -1), Catch::Contains("negative integer powers") &&
                                          Catch::Contains("-1") && Catch::Contains("int32"));
   // A float exponent, or a float base, is fine (PyTorch promotes to float).
-  CHECK(ts::Tensor<float>(ts::pow(x, -1.0)).to_vector() == std::vector<float>{1.0f, 0.5f, 1.0f / 3});
+  CHECK(ts::Tensor<float>(ts::pow(x, -1.0)).to_vector() ==
+        std::vector<float>{1.0f, 0.5f, 1.0f / 3});
   CHECK(ts::Tensor<std::int32_t>(ts::pow(x, 2)).to_vector() == std::vector<std::int32_t>{1, 4, 9});
   // A tensor of exponents keeps PyTorch's integer results (1 and -1 keep magnitude 1, else 0).
   const auto bases = ts::from_vector<std::int32_t>({1, -1, -1, 2}, {4});

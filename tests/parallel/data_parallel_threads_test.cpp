@@ -26,7 +26,8 @@ namespace par = tessera::parallel;
 ts::Tensor<double> batch_of(std::int64_t rows, std::int64_t columns, int seed = 0) {
   std::vector<double> values(static_cast<std::size_t>(rows * columns));
   for (std::size_t i = 0; i < values.size(); ++i) {
-    values[i] = static_cast<double>((static_cast<int>(i) * 7919 + seed * 104729) % 2001 - 1000) / 400.0;
+    const int hashed = (static_cast<int>(i) * 7919 + seed * 104729) % 2001 - 1000;
+    values[i] = static_cast<double>(hashed) / 400.0;
   }
   return ts::from_vector<double>(values, {rows, columns});
 }

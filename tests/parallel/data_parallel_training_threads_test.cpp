@@ -187,8 +187,12 @@ TEST_CASE("DataParallel training with BatchNorm: each piece its own statistics",
   CHECK(std::abs(got_loss - want_loss) <= 1e-12 * (1 + std::abs(want_loss)));
   // Gradients: the reference accumulated the three pieces' weighted gradients.
   std::vector<std::vector<double>> got, want;
-  for (const auto& p : model.parameters()) got.push_back(p.grad().as<double, ts::cpu>().to_vector());
-  for (const auto& p : reference.parameters()) want.push_back(p.grad().as<double, ts::cpu>().to_vector());
+  for (const auto& p : model.parameters()) {
+    got.push_back(p.grad().as<double, ts::cpu>().to_vector());
+  }
+  for (const auto& p : reference.parameters()) {
+    want.push_back(p.grad().as<double, ts::cpu>().to_vector());
+  }
   check_close(got, want, 1e-12);
   // Running statistics: one update, from the first piece (device_ids[0]'s), as in PyTorch.
   check_close({model.get<1>().running_mean().value().to_vector(),

@@ -65,7 +65,8 @@ TEST_CASE("arange refuses counts that cannot be a tensor and allocates from the 
   CHECK_THROWS_AS(ts::arange<float>(0, 1e12), ts::out_of_memory_error);
   CHECK(ts::arange<std::int64_t>(2, 11, 3).to_vector() == std::vector<std::int64_t>{2, 5, 8});
   // Values beyond the dtype's range convert as PyTorch's casts do (modulo 256 for uint8 here).
-  CHECK(ts::arange<std::uint8_t>(254, 258).to_vector() == std::vector<std::uint8_t>{254, 255, 0, 1});
+  CHECK(ts::arange<std::uint8_t>(254, 258).to_vector() ==
+        std::vector<std::uint8_t>{254, 255, 0, 1});
 }
 
 TEST_CASE("ordinals below -1 are errors, not the current device", "[tensor][errors]") {

@@ -171,7 +171,8 @@ constexpr bool overflows(S value) {
 template <class T, class S>
 T checked_scalar(S value, const char* operation) {
   if (overflows<T>(value)) {
-    throw error(std::string(operation) + ": value " + detail::number_str(static_cast<double>(value)) +
+    throw error(std::string(operation) + ": value " +
+                detail::number_str(static_cast<double>(value)) +
                 " cannot be converted to dtype " + name(scalar_type_of<T>) + " without overflow");
   }
   if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool> && !std::is_integral_v<S>) {

@@ -165,10 +165,69 @@ class DataParallel {
   /// uses that many). The result's forward(tensors...) returns the whole batch's loss (the
   /// pieces' losses weighted by their sizes: the one-device loss) and its backward() adds the
   /// whole batch's gradient into the module's parameters on device_ids[0], so an optimiser over
-  /// module().parameters() works unchanged. The replicas' gradients are their own (zeroed at
-  /// each backward), and only the module's BatchNorm running statistics are kept.
+  /// module().parameters() works unchanged. The replicas' gradients are summed into the
+  /// module's and zeroed at each backward, and only the module's BatchNorm running statistics
+  /// are kept.
   template <class Fn, class... Args>
-  auto compile(Fn fn, const Args&... args);
+  auto compile(Fn fn, const Args&... args) {
+    constexpr bool has_options = autograd::detail::ends_with_options<Args...>();
+    constexpr std::size_t spec_count = sizeof...(Args) - (has_options ? 1 : 0);
+    static_assert(spec_count > 0, "DataParallel::compile(fn, specs..., options): no input spec");
+    const auto all = std::tie(args...);
+    autograd::Options options;
+    if constexpr (has_options) options = std::get<sizeof...(Args) - 1>(all);
+    return [&]<std::size_t... I>(std::index_sequence<I...>) {
+      const std::vector<Shape> shapes{std::get<I>(all).shape...};
+      // The batch: each input's extent along dim, which must agree.
+      std::int64_t batch = -1;
+      for (std::size_t k = 0; k < shapes.size(); ++k) {
+        const int d = shapes[k].normalize_dim(dim_, "DataParallel::compile (dim of an input)");
+        if (batch >= 0 && shapes[k][d] != batch) {
+          throw shape_error("DataParallel::compile: the inputs disagree on the batch along dim " +
+                            std::to_string(dim_) + ": " + shapes[0].str() + " and " +
+                            shapes[k].str());
+        }
+        batch = shapes[k][d];
+      }
+      const int used = static_cast<int>(std::max<std::int64_t>(
+          1, std::min<std::int64_t>(batch, static_cast<std::int64_t>(threads_.size()))));
+      const std::vector<std::int64_t> sizes = even_split(batch, used);
+      auto piece_spec = [&](auto spec, int member) {
+        spec.shape[spec.shape.normalize_dim(dim_)] = sizes[static_cast<std::size_t>(member)];
+        spec.device = device_ids()[static_cast<std::size_t>(member)];
+        return spec;
+      };
+      using Specs = std::tuple<Args...>;
+      using Inputs =
+          std::tuple<Tensor<typename std::tuple_element_t<I, Specs>::value_type, Kind>...>;
+      auto compile_member = [&](int member) {
+        M& replica = member == 0 ? module_ : replicas_[static_cast<std::size_t>(member - 1)];
+        // The piece's mean loss weighted by its share of the batch: the pieces add up to the
+        // whole batch's mean.
+        const double weight = static_cast<double>(sizes[static_cast<std::size_t>(member)]) /
+                              static_cast<double>(batch);
+        auto replica_fn = [&fn, &replica, weight](auto... vars) {
+          return fn(replica, vars...) * weight;  // 1 exactly for one device
+        };
+        return autograd::compile(replica_fn, piece_spec(std::get<I>(all), member)..., options);
+      };
+      using Program = decltype(compile_member(0));
+      std::vector<Program> programs;
+      std::vector<Inputs> buffers;
+      for (int member = 0; member < used; ++member) {
+        // Compiled on the member's own thread: tracing makes tensors on the current device.
+        std::optional<Program> compiled;
+        threads_.run([&](int m) {
+          if (m == member) compiled.emplace(compile_member(member));
+        });
+        programs.push_back(std::move(*compiled));
+        buffers.push_back(Inputs{std::tuple_element_t<I, Inputs>::empty_on(
+            piece_spec(std::get<I>(all), member).shape, device(member))...});
+      }
+      return DataParallelProgram<M, Kind, Program, Inputs>(this, std::move(programs), shapes,
+                                                           sizes, dim_, std::move(buffers));
+    }(std::make_index_sequence<spec_count>{});
+  }
 
   /// The module applied to `x` (a tensor of Kind on any ordinal) as one batch split over the
   /// devices: each device runs its piece at once, the outputs concatenated along dim on
@@ -375,7 +434,8 @@ class DataParallelProgram {
         losses_(sizes_.size(), 0.0) {
     for (std::size_t i = 1; i < sizes_.size(); ++i) offsets_[i] = offsets_[i - 1] + sizes_[i - 1];
     const std::vector<int>& ids = owner->device_ids();
-    const std::vector<int> used(ids.begin(), ids.begin() + static_cast<std::ptrdiff_t>(sizes_.size()));
+    const std::vector<int> used(ids.begin(),
+                                ids.begin() + static_cast<std::ptrdiff_t>(sizes_.size()));
     loss_ = Result::empty_on({}, Device{Kind::type, ids[0]});
     if (used.size() == 1) return;
     // What each replica copies from the module at each forward, found once.
@@ -481,7 +541,8 @@ class DataParallelProgram {
         if constexpr (is_floating_point_v<T>) {  // gradients are floating
           std::vector<Tensor<T, Kind>> grads{root.template as<T, Kind>()};
           for (int i = 1; i < used; ++i) {
-            grads.push_back(parameters[static_cast<std::size_t>(i)][p].grad().template as<T, Kind>());
+            const AnyTensor g = parameters[static_cast<std::size_t>(i)][p].grad();
+            grads.push_back(g.template as<T, Kind>());
           }
           communicator_->reduce(grads, 0, ReduceOp::sum);
         }
@@ -505,65 +566,5 @@ class DataParallelProgram {
   Result loss_;
 };
 
-template <class M, DeviceKind Kind>
-template <class Fn, class... Args>
-auto DataParallel<M, Kind>::compile(Fn fn, const Args&... args) {
-  constexpr bool has_options = autograd::detail::ends_with_options<Args...>();
-  constexpr std::size_t spec_count = sizeof...(Args) - (has_options ? 1 : 0);
-  static_assert(spec_count > 0, "DataParallel::compile(fn, specs..., options): no input spec");
-  const auto all = std::tie(args...);
-  autograd::Options options;
-  if constexpr (has_options) options = std::get<sizeof...(Args) - 1>(all);
-  return [&]<std::size_t... I>(std::index_sequence<I...>) {
-    const std::vector<Shape> shapes{std::get<I>(all).shape...};
-    // The batch: each input's extent along dim, which must agree.
-    std::int64_t batch = -1;
-    for (std::size_t k = 0; k < shapes.size(); ++k) {
-      const int d = shapes[k].normalize_dim(dim_, "DataParallel::compile (dim of an input)");
-      if (batch >= 0 && shapes[k][d] != batch) {
-        throw shape_error("DataParallel::compile: the inputs disagree on the batch along dim " +
-                          std::to_string(dim_) + ": " + shapes[0].str() + " and " +
-                          shapes[k].str());
-      }
-      batch = shapes[k][d];
-    }
-    const int used = static_cast<int>(std::max<std::int64_t>(
-        1, std::min<std::int64_t>(batch, static_cast<std::int64_t>(threads_.size()))));
-    const std::vector<std::int64_t> sizes = even_split(batch, used);
-    auto piece_spec = [&](auto spec, int member) {
-      spec.shape[spec.shape.normalize_dim(dim_)] = sizes[static_cast<std::size_t>(member)];
-      spec.device = device_ids()[static_cast<std::size_t>(member)];
-      return spec;
-    };
-    using Inputs = std::tuple<Tensor<typename std::tuple_element_t<I, std::tuple<Args...>>::value_type,
-                                     Kind>...>;
-    auto compile_member = [&](int member) {
-      M& replica = member == 0 ? module_ : replicas_[static_cast<std::size_t>(member - 1)];
-      // The piece's mean loss weighted by its share of the batch: the pieces add up to the
-      // whole batch's mean.
-      const double weight = static_cast<double>(sizes[static_cast<std::size_t>(member)]) /
-                            static_cast<double>(batch);
-      auto replica_fn = [&fn, &replica, weight](auto... vars) {
-        return fn(replica, vars...) * weight;  // 1 exactly for one device
-      };
-      return autograd::compile(replica_fn, piece_spec(std::get<I>(all), member)..., options);
-    };
-    using Program = decltype(compile_member(0));
-    std::vector<Program> programs;
-    std::vector<Inputs> buffers;
-    for (int member = 0; member < used; ++member) {
-      // Compiled on the member's own thread: tracing makes tensors on the current device.
-      std::optional<Program> compiled;
-      threads_.run([&](int m) {
-        if (m == member) compiled.emplace(compile_member(member));
-      });
-      programs.push_back(std::move(*compiled));
-      buffers.push_back(Inputs{Tensor<typename std::tuple_element_t<I, Inputs>::value_type, Kind>::empty_on(
-          piece_spec(std::get<I>(all), member).shape, device(member))...});
-    }
-    return DataParallelProgram<M, Kind, Program, Inputs>(this, std::move(programs), shapes,
-                                                         sizes, dim_, std::move(buffers));
-  }(std::make_index_sequence<spec_count>{});
-}
 
 }  // namespace tessera::parallel
