@@ -62,8 +62,13 @@ class device_registry {
   device_memory_resource& get(Device device) {
     device_memory_resource* resource = slot(device).load(std::memory_order_acquire);
     if (resource != nullptr) return *resource;
+    return create(device);
+  }
+
+  /// get()'s first use of a device, out of line so that get() inlines into every allocation.
+  [[gnu::noinline]] device_memory_resource& create(Device device) {
     std::lock_guard lock(mutex_);
-    resource = slot(device).load(std::memory_order_acquire);
+    device_memory_resource* resource = slot(device).load(std::memory_order_acquire);
     if (resource != nullptr) return *resource;  // another thread created it meanwhile
     std::unique_ptr<device_memory_resource> created = make_default_device_resource(device);
     slot(device).store(created.get(), std::memory_order_release);
