@@ -175,7 +175,6 @@ inline int device_count(DeviceType type) {
   return type == DeviceType::cpu ? cpu::device_count() : cuda::device_count();
 }
 
-/// Throws device_error naming the device when its ordinal does not exist on this machine.
 namespace detail {
 /// check_device's error, out of line so that the check itself inlines into every allocation.
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_no_such_device(Device device, int count) {
@@ -187,6 +186,7 @@ namespace detail {
 }
 }  // namespace detail
 
+/// Throws device_error naming the device when its ordinal does not exist on this machine.
 inline void check_device(Device device) {
   const int count = device_count(device.type);
   if (device.index < 0 || device.index >= count) detail::throw_no_such_device(device, count);

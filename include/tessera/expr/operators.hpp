@@ -59,7 +59,7 @@ auto pow(const A& a, const B& b) {
   if constexpr (std::is_integral_v<B> && !std::is_same_v<B, bool> && std::is_integral_v<Base>) {
     if (b < 0) {
       throw error("pow: integers to negative integer powers are not allowed (exponent " +
-                  std::to_string(b) + " for a base of dtype " + std::string(dtype_name<Base>()) + ")");
+                  std::to_string(b) + " for a base of dtype " + dtype_name<Base>() + ")");
     }
   }
   return detail::make_binary<ops::power>(a, b);

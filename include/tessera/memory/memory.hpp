@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cstddef>
+#include <cstdlib>
 #include <memory>
 #include <mutex>
 #include <stdexcept>
@@ -110,8 +111,7 @@ class device_registry {
   std::unique_ptr<slot_type[]> cuda_;
 };
 
-/// The resource of `device`; a device that does not exist is a device_error naming the operation
-/// and the device.
+/// resource_of's error, out of line (the check itself inlines into every allocation).
 [[noreturn, gnu::cold, gnu::noinline]] inline void throw_no_such_device(Device device,
                                                                        const char* operation) {
   try {
@@ -121,6 +121,9 @@ class device_registry {
   }
   std::abort();  // unreachable: the device does not exist
 }
+
+/// The resource of `device`; a device that does not exist is a device_error naming the operation
+/// and the device.
 inline device_memory_resource& resource_of(Device device, const char* operation) {
   if (device.index < 0 || device.index >= device_count(device.type)) {
     throw_no_such_device(device, operation);

@@ -38,7 +38,7 @@ class storage_block_cache {
  public:
   static constexpr int capacity = 64;
 
-  /// A block with every field at its initial value.
+  /// A block with one reference and no data; the caller sets the other fields.
   static storage_block* take() {
     if (storage_block_cache* cache = local(); cache != nullptr && cache->head_ != nullptr) {
       storage_block* block = cache->head_;
