@@ -238,6 +238,57 @@ void dp_step(benchmark::State& state, bool replicas_only) {
   one_thread_per_device(0);
 }
 
+#if TESSERA_BLAS
+// The physical limit of the DataParallel rows: the step's eight matrix products (3 forward, 5
+// backward) as raw cblas_sgemm calls, the whole batch on one thread against two threads doing a
+// half batch each at once. How well two of this machine's cores scale on this GEMM work bounds
+// what any data-parallel split can reach.
+struct deep_gemms {
+  explicit deep_gemms(int rows)
+      : b(rows), x(static_cast<std::size_t>(rows) * 784, 0.5f), w1(1024 * 784, 0.01f),
+        h1(static_cast<std::size_t>(rows) * 1024), w2(1024 * 1024, 0.01f),
+        h2(static_cast<std::size_t>(rows) * 1024), w3(10 * 1024, 0.01f),
+        o(static_cast<std::size_t>(rows) * 10, 0.1f), g1(static_cast<std::size_t>(rows) * 1024),
+        g2(static_cast<std::size_t>(rows) * 1024), dw(1024 * 1024) {}
+  void run() {
+    const auto n = CblasNoTrans;
+    const auto t = CblasTrans;
+    const auto r = CblasRowMajor;
+    cblas_sgemm(r, n, t, b, 1024, 784, 1, x.data(), 784, w1.data(), 784, 0, h1.data(), 1024);
+    cblas_sgemm(r, n, t, b, 1024, 1024, 1, h1.data(), 1024, w2.data(), 1024, 0, h2.data(), 1024);
+    cblas_sgemm(r, n, t, b, 10, 1024, 1, h2.data(), 1024, w3.data(), 1024, 0, o.data(), 10);
+    cblas_sgemm(r, t, n, 10, 1024, b, 1, o.data(), 10, h2.data(), 1024, 0, dw.data(), 1024);
+    cblas_sgemm(r, n, n, b, 1024, 10, 1, o.data(), 10, w3.data(), 1024, 0, g2.data(), 1024);
+    cblas_sgemm(r, t, n, 1024, 1024, b, 1, g2.data(), 1024, h1.data(), 1024, 0, dw.data(), 1024);
+    cblas_sgemm(r, n, n, b, 1024, 1024, 1, g2.data(), 1024, w2.data(), 1024, 0, g1.data(), 1024);
+    cblas_sgemm(r, t, n, 1024, 784, b, 1, g1.data(), 1024, x.data(), 784, 0, dw.data(), 784);
+  }
+  int b;
+  std::vector<float> x, w1, h1, w2, h2, w3, o, g1, g2, dw;
+};
+
+void dp_gemm_limit_one_thread(benchmark::State& state) {
+  openblas_set_num_threads(1);
+  deep_gemms work(static_cast<int>(batch));
+  for (auto _ : state) {
+    work.run();
+    benchmark::ClobberMemory();
+  }
+  openblas_set_num_threads(ts::cpu::num_threads());  // what Tessera last set on this thread
+}
+
+void dp_gemm_limit_two_threads(benchmark::State& state) {
+  std::vector<deep_gemms> work(2, deep_gemms(static_cast<int>(batch / 2)));
+  ts::parallel::DeviceThreads<ts::cpu> threads({0, 1});
+  threads.run([](int) { openblas_set_num_threads(1); });  // each thread's own setting
+  for (auto _ : state) {
+    threads.run([&](int member) { work[static_cast<std::size_t>(member)].run(); });
+    benchmark::ClobberMemory();
+  }
+  openblas_set_num_threads(ts::cpu::num_threads());  // the caller was member 0
+}
+#endif
+
 #if TESSERA_BENCH_TORCH
 // The same step in LibTorch 1.13 eager mode (autograd, F::cross_entropy, SGD), the same initial
 // weights and data; LibTorch runs on its own OpenMP threads (at::set_num_threads: every core).
@@ -324,6 +375,10 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("dp_step_one_device", dp_step_one_device)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("dp_step_two_devices", dp_step, false)->UseRealTime()->Unit(benchmark::kMillisecond);
   benchmark::RegisterBenchmark("dp_step_replicas_only", dp_step, true)->UseRealTime()->Unit(benchmark::kMillisecond);
+#if TESSERA_BLAS
+  benchmark::RegisterBenchmark("dp_gemm_limit_one_thread", dp_gemm_limit_one_thread)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("dp_gemm_limit_two_threads", dp_gemm_limit_two_threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
   // LibTorch last: after its first step the raw sgemm calls run about 2x slower in this process
   // (measured: 8.6 ms against 4.6 ms), so nothing is timed after it.
 #if TESSERA_BENCH_TORCH
@@ -369,6 +424,13 @@ int main(int argc, char** argv) {
                 "replicas' programs = %.1f%% of the step (goal <= 10%%: %s)\n",
                 speedup, speedup >= 1.8 ? "met" : "MISSED", 100 * outside,
                 outside <= 0.10 ? "met" : "MISSED");
+    if (r.count("dp_gemm_limit_one_thread") && r.count("dp_gemm_limit_two_threads")) {
+      const double limit = r.at("dp_gemm_limit_one_thread") / r.at("dp_gemm_limit_two_threads");
+      std::printf("  its sgemm calls alone, 2 threads x half batch over 1 thread x whole batch = "
+                  "%.2f (this machine's limit for the split); DataParallel reaches %.0f%% of "
+                  "it\n",
+                  limit, 100 * speedup / limit);
+    }
   }
   return 0;
 }
