@@ -4,7 +4,8 @@
 // smaller than the device count uses that many devices), copies the module's parameters and
 // buffers into the replicas' existing tensors, runs every piece at once (one host thread per
 // device, each on its share of the cores: parallel::DeviceThreads) and gathers the outputs on
-// `output_device`. Training through dp.compile is not there yet (see the README).
+// `output_device`. dp.compile(fn, specs...) trains: one autograd Program per device for its
+// replica and piece, run at once, the replicas' gradients summed into the module's.
 #pragma once
 
 #include <algorithm>
@@ -12,9 +13,9 @@
 #include <concepts>
 #include <cstdint>
 #include <memory>
-#include <tuple>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -22,11 +23,11 @@
 #include "tessera/autograd/program.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/expr/assign.hpp"
 #include "tessera/nn/module.hpp"
 #include "tessera/nn/sequential.hpp"
 #include "tessera/parallel/communicator.hpp"
 #include "tessera/parallel/device_threads.hpp"
-#include "tessera/expr/assign.hpp"
 #include "tessera/tensor/state_dict.hpp"
 #include "tessera/tensor/tensor.hpp"
 
