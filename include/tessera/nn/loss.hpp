@@ -3,6 +3,7 @@
 // elementwise parts into their reductions, and trace unchanged on autograd Vars.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <type_traits>
@@ -59,8 +60,17 @@ auto cross_entropy(const L& logits, const Targets& targets) {
   const std::int64_t classes = shape[1];
   auto check_range = [classes](const Tensor<std::int64_t, K>& t) {
     if (t.numel() == 0) return;
-    const std::int64_t lowest = min(t).item();
-    const std::int64_t highest = max(t).item();
+    std::int64_t lowest = 0, highest = 0;
+    if constexpr (std::is_same_v<K, cpu>) {
+      // Read in place (targets are contiguous inputs), so that a training step allocates nothing.
+      const Tensor<std::int64_t, cpu> c = t.contiguous();
+      const auto [low, high] = std::minmax_element(c.data(), c.data() + c.numel());
+      lowest = *low;
+      highest = *high;
+    } else {
+      lowest = min(t).item();
+      highest = max(t).item();
+    }
     if (lowest < 0 || highest >= classes) {
       throw error("cross_entropy: target " + std::to_string(lowest < 0 ? lowest : highest) +
                   " is out of range for " + std::to_string(classes) +
