@@ -168,7 +168,8 @@ class DataParallel {
   /// whole batch's gradient into the module's parameters on device_ids[0], so an optimiser over
   /// module().parameters() works unchanged. The replicas' gradients are summed into the
   /// module's and zeroed at each backward, and only the module's BatchNorm running statistics
-  /// are kept.
+  /// are kept. The program uses this DataParallel's replicas and threads: keep it alive while
+  /// the program is used.
   template <class Fn, class... Args>
   auto compile(Fn fn, const Args&... args) {
     constexpr bool has_options = autograd::detail::ends_with_options<Args...>();
