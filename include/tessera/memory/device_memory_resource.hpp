@@ -37,10 +37,15 @@ class device_memory_resource {
   /// The rounded size a freed block of `bytes` counts as in the statistics, if it may wait in
   /// the freeing thread's cache (memory/detail/thread_cache.hpp) for that thread's next request of
   /// `bytes`; 0 if not. Pools of host memory with PyTorch's size policy say yes up to
-  /// thread_cache_max_block; pools that track streams (CUDA) never.
-  virtual std::size_t thread_cached_size(std::size_t bytes) const noexcept {
-    (void)bytes;
-    return 0;
+  /// thread_cache_max_block (their small blocks are exactly the request rounded up to 512 bytes);
+  /// pools that track streams (CUDA) never. Not virtual: it runs on every CPU allocation and free
+  /// (an indirect call there measured at a fifth of a tensor's create+destroy), so a resource
+  /// states its answer once, with enable_thread_cache.
+  std::size_t thread_cached_size(std::size_t bytes) const noexcept {
+    if (bytes > thread_cache_max_block) return 0;
+    constexpr std::size_t block = pytorch_size_policy::min_block_size;
+    const std::size_t rounded = bytes < block ? block : block * ((bytes + block - 1) / block);
+    return rounded < thread_cache_split_limit_ ? rounded : 0;
   }
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
@@ -64,6 +69,16 @@ class device_memory_resource {
   device_memory_resource() = default;
   device_memory_resource(const device_memory_resource&) = default;
   device_memory_resource& operator=(const device_memory_resource&) = default;
+
+  /// For a resource whose blocks below `split_limit` bytes are exactly the request rounded up to
+  /// 512 bytes and belong to no stream (host pools with PyTorch's size policy): such blocks may
+  /// wait in thread caches (thread_cached_size). Called by the constructor of such a resource.
+  void enable_thread_cache(std::size_t split_limit) noexcept {
+    thread_cache_split_limit_ = split_limit;
+  }
+
+ private:
+  std::size_t thread_cache_split_limit_ = 0;  // 0: no block waits in a thread cache
 };
 
 /// Wraps a pool-like resource (a pool_resource<...>, constructed in place from the arguments) as
@@ -72,7 +87,15 @@ template <class Pool>
 class device_resource_adaptor final : public device_memory_resource {
  public:
   template <class... Args>
-  explicit device_resource_adaptor(Args&&... args) : pool_(std::forward<Args>(args)...) {}
+  explicit device_resource_adaptor(Args&&... args) : pool_(std::forward<Args>(args)...) {
+    if constexpr (requires {
+                    requires !Pool::stream_policy_type::tracks_streams;
+                    requires std::is_same_v<typename Pool::size_policy_type, pytorch_size_policy>;
+                  }) {
+      // A small block of a host pool is exactly round_size(bytes) (always split at 512 bytes).
+      enable_thread_cache(pool_.size_policy().max_split_size);
+    }
+  }
 
   void* allocate(std::size_t bytes, stream_ref stream) override {
     return pool_.allocate(bytes, stream);
@@ -84,20 +107,6 @@ class device_resource_adaptor final : public device_memory_resource {
     pool_.record_stream(pointer, stream);
   }
   Device device() const override { return pool_.device(); }
-  std::size_t thread_cached_size(std::size_t bytes) const noexcept override {
-    if constexpr (requires {
-                    requires !Pool::stream_policy_type::tracks_streams;
-                    requires std::is_same_v<typename Pool::size_policy_type, pytorch_size_policy>;
-                  }) {
-      // A small block of a host pool is exactly round_size(bytes) (always split at 512 bytes).
-      if (bytes <= thread_cache_max_block) {
-        const std::size_t rounded = pool_.size_policy().round_size(bytes);
-        if (rounded < pool_.size_policy().max_split_size) return rounded;
-      }
-    }
-    (void)bytes;
-    return 0;
-  }
   MemoryStats stats() const override { return pool_.stats(); }
   void reset_peak() override { pool_.reset_peak(); }
   void reset_accumulated() override { pool_.reset_accumulated(); }
