@@ -129,6 +129,7 @@ class DataParallel {
     for (std::size_t i = 1; i < device_ids.size(); ++i) {
       replicas_.push_back(replicate(module_, device_ids[i]));
     }
+    if constexpr (is_module) bind_copies();
   }
 
   DataParallel(const DataParallel&) = delete;
@@ -252,10 +253,15 @@ class DataParallel {
     std::vector<Out> outputs(static_cast<std::size_t>(used));
     // First every replica takes the module's state, then all run: the module's own forward on
     // device_ids[0] may update its buffers (BatchNorm's running statistics) while running.
-    if (is_module && used > 1) {
-      threads_.run([&](int member) {
-        if (member > 0 && member < used) refresh(replicas_[static_cast<std::size_t>(member - 1)]);
-      });
+    if constexpr (is_module) {
+      if (used > 1) {
+        threads_.run([&](int member) {
+          if (member > 0 && member < used) {
+            copy_buffers(member);
+            copy_parameters(member);
+          }
+        });
+      }
     }
     threads_.run([&](int member) {
       if (member >= used) return;
@@ -281,19 +287,42 @@ class DataParallel {
 
   static constexpr bool is_module = std::derived_from<M, nn::Module>;
 
-  // The module's values, buffers and training modes copied into a replica's existing tensors.
-  void refresh(M& replica) const {
-    if constexpr (is_module) {
-      const StateDict source = module_.state_dict();
-      const StateDict target = replica.state_dict();
-      auto from = source.begin();
-      for (auto to = target.begin(); to != target.end(); ++to, ++from) {
-        nn::detail::copy_tensor(to->second, from->second);
+  // Pairs (replica's tensor, module's tensor) of every parameter and buffer, found once: a
+  // replica is bound to the module's tensors as they are at construction (load_state_dict copies
+  // into them; a module moved elsewhere afterwards no longer fits its DataParallel anyway).
+  struct replica_copies {
+    std::vector<std::pair<AnyTensor, AnyTensor>> parameters;
+    std::vector<std::pair<AnyTensor, AnyTensor>> buffers;
+  };
+  void bind_copies() {
+    const auto module_parameters = module_.parameters();
+    const auto module_buffers = module_.buffers();
+    copies_.resize(static_cast<std::size_t>(threads_.size()));
+    for (std::size_t m = 1; m < copies_.size(); ++m) {
+      const M& replica = replicas_[m - 1];
+      const auto parameters = replica.parameters();
+      for (std::size_t p = 0; p < parameters.size(); ++p) {
+        copies_[m].parameters.emplace_back(parameters[p].value(), module_parameters[p].value());
       }
-      nn::detail::copy_training_modes(module_, replica);
-    } else {
-      (void)replica;  // a layer without state (ReLU)
+      const auto buffers = replica.buffers();
+      for (std::size_t b = 0; b < buffers.size(); ++b) {
+        copies_[m].buffers.emplace_back(buffers[b].value(), module_buffers[b].value());
+      }
     }
+  }
+  bool has_buffers() const noexcept { return copies_.size() > 1 && !copies_[1].buffers.empty(); }
+  // The module's buffers into member m's replica (m > 0).
+  void copy_buffers(int member) const {
+    for (const auto& [to, from] : copies_[static_cast<std::size_t>(member)].buffers) {
+      nn::detail::copy_tensor(to, from);
+    }
+  }
+  // The module's parameters and training modes into member m's replica (m > 0).
+  void copy_parameters(int member) {
+    for (const auto& [to, from] : copies_[static_cast<std::size_t>(member)].parameters) {
+      nn::detail::copy_tensor(to, from);
+    }
+    nn::detail::copy_training_modes(module_, replicas_[static_cast<std::size_t>(member - 1)]);
   }
 
   // A replica's output on its piece, as a tensor (a lazy expression is evaluated).
@@ -346,6 +375,7 @@ class DataParallel {
   DeviceThreads<Kind> threads_;
   int output_device_;
   int dim_;
+  std::vector<replica_copies> copies_;  // [member]; member 0 is the module itself
 };
 
 /// The program of DataParallel::compile: one autograd Program per device used, run at once.
@@ -372,18 +402,15 @@ class DataParallelProgram {
     // Buffers first, all replicas at once: the module's own forward (member 0) may update them
     // (BatchNorm's running statistics). Parameters it only reads, so each replica copies its
     // parameters in the same pass as its forward while member 0 computes.
-    if (has_buffers_) {
+    if (used > 1 && dp.has_buffers()) {
       dp.threads_.run([&](int member) {
-        if (member > 0 && member < used) copy_all(buffer_copies_[static_cast<std::size_t>(member)]);
+        if (member > 0 && member < used) dp.copy_buffers(member);
       });
     }
     dp.threads_.run([&](int member) {
       if (member >= used) return;
       const auto m = static_cast<std::size_t>(member);
-      if (member > 0) {
-        copy_all(parameter_copies_[m]);
-        nn::detail::copy_training_modes(dp.module_, dp.replicas_[m - 1]);
-      }
+      if (member > 0) dp.copy_parameters(member);
       std::apply(
           [&](auto&... buffers) {
             (buffers.copy_(inputs.narrow(dim_, offsets_[m], sizes_[m])), ...);
@@ -440,23 +467,6 @@ class DataParallelProgram {
                                 ids.begin() + static_cast<std::ptrdiff_t>(sizes_.size()));
     loss_ = Result::empty_on({}, Device{Kind::type, ids[0]});
     if (used.size() == 1) return;
-    // What each replica copies from the module at each forward, found once.
-    parameter_copies_.resize(used.size());
-    buffer_copies_.resize(used.size());
-    const auto module_parameters = owner->module_.parameters();
-    const auto module_buffers = owner->module_.buffers();
-    has_buffers_ = !module_buffers.empty();
-    for (std::size_t m = 1; m < used.size(); ++m) {
-      const M& replica = owner->replicas_[m - 1];
-      const auto parameters = replica.parameters();
-      for (std::size_t p = 0; p < parameters.size(); ++p) {
-        parameter_copies_[m].emplace_back(parameters[p].value(), module_parameters[p].value());
-      }
-      const auto replica_buffers = replica.buffers();
-      for (std::size_t b = 0; b < replica_buffers.size(); ++b) {
-        buffer_copies_[m].emplace_back(replica_buffers[b].value(), module_buffers[b].value());
-      }
-    }
     if constexpr (std::is_same_v<Kind, cpu>) {
       reduction_ = std::make_shared<overlapped_reduction>(static_cast<int>(used.size()),
                                                           programs_[0].parameter_count());
@@ -522,10 +532,6 @@ class DataParallelProgram {
     std::unique_ptr<std::atomic<int>[]> arrived;
   };
 
-  static void copy_all(const std::vector<std::pair<AnyTensor, AnyTensor>>& copies) {
-    for (const auto& [to, from] : copies) nn::detail::copy_tensor(to, from);
-  }
-
   // CUDA: the replicas' gradients summed into the module's through NCCL, after the backward.
   void reduce_after_backward() {
     auto& dp = *owner_;
@@ -560,9 +566,6 @@ class DataParallelProgram {
   int dim_;
   std::vector<Inputs> buffers_;  // each device's input tensors (its pieces)
   std::vector<double> losses_;
-  std::vector<std::vector<std::pair<AnyTensor, AnyTensor>>> parameter_copies_;  // [device]
-  std::vector<std::vector<std::pair<AnyTensor, AnyTensor>>> buffer_copies_;     // (to, from)
-  bool has_buffers_ = false;
   std::shared_ptr<overlapped_reduction> reduction_;  // CPU
   std::unique_ptr<Communicator<Kind>> communicator_;  // CUDA
   Result loss_;
