@@ -5,3 +5,4 @@
 #include "tessera/parallel/communicator.hpp"
 #include "tessera/parallel/data_parallel.hpp"
 #include "tessera/parallel/device_threads.hpp"
+#include "tessera/parallel/pipeline.hpp"

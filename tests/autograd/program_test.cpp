@@ -334,3 +334,128 @@ TEST_CASE("forward checks its inputs and backward needs a forward", "[autograd][
 }
 
 }  // namespace program_test
+
+namespace program_test {
+namespace {
+
+/// y = relu(x W^T + b) in float64 loops, and the vector-Jacobian products for a given dy.
+struct linear_relu_reference {
+  std::vector<double> y, dx, dw, db;
+  linear_relu_reference(const std::vector<double>& x, const std::vector<double>& w,
+                        const std::vector<double>& b, const std::vector<double>& dy, int n,
+                        int in, int out)
+      : y(static_cast<std::size_t>(n * out)),
+        dx(static_cast<std::size_t>(n * in)),
+        dw(static_cast<std::size_t>(out * in)),
+        db(static_cast<std::size_t>(out)) {
+    for (int r = 0; r < n; ++r) {
+      for (int o = 0; o < out; ++o) {
+        double z = b[static_cast<std::size_t>(o)];
+        for (int k = 0; k < in; ++k) {
+          z += x[static_cast<std::size_t>(r * in + k)] * w[static_cast<std::size_t>(o * in + k)];
+        }
+        y[static_cast<std::size_t>(r * out + o)] = z > 0 ? z : 0;
+        const double dz = z > 0 ? dy[static_cast<std::size_t>(r * out + o)] : 0;
+        db[static_cast<std::size_t>(o)] += dz;
+        for (int k = 0; k < in; ++k) {
+          dw[static_cast<std::size_t>(o * in + k)] += dz * x[static_cast<std::size_t>(r * in + k)];
+          dx[static_cast<std::size_t>(r * in + k)] += dz * w[static_cast<std::size_t>(o * in + k)];
+        }
+      }
+    }
+  }
+};
+
+void check_close(const std::vector<double>& actual, const std::vector<double>& expected) {
+  REQUIRE(actual.size() == expected.size());
+  for (std::size_t i = 0; i < actual.size(); ++i) {
+    CHECK(actual[i] == Approx(expected[i]).margin(1e-12).epsilon(1e-12));
+  }
+}
+
+}  // namespace
+
+TEST_CASE("backward(grad) seeds a non-scalar result, and input_grad gives the input's gradient",
+          "[autograd][program]") {
+  nn::Linear<double> fc(5, 3);
+  const auto x = random_tensor<double>({4, 5}, 21);
+  const auto dy = random_tensor<double>({4, 3}, 22);
+  auto spec = ag::input<double>({4, 5});
+  spec.requires_grad = true;
+  auto program = ag::compile([&](ag::Var<double> in) { return ts::relu(fc(in)); }, spec,
+                             ag::Options{.seed_gradient = true});
+  const linear_relu_reference ref(x.to_vector(), fc.weight().value().to_vector(),
+                                  fc.bias().value().to_vector(), dy.to_vector(), 4, 5, 3);
+  for (int run = 0; run < 2; ++run) {  // input gradients are overwritten, parameters' accumulate
+    check_close(program.forward(x).to_vector(), ref.y);
+    program.backward(dy);
+    check_close(program.input_grad(0).as<double>().to_vector(), ref.dx);
+  }
+  std::vector<double> twice_dw = ref.dw, twice_db = ref.db;
+  for (double& v : twice_dw) v *= 2;
+  for (double& v : twice_db) v *= 2;
+  check_close(fc.weight().grad().to_vector(), twice_dw);
+  check_close(fc.bias().grad().to_vector(), twice_db);
+
+  // After release the arena is gone; the next forward allocates it again and computes the same.
+  const ts::Device device{ts::DeviceType::cpu, 0};
+  const std::size_t held = ts::memory::allocated(device);
+  program.release();
+  CHECK(ts::memory::allocated(device) < held);
+  fc.zero_grad();
+  check_close(program.forward(x).to_vector(), ref.y);
+  program.backward(dy);
+  check_close(fc.weight().grad().to_vector(), ref.dw);
+  check_close(program.input_grad(0).as<double>().to_vector(), ref.dx);
+
+  // Misuse: backward() without the gradient, a gradient of another shape, an input without grad.
+  CHECK_THROWS_WITH(program.backward(), Catch::Contains("backward(grad)"));
+  program.forward(x);
+  CHECK_THROWS_WITH(program.backward(random_tensor<double>({3, 4}, 1)),
+                    Catch::Contains("[3, 4]") && Catch::Contains("[4, 3]"));
+  auto loss_program =
+      ag::compile([&](ag::Var<double> in) { return ts::sum(fc(in)); }, ag::input<double>({4, 5}));
+  loss_program.forward(x);
+  CHECK_THROWS_WITH(loss_program.backward(dy), Catch::Contains("seed_gradient"));
+  loss_program.backward();
+  CHECK_THROWS_WITH(loss_program.input_grad(0), Catch::Contains("requires_grad"));
+  CHECK_THROWS_AS(loss_program.input_grad(1), std::out_of_range);
+}
+
+TEST_CASE("recompute runs the forward again without applying effects a second time",
+          "[autograd][program]") {
+  nn::BatchNorm1d<double> bn(3);
+  const auto x = random_tensor<double>({6, 3}, 31);
+  auto program = ag::compile([&](ag::Var<double> in) { return ts::sum(bn(in) * in); },
+                             ag::input<double>({6, 3}));
+  const double loss = program.forward(x).item();
+  program.release();  // a checkpointed forward keeps only its input
+  CHECK(program.recompute(x).item() == Approx(loss).epsilon(1e-14));
+  program.backward();
+  // Running statistics were updated once (momentum 0.1 from zeros/ones) with the batch's mean
+  // and unbiased variance, computed here in float64.
+  const auto xs = x.to_vector();
+  // The weight's gradient is sum over rows of xhat * x (d/dweight of sum(bn(x) * x)).
+  const auto mean = bn.running_mean().value().to_vector();
+  const auto var = bn.running_var().value().to_vector();
+  const auto weight_grad = bn.weight().grad().to_vector();
+  for (int c = 0; c < 3; ++c) {
+    double m = 0, v = 0;
+    for (int r = 0; r < 6; ++r) m += xs[static_cast<std::size_t>(r * 3 + c)] / 6;
+    for (int r = 0; r < 6; ++r) {
+      const double d = xs[static_cast<std::size_t>(r * 3 + c)] - m;
+      v += d * d / 5;
+    }
+    CHECK(mean[static_cast<std::size_t>(c)] == Approx(0.1 * m).epsilon(1e-12));
+    CHECK(var[static_cast<std::size_t>(c)] == Approx(0.9 + 0.1 * v).epsilon(1e-12));
+    double expected = 0;
+    for (int r = 0; r < 6; ++r) {
+      const double xr = xs[static_cast<std::size_t>(r * 3 + c)];
+      expected += (xr - m) / std::sqrt(v * 5 / 6 + 1e-5) * xr;
+    }
+    CHECK(weight_grad[static_cast<std::size_t>(c)] == Approx(expected).epsilon(1e-12));
+  }
+  CHECK(bn.num_batches_tracked().value().item() == 1);
+}
+
+}  // namespace program_test

@@ -690,6 +690,7 @@ class effect_node final : public node {
   }
   const char* name() const override { return "effect"; }
   bool recomputable() const override { return false; }
+  bool is_effect() const override { return true; }
   void forward(value_table& table) override { effect_(table); }
 
  private:

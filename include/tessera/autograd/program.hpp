@@ -33,6 +33,10 @@ struct Checkpoint {
 struct Options {
   Mode mode = Mode::training;
   Checkpoint checkpoint{};
+  /// Training with the first result's gradient given to backward(grad) (PyTorch's
+  /// y.backward(grad)): the result may then have any shape. false: the first result is a
+  /// one-element loss, and backward() seeds it with 1.
+  bool seed_gradient = false;
 };
 
 /// Where a program's memory goes, in bytes. planned_bytes is the arena (all devices);
@@ -141,6 +145,7 @@ class program_state {
   std::unique_ptr<graph> g;
   Mode mode = Mode::training;
   Checkpoint checkpoint;
+  bool seed_gradient = false;
   std::vector<int> input_ids;
   std::vector<int> output_ids;
   std::vector<step> schedule;
@@ -160,9 +165,16 @@ class program_state {
   /// Allocates the arenas and binds every planned buffer (once).
   void allocate();
 
-  void run_forward();
+  /// Runs the forward steps; `replay`: a recomputation of the same forward, whose effect nodes
+  /// (running statistics) have already run and are skipped.
+  void run_forward(bool replay = false);
 
-  void run_backward();
+  /// Runs the backward; `seed`: the first result's gradient (seed_gradient programs), else ones.
+  void run_backward(const AnyTensor* seed = nullptr);
+
+  /// Frees the arenas and drops every tensor the table holds (inputs included); the next forward
+  /// allocates the arenas again.
+  void release();
 
   std::string report() const;
 
@@ -172,6 +184,9 @@ class program_state {
   void run_node_forward(const step& s);
 
   static void fill_ones(const AnyTensor& t);
+
+  /// Copies `from` (same dtype and element count, any device of the same kind) into `to`.
+  static void copy_into(const AnyTensor& to, const AnyTensor& from);
 
   /// Gradient values for every value whose gradient some live node writes.
   void make_gradients();
@@ -201,7 +216,7 @@ TESSERA_API void program_state::compile() {
   for (auto& n : g->nodes) n->finalize(g->values);
   if (mode == Mode::training) {
     const value_info& loss = g->values[static_cast<std::size_t>(output_ids.at(0))];
-    if (loss.shape.numel() != 1) {
+    if (loss.shape.numel() != 1 && !seed_gradient) {
       throw shape_error(
           "autograd::compile: in training mode the function's (first) result is "
           "the loss and must have one element; it has shape " +
@@ -254,17 +269,27 @@ TESSERA_API void program_state::allocate() {
   allocated = true;
 }
 
-TESSERA_API void program_state::run_forward() {
+TESSERA_API void program_state::run_forward(bool replay) {
   allocate();
   for (std::size_t i = 0; i < schedule.size(); ++i) {
     const step& s = schedule[i];
     if (s.kind != step::forward) break;
+    if (replay && g->nodes[static_cast<std::size_t>(s.node)]->is_effect()) continue;
     run_node_forward(s);
   }
   forwarded = true;
 }
 
-TESSERA_API void program_state::run_backward() {
+TESSERA_API void program_state::release() {
+  arenas.clear();
+  instance_tensors.clear();
+  for (AnyTensor& t : table.tensors) t = AnyTensor{};
+  table.scratch = Storage{};
+  allocated = false;
+  forwarded = false;
+}
+
+TESSERA_API void program_state::run_backward(const AnyTensor* seed) {
   if (mode == Mode::inference) {
     throw error(
         "Program::backward: the program was compiled with Mode::inference, which keeps "
@@ -291,7 +316,11 @@ TESSERA_API void program_state::run_backward() {
         run_node_forward(s);
         break;
       case step::seed:
-        fill_ones(table.gradient(output_ids[0]));
+        if (seed) {
+          copy_into(table.gradient(output_ids[0]), *seed);
+        } else {
+          fill_ones(table.gradient(output_ids[0]));
+        }
         break;
       case step::backward: {
         node& n = *g->nodes[static_cast<std::size_t>(s.node)];
@@ -364,6 +393,19 @@ TESSERA_API void program_state::run_node_forward(const step& s) {
         instance_tensors[static_cast<std::size_t>(s.out_instance)];
   }
   n.forward(table);
+}
+
+TESSERA_API void program_state::copy_into(const AnyTensor& to, const AnyTensor& from) {
+  visit_dtype(to.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if (to.device().is_cuda()) {
+      auto out = to.as<T, cuda>();
+      out.copy_(from.as<T, cuda>().view(out.shape()));
+    } else {
+      auto out = to.as<T, cpu>();
+      out.copy_(from.as<T, cpu>().view(out.shape()));
+    }
+  });
 }
 
 TESSERA_API void program_state::fill_ones(const AnyTensor& t) {
@@ -574,6 +616,12 @@ TESSERA_API void program_state::simulate() {
   // forward step above).
   if (mode != Mode::training) {
     for (int out : output_ids) use(root_instance(out, current), end_of_time);
+  } else {
+    // The inputs' gradients (inputs that require grad) are read after backward.
+    for (int id : input_ids) {
+      const int gid = g->values[static_cast<std::size_t>(id)].grad;
+      if (gid >= 0) use(current[static_cast<std::size_t>(gid)], end_of_time);
+    }
   }
 }
 
@@ -714,6 +762,82 @@ class Program {
   /// output buffers, overwritten by the next forward (clone() to keep one).
   template <class... Ts>
   Result forward(const Ts&... inputs) {
+    bind(inputs...);
+    state_->run_forward();
+    return results(std::make_index_sequence<output_count()>{});
+  }
+
+  /// The forward again, as a recomputation before backward (activation checkpointing across
+  /// calls): the same as forward, except that effects (BatchNorm's running statistics) are not
+  /// applied a second time. Random numbers are drawn anew: restore the generator's state
+  /// (Generator::state/set_state) to get those of the first run.
+  template <class... Ts>
+  Result recompute(const Ts&... inputs) {
+    bind(inputs...);
+    state_->run_forward(true);
+    return results(std::make_index_sequence<output_count()>{});
+  }
+
+  /// Adds every used parameter's gradient into its .grad() (created as zeros the first time).
+  /// The first result is a one-element loss (see Options::seed_gradient).
+  void backward() {
+    if (state_->seed_gradient) {
+      throw error("Program::backward: the program was compiled with Options::seed_gradient; "
+                  "pass the first result's gradient: backward(grad)");
+    }
+    state_->run_backward();
+  }
+
+  /// backward with the first result's gradient given (Options::seed_gradient; PyTorch's
+  /// y.backward(grad)): `grad` has the result's dtype, shape and device kind, on any ordinal.
+  /// Throws for another shape or dtype, naming both.
+  template <class T, class K>
+  void backward(const Tensor<T, K>& grad) {
+    auto& s = *state_;
+    if (!s.seed_gradient) {
+      throw error("Program::backward(grad): the program was not compiled with "
+                  "Options::seed_gradient (its first result is a loss: call backward())");
+    }
+    const detail::value_info& info = s.g->values[static_cast<std::size_t>(s.output_ids[0])];
+    if (!grad.defined()) throw error("Program::backward(grad): the gradient is undefined");
+    if (scalar_type_of<T> != info.dtype || grad.shape() != info.shape ||
+        grad.device().type != info.device.type) {
+      throw shape_error("Program::backward(grad): the gradient is " +
+                        std::string(name(scalar_type_of<T>)) + " " + grad.shape().str() + " on " +
+                        grad.device().str() + ", the first result is " +
+                        std::string(name(info.dtype)) + " " + info.shape.str() + " on " +
+                        info.device.str());
+    }
+    const AnyTensor seed = grad.contiguous();
+    s.run_backward(&seed);
+  }
+
+  /// The gradient of input `i` (compiled with requires_grad) after the last backward: a buffer
+  /// of the program, overwritten by the next backward. Throws when the input does not require
+  /// grad, or when the result does not depend on it.
+  AnyTensor input_grad(std::size_t i) const {
+    const auto& s = *state_;
+    if (i >= s.input_ids.size()) {
+      throw std::out_of_range("Program::input_grad: input " + std::to_string(i) + " of " +
+                              std::to_string(s.input_ids.size()));
+    }
+    const int gid = s.g->values[static_cast<std::size_t>(s.input_ids[i])].grad;
+    if (gid < 0 || !s.table.tensors[static_cast<std::size_t>(gid)].defined()) {
+      throw error("Program::input_grad: input " + std::to_string(i) +
+                  " has no gradient (compile its spec with requires_grad = true; the result "
+                  "must depend on it)");
+    }
+    return s.table.tensors[static_cast<std::size_t>(gid)];
+  }
+
+  /// Frees the program's planned memory (its arena) and lets go of its inputs; the next
+  /// forward allocates the arena again (from the pool's cache). Results and input gradients
+  /// already returned keep their memory alive until they are dropped.
+  void release() { state_->release(); }
+
+ private:
+  template <class... Ts>
+  void bind(const Ts&... inputs) {
     auto& s = *state_;
     if (sizeof...(Ts) != s.input_ids.size()) {
       throw error("Program::forward: expected " + std::to_string(s.input_ids.size()) +
@@ -741,13 +865,9 @@ class Program {
     for (std::size_t v = 0; v < s.g->constants.size(); ++v) {
       if (s.g->constants[v].defined()) s.table.tensors[v] = s.g->constants[v];
     }
-    s.run_forward();
-    return results(std::make_index_sequence<output_count()>{});
   }
 
-  /// Adds every used parameter's gradient into its .grad() (created as zeros the first time).
-  void backward() { state_->run_backward(); }
-
+ public:
   const MemoryPlan& plan() const noexcept { return state_->plan; }
   std::string memory_report() const { return state_->report(); }
   Mode mode() const noexcept { return state_->mode; }
@@ -812,6 +932,7 @@ auto trace(Fn& fn, const Options& options, const std::tuple<const Specs&...>& sp
   state->g = std::make_unique<graph>();
   state->mode = options.mode;
   state->checkpoint = options.checkpoint;
+  state->seed_gradient = options.seed_gradient && options.mode == Mode::training;
   graph* g = state->g.get();
   auto make_input = [&](std::size_t index, const auto& spec) {
     using S = std::remove_cvref_t<decltype(spec)>;
@@ -823,6 +944,7 @@ auto trace(Fn& fn, const Options& options, const std::tuple<const Specs&...>& sp
     info.dtype = scalar_type_of<T>;
     info.device = resolve_device<K>(spec.device);
     info.role = value_role::input;
+    info.requires_grad = spec.requires_grad && is_floating_point_v<T>;
     info.name = "input " + std::to_string(index);
     spec.shape.check_non_negative("autograd::input");
     const int id = g->add_value(std::move(info));

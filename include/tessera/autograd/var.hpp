@@ -101,6 +101,8 @@ class node {
   /// False for nodes that must run once per forward (random numbers, side effects): checkpointing
   /// keeps their outputs instead of recomputing them.
   virtual bool recomputable() const { return true; }
+  /// True for nodes that only act on the world (running statistics): Program::recompute skips them.
+  virtual bool is_effect() const { return false; }
 
   std::vector<int> inputs;
   int output = -1;
@@ -346,13 +348,15 @@ class Var {
 };
 
 /// A placeholder for an input of a compiled function: dtype T, device kind K, a shape and an
-/// ordinal.
+/// ordinal. `requires_grad`: backward also computes the gradient with respect to this input
+/// (Program::input_grad; floating dtypes only), as for a stage of a pipeline.
 template <Dtype T, DeviceKind K = cpu>
 struct input_spec {
   using value_type = T;
   using device_kind = K;
   Shape shape;
   int device = 0;
+  bool requires_grad = false;
 };
 
 /// input<float>({32, 784}): an input of that dtype, shape and device.

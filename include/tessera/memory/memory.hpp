@@ -188,7 +188,8 @@ inline std::unique_ptr<device_memory_resource> set_device_resource(
 /// releasing cached segments and retrying once; device_error for a device that does not exist.
 ///
 /// On CPU devices a small request is first served from the calling thread's cache of blocks it
-/// freed (no lock); a request the cache cannot serve returns the cached blocks to the pool first.
+/// freed on its current device (no lock); a request the cache cannot serve returns the cached
+/// blocks to the pool first.
 inline void* allocate(Device device, std::size_t bytes, stream_ref stream = {}) {
   device_memory_resource& resource = detail::resource_of(device, "allocate");
   if (bytes == 0) return nullptr;
@@ -212,7 +213,11 @@ inline void deallocate(Device device, void* pointer, std::size_t bytes,
                        stream_ref stream = {}) noexcept {
   if (pointer == nullptr) return;
   device_memory_resource& resource = detail::resource_of(device, "deallocate");
-  if (device.is_cpu()) {
+  // Only the device the thread drives (its current one) is cached: a block freed by another
+  // device's thread (a tensor handed from one pipeline stage to the next) goes back to the pool,
+  // where its own device's thread finds it, instead of waiting in a cache that device never
+  // allocates from (and counting in its peaks).
+  if (device.is_cpu() && device.index == tessera::detail::current_cpu_device_slot()) {
     if (const std::size_t rounded = resource.thread_cached_size(bytes)) {
       try {
         detail::thread_cache* caches = detail::thread_cache::local();

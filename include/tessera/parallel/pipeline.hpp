@@ -1,0 +1,860 @@
+// Pipeline<Seq>: torchgpipe's GPipe over an nn::Sequential. The layers are cut into stages
+// (`balance` layers each), each stage's layers are moved in place to its device, and one host
+// thread drives each device (parallel::DeviceThreads). A batch is cut into micro-batches (as
+// torch.chunk: `chunks` pieces of ceil(N / chunks) samples, the last one smaller, so fewer
+// pieces when N does not fill them); the stages work on different micro-batches at once. What a
+// stage sends is a tensor on its own device; the receiving stage copies it onto its device while
+// the sender goes on.
+//
+// Training (pipe.compile): each stage has autograd Programs compiled for its layers and the
+// micro-batch shapes (a full one and, when the batch does not divide, the last), as many as the
+// schedule keeps micro-batches in flight on that stage. A stage's program takes the activation
+// it receives as an input that requires grad, and its backward is seeded with the gradient the
+// next stage sends back (Options::seed_gradient); the last stage's program computes the loss.
+// A program's arena is freed (Program::release) once its micro-batch is done with it, so a
+// stage's memory follows the schedule: GPipe keeps every micro-batch until the backward, 1F1B
+// at most `stages - i` on stage i. A checkpointed micro-batch keeps only its stage input: its
+// forward is recomputed (Program::recompute, the random generator restored) before its backward.
+#pragma once
+
+#include <algorithm>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "tessera/autograd/program.hpp"
+#include "tessera/core/random.hpp"
+#include "tessera/nn/sequential.hpp"
+#include "tessera/parallel/data_parallel.hpp"
+#include "tessera/parallel/device_threads.hpp"
+#include "tessera/tensor/cat.hpp"
+
+namespace tessera::parallel {
+
+/// GPipe: every micro-batch's forward, then every backward (last micro-batch first). 1F1B
+/// (PipeDream-Flush): stage i runs `stages - 1 - i` forwards, then alternates one forward and one
+/// backward, so at most `stages - i` micro-batches are in flight on it.
+enum class Schedule { gpipe, one_f_one_b };
+
+/// Which micro-batches are checkpointed (keep only their stage input, recompute the forward
+/// before the backward): all, all but the last (torchgpipe's default), none.
+enum class Checkpoint { always, except_last, never };
+
+struct PipelineOptions {
+  std::vector<int> balance{};  // layers per stage, in order; adds up to the Sequential's size
+  std::vector<int> devices{};  // ordinal of each stage (empty: 0, 1, ...); extra ones unused
+  int chunks = 1;            // micro-batches per batch
+  Schedule schedule = Schedule::gpipe;
+  Checkpoint checkpoint = Checkpoint::except_last;
+};
+
+/// One stage's share of a compiled pipeline's memory, in bytes as the pool allocates them.
+struct StagePlan {
+  Device device;
+  int first_layer = 0;        // the stage's layers are [first_layer, last_layer)
+  int last_layer = 0;
+  int programs = 0;           // compiled programs (arenas that can be allocated at once)
+  int max_in_flight = 0;      // micro-batches between their forward and their backward at once
+  // One full micro-batch kept for backward: its program's arena, its input, and the gradient
+  // of its input that the stage sends back.
+  std::size_t micro_batch_bytes = 0;
+  // The planned peak over the schedule, when each gradient sent back is taken before the
+  // stage's next op (a slower previous stage holds them longer).
+  std::size_t peak_bytes = 0;
+};
+
+namespace detail {
+
+/// Sizes of the micro-batches of a batch of `batch` cut into `chunks` (torch.chunk).
+inline std::vector<std::int64_t> micro_batch_sizes(std::int64_t batch, int chunks) {
+  std::vector<std::int64_t> sizes;
+  if (batch <= 0) return sizes;
+  const std::int64_t size = (batch + chunks - 1) / chunks;
+  for (std::int64_t first = 0; first < batch; first += size) {
+    sizes.push_back(std::min(size, batch - first));
+  }
+  return sizes;
+}
+
+/// One step of a stage's schedule: the forward or backward of micro-batch `micro_batch`, using
+/// program `slot` of its shape.
+struct pipeline_op {
+  bool backward = false;
+  int micro_batch = 0;
+  int slot = 0;
+};
+
+}  // namespace detail
+
+template <class Seq, Dtype T, class LastProgram, class Extras>
+class PipelineProgram;
+
+/// torchgpipe's GPipe over an nn::Sequential (see the file comment). `Seq` is held by
+/// reference: keep it alive while the pipeline is used.
+template <class Seq>
+class Pipeline {
+ public:
+  using Kind = detail::module_kind_t<Seq>;
+  static constexpr std::size_t layer_count = Seq::size();
+
+  /// Cuts `seq` into stages and moves each stage's layers, in place, to its device. Throws
+  /// std::invalid_argument, naming the values, when balance does not add up to the
+  /// Sequential's length or has a stage with no layer, when there are fewer devices than
+  /// stages, or when chunks < 1; device_error for an ordinal that does not exist.
+  Pipeline(Seq& seq, PipelineOptions options)
+      : seq_(seq), options_(checked(std::move(options))), threads_(options_.devices) {
+    int first = 0;
+    for (int layers : options_.balance) {
+      first_layer_.push_back(first);
+      first += layers;
+    }
+    first_layer_.push_back(first);
+    move_layers(std::make_index_sequence<layer_count>{});
+  }
+
+  Pipeline(const Pipeline&) = delete;
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  int stages() const noexcept { return static_cast<int>(options_.balance.size()); }
+  const PipelineOptions& options() const noexcept { return options_; }
+  Device device(int stage) const { return threads_.device(stage); }
+  /// Stage `stage` holds layers [first_layer(stage), first_layer(stage + 1)).
+  int first_layer(int stage) const { return first_layer_.at(static_cast<std::size_t>(stage)); }
+  Seq& module() noexcept { return seq_; }
+
+  /// Inference: `x` (a tensor of Kind on any ordinal, the batch along dimension 0) through the
+  /// stages, micro-batch after micro-batch, the stages working at once; the output on the last
+  /// stage's device. Uses the layers' current modes (BatchNorm in training mode normalises each
+  /// micro-batch with its own statistics).
+  template <Dtype T>
+  Tensor<T, Kind> operator()(const Tensor<T, Kind>& x) {
+    if (!x.defined()) throw error("Pipeline: the input is undefined");
+    if (x.dim() == 0) throw shape_error("Pipeline: the input is 0-dim; it needs a batch dimension");
+    const std::vector<std::int64_t> sizes = detail::micro_batch_sizes(x.size(0), options_.chunks);
+    const int count = static_cast<int>(sizes.size());
+    if (count == 0) return run_stage_range(0, stages(), x);
+    const int last = stages() - 1;
+    std::vector<Tensor<T, Kind>> outputs(sizes.size());
+    std::vector<Tensor<T, Kind>> boxes(static_cast<std::size_t>(stages() * count));
+    exchange sync;
+    run_all(sync, [&](int s) {
+      std::int64_t offset = 0;
+      for (int j = 0; j < count; ++j) {
+        const auto jj = static_cast<std::size_t>(j);
+        Tensor<T, Kind> in;
+        if (s == 0) {
+          in = x.narrow(0, offset, sizes[jj]).to(threads_.device(0).index);
+          offset += sizes[jj];
+        } else {
+          const Tensor<T, Kind> sent =
+              sync.take(boxes[static_cast<std::size_t>(s * count + j)]);
+          in = sent.to(threads_.device(s).index);
+        }
+        Tensor<T, Kind> out = run_stage_range(s, s + 1, in);
+        if (s == last) {
+          outputs[jj] = std::move(out);
+        } else {
+          sync.put(boxes[static_cast<std::size_t>((s + 1) * count + j)], std::move(out));
+        }
+      }
+    });
+    if (outputs.size() == 1) return outputs[0];
+    return cat(outputs, 0);
+  }
+
+  /// Training: `loss(out, vars...)` maps the last stage's output and the remaining inputs to
+  /// the loss of the micro-batch it is given, as a mean over it (cross_entropy, mse_loss).
+  /// `input_spec, specs...` (autograd::input) describe the whole batch (dimension 0); the first
+  /// is the pipeline's input, the others go to the loss on the last stage's device. The result's
+  /// forward(tensors...) returns the batch's loss (the micro-batches' losses weighted by their
+  /// sizes) and backward() adds the whole batch's gradient into every stage's parameters.
+  template <class Fn, class Spec, class... Specs>
+  auto compile(Fn loss, const Spec& input_spec, const Specs&... specs);
+
+  /// The memory plan of the last compiled program (per stage). Throws before any compile.
+  const std::vector<StagePlan>& plan() const {
+    if (plan_.empty()) throw error("Pipeline::plan: nothing compiled yet (call compile first)");
+    return plan_;
+  }
+
+ private:
+  template <class, Dtype, class, class>
+  friend class PipelineProgram;
+
+  static PipelineOptions checked(PipelineOptions o) {
+    auto list = [](const std::vector<int>& v) {
+      std::string out = "[";
+      for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + std::to_string(v[i]);
+      return out + "]";
+    };
+    long long sum = 0;
+    for (int b : o.balance) sum += b;
+    if (o.balance.empty() || sum != static_cast<long long>(layer_count)) {
+      throw std::invalid_argument("Pipeline: the module and the sum of balance have different "
+                                  "lengths (module: " + std::to_string(layer_count) +
+                                  ", sum of balance: " + std::to_string(sum) + ", balance: " +
+                                  list(o.balance) + ")");
+    }
+    for (int b : o.balance) {
+      if (b <= 0) {
+        throw std::invalid_argument("Pipeline: every stage needs at least one layer (balance: " +
+                                    list(o.balance) + ")");
+      }
+    }
+    const std::size_t stages = o.balance.size();
+    if (o.devices.empty()) {
+      const int available = device_count(Kind::type);
+      if (static_cast<std::size_t>(available) < stages) {
+        throw std::invalid_argument("Pipeline: too few devices to hold the stages (devices: " +
+                                    std::to_string(available) + ", stages: " +
+                                    std::to_string(stages) + ")");
+      }
+      for (std::size_t i = 0; i < stages; ++i) o.devices.push_back(static_cast<int>(i));
+    } else if (o.devices.size() < stages) {
+      throw std::invalid_argument("Pipeline: too few devices to hold the stages (devices: " +
+                                  list(o.devices) + ", stages: " + std::to_string(stages) + ")");
+    }
+    o.devices.resize(stages);
+    if (o.chunks < 1) {
+      throw std::invalid_argument("Pipeline: chunks must be a positive number (chunks: " +
+                                  std::to_string(o.chunks) + ")");
+    }
+    return o;
+  }
+
+  int stage_of(std::size_t layer) const {
+    int s = 0;
+    while (static_cast<std::size_t>(first_layer_[static_cast<std::size_t>(s) + 1]) <= layer) ++s;
+    return s;
+  }
+
+  template <std::size_t... I>
+  void move_layers(std::index_sequence<I...>) {
+    (move_layer(seq_.template get<I>(), stage_of(I)), ...);
+  }
+  template <class L>
+  void move_layer(L& layer, int stage) {
+    if constexpr (std::derived_from<L, nn::Module>) layer.to(threads_.device(stage).index);
+  }
+
+  /// Layers [first_layer(from), first_layer(to)) applied to x (a Var or a tensor), each
+  /// layer's result bound to x's type.
+  template <class X>
+  X run_stage_range(int from, int to, X x) {
+    const int begin = first_layer_[static_cast<std::size_t>(from)];
+    const int end = first_layer_[static_cast<std::size_t>(to)];
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      ((static_cast<int>(I) >= begin && static_cast<int>(I) < end ? void(x = apply<I>(x))
+                                                                  : void()),
+       ...);
+    }(std::make_index_sequence<layer_count>{});
+    return x;
+  }
+  template <std::size_t I, class X>
+  X apply(const X& x) {
+    auto out = seq_.template get<I>().forward(x);
+    static_assert(std::is_same_v<typename decltype(out)::value_type, typename X::value_type>,
+                  "Pipeline: every layer must keep the dtype of its input");
+    return X(out);
+  }
+
+  /// The stages' rendezvous: boxes (tensors) put by one stage and taken by another; a failure
+  /// on one stage wakes and stops the others.
+  struct exchange {
+    std::mutex mutex;
+    std::condition_variable changed;
+    bool aborted = false;
+    std::exception_ptr failure;
+
+    template <class Box>
+    void put(Box& box, Box value) {
+      {
+        std::lock_guard lock(mutex);
+        box = std::move(value);
+      }
+      changed.notify_all();
+    }
+    template <class Box>
+    Box take(Box& box) {
+      std::unique_lock lock(mutex);
+      changed.wait(lock, [&] { return aborted || box.defined(); });
+      if (aborted) throw error("Pipeline: another stage failed");
+      Box value = std::move(box);
+      box = Box{};
+      return value;
+    }
+    void abort(std::exception_ptr e) {
+      {
+        std::lock_guard lock(mutex);
+        if (!failure) failure = e;
+        aborted = true;
+      }
+      changed.notify_all();
+    }
+  };
+
+  /// fn(stage) on every stage's thread at once; the first stage to fail stops the others, and
+  /// its exception is the one thrown.
+  template <class Fn>
+  void run_all(exchange& sync, Fn&& fn) {
+    try {
+      threads_.run([&](int s) {
+        try {
+          fn(s);
+        } catch (...) {
+          sync.abort(std::current_exception());
+          throw;
+        }
+      });
+    } catch (...) {
+      if (sync.failure) std::rethrow_exception(sync.failure);
+      throw;
+    }
+  }
+
+  Seq& seq_;
+  PipelineOptions options_;
+  DeviceThreads<Kind> threads_;
+  std::vector<int> first_layer_;  // [stage], plus the end
+  std::vector<StagePlan> plan_;
+};
+
+template <class Seq>
+Pipeline(Seq&, PipelineOptions) -> Pipeline<Seq>;
+
+/// The program of Pipeline::compile. `LastProgram` is the last stage's autograd Program (it
+/// returns the loss); `Extras` the std::tuple of the loss's other input tensors.
+template <class Seq, Dtype T, class LastProgram, class Extras>
+class PipelineProgram {
+ public:
+  using Kind = typename Pipeline<Seq>::Kind;
+  using Result = typename detail::program_result<LastProgram>::type;
+  using Activation = Tensor<T, Kind>;
+  using StageProgram = autograd::Program<Activation>;
+
+  /// Runs the batch `inputs` (tensors of the specs' dtypes and whole-batch shapes, on any
+  /// ordinal of Kind): every micro-batch's forward through the stages, and returns the batch's
+  /// loss on the last stage's device (a buffer overwritten by the next forward). With
+  /// Schedule::one_f_one_b the forwards and backwards interleave, so this runs the whole step
+  /// and adds the gradients; backward() then only ends the step. Throws shape_error naming the
+  /// expected shape for an input of another shape.
+  template <class... Ts>
+  Result forward(const Ts&... inputs) {
+    static_assert(sizeof...(Ts) == std::tuple_size_v<Extras> + 1,
+                  "Pipeline program: forward takes the pipeline's input and the loss's inputs");
+    std::size_t k = 0;
+    (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
+    bind_inputs(std::remove_cvref_t<Ts>(inputs)...);
+    const bool both = owner_->options_.schedule == Schedule::one_f_one_b;
+    run(both ? phase::both : phase::forward);
+    forwarded_ = true;
+    double total = 0;
+    for (double l : losses_) total += l;
+    loss_.fill_(static_cast<typename Result::value_type>(total));
+    return loss_;
+  }
+
+  /// Every micro-batch's backward (GPipe); adds the whole batch's gradient into every stage's
+  /// parameters (on their devices). Throws when forward was not called since the last backward.
+  void backward() {
+    if (!forwarded_) {
+      throw error("Pipeline program: backward needs a forward first (each forward allows one "
+                  "backward)");
+    }
+    forwarded_ = false;
+    if (owner_->options_.schedule == Schedule::gpipe) run(phase::backward);
+  }
+
+  /// Number of micro-batches and their sizes.
+  int micro_batches() const noexcept { return static_cast<int>(sizes_.size()); }
+  const std::vector<std::int64_t>& micro_batch_sizes() const noexcept { return sizes_; }
+  /// Per stage: devices, layers, programs, planned memory.
+  const std::vector<StagePlan>& plan() const noexcept { return plan_; }
+
+  // Built by Pipeline::compile.
+  PipelineProgram(Pipeline<Seq>* owner, std::vector<std::int64_t> sizes,
+                  std::vector<Shape> shapes, int checkpoint_stop)
+      : owner_(owner),
+        sizes_(std::move(sizes)),
+        shapes_(std::move(shapes)),
+        checkpoint_stop_(checkpoint_stop) {
+    const int stages = owner_->stages();
+    const int count = micro_batches();
+    offsets_.assign(sizes_.size(), 0);
+    for (std::size_t j = 1; j < sizes_.size(); ++j) offsets_[j] = offsets_[j - 1] + sizes_[j - 1];
+    inputs_.assign(static_cast<std::size_t>(stages * count), Activation{});
+    activation_boxes_.assign(static_cast<std::size_t>(stages * count), Activation{});
+    gradient_boxes_.assign(static_cast<std::size_t>(stages * count), Activation{});
+    rng_.assign(static_cast<std::size_t>(stages * count), philox_state{});
+    extras_.resize(sizes_.size());
+    losses_.assign(sizes_.size(), 0.0);
+    stage_programs_.resize(static_cast<std::size_t>(stages));
+    ops_.resize(static_cast<std::size_t>(stages));
+    first_backward_.assign(static_cast<std::size_t>(stages), 0);
+    trains_.assign(static_cast<std::size_t>(stages), true);
+    loss_ = Result::empty_on({}, owner_->device(stages - 1));
+  }
+
+ private:
+  template <class>
+  friend class Pipeline;
+
+  enum class phase { forward, backward, both };
+
+  std::size_t at(int stage, int j) const {
+    return static_cast<std::size_t>(stage * micro_batches() + j);
+  }
+  int shape_class(int j) const { return sizes_[static_cast<std::size_t>(j)] == sizes_[0] ? 0 : 1; }
+  bool checkpointed(int j) const { return j < checkpoint_stop_; }
+
+  void check_input(std::size_t k, const Shape& shape) const {
+    if (shape != shapes_[k]) {
+      throw shape_error("Pipeline program: input " + std::to_string(k) + " has shape " +
+                        shape.str() + ", expected the whole batch's " + shapes_[k].str());
+    }
+  }
+
+  template <class X, class... Xs>
+  void bind_inputs(const X& x, const Xs&... extras) {
+    static_assert(std::is_same_v<X, Activation> && std::is_same_v<std::tuple<Xs...>, Extras>,
+                  "Pipeline program: forward takes tensors of the compiled specs' dtypes and "
+                  "device kind, in order");
+    input_ = x;
+    extra_inputs_ = Extras(extras...);
+  }
+
+  /// Runs the stages' ops of `which` phase at once, one thread per stage.
+  void run(phase which) {
+    auto& pipe = *owner_;
+    typename Pipeline<Seq>::exchange sync;
+    sync_ = &sync;
+    try {
+      pipe.run_all(sync, [&](int s) {
+        const auto& ops = ops_[static_cast<std::size_t>(s)];
+        const std::size_t split = first_backward_[static_cast<std::size_t>(s)];
+        const std::size_t begin = which == phase::backward ? split : 0;
+        const std::size_t end = which == phase::forward ? split : ops.size();
+        for (std::size_t i = begin; i < end; ++i) {
+          if (ops[i].backward) {
+            backward_op(s, ops[i]);
+          } else {
+            forward_op(s, ops[i]);
+          }
+        }
+      });
+    } catch (...) {
+      sync_ = nullptr;
+      reset();
+      throw;
+    }
+    sync_ = nullptr;
+  }
+
+  // After a failure: every program's arena and every box let go, so the next call starts clean.
+  void reset() {
+    for (auto& stage : stage_programs_) {
+      for (auto& shape : stage) {
+        for (auto& p : shape) p.release();
+      }
+    }
+    for (auto& shape : last_programs_) {
+      for (auto& p : shape) p.release();
+    }
+    for (auto& t : inputs_) t = Activation{};
+    for (auto& t : activation_boxes_) t = Activation{};
+    for (auto& t : gradient_boxes_) t = Activation{};
+    for (auto& e : extras_) e = Extras{};
+    forwarded_ = false;
+  }
+
+  void forward_op(int s, const detail::pipeline_op& op) {
+    auto& pipe = *owner_;
+    const int j = op.micro_batch;
+    const auto jj = static_cast<std::size_t>(j);
+    const Device device = pipe.device(s);
+    const int last = pipe.stages() - 1;
+    Activation& in = inputs_[at(s, j)];
+    if (s == 0) {
+      in = Activation::empty_on(stage_input_shape(j), device);
+      in.copy_(input_.narrow(0, offsets_[jj], sizes_[jj]));
+    } else {
+      const Activation sent = sync_->take(activation_boxes_[at(s, j)]);
+      in = Activation::empty_on(sent.shape(), device);
+      in.copy_(sent);
+    }
+    if (checkpointed(j)) rng_[at(s, j)] = default_generator(device).state();
+    if (s == last) {
+      auto& program = last_programs_[static_cast<std::size_t>(shape_class(j))]
+                                    [static_cast<std::size_t>(op.slot)];
+      cut_extras(j, device, std::make_index_sequence<std::tuple_size_v<Extras>>{});
+      losses_[jj] = std::apply(
+          [&](const auto&... extras) {
+            return static_cast<double>(program.forward(in, extras...).item());
+          },
+          extras_[jj]);
+      if (checkpointed(j)) program.release();
+    } else {
+      auto& program = stage_programs_[static_cast<std::size_t>(s)]
+                                     [static_cast<std::size_t>(shape_class(j))]
+                                     [static_cast<std::size_t>(op.slot)];
+      Activation out = program.forward(in);
+      if (checkpointed(j) || !trains_[static_cast<std::size_t>(s)]) {
+        out = out.clone();  // the arena goes now; the copy waits for the next stage
+        program.release();
+      }
+      sync_->put(activation_boxes_[at(s + 1, j)], std::move(out));
+    }
+  }
+
+  // Micro-batch j of the loss's inputs, copied onto the last stage's device.
+  template <std::size_t... I>
+  void cut_extras(int j, Device device, std::index_sequence<I...>) {
+    const auto jj = static_cast<std::size_t>(j);
+    Extras& pieces = extras_[jj];
+    ((std::get<I>(pieces) =
+          std::tuple_element_t<I, Extras>::empty_on(extra_shape(I, j), device),
+      std::get<I>(pieces).copy_(std::get<I>(extra_inputs_).narrow(0, offsets_[jj], sizes_[jj]))),
+     ...);
+  }
+
+  void backward_op(int s, const detail::pipeline_op& op) {
+    auto& pipe = *owner_;
+    const int j = op.micro_batch;
+    const auto jj = static_cast<std::size_t>(j);
+    const int last = pipe.stages() - 1;
+    Activation& in = inputs_[at(s, j)];
+    Generator* generator = nullptr;
+    philox_state now{};
+    auto replay = [&](auto&& fn) {
+      if (!checkpointed(j)) return;
+      generator = &default_generator(pipe.device(s));
+      now = generator->state();
+      generator->set_state(rng_[at(s, j)]);
+      fn();
+      generator->set_state(now);
+    };
+    if (s == last) {
+      auto& program = last_programs_[static_cast<std::size_t>(shape_class(j))]
+                                    [static_cast<std::size_t>(op.slot)];
+      replay([&] {
+        std::apply([&](const auto&... extras) { program.recompute(in, extras...); },
+                   extras_[jj]);
+      });
+      program.backward();
+      if (s > 0) send_gradient(s, j, program.input_grad(0));
+      program.release();
+      extras_[jj] = Extras{};
+    } else {
+      auto& program = stage_programs_[static_cast<std::size_t>(s)]
+                                     [static_cast<std::size_t>(shape_class(j))]
+                                     [static_cast<std::size_t>(op.slot)];
+      const Activation grad = sync_->take(gradient_boxes_[at(s, j)]);
+      if (trains_[static_cast<std::size_t>(s)]) {
+        replay([&] { program.recompute(in); });
+        program.backward(grad);
+        if (s > 0) send_gradient(s, j, program.input_grad(0));
+        program.release();
+      }
+    }
+    in = Activation{};
+  }
+
+  // The gradient of stage s's input for micro-batch j, copied out of the arena (which goes
+  // now) and sent to stage s - 1.
+  void send_gradient(int s, int j, const AnyTensor& grad) {
+    sync_->put(gradient_boxes_[at(s - 1, j)], grad.template as<T, Kind>().clone());
+  }
+
+  Shape stage_input_shape(int j) const {
+    Shape shape = shapes_[0];
+    shape[0] = sizes_[static_cast<std::size_t>(j)];
+    return shape;
+  }
+  Shape extra_shape(std::size_t k, int j) const {
+    Shape shape = shapes_[k + 1];
+    shape[0] = sizes_[static_cast<std::size_t>(j)];
+    return shape;
+  }
+
+  Pipeline<Seq>* owner_;
+  std::vector<std::int64_t> sizes_;    // [micro-batch]
+  std::vector<std::int64_t> offsets_;  // [micro-batch]
+  std::vector<Shape> shapes_;          // the whole batch's input shapes
+  int checkpoint_stop_ = 0;            // micro-batches below it are checkpointed
+  std::vector<std::vector<std::vector<StageProgram>>> stage_programs_;  // [stage][shape][slot]
+  std::vector<std::vector<LastProgram>> last_programs_;                 // [shape][slot]
+  std::vector<std::vector<detail::pipeline_op>> ops_;                   // [stage]
+  std::vector<std::size_t> first_backward_;  // [stage]: index of its first backward op
+  std::vector<char> trains_;                 // [stage]: has a backward
+  std::vector<Activation> inputs_;            // [stage, micro-batch]: kept for the backward
+  std::vector<Activation> activation_boxes_;  // [stage, micro-batch]: sent to that stage
+  std::vector<Activation> gradient_boxes_;    // [stage, micro-batch]: sent to that stage
+  std::vector<philox_state> rng_;             // [stage, micro-batch]: before its forward
+  std::vector<Extras> extras_;                // [micro-batch]: the loss's inputs, last device
+  std::vector<double> losses_;                // [micro-batch], weighted
+  std::vector<StagePlan> plan_;
+  typename Pipeline<Seq>::exchange* sync_ = nullptr;
+  Activation input_;
+  Extras extra_inputs_;  // the whole batch's, as given to forward
+  Result loss_;
+  bool forwarded_ = false;
+};
+
+template <class Seq>
+template <class Fn, class Spec, class... Specs>
+auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... specs) {
+  using T = typename Spec::value_type;
+  static_assert(std::is_same_v<typename Spec::device_kind, Kind>,
+                "Pipeline::compile: the input's device kind is not the module's");
+  using Activation = Tensor<T, Kind>;
+  using Var = autograd::Var<T, Kind>;
+  using Extras = std::tuple<Tensor<typename Specs::value_type, Kind>...>;
+  const int S = stages();
+  const int last = S - 1;
+  std::vector<Shape> shapes{input_spec.shape, specs.shape...};
+  for (const Shape& shape : shapes) {
+    if (shape.size() == 0) {
+      throw shape_error("Pipeline::compile: an input is 0-dim; every input needs a batch "
+                        "dimension (dimension 0)");
+    }
+    if (shape[0] != shapes[0][0]) {
+      throw shape_error("Pipeline::compile: the inputs disagree on the batch (dimension 0): " +
+                        shapes[0].str() + " and " + shape.str());
+    }
+  }
+  const std::int64_t batch = shapes[0][0];
+  if (batch < 1) {
+    throw shape_error("Pipeline::compile: the batch is empty (input shape " + shapes[0].str() +
+                      ")");
+  }
+  const std::vector<std::int64_t> sizes = detail::micro_batch_sizes(batch, options_.chunks);
+  const int count = static_cast<int>(sizes.size());
+  const int classes = sizes.back() == sizes.front() ? 1 : 2;
+  const int stop = options_.checkpoint == Checkpoint::always        ? count
+                   : options_.checkpoint == Checkpoint::except_last ? count - 1
+                                                                    : 0;
+
+  // Each stage's ops, and the slot (program) of each micro-batch: a slot is held from a
+  // non-checkpointed forward to its backward, and for the duration of a checkpointed op.
+  std::vector<std::vector<detail::pipeline_op>> ops(static_cast<std::size_t>(S));
+  std::vector<std::size_t> first_backward(static_cast<std::size_t>(S));
+  std::vector<std::vector<int>> slots(static_cast<std::size_t>(S), std::vector<int>(2, 0));
+  std::vector<int> max_in_flight(static_cast<std::size_t>(S), 0);
+  for (int s = 0; s < S; ++s) {
+    auto& list = ops[static_cast<std::size_t>(s)];
+    if (options_.schedule == Schedule::gpipe) {
+      for (int j = 0; j < count; ++j) list.push_back({false, j, 0});
+      first_backward[static_cast<std::size_t>(s)] = list.size();
+      for (int j = count - 1; j >= 0; --j) list.push_back({true, j, 0});
+    } else {
+      const int warmup = std::min(S - 1 - s, count);
+      int f = 0, b = 0;
+      for (; f < warmup; ++f) list.push_back({false, f, 0});
+      while (f < count) {
+        list.push_back({false, f++, 0});
+        list.push_back({true, b++, 0});
+      }
+      while (b < count) list.push_back({true, b++, 0});
+      first_backward[static_cast<std::size_t>(s)] = 0;  // both phases run in forward()
+    }
+    std::vector<std::vector<char>> busy(2);
+    std::vector<int> slot_of(static_cast<std::size_t>(count), -1);
+    int in_flight = 0;
+    auto acquire = [&](int c) {
+      auto& b = busy[static_cast<std::size_t>(c)];
+      for (std::size_t i = 0; i < b.size(); ++i) {
+        if (!b[i]) {
+          b[i] = 1;
+          return static_cast<int>(i);
+        }
+      }
+      b.push_back(1);
+      return static_cast<int>(b.size()) - 1;
+    };
+    for (auto& op : list) {
+      const int c = sizes[static_cast<std::size_t>(op.micro_batch)] == sizes[0] ? 0 : 1;
+      const bool ckpt = op.micro_batch < stop;
+      auto& slot = slot_of[static_cast<std::size_t>(op.micro_batch)];
+      if (!op.backward) {
+        ++in_flight;
+        slot = acquire(c);
+        if (ckpt) busy[static_cast<std::size_t>(c)][static_cast<std::size_t>(slot)] = 0;
+      } else {
+        --in_flight;
+        if (ckpt) slot = acquire(c);
+        busy[static_cast<std::size_t>(c)][static_cast<std::size_t>(slot)] = 0;
+      }
+      op.slot = slot;
+      max_in_flight[static_cast<std::size_t>(s)] =
+          std::max(max_in_flight[static_cast<std::size_t>(s)], in_flight + (op.backward ? 1 : 0));
+      for (int k = 0; k < 2; ++k) {
+        slots[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)] =
+            std::max(slots[static_cast<std::size_t>(s)][static_cast<std::size_t>(k)],
+                     static_cast<int>(busy[static_cast<std::size_t>(k)].size()));
+      }
+    }
+  }
+
+  // A stage whose layers have no parameter that requires grad, and whose input does not either
+  // (stage 0), has no backward.
+  std::vector<char> trains(static_cast<std::size_t>(S), 1);
+  {
+    int layer = 0;
+    std::vector<char> has(static_cast<std::size_t>(S), 0);
+    auto visit = [&](const auto& l) {
+      if constexpr (std::derived_from<std::remove_cvref_t<decltype(l)>, nn::Module>) {
+        for (const auto& p : l.parameters()) {
+          if (p.requires_grad()) has[static_cast<std::size_t>(stage_of(static_cast<std::size_t>(layer)))] = 1;
+        }
+      }
+      ++layer;
+    };
+    [&]<std::size_t... I>(std::index_sequence<I...>) {
+      (visit(seq_.template get<I>()), ...);
+    }(std::make_index_sequence<layer_count>{});
+    trains[0] = has[0] || S == 1;
+  }
+
+  // The programs, stage after stage (each on its own thread: tracing works on the current
+  // device), for each micro-batch shape; a stage's output shape is the next stage's input.
+  std::vector<std::vector<Shape>> in_shapes(static_cast<std::size_t>(S),
+                                            std::vector<Shape>(static_cast<std::size_t>(classes)));
+  for (int c = 0; c < classes; ++c) {
+    Shape shape = shapes[0];
+    shape[0] = c == 0 ? sizes.front() : sizes.back();
+    in_shapes[0][static_cast<std::size_t>(c)] = shape;
+  }
+  auto last_fn_for = [&](int c) {
+    const double weight =
+        static_cast<double>(c == 0 ? sizes.front() : sizes.back()) / static_cast<double>(batch);
+    return [this, &loss, last, weight](Var x, auto... vars) {
+      return loss(run_stage_range(last, last + 1, x), vars...) * weight;
+    };
+  };
+  auto last_spec = [&](int c) {
+    auto spec = autograd::input<T, Kind>(in_shapes[static_cast<std::size_t>(last)][static_cast<std::size_t>(c)],
+                                         device(last).index);
+    spec.requires_grad = last > 0;
+    return spec;
+  };
+  auto extra_spec = [&](auto spec, int c) {
+    spec.shape[0] = c == 0 ? sizes.front() : sizes.back();
+    spec.device = device(last).index;
+    return spec;
+  };
+  using LastProgram = decltype(autograd::compile(last_fn_for(0), last_spec(0), extra_spec(specs, 0)...));
+  std::vector<std::vector<std::vector<autograd::Program<Activation>>>> stage_programs(
+      static_cast<std::size_t>(S));
+  std::vector<std::vector<LastProgram>> last_programs;
+  for (int s = 0; s < S; ++s) {
+    stage_programs[static_cast<std::size_t>(s)].resize(static_cast<std::size_t>(classes));
+  }
+  for (int s = 0; s < S; ++s) {
+    threads_.run([&](int member) {
+      if (member != s) return;
+      for (int c = 0; c < classes; ++c) {
+        const int n = slots[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)];
+        if (s == last) {
+          std::vector<LastProgram> list;
+          for (int k = 0; k < n; ++k) {
+            list.push_back(autograd::compile(last_fn_for(c), last_spec(c), extra_spec(specs, c)...));
+          }
+          last_programs.push_back(std::move(list));
+          continue;
+        }
+        Shape out_shape;
+        auto fn = [this, s, &out_shape](Var x) {
+          Var y = run_stage_range(s, s + 1, x);
+          out_shape = y.shape();
+          return y;
+        };
+        auto spec = autograd::input<T, Kind>(in_shapes[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)],
+                                             device(s).index);
+        spec.requires_grad = s > 0;
+        const autograd::Options opts{.mode = trains[static_cast<std::size_t>(s)]
+                                                  ? autograd::Mode::training
+                                                  : autograd::Mode::inference,
+                                     .seed_gradient = true};
+        auto& list = stage_programs[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)];
+        for (int k = 0; k < std::max(n, 1); ++k) list.push_back(autograd::compile(fn, spec, opts));
+        in_shapes[static_cast<std::size_t>(s) + 1][static_cast<std::size_t>(c)] = out_shape;
+      }
+    });
+  }
+
+  PipelineProgram<Seq, T, LastProgram, Extras> program(this, sizes, shapes, stop);
+  program.stage_programs_ = std::move(stage_programs);
+  program.last_programs_ = std::move(last_programs);
+  program.ops_ = std::move(ops);
+  program.first_backward_ = std::move(first_backward);
+  program.trains_ = std::move(trains);
+
+  // The plan: one micro-batch kept for backward is its program's arena and its inputs; the
+  // peak follows the ops (a checkpointed micro-batch, or one on a stage without backward, keeps
+  // only its input, and needs the arena while its forward or its recomputation and backward
+  // run).
+  plan_.clear();
+  for (int s = 0; s < S; ++s) {
+    StagePlan p;
+    p.device = device(s);
+    p.first_layer = first_layer(s);
+    p.last_layer = first_layer(s + 1);
+    p.max_in_flight = max_in_flight[static_cast<std::size_t>(s)];
+    std::vector<std::size_t> arena(2, 0), input(2, 0);
+    for (int c = 0; c < classes; ++c) {
+      if (s == last) {
+        p.programs += static_cast<int>(program.last_programs_[static_cast<std::size_t>(c)].size());
+        if (!program.last_programs_[static_cast<std::size_t>(c)].empty()) {
+          const auto& mp = program.last_programs_[static_cast<std::size_t>(c)][0].plan();
+          arena[static_cast<std::size_t>(c)] = autograd::detail::round_block(mp.planned_bytes);
+        }
+      } else {
+        const auto& list = program.stage_programs_[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)];
+        p.programs += static_cast<int>(list.size());
+        arena[static_cast<std::size_t>(c)] = autograd::detail::round_block(list[0].plan().planned_bytes);
+      }
+      input[static_cast<std::size_t>(c)] = autograd::detail::round_block(
+          static_cast<std::size_t>(in_shapes[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)].numel()) *
+          sizeof(T));
+    }
+    const std::size_t sent = s > 0 ? input[0] : 0;  // the input's gradient, sent back
+    if (s == last) {  // the loss's inputs
+      for (int c = 0; c < classes; ++c) {
+        const std::int64_t rows = c == 0 ? sizes.front() : sizes.back();
+        ((input[static_cast<std::size_t>(c)] += autograd::detail::round_block(
+              static_cast<std::size_t>(specs.shape.numel() / std::max<std::int64_t>(batch, 1) *
+                                       rows) *
+              sizeof(typename Specs::value_type))),
+         ...);
+      }
+    }
+    p.micro_batch_bytes = arena[0] + input[0] + sent;
+    std::size_t held = 0, peak = 0;
+    for (const auto& op : program.ops_[static_cast<std::size_t>(s)]) {
+      const auto c = static_cast<std::size_t>(
+          sizes[static_cast<std::size_t>(op.micro_batch)] == sizes[0] ? 0 : 1);
+      const bool ckpt = op.micro_batch < stop || !program.trains_[static_cast<std::size_t>(s)];
+      const std::size_t kept = input[c] + (ckpt ? 0 : arena[c]);
+      if (!op.backward) {
+        peak = std::max(peak, held + input[c] + arena[c]);
+        held += kept;
+      } else {
+        peak = std::max(peak, held + (ckpt ? arena[c] : 0) + input[c]);  // + the gradient sent
+        held -= kept;
+      }
+    }
+    p.peak_bytes = peak;
+    plan_.push_back(p);
+  }
+  program.plan_ = plan_;
+  return program;
+}
+
+}  // namespace tessera::parallel

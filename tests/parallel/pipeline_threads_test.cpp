@@ -1,0 +1,324 @@
+// Pipeline parallelism (torchgpipe's GPipe, and 1F1B) on virtual CPU devices
+// (TESSERA_CPU_DEVICES=4 for this folder). Against the unsplit model on one device over the whole
+// batch (float64, 1e-12): the loss and every gradient, for both schedules x the three checkpoint
+// modes, 2 and 3 stages, 1, 2 and 5 chunks of a batch of 11 (micro-batches 11 / 6+5 / 3+3+3+2).
+// With Dropout, a checkpointed micro-batch's recomputation draws the forward's numbers again
+// (checkpointed and not give the same gradients). With BatchNorm1d each micro-batch is
+// normalised with its own statistics: the reference is the micro-batches run one by one on one
+// device. 1F1B keeps fewer micro-batches per stage than GPipe, measured by the pool's
+// peak_allocated. Bad options and inputs throw naming the values; a failing stage stops the
+// others and its error is the one thrown. Labelled `threads`, so the TSan build runs it.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tessera/parallel.hpp"
+#include "tessera/tessera.hpp"
+
+namespace pipeline_threads_test {
+
+namespace ts = tessera;
+namespace ag = tessera::autograd;
+namespace nn = tessera::nn;
+namespace par = tessera::parallel;
+
+template <class T>
+ts::Tensor<T> inputs_of(std::int64_t rows, std::int64_t columns, int seed) {
+  std::vector<T> values(static_cast<std::size_t>(rows * columns));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<T>((static_cast<int>(i) * 7919 + seed * 104729) % 2001 - 1000) /
+                static_cast<T>(400);
+  }
+  return ts::from_vector<T>(values, {rows, columns});
+}
+ts::Tensor<std::int64_t> labels_of(std::int64_t rows, int seed) {
+  std::vector<std::int64_t> labels(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    labels[i] = static_cast<std::int64_t>((i * 5 + static_cast<std::size_t>(seed)) % 3);
+  }
+  return ts::from_vector<std::int64_t>(labels, {rows});
+}
+
+auto make_mlp() {
+  return nn::Sequential(nn::Linear<double>(6, 16), nn::ReLU{}, nn::Linear<double>(16, 8),
+                        nn::Tanh{}, nn::Linear<double>(8, 8), nn::ReLU{},
+                        nn::Linear<double>(8, 3));
+}
+
+std::vector<std::vector<double>> grads_of(const nn::Module& m) {
+  std::vector<std::vector<double>> out;
+  for (const auto& p : m.parameters()) {
+    const ts::AnyTensor g = p.grad();
+    out.push_back(g.defined() ? g.as<double, ts::cpu>().to_vector() : std::vector<double>{});
+  }
+  return out;
+}
+
+void check_close(const std::vector<std::vector<double>>& got,
+                 const std::vector<std::vector<double>>& want, double tol) {
+  REQUIRE(got.size() == want.size());
+  for (std::size_t t = 0; t < got.size(); ++t) {
+    REQUIRE(got[t].size() == want[t].size());
+    for (std::size_t i = 0; i < got[t].size(); ++i) {
+      INFO("parameter " << t << ", element " << i);
+      CHECK(std::abs(got[t][i] - want[t][i]) <= tol * (1.0 + std::abs(want[t][i])));
+    }
+  }
+}
+
+const char* name_of(par::Schedule s) { return s == par::Schedule::gpipe ? "gpipe" : "1f1b"; }
+const char* name_of(par::Checkpoint c) {
+  return c == par::Checkpoint::always        ? "always"
+         : c == par::Checkpoint::except_last ? "except_last"
+                                             : "never";
+}
+
+auto loss_fn = [](auto out, auto labels) { return nn::cross_entropy(out, labels); };
+
+TEST_CASE("pipeline gradients equal the unsplit model's for every schedule and checkpoint mode",
+          "[parallel][pipeline]") {
+  const std::int64_t batch = 11;
+  const auto x = inputs_of<double>(batch, 6, 1);
+  const auto y = labels_of(batch, 2);
+  for (const std::vector<int>& balance : {std::vector<int>{3, 4}, std::vector<int>{2, 2, 3}}) {
+    for (par::Schedule schedule : {par::Schedule::gpipe, par::Schedule::one_f_one_b}) {
+      for (par::Checkpoint checkpoint :
+           {par::Checkpoint::always, par::Checkpoint::except_last, par::Checkpoint::never}) {
+        for (int chunks : {1, 2, 5}) {
+          INFO(balance.size() << " stages, " << name_of(schedule) << ", checkpoint "
+                              << name_of(checkpoint) << ", " << chunks << " chunks");
+          ts::manual_seed(7);
+          auto seq = make_mlp();
+          auto reference = par::replicate(seq, 0);
+          auto ref_program = ag::compile(
+              [&](ag::Var<double> in, ag::Var<std::int64_t> labels) {
+                return nn::cross_entropy(reference(in), labels);
+              },
+              ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
+          const double ref_loss = ref_program.forward(x, y).item();
+          ref_program.backward();
+
+          par::Pipeline pipe(seq, {.balance = balance,
+                                   .chunks = chunks,
+                                   .schedule = schedule,
+                                   .checkpoint = checkpoint});
+          CHECK(seq.get<0>().weight().value().device_index() == 0);
+          CHECK(seq.get<6>().weight().value().device_index() ==
+                static_cast<int>(balance.size()) - 1);
+          auto program = pipe.compile(loss_fn, ag::input<double>({batch, 6}),
+                                      ag::input<std::int64_t>({batch}));
+          CHECK(program.micro_batches() == (chunks == 5 ? 4 : chunks));
+          for (int step = 0; step < 2; ++step) {  // the second step accumulates
+            const double loss = program.forward(x, y).item();
+            CHECK(loss == Approx(ref_loss).epsilon(1e-12));
+            program.backward();
+          }
+          auto twice = grads_of(reference);
+          for (auto& g : twice) {
+            for (double& v : g) v *= 2;
+          }
+          check_close(grads_of(seq), twice, 1e-12);
+          const auto& plan = pipe.plan();
+          REQUIRE(plan.size() == balance.size());
+          for (std::size_t s = 0; s < plan.size(); ++s) {
+            CHECK(plan[s].device.index == static_cast<int>(s));
+            CHECK(plan[s].peak_bytes >= plan[s].micro_batch_bytes);
+            if (schedule == par::Schedule::one_f_one_b) {
+              CHECK(plan[s].max_in_flight <=
+                    static_cast<int>(balance.size()) - static_cast<int>(s));
+            } else {
+              CHECK(plan[s].max_in_flight == program.micro_batches());
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("pipeline inference: pipe(x) computes the model's output on the last device",
+          "[parallel][pipeline]") {
+  const auto x = inputs_of<double>(9, 6, 3);
+  auto seq = make_mlp();
+  auto reference = par::replicate(seq, 0);
+  const auto expected = reference(x).to_vector();
+  par::Pipeline pipe(seq, {.balance = {1, 3, 3}, .devices = {2, 0, 3}, .chunks = 4});
+  const auto out = pipe(x);
+  CHECK(out.device_index() == 3);
+  CHECK(out.shape() == ts::Shape{9, 3});
+  const auto got = out.to_vector();
+  REQUIRE(got.size() == expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) CHECK(got[i] == Approx(expected[i]).epsilon(1e-14));
+  // A batch smaller than chunks: fewer micro-batches, the same output.
+  const auto small = inputs_of<double>(2, 6, 4);
+  const auto small_expected = reference(small).to_vector();
+  const auto small_got = pipe(small).to_vector();
+  for (std::size_t i = 0; i < small_got.size(); ++i) {
+    CHECK(small_got[i] == Approx(small_expected[i]).epsilon(1e-14));
+  }
+}
+
+TEST_CASE("a checkpointed micro-batch's recomputation draws the forward's random numbers again",
+          "[parallel][pipeline]") {
+  const std::int64_t batch = 8;
+  const auto x = inputs_of<double>(batch, 6, 5);
+  const auto y = labels_of(batch, 6);
+  std::vector<std::vector<double>> grads[3];
+  double losses[3] = {0, 0, 0};
+  for (int run = 0; run < 3; ++run) {  // never, always, and without dropout
+    ts::manual_seed(11);
+    const double p = run == 2 ? 0.0 : 0.5;
+    auto seq = nn::Sequential(nn::Linear<double>(6, 16), nn::Dropout(p),
+                              nn::Linear<double>(16, 16), nn::Dropout(p),
+                              nn::Linear<double>(16, 3));
+    par::Pipeline pipe(seq, {.balance = {2, 3},
+                             .chunks = 4,
+                             .checkpoint = run == 0 ? par::Checkpoint::never
+                                                    : par::Checkpoint::always});
+    auto program = pipe.compile(loss_fn, ag::input<double>({batch, 6}),
+                                ag::input<std::int64_t>({batch}));
+    ts::manual_seed(12);
+    losses[run] = program.forward(x, y).item();
+    program.backward();
+    grads[run] = grads_of(seq);
+  }
+  CHECK(losses[1] == Approx(losses[0]).epsilon(1e-14));
+  check_close(grads[1], grads[0], 1e-14);
+  // Dropout did change the numbers (the same weights without it give another loss).
+  CHECK(std::abs(losses[2] - losses[0]) > 1e-6);
+}
+
+TEST_CASE("BatchNorm in a stage normalises each micro-batch with its own statistics",
+          "[parallel][pipeline]") {
+  const std::int64_t batch = 10;
+  const auto x = inputs_of<double>(batch, 6, 8);
+  const auto y = labels_of(batch, 9);
+  auto seq = nn::Sequential(nn::Linear<double>(6, 8), nn::BatchNorm1d<double>(8), nn::ReLU{},
+                            nn::Linear<double>(8, 3));
+  auto reference = par::replicate(seq, 0);
+  // The reference: micro-batches of 4, 4 and 2 one after the other on one device, each loss
+  // weighted by its share of the batch.
+  const std::int64_t sizes[] = {4, 4, 2};
+  std::int64_t offset = 0;
+  double ref_loss = 0;
+  for (std::int64_t size : sizes) {
+    const double weight = static_cast<double>(size) / static_cast<double>(batch);
+    auto program = ag::compile(
+        [&](ag::Var<double> in, ag::Var<std::int64_t> labels) {
+          return nn::cross_entropy(reference(in), labels) * weight;
+        },
+        ag::input<double>({size, 6}), ag::input<std::int64_t>({size}));
+    ref_loss += program.forward(x.narrow(0, offset, size), y.narrow(0, offset, size)).item();
+    program.backward();
+    offset += size;
+  }
+  for (par::Checkpoint checkpoint : {par::Checkpoint::never, par::Checkpoint::always}) {
+    INFO("checkpoint " << name_of(checkpoint));
+    auto model = par::replicate(seq, 0);
+    par::Pipeline pipe(model, {.balance = {2, 2},
+                               .chunks = 3,
+                               .schedule = par::Schedule::one_f_one_b,
+                               .checkpoint = checkpoint});
+    auto program = pipe.compile(loss_fn, ag::input<double>({batch, 6}),
+                                ag::input<std::int64_t>({batch}));
+    CHECK(program.forward(x, y).item() == Approx(ref_loss).epsilon(1e-12));
+    program.backward();
+    check_close(grads_of(model), grads_of(reference), 1e-12);
+    // Running statistics moved once per micro-batch, as in the reference (recomputation does
+    // not move them again).
+    const auto& bn = model.get<1>();
+    const auto& ref_bn = reference.get<1>();
+    check_close({bn.running_mean().value().to_vector(), bn.running_var().value().to_vector()},
+                {ref_bn.running_mean().value().to_vector(),
+                 ref_bn.running_var().value().to_vector()},
+                1e-12);
+    CHECK(bn.num_batches_tracked().value().item() == 3);
+  }
+}
+
+TEST_CASE("1F1B keeps at most stages - i micro-batches on stage i, fewer than GPipe",
+          "[parallel][pipeline][memory]") {
+  const std::int64_t batch = 64;
+  const auto x = inputs_of<double>(batch, 6, 10);
+  const auto y = labels_of(batch, 11);
+  std::size_t peaks[2][3] = {};
+  for (par::Schedule schedule : {par::Schedule::gpipe, par::Schedule::one_f_one_b}) {
+    INFO(name_of(schedule));
+    auto seq = nn::Sequential(nn::Linear<double>(6, 64), nn::ReLU{}, nn::Linear<double>(64, 64),
+                              nn::ReLU{}, nn::Linear<double>(64, 64), nn::ReLU{},
+                              nn::Linear<double>(64, 3));
+    par::Pipeline pipe(seq, {.balance = {2, 2, 3},
+                             .chunks = 8,
+                             .schedule = schedule,
+                             .checkpoint = par::Checkpoint::never});
+    auto program = pipe.compile(loss_fn, ag::input<double>({batch, 6}),
+                                ag::input<std::int64_t>({batch}));
+    program.forward(x, y);  // warm-up: gradients are created at the first backward
+    program.backward();
+    std::size_t before[3];
+    for (int s = 0; s < 3; ++s) {
+      ts::memory::reset_peak(pipe.device(s));
+      before[s] = ts::memory::allocated(pipe.device(s));
+    }
+    program.forward(x, y);
+    program.backward();
+    const int row = schedule == par::Schedule::gpipe ? 0 : 1;
+    for (int s = 0; s < 3; ++s) {
+      INFO("stage " << s);
+      const std::size_t peak = ts::memory::peak_allocated(pipe.device(s)) - before[s];
+      peaks[row][s] = peak;
+      const auto& plan = pipe.plan()[static_cast<std::size_t>(s)];
+      // One micro-batch's worth (micro_batch_bytes): its arena, its input and the gradient it
+      // sends back.
+      const int kept = schedule == par::Schedule::gpipe ? 8 : 3 - s;
+      CHECK(plan.max_in_flight == kept);
+      CHECK(peak <= static_cast<std::size_t>(kept) * plan.micro_batch_bytes);
+      CHECK(peak >= static_cast<std::size_t>(kept) * (plan.micro_batch_bytes / 2));
+    }
+  }
+  for (int s = 0; s < 3; ++s) CHECK(peaks[1][s] < peaks[0][s]);
+}
+
+TEST_CASE("pipeline options and inputs are checked, naming the values", "[parallel][pipeline]") {
+  auto seq = make_mlp();
+  using Pipe = par::Pipeline<decltype(seq)>;
+  CHECK_THROWS_WITH(Pipe(seq, {.balance = {3, 3}}),
+                    Catch::Contains("module: 7") && Catch::Contains("sum of balance: 6"));
+  CHECK_THROWS_WITH(Pipe(seq, {.balance = {}}), Catch::Contains("sum of balance: 0"));
+  CHECK_THROWS_WITH(Pipe(seq, {.balance = {7, 0}}), Catch::Contains("[7, 0]"));
+  CHECK_THROWS_WITH(Pipe(seq, {.balance = {1, 1, 1, 1, 1, 2}}),
+                    Catch::Contains("devices: 4") && Catch::Contains("stages: 6"));
+  CHECK_THROWS_WITH(Pipe(seq, {.balance = {3, 4}, .devices = {1}}),
+                    Catch::Contains("devices: [1]") && Catch::Contains("stages: 2"));
+  CHECK_THROWS_WITH(Pipe(seq, {.balance = {3, 4}, .chunks = 0}), Catch::Contains("chunks: 0"));
+  CHECK_THROWS_AS(Pipe(seq, {.balance = {3, 4}, .devices = {1, 1}}), std::invalid_argument);
+  CHECK_THROWS_AS(Pipe(seq, {.balance = {3, 4}, .devices = {0, 9}}), ts::device_error);
+  // Nothing moved by a refused pipeline.
+  CHECK(seq.get<6>().weight().value().device_index() == 0);
+
+  par::Pipeline pipe(seq, {.balance = {3, 4}, .chunks = 4});
+  auto program =
+      pipe.compile(loss_fn, ag::input<double>({6, 6}), ag::input<std::int64_t>({6}));
+  CHECK(program.micro_batch_sizes() == std::vector<std::int64_t>{2, 2, 2});
+  CHECK_THROWS_WITH(program.forward(inputs_of<double>(5, 6, 1), labels_of(6, 1)),
+                    Catch::Contains("[5, 6]") && Catch::Contains("[6, 6]"));
+  CHECK_THROWS_WITH(program.backward(), Catch::Contains("forward first"));
+  CHECK_THROWS_WITH(pipe.compile(loss_fn, ag::input<double>({6, 6}),
+                                 ag::input<std::int64_t>({5})),
+                    Catch::Contains("[6, 6]") && Catch::Contains("[5]"));
+
+  // A stage that fails stops the others; its own error is the one thrown, and the pipeline
+  // works afterwards.
+  CHECK_THROWS_AS(pipe(inputs_of<double>(6, 5, 1)), ts::shape_error);
+  const auto out = pipe(inputs_of<double>(6, 6, 1));
+  CHECK(out.shape() == ts::Shape{6, 3});
+  const double loss = program.forward(inputs_of<double>(6, 6, 2), labels_of(6, 3)).item();
+  CHECK(std::isfinite(loss));
+  program.backward();
+}
+
+}  // namespace pipeline_threads_test
