@@ -272,8 +272,8 @@ TEST_CASE("1F1B keeps at most stages - i micro-batches on stage i, fewer than GP
       const std::size_t peak = ts::memory::peak_allocated(pipe.device(s)) - before[s];
       peaks[row][s] = peak;
       const auto& plan = pipe.plan()[static_cast<std::size_t>(s)];
-      // One micro-batch's worth (micro_batch_bytes): its arena, its input and the gradient it
-      // sends back.
+      // One micro-batch's worth (micro_batch_bytes): its arena, its inputs and the gradient of
+      // its output that the next stage sends back.
       const int kept = schedule == par::Schedule::gpipe ? 8 : 3 - s;
       CHECK(plan.max_in_flight == kept);
       CHECK(peak <= static_cast<std::size_t>(kept) * plan.micro_batch_bytes);

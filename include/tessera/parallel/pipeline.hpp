@@ -62,11 +62,11 @@ struct StagePlan {
   int last_layer = 0;
   int programs = 0;           // compiled programs (arenas that can be allocated at once)
   int max_in_flight = 0;      // micro-batches between their forward and their backward at once
-  // One full micro-batch kept for backward: its program's arena, its input, and the gradient
-  // of its input that the stage sends back.
+  // One full micro-batch kept for backward: its program's arena, its inputs (the loss's too on
+  // the last stage), and the gradient of its output that the next stage sends back.
   std::size_t micro_batch_bytes = 0;
-  // The planned peak over the schedule, when each gradient sent back is taken before the
-  // stage's next op (a slower previous stage holds them longer).
+  // The planned peak over the schedule (the loss's inputs and the gradient of the output of
+  // a smaller last micro-batch counted at the full size).
   std::size_t peak_bytes = 0;
 };
 
@@ -392,6 +392,7 @@ class PipelineProgram {
     inputs_.assign(static_cast<std::size_t>(stages * count), Activation{});
     activation_boxes_.assign(static_cast<std::size_t>(stages * count), Activation{});
     gradient_boxes_.assign(static_cast<std::size_t>(stages * count), Activation{});
+    gradient_targets_.assign(static_cast<std::size_t>(stages * count), Activation{});
     rng_.assign(static_cast<std::size_t>(stages * count), philox_state{});
     extras_.resize(sizes_.size());
     losses_.assign(sizes_.size(), 0.0);
@@ -470,6 +471,7 @@ class PipelineProgram {
     for (auto& t : inputs_) t = Activation{};
     for (auto& t : activation_boxes_) t = Activation{};
     for (auto& t : gradient_boxes_) t = Activation{};
+    for (auto& t : gradient_targets_) t = Activation{};
     for (auto& e : extras_) e = Extras{};
     forwarded_ = false;
   }
@@ -485,6 +487,8 @@ class PipelineProgram {
       in = Activation::empty_on(stage_input_shape(j), device);
       in.copy_(input_.narrow(0, offsets_[jj], sizes_[jj]));
     } else {
+      // Copied here, while the sender goes on, from a view of the sender's arena (or from its
+      // copy of it, when the sender frees its arena at once).
       const Activation sent = sync_->take(activation_boxes_[at(s, j)]);
       in = Activation::empty_on(sent.shape(), device);
       in.copy_(sent);
@@ -505,8 +509,13 @@ class PipelineProgram {
                                      [static_cast<std::size_t>(shape_class(j))]
                                      [static_cast<std::size_t>(op.slot)];
       Activation out = program.forward(in);
+      if (trains_[static_cast<std::size_t>(s)]) {
+        // Where the next stage will write the gradient of this output: allocated here, by the
+        // thread of this device, so that every block of a device comes from its own thread.
+        gradient_targets_[at(s, j)] = Activation::empty_on(out.shape(), device);
+      }
       if (checkpointed(j) || !trains_[static_cast<std::size_t>(s)]) {
-        out = out.clone();  // the arena goes now; the copy waits for the next stage
+        out = out.clone();  // the arena goes now; the next stage copies from this
         program.release();
       }
       sync_->put(activation_boxes_[at(s + 1, j)], std::move(out));
@@ -548,18 +557,18 @@ class PipelineProgram {
                    extras_[jj]);
       });
       program.backward();
-      if (s > 0) send_gradient(s, j, program.input_grad(0));
+      if (needs_input_grad(s)) send_gradient(s, j, program.input_grad(0));
       program.release();
       extras_[jj] = Extras{};
     } else {
       auto& program = stage_programs_[static_cast<std::size_t>(s)]
                                      [static_cast<std::size_t>(shape_class(j))]
                                      [static_cast<std::size_t>(op.slot)];
-      const Activation grad = sync_->take(gradient_boxes_[at(s, j)]);
       if (trains_[static_cast<std::size_t>(s)]) {
+        const Activation grad = sync_->take(gradient_boxes_[at(s, j)]);
         replay([&] { program.recompute(in); });
         program.backward(grad);
-        if (s > 0) send_gradient(s, j, program.input_grad(0));
+        if (needs_input_grad(s)) send_gradient(s, j, program.input_grad(0));
         program.release();
       }
     }
@@ -567,10 +576,16 @@ class PipelineProgram {
   }
 
   // The gradient of stage s's input for micro-batch j, copied out of the arena (which goes
-  // now) and sent to stage s - 1.
+  // now) into the tensor stage s - 1 allocated for it at its forward; stage s - 1 then seeds its
+  // backward with it. (Stage s - 1 wrote the target before sending micro-batch j's activation,
+  // which stage s took under the exchange's lock: the read here is ordered after the write.)
   void send_gradient(int s, int j, const AnyTensor& grad) {
-    sync_->put(gradient_boxes_[at(s - 1, j)], grad.template as<T, Kind>().clone());
+    Activation target = std::move(gradient_targets_[at(s - 1, j)]);
+    target.copy_(grad.template as<T, Kind>());
+    sync_->put(gradient_boxes_[at(s - 1, j)], std::move(target));
   }
+  // Stage s's input needs a gradient when an earlier stage has a backward.
+  bool needs_input_grad(int s) const { return s > 0 && trains_[static_cast<std::size_t>(s) - 1]; }
 
   Shape stage_input_shape(int j) const {
     Shape shape = shapes_[0];
@@ -596,6 +611,7 @@ class PipelineProgram {
   std::vector<Activation> inputs_;            // [stage, micro-batch]: kept for the backward
   std::vector<Activation> activation_boxes_;  // [stage, micro-batch]: sent to that stage
   std::vector<Activation> gradient_boxes_;    // [stage, micro-batch]: sent to that stage
+  std::vector<Activation> gradient_targets_;  // [stage, micro-batch]: allocated by that stage
   std::vector<philox_state> rng_;             // [stage, micro-batch]: before its forward
   std::vector<Extras> extras_;                // [micro-batch]: the loss's inputs, last device
   std::vector<double> losses_;                // [micro-batch], weighted
@@ -702,8 +718,8 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
     }
   }
 
-  // A stage whose layers have no parameter that requires grad, and whose input does not either
-  // (stage 0), has no backward.
+  // A stage whose layers have no parameter that requires grad, after stages that have none
+  // either, has no backward (the last stage always computes the loss's backward).
   std::vector<char> trains(static_cast<std::size_t>(S), 1);
   {
     int layer = 0;
@@ -719,8 +735,13 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
     [&]<std::size_t... I>(std::index_sequence<I...>) {
       (visit(seq_.template get<I>()), ...);
     }(std::make_index_sequence<layer_count>{});
-    trains[0] = has[0] || S == 1;
+    bool earlier = false;  // a gradient must flow back into some earlier stage
+    for (int s = 0; s < S; ++s) {
+      trains[static_cast<std::size_t>(s)] = has[static_cast<std::size_t>(s)] || earlier || s == last;
+      earlier = earlier || has[static_cast<std::size_t>(s)];
+    }
   }
+  auto needs_input_grad = [&](int s) { return s > 0 && trains[static_cast<std::size_t>(s) - 1]; };
 
   // The programs, stage after stage (each on its own thread: tracing works on the current
   // device), for each micro-batch shape; a stage's output shape is the next stage's input.
@@ -741,7 +762,7 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
   auto last_spec = [&](int c) {
     auto spec = autograd::input<T, Kind>(in_shapes[static_cast<std::size_t>(last)][static_cast<std::size_t>(c)],
                                          device(last).index);
-    spec.requires_grad = last > 0;
+    spec.requires_grad = needs_input_grad(last);
     return spec;
   };
   auto extra_spec = [&](auto spec, int c) {
@@ -777,7 +798,7 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
         };
         auto spec = autograd::input<T, Kind>(in_shapes[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)],
                                              device(s).index);
-        spec.requires_grad = s > 0;
+        spec.requires_grad = needs_input_grad(s);
         const autograd::Options opts{.mode = trains[static_cast<std::size_t>(s)]
                                                   ? autograd::Mode::training
                                                   : autograd::Mode::inference,
@@ -824,7 +845,13 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
           static_cast<std::size_t>(in_shapes[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)].numel()) *
           sizeof(T));
     }
-    const std::size_t sent = s > 0 ? input[0] : 0;  // the input's gradient, sent back
+    // The gradient of the output, received from the next stage.
+    std::size_t received = 0;
+    if (s < last && program.trains_[static_cast<std::size_t>(s)]) {
+      received = autograd::detail::round_block(
+          static_cast<std::size_t>(in_shapes[static_cast<std::size_t>(s) + 1][0].numel()) *
+          sizeof(T));
+    }
     if (s == last) {  // the loss's inputs
       for (int c = 0; c < classes; ++c) {
         const std::int64_t rows = c == 0 ? sizes.front() : sizes.back();
@@ -835,18 +862,19 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
          ...);
       }
     }
-    p.micro_batch_bytes = arena[0] + input[0] + sent;
+    p.micro_batch_bytes = arena[0] + input[0] + received;
     std::size_t held = 0, peak = 0;
     for (const auto& op : program.ops_[static_cast<std::size_t>(s)]) {
       const auto c = static_cast<std::size_t>(
           sizes[static_cast<std::size_t>(op.micro_batch)] == sizes[0] ? 0 : 1);
       const bool ckpt = op.micro_batch < stop || !program.trains_[static_cast<std::size_t>(s)];
-      const std::size_t kept = input[c] + (ckpt ? 0 : arena[c]);
+      const std::size_t kept = input[c] + received + (ckpt ? 0 : arena[c]);
       if (!op.backward) {
-        peak = std::max(peak, held + input[c] + arena[c]);
+        // + the copy of the output a checkpointed micro-batch sends (its arena goes)
+        peak = std::max(peak, held + input[c] + received + arena[c] + (ckpt ? received : 0));
         held += kept;
       } else {
-        peak = std::max(peak, held + (ckpt ? arena[c] : 0) + input[c]);  // + the gradient sent
+        peak = std::max(peak, held + (ckpt ? arena[c] : 0));
         held -= kept;
       }
     }

@@ -1,0 +1,160 @@
+// Pipeline parallelism, the experiment of PyTorch's "Single-Machine Model Parallel Best
+// Practices" tutorial scaled to this machine: one model trained three ways on two devices, then
+// the split-size sweep that shows the pipeline's trade-off (small micro-batches fill the
+// pipeline, large ones use each device better).
+//
+//   1. one device: the whole model on cpu:0;
+//   2. model parallel: the first half on cpu:0, the second on cpu:1, the whole batch at once
+//      (one device works while the other waits);
+//   3. pipelined: the same two stages, the batch cut into micro-batches of `split` samples, so
+//      both devices work at once (ts::parallel::Pipeline, GPipe schedule).
+//
+// The tutorial's model is ResNet-50 on two GPUs; here it is a deep MLP on two virtual CPU
+// devices (TESSERA_CPU_DEVICES=2), each driven by its own thread with one core. Results go to
+// a JSON file (argument 1, default pipeline_results.json) that bench/plot.py draws as
+// split_size_tradeoff.png and pipeline_comparison.png. Argument 2 is the number of timed runs
+// per configuration (default 3; the figures in bench/RESULTS.md use 10).
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "tessera/parallel.hpp"
+#include "tessera/tessera.hpp"
+
+namespace ts = tessera;
+namespace ag = tessera::autograd;
+namespace nn = tessera::nn;
+namespace par = tessera::parallel;
+
+constexpr int features = 512;
+constexpr int classes = 10;
+constexpr std::int64_t batch = 64;
+constexpr int steps = 3;  // training steps per timed run
+
+auto make_model() {
+  ts::manual_seed(0);
+  return nn::Sequential(nn::Linear<float>(features, features), nn::ReLU{},
+                        nn::Linear<float>(features, features), nn::ReLU{},
+                        nn::Linear<float>(features, features), nn::ReLU{},
+                        nn::Linear<float>(features, features), nn::ReLU{},
+                        nn::Linear<float>(features, features), nn::ReLU{},
+                        nn::Linear<float>(features, features), nn::ReLU{},
+                        nn::Linear<float>(features, classes));
+}
+using Model = decltype(make_model());
+
+struct Timing {
+  double mean = 0, stddev = 0;
+  double first_loss = 0, last_loss = 0;
+};
+
+// Mean and standard deviation over `runs` of the time of `steps` SGD steps of `program`.
+template <class Program>
+Timing time_training(Program& program, Model& model, const ts::Tensor<float>& x,
+                     const ts::Tensor<std::int64_t>& y, int runs) {
+  ts::optim::SGD sgd(model.parameters(), {.lr = 0.01});
+  auto step = [&] {
+    sgd.zero_grad();
+    const double loss = program.forward(x, y).item();
+    program.backward();
+    sgd.step();
+    return loss;
+  };
+  Timing t;
+  t.first_loss = step();  // warm-up: arenas, gradients
+  std::vector<double> seconds;
+  for (int r = 0; r < runs; ++r) {
+    const auto start = std::chrono::steady_clock::now();
+    for (int s = 0; s < steps; ++s) t.last_loss = step();
+    seconds.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  for (double s : seconds) t.mean += s / runs;
+  for (double s : seconds) t.stddev += (s - t.mean) * (s - t.mean) / std::max(1, runs - 1);
+  t.stddev = std::sqrt(t.stddev);
+  return t;
+}
+
+auto loss_of = [](auto out, auto labels) { return nn::cross_entropy(out, labels); };
+
+int main(int argc, char** argv) {
+  const std::string path = argc > 1 ? argv[1] : "pipeline_results.json";
+  const int runs = argc > 2 ? std::max(1, std::atoi(argv[2])) : 3;
+  ts::manual_seed(1);
+  const auto x = ts::randn<float>({batch, features});
+  std::vector<std::int64_t> label_values(static_cast<std::size_t>(batch));
+  for (std::size_t i = 0; i < label_values.size(); ++i) {
+    label_values[i] = static_cast<std::int64_t>(i % classes);
+  }
+  const auto y = ts::from_vector<std::int64_t>(label_values, {batch});
+
+  // 1. One device, one core: what each device of the pipeline has.
+  ts::cpu::set_num_threads(1);
+  Model single = make_model();
+  auto single_program = ag::compile(
+      [&](ag::Var<float> in, ag::Var<std::int64_t> labels) {
+        return nn::cross_entropy(single(in), labels);
+      },
+      ag::input<float>({batch, features}), ag::input<std::int64_t>({batch}));
+  const Timing one = time_training(single_program, single, x, y, runs);
+  std::printf("one device:        %7.1f ms +- %5.1f for %d steps (loss %.4f -> %.4f)\n",
+              one.mean * 1e3, one.stddev * 1e3, steps, one.first_loss, one.last_loss);
+  if (ts::cpu::device_count() < 2) {
+    std::printf("Model parallel and pipelined runs need two devices: run with "
+                "TESSERA_CPU_DEVICES=2.\n");
+    return 0;
+  }
+  // Back to every core: the pipeline's two threads take one each.
+  ts::cpu::set_num_threads(ts::cpu::core_count());
+
+  // 2. Model parallel (two stages, no micro-batches) and 3. pipelined, for each split size.
+  auto run_pipeline = [&](int chunks) {
+    Model model = make_model();
+    par::Pipeline pipe(model, {.balance = {6, 7}, .chunks = chunks,
+                               .checkpoint = par::Checkpoint::never});
+    auto program = pipe.compile(loss_of, ag::input<float>({batch, features}),
+                                ag::input<std::int64_t>({batch}));
+    return time_training(program, model, x, y, runs);
+  };
+  const Timing model_parallel = run_pipeline(1);
+  std::printf("model parallel:    %7.1f ms +- %5.1f (loss %.4f -> %.4f)\n",
+              model_parallel.mean * 1e3, model_parallel.stddev * 1e3, model_parallel.first_loss,
+              model_parallel.last_loss);
+  const std::vector<int> splits{1, 2, 4, 8, 16, 32};
+  std::vector<Timing> pipelined;
+  int best = 0;
+  for (std::size_t i = 0; i < splits.size(); ++i) {
+    pipelined.push_back(run_pipeline(static_cast<int>(batch / splits[i])));
+    std::printf("pipelined split %2d: %6.1f ms +- %5.1f (%2lld micro-batches; loss %.4f -> %.4f)\n",
+                splits[i], pipelined[i].mean * 1e3, pipelined[i].stddev * 1e3,
+                static_cast<long long>(batch / splits[i]), pipelined[i].first_loss,
+                pipelined[i].last_loss);
+    if (pipelined[i].mean < pipelined[static_cast<std::size_t>(best)].mean) best = static_cast<int>(i);
+  }
+  const Timing& fastest = pipelined[static_cast<std::size_t>(best)];
+  std::printf("best split %d: %.2fx the model-parallel speed, %.2fx one device's\n",
+              splits[static_cast<std::size_t>(best)], model_parallel.mean / fastest.mean,
+              one.mean / fastest.mean);
+
+  std::FILE* out = std::fopen(path.c_str(), "w");
+  if (out == nullptr) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    return 1;
+  }
+  std::fprintf(out, "{\n  \"batch\": %lld, \"steps\": %d, \"runs\": %d,\n",
+               static_cast<long long>(batch), steps, runs);
+  std::fprintf(out, "  \"one_device\": {\"mean\": %.6f, \"std\": %.6f},\n", one.mean, one.stddev);
+  std::fprintf(out, "  \"model_parallel\": {\"mean\": %.6f, \"std\": %.6f},\n",
+               model_parallel.mean, model_parallel.stddev);
+  std::fprintf(out, "  \"best_split\": %d,\n  \"pipelined\": [\n", splits[static_cast<std::size_t>(best)]);
+  for (std::size_t i = 0; i < splits.size(); ++i) {
+    std::fprintf(out, "    {\"split\": %d, \"mean\": %.6f, \"std\": %.6f}%s\n", splits[i],
+                 pipelined[i].mean, pipelined[i].stddev, i + 1 < splits.size() ? "," : "");
+  }
+  std::fprintf(out, "  ]\n}\n");
+  std::fclose(out);
+  std::printf("wrote %s (draw it with: python3 bench/plot.py %s)\n", path.c_str(), path.c_str());
+  return 0;
+}
