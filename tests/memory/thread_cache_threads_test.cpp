@@ -20,8 +20,12 @@ using tessera::DeviceType;
 
 const Device cpu1{DeviceType::cpu, 1};
 
+// A thread caches the blocks of its current device only: the tests' threads drive cpu:1.
+void drive_cpu1() { tessera::cpu::set_device(1); }
+
 // A clean start: nothing cached by this thread, nothing live, every segment returned.
 void clean() {
+  drive_cpu1();
   mem::empty_cache(cpu1);
   REQUIRE(mem::allocated(cpu1) == 0);
   REQUIRE(mem::reserved(cpu1) == 0);
@@ -99,6 +103,7 @@ TEST_CASE("other threads' cached blocks are not allocated; they return when the 
   std::condition_variable changed;
   int stage = 0;
   std::thread worker([&] {
+    drive_cpu1();
     void* p = mem::allocate(cpu1, 1000);  // 1024
     void* q = mem::allocate(cpu1, 1000);
     mem::deallocate(cpu1, p, 1000);  // both cached by the worker
@@ -146,6 +151,7 @@ TEST_CASE("two threads churn one device; totals add up", "[memory][threads]") {
   std::vector<std::thread> threads;
   for (int t = 0; t < 2; ++t) {
     threads.emplace_back([t] {
+      drive_cpu1();
       std::vector<void*> live(4, nullptr);
       for (int i = 0; i < steps; ++i) {
         const std::size_t bytes = 512u * static_cast<std::size_t>(1 + (i + t) % 3);
@@ -175,6 +181,27 @@ TEST_CASE("two threads churn one device; totals add up", "[memory][threads]") {
   }
   CHECK(s.allocated_bytes.allocated == bytes);
   CHECK(s.allocated_bytes.freed == bytes);
+  mem::empty_cache(cpu1);
+  CHECK(mem::reserved(cpu1) == 0);
+}
+
+TEST_CASE("a block of another device than the thread's goes back to its pool at once",
+          "[memory][threads]") {
+  clean();
+  const auto& counters = tessera::memory::detail::thread_cache::local()->of(1).statistics();
+  const std::int64_t hits_before = counters.hit_blocks.load();
+  tessera::cpu::set_device(0);  // this thread now drives cpu:0 (a pipeline stage's neighbour)
+  void* a = mem::allocate(cpu1, 4000);
+  mem::deallocate(cpu1, a, 4000);  // not cached: the pool has it back
+  void* b = mem::allocate(cpu1, 4000);
+  CHECK(counters.hit_blocks.load() == hits_before);
+  mem::deallocate(cpu1, b, 4000);
+  drive_cpu1();
+  const mem::MemoryStats s = mem::stats(cpu1);
+  CHECK(s.allocations.allocated == 2);
+  CHECK(s.allocations.freed == 2);
+  CHECK(s.allocated_bytes.current == 0);
+  CHECK(s.small_pool.allocations.allocated == 2);
   mem::empty_cache(cpu1);
   CHECK(mem::reserved(cpu1) == 0);
 }

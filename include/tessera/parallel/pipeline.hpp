@@ -137,9 +137,9 @@ class Pipeline {
   Tensor<T, Kind> operator()(const Tensor<T, Kind>& x) {
     if (!x.defined()) throw error("Pipeline: the input is undefined");
     if (x.dim() == 0) throw shape_error("Pipeline: the input is 0-dim; it needs a batch dimension");
-    const std::vector<std::int64_t> sizes = detail::micro_batch_sizes(x.size(0), options_.chunks);
+    std::vector<std::int64_t> sizes = detail::micro_batch_sizes(x.size(0), options_.chunks);
+    if (sizes.empty()) sizes.push_back(0);  // an empty batch goes through as one empty piece
     const int count = static_cast<int>(sizes.size());
-    if (count == 0) return run_stage_range(0, stages(), x);
     const int last = stages() - 1;
     std::vector<Tensor<T, Kind>> outputs(sizes.size());
     std::vector<Tensor<T, Kind>> boxes(static_cast<std::size_t>(stages() * count));

@@ -1,0 +1,217 @@
+// Pipeline parallelism on two virtual CPU devices, one core each: a training step (forward,
+// backward) of a 7-layer MLP (1024 wide, batch 256, cross_entropy) cut into two stages,
+//   - model parallel: the two stages, one chunk (one device works at a time);
+//   - pipelined: GPipe with 4, 8 and 16 micro-batches, 1F1B with 8;
+// against, in the same run,
+//   - the whole model on one device with one core (what each stage's device has);
+//   - the same micro-batches one after the other on one device (the work a pipeline spreads):
+//     a perfect two-stage pipeline of M micro-batches takes (M + 1) / (2M) of it when the
+//     stages are equal, so measured / that is the cost of the bubble's imperfection, the
+//     hand-offs and two cores sharing caches and memory;
+//   - two threads running each stage's matrix products at once on their own data, no pipeline
+//     (the physical limit of two cores on this work).
+// Prints the speedups (goal: pipelined at its best split >= 1.6 x model parallel) and the plans'
+// peak memory per stage, GPipe against 1F1B.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "bench_report.hpp"
+#include "tessera/parallel.hpp"
+#include "tessera/tessera.hpp"
+
+#if TESSERA_BLAS
+#include <cblas.h>
+#endif
+
+namespace ts = tessera;
+namespace ag = tessera::autograd;
+namespace nn = tessera::nn;
+namespace par = tessera::parallel;
+
+namespace {
+
+constexpr int width = 1024;
+constexpr std::int64_t batch = 256;
+
+auto make_model() {
+  ts::manual_seed(0);
+  return nn::Sequential(nn::Linear<float>(width, width), nn::ReLU{},
+                        nn::Linear<float>(width, width), nn::ReLU{},
+                        nn::Linear<float>(width, width), nn::ReLU{},
+                        nn::Linear<float>(width, width), nn::ReLU{},
+                        nn::Linear<float>(width, width), nn::ReLU{},
+                        nn::Linear<float>(width, width), nn::ReLU{}, nn::Linear<float>(width, 10));
+}
+
+struct data {
+  ts::Tensor<float> x = ts::randn<float>({batch, width});
+  ts::Tensor<std::int64_t> y = labels();
+  static ts::Tensor<std::int64_t> labels() {
+    std::vector<std::int64_t> v(static_cast<std::size_t>(batch));
+    for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int64_t>(i % 10);
+    return ts::from_vector<std::int64_t>(v, {batch});
+  }
+};
+
+auto loss_fn = [](auto out, auto labels) { return nn::cross_entropy(out, labels); };
+
+std::map<std::string, std::vector<par::StagePlan>>& plans() {
+  static std::map<std::string, std::vector<par::StagePlan>> p;
+  return p;
+}
+
+// A pipeline of `stages` (1: the whole model on cpu:0; 2: layers 0-5 on cpu:0, 6-12 on cpu:1)
+// over `chunks` micro-batches, timed per training step.
+void pipeline_step(benchmark::State& state, int stages, int chunks, par::Schedule schedule,
+                   const char* name) {
+  // One core per device: one device alone gets one core too.
+  ts::cpu::set_num_threads(stages == 1 ? 1 : 2);
+  const data d;
+  auto model = make_model();
+  par::Pipeline pipe(model, {.balance = stages == 1 ? std::vector<int>{13} : std::vector<int>{6, 7},
+                             .chunks = chunks,
+                             .schedule = schedule,
+                             .checkpoint = par::Checkpoint::never});
+  auto step = pipe.compile(loss_fn, ag::input<float>({batch, width}),
+                           ag::input<std::int64_t>({batch}));
+  step.forward(d.x, d.y);  // warm-up: gradients, the pool's blocks
+  step.backward();
+  for (auto _ : state) {
+    step.forward(d.x, d.y);
+    step.backward();
+  }
+  plans()[name] = step.plan();
+  ts::cpu::set_num_threads(ts::cpu::core_count());
+}
+
+#if TESSERA_BLAS
+// Each stage's matrix products for the whole batch (forward; backward with the input's gradient
+// except for stage 0's first layer), stage 0's on one thread and stage 1's on another at once.
+struct stage_gemms {
+  stage_gemms(int layers, bool first)
+      : layers(layers), first(first),
+        w(static_cast<std::size_t>(width) * width, 0.01f),
+        a(static_cast<std::size_t>(layers + 1), std::vector<float>(batch * width, 0.5f)),
+        g(batch * width, 0.1f), dw(static_cast<std::size_t>(width) * width) {}
+  void run() {
+    const auto r = CblasRowMajor;
+    const int b = static_cast<int>(batch);
+    for (int l = 0; l < layers; ++l) {
+      cblas_sgemm(r, CblasNoTrans, CblasTrans, b, width, width, 1, a[static_cast<std::size_t>(l)].data(), width, w.data(),
+                  width, 0, a[static_cast<std::size_t>(l) + 1].data(), width);
+    }
+    for (int l = layers - 1; l >= 0; --l) {
+      cblas_sgemm(r, CblasTrans, CblasNoTrans, width, width, b, 1, g.data(), width,
+                  a[static_cast<std::size_t>(l)].data(), width, 0, dw.data(), width);
+      if (l > 0 || !first) {
+        cblas_sgemm(r, CblasNoTrans, CblasNoTrans, b, width, width, 1, g.data(), width, w.data(),
+                    width, 0, a[static_cast<std::size_t>(l)].data(), width);
+      }
+    }
+  }
+  int layers;
+  bool first;
+  std::vector<float> w;
+  std::vector<std::vector<float>> a;
+  std::vector<float> g, dw;
+};
+
+void stage_gemms_two_threads(benchmark::State& state) {
+  std::vector<stage_gemms> work{stage_gemms(3, true), stage_gemms(3, false)};
+  par::DeviceThreads<ts::cpu> threads({0, 1});
+  threads.run([](int) { openblas_set_num_threads(1); });
+  for (auto _ : state) {
+    threads.run([&](int member) { work[static_cast<std::size_t>(member)].run(); });
+    benchmark::ClobberMemory();
+  }
+  openblas_set_num_threads(ts::cpu::num_threads());
+}
+void stage_gemms_one_thread(benchmark::State& state) {
+  std::vector<stage_gemms> work{stage_gemms(3, true), stage_gemms(3, false)};
+  openblas_set_num_threads(1);
+  for (auto _ : state) {
+    work[0].run();
+    work[1].run();
+    benchmark::ClobberMemory();
+  }
+  openblas_set_num_threads(ts::cpu::num_threads());
+}
+#endif
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  setenv("TESSERA_CPU_DEVICES", "2", 0);
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  auto add = [](const char* name, int stages, int chunks, par::Schedule schedule) {
+    benchmark::RegisterBenchmark(name, pipeline_step, stages, chunks, schedule, name)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  };
+  add("one_device", 1, 1, par::Schedule::gpipe);
+  add("one_device_4_micro", 1, 4, par::Schedule::gpipe);
+  add("one_device_8_micro", 1, 8, par::Schedule::gpipe);
+  add("one_device_16_micro", 1, 16, par::Schedule::gpipe);
+  add("model_parallel", 2, 1, par::Schedule::gpipe);
+  add("gpipe_4", 2, 4, par::Schedule::gpipe);
+  add("gpipe_8", 2, 8, par::Schedule::gpipe);
+  add("gpipe_16", 2, 16, par::Schedule::gpipe);
+  add("1f1b_8", 2, 8, par::Schedule::one_f_one_b);
+#if TESSERA_BLAS
+  benchmark::RegisterBenchmark("stage_gemms_one_thread", stage_gemms_one_thread)
+      ->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("stage_gemms_two_threads", stage_gemms_two_threads)
+      ->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
+  ts::bench::recording_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+  const auto& r = reporter.results;
+  std::printf("\nratios (baseline time / measured time; %d cores, 2 CPU devices, one core each):\n",
+              ts::cpu::core_count());
+  const char* pipelined[] = {"gpipe_4", "gpipe_8", "gpipe_16", "1f1b_8"};
+  std::string best;
+  for (const char* name : pipelined) {
+    if (r.count(name) && (best.empty() || r.at(name) < r.at(best))) best = name;
+  }
+  const std::vector<ts::bench::summary_line> lines = {
+      {"pipelined (best: " + best + ") vs model parallel",
+       {{"model parallel / pipelined (goal >= 1.6)", best, "model_parallel", 1.6},
+        {"one device / pipelined", best, "one_device", 0}}},
+      {"model parallel vs one device", {{"one device / model parallel", "model_parallel", "one_device", 0}}},
+      {"two threads on the stages' GEMMs", {{"one thread / two threads (the limit)", "stage_gemms_two_threads", "stage_gemms_one_thread", 0}}},
+  };
+  for (const auto& line : lines) ts::bench::print_summary(r, line);
+  // The bubble: the same micro-batches in turn on one device, against the pipeline.
+  const int micro[] = {4, 8, 16};
+  for (int m : micro) {
+    const std::string serial = "one_device_" + std::to_string(m) + "_micro";
+    const std::string pipe = "gpipe_" + std::to_string(m);
+    if (!r.count(serial) || !r.count(pipe)) continue;
+    const double ideal = r.at(serial) * (m + 1) / (2.0 * m);
+    std::printf("gpipe %2d micro-batches: %.1f ms; ideal (M + K - 1) / (M K) x serial %.1f ms = "
+                "%.1f ms; measured / ideal = %.2f; speedup over the serial micro-batches %.2f "
+                "(ideal %.2f)\n",
+                m, r.at(pipe), r.at(serial), ideal, r.at(pipe) / ideal, r.at(serial) / r.at(pipe),
+                2.0 * m / (m + 1));
+  }
+  if (plans().count("gpipe_8") && plans().count("1f1b_8")) {
+    for (std::size_t s = 0; s < 2; ++s) {
+      const auto& g = plans()["gpipe_8"][s];
+      const auto& o = plans()["1f1b_8"][s];
+      std::printf("stage %zu planned peak, 8 micro-batches: gpipe %.1f MiB (%d in flight), 1f1b "
+                  "%.1f MiB (%d in flight): 1f1b / gpipe = %.2f\n",
+                  s, static_cast<double>(g.peak_bytes) / (1 << 20), g.max_in_flight,
+                  static_cast<double>(o.peak_bytes) / (1 << 20), o.max_in_flight,
+                  static_cast<double>(o.peak_bytes) / static_cast<double>(g.peak_bytes));
+    }
+  }
+  return 0;
+}
