@@ -15,6 +15,7 @@
 
 #include "tessera/parallel.hpp"
 #include "tessera/tessera.hpp"
+#include "parallel/training_data.hpp"
 
 namespace data_parallel_training_threads_test {
 
@@ -23,22 +24,8 @@ namespace ag = tessera::autograd;
 namespace nn = tessera::nn;
 namespace par = tessera::parallel;
 
-template <class T>
-ts::Tensor<T> inputs_of(std::int64_t rows, std::int64_t columns, int seed) {
-  std::vector<T> values(static_cast<std::size_t>(rows * columns));
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    values[i] = static_cast<T>((static_cast<int>(i) * 7919 + seed * 104729) % 2001 - 1000) /
-                static_cast<T>(400);
-  }
-  return ts::from_vector<T>(values, {rows, columns});
-}
-ts::Tensor<std::int64_t> labels_of(std::int64_t rows, int seed) {
-  std::vector<std::int64_t> labels(static_cast<std::size_t>(rows));
-  for (std::size_t i = 0; i < labels.size(); ++i) {
-    labels[i] = static_cast<std::int64_t>((i * 5 + static_cast<std::size_t>(seed)) % 3);
-  }
-  return ts::from_vector<std::int64_t>(labels, {rows});
-}
+using training_data::inputs_of;
+using training_data::labels_of;
 
 template <class T>
 auto make_mlp() {

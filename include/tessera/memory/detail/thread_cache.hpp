@@ -1,8 +1,8 @@
 // Per-thread caches of small freed blocks in front of the CPU devices' pools (as jemalloc's and
 // tcmalloc's thread caches): a thread that frees a small block of its current device keeps it,
 // and its next request of the same size takes it back without the pool's lock (blocks of other
-// devices go back to their pool). Two threads creating and destroying tensors
-// on one device then do not meet on the pool's mutex.
+// devices go back to their pool). Two threads creating and destroying tensors on one device then
+// do not meet on the pool's mutex.
 //
 // Statistics keep PyTorch's meaning:
 // - A cached block is still allocated as far as the pool knows. The memory:: functions subtract

@@ -1,0 +1,32 @@
+// Deterministic training data for the parallel wrappers' tests: inputs spread over [-2.5, 2.5]
+// and labels of 3 classes, both a pure function of (shape, seed), so a wrapper and its one-device
+// reference see the same batch.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "tessera/tensor/factories.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace training_data {
+
+template <class T>
+tessera::Tensor<T> inputs_of(std::int64_t rows, std::int64_t columns, int seed) {
+  std::vector<T> values(static_cast<std::size_t>(rows * columns));
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    values[i] = static_cast<T>((static_cast<int>(i) * 7919 + seed * 104729) % 2001 - 1000) /
+                static_cast<T>(400);
+  }
+  return tessera::from_vector<T>(values, {rows, columns});
+}
+
+inline tessera::Tensor<std::int64_t> labels_of(std::int64_t rows, int seed) {
+  std::vector<std::int64_t> labels(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < labels.size(); ++i) {
+    labels[i] = static_cast<std::int64_t>((i * 5 + static_cast<std::size_t>(seed)) % 3);
+  }
+  return tessera::from_vector<std::int64_t>(labels, {rows});
+}
+
+}  // namespace training_data
