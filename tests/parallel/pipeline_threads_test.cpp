@@ -30,10 +30,12 @@ namespace par = tessera::parallel;
 using training_data::inputs_of;
 using training_data::labels_of;
 
-auto make_mlp() {
-  return nn::Sequential(nn::Linear<double>(6, 16), nn::ReLU{}, nn::Linear<double>(16, 8),
-                        nn::Tanh{}, nn::Linear<double>(8, 8), nn::ReLU{},
-                        nn::Linear<double>(8, 3));
+// One Sequential type for most cases (each type compiles the pipeline once more).
+auto make_mlp(int hidden = 16, int narrow = 8) {
+  return nn::Sequential(nn::Linear<double>(6, hidden), nn::ReLU{},
+                        nn::Linear<double>(hidden, narrow), nn::Tanh{},
+                        nn::Linear<double>(narrow, narrow), nn::ReLU{},
+                        nn::Linear<double>(narrow, 3));
 }
 
 std::vector<std::vector<double>> grads_of(const nn::Module& m) {
@@ -235,9 +237,7 @@ TEST_CASE("1F1B keeps at most stages - i micro-batches on stage i, fewer than GP
   std::size_t peaks[2][3] = {};
   for (par::Schedule schedule : {par::Schedule::gpipe, par::Schedule::one_f_one_b}) {
     INFO(name_of(schedule));
-    auto seq = nn::Sequential(nn::Linear<double>(6, 64), nn::ReLU{}, nn::Linear<double>(64, 64),
-                              nn::ReLU{}, nn::Linear<double>(64, 64), nn::ReLU{},
-                              nn::Linear<double>(64, 3));
+    auto seq = make_mlp(64, 64);
     par::Pipeline pipe(seq, {.balance = {2, 2, 3},
                              .chunks = 8,
                              .schedule = schedule,
