@@ -65,6 +65,11 @@ std::map<std::string, std::vector<par::StagePlan>>& plans() {
   static std::map<std::string, std::vector<par::StagePlan>> p;
   return p;
 }
+// Per stage, the pool's peak_allocated during one step, above what was live before it.
+std::map<std::string, std::vector<std::size_t>>& measured_peaks() {
+  static std::map<std::string, std::vector<std::size_t>> p;
+  return p;
+}
 
 // A pipeline of `stages` (1: the whole model on cpu:0; 2: layers 0-5 on cpu:0, 6-12 on cpu:1)
 // over `chunks` micro-batches, timed per training step.
@@ -87,6 +92,18 @@ void pipeline_step(benchmark::State& state, int stages, int chunks, par::Schedul
     step.backward();
   }
   plans()[name] = step.plan();
+  std::vector<std::size_t> peaks;
+  std::vector<std::size_t> before;
+  for (int s = 0; s < stages; ++s) {
+    ts::memory::reset_peak(pipe.device(s));
+    before.push_back(ts::memory::allocated(pipe.device(s)));
+  }
+  step.forward(d.x, d.y);
+  step.backward();
+  for (int s = 0; s < stages; ++s) {
+    peaks.push_back(ts::memory::peak_allocated(pipe.device(s)) - before[static_cast<std::size_t>(s)]);
+  }
+  measured_peaks()[name] = peaks;
   ts::cpu::set_num_threads(ts::cpu::core_count());
 }
 
@@ -211,6 +228,11 @@ int main(int argc, char** argv) {
                   s, static_cast<double>(g.peak_bytes) / (1 << 20), g.max_in_flight,
                   static_cast<double>(o.peak_bytes) / (1 << 20), o.max_in_flight,
                   static_cast<double>(o.peak_bytes) / static_cast<double>(g.peak_bytes));
+      const double mg = static_cast<double>(measured_peaks()["gpipe_8"][s]);
+      const double mo = static_cast<double>(measured_peaks()["1f1b_8"][s]);
+      std::printf("stage %zu measured peak_allocated during a step: gpipe %.1f MiB, 1f1b %.1f MiB: "
+                  "1f1b / gpipe = %.2f\n",
+                  s, mg / (1 << 20), mo / (1 << 20), mo / mg);
     }
   }
   return 0;
