@@ -2,9 +2,12 @@
 // (`balance` layers each), each stage's layers are moved in place to its device, and one host
 // thread drives each device (parallel::DeviceThreads). A batch is cut into micro-batches (as
 // torch.chunk: `chunks` pieces of ceil(N / chunks) samples, the last one smaller, so fewer
-// pieces when N does not fill them); the stages work on different micro-batches at once. What a
-// stage sends is a tensor on its own device; the receiving stage copies it onto its device while
-// the sender goes on.
+// pieces when N does not fill them); the stages work on different micro-batches at once. An
+// activation is sent as a tensor on the sender's device, which the receiving stage copies onto
+// its own while the sender goes on; the gradient of an activation is written by its sender into
+// a tensor the receiver allocated, so every block of a device comes from that device's thread.
+// (On CUDA the copies are Tessera's device-to-device copies, complete when copy_ returns: no
+// separate copy stream yet.)
 //
 // Training (pipe.compile): each stage has autograd Programs compiled for its layers and the
 // micro-batch shapes (a full one and, when the batch does not divide, the last), as many as the
@@ -22,7 +25,6 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
-#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -50,7 +52,7 @@ enum class Checkpoint { always, except_last, never };
 struct PipelineOptions {
   std::vector<int> balance{};  // layers per stage, in order; adds up to the Sequential's size
   std::vector<int> devices{};  // ordinal of each stage (empty: 0, 1, ...); extra ones unused
-  int chunks = 1;            // micro-batches per batch
+  int chunks = 1;              // micro-batches per batch
   Schedule schedule = Schedule::gpipe;
   Checkpoint checkpoint = Checkpoint::except_last;
 };
@@ -351,7 +353,7 @@ class PipelineProgram {
                   "Pipeline program: forward takes the pipeline's input and the loss's inputs");
     std::size_t k = 0;
     (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
-    bind_inputs(std::remove_cvref_t<Ts>(inputs)...);
+    bind_inputs(inputs...);
     const bool both = owner_->options_.schedule == Schedule::one_f_one_b;
     run(both ? phase::both : phase::forward);
     forwarded_ = true;
