@@ -45,17 +45,7 @@ std::vector<std::vector<double>> values_and_grads(const nn::Module& m) {
   return out;
 }
 
-void check_close(const std::vector<std::vector<double>>& got,
-                 const std::vector<std::vector<double>>& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t t = 0; t < got.size(); ++t) {
-    REQUIRE(got[t].size() == want[t].size());
-    for (std::size_t i = 0; i < got[t].size(); ++i) {
-      INFO("tensor " << t << " (even: values, odd: gradients), element " << i);
-      CHECK(std::abs(got[t][i] - want[t][i]) <= tol * (1.0 + std::abs(want[t][i])));
-    }
-  }
-}
+using training_data::check_close;
 
 template <class T, class Optimizer, class Options>
 void compare_with_one_device(const std::vector<int>& ids, std::int64_t batch, Options options,

@@ -47,17 +47,7 @@ std::vector<std::vector<double>> grads_of(const nn::Module& m) {
   return out;
 }
 
-void check_close(const std::vector<std::vector<double>>& got,
-                 const std::vector<std::vector<double>>& want, double tol) {
-  REQUIRE(got.size() == want.size());
-  for (std::size_t t = 0; t < got.size(); ++t) {
-    REQUIRE(got[t].size() == want[t].size());
-    for (std::size_t i = 0; i < got[t].size(); ++i) {
-      INFO("parameter " << t << ", element " << i);
-      CHECK(std::abs(got[t][i] - want[t][i]) <= tol * (1.0 + std::abs(want[t][i])));
-    }
-  }
-}
+using training_data::check_close;
 
 const char* name_of(par::Schedule s) { return s == par::Schedule::gpipe ? "gpipe" : "1f1b"; }
 const char* name_of(par::Checkpoint c) {
