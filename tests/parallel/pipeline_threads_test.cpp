@@ -12,6 +12,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -288,14 +289,56 @@ TEST_CASE("pipeline options and inputs are checked, naming the values", "[parall
                                  ag::input<std::int64_t>({5})),
                     Catch::Contains("[6, 6]") && Catch::Contains("[5]"));
 
-  // A stage that fails stops the others; its own error is the one thrown, and the pipeline
-  // works afterwards.
+  // An eager call whose input stage 0 refuses throws that error; the pipeline works afterwards
+  // (a failure on a later stage while an earlier one waits: the Tripwire case below).
   CHECK_THROWS_AS(pipe(inputs_of<double>(6, 5, 1)), ts::shape_error);
   const auto out = pipe(inputs_of<double>(6, 6, 1));
   CHECK(out.shape() == ts::Shape{6, 3});
   const double loss = program.forward(inputs_of<double>(6, 6, 2), labels_of(6, 3)).item();
   CHECK(std::isfinite(loss));
   program.backward();
+}
+
+// A layer that throws while the program runs, when armed (an effect of its traced forward).
+struct Tripwire {
+  std::shared_ptr<bool> armed = std::make_shared<bool>(false);
+  ag::Var<double> forward(const ag::Var<double>& x) const {
+    ag::on_forward(
+        [armed = armed](const ts::Tensor<double>&) {
+          if (*armed) throw std::runtime_error("tripwire on the last stage");
+        },
+        x);
+    return x;
+  }
+};
+
+TEST_CASE("a stage that fails while another waits for it: the failing stage's error is thrown",
+          "[parallel][pipeline]") {
+  const auto x = inputs_of<double>(8, 6, 12);
+  const auto y = labels_of(8, 13);
+  auto seq = nn::Sequential(nn::Linear<double>(6, 8), nn::ReLU{}, nn::Linear<double>(8, 3),
+                            Tripwire{});
+  const std::shared_ptr<bool> armed = seq.get<3>().armed;
+  // 1F1B: stage 0 (the calling thread, member 0) runs two forwards and then waits for the
+  // first gradient, which stage 1 never sends: it stops with "another stage failed", and the
+  // error thrown must be stage 1's.
+  par::Pipeline pipe(seq, {.balance = {2, 2},
+                           .chunks = 4,
+                           .schedule = par::Schedule::one_f_one_b,
+                           .checkpoint = par::Checkpoint::never});
+  auto program = pipe.compile(loss_fn, ag::input<double>({8, 6}), ag::input<std::int64_t>({8}));
+  const double loss = program.forward(x, y).item();
+  program.backward();
+  const auto grads = grads_of(seq);
+  seq.zero_grad();
+  *armed = true;
+  CHECK_THROWS_WITH(program.forward(x, y), Catch::Contains("tripwire on the last stage"));
+  // Usable afterwards, with the same numbers.
+  *armed = false;
+  seq.zero_grad();
+  CHECK(program.forward(x, y).item() == loss);
+  program.backward();
+  check_close(grads_of(seq), grads, 0);
 }
 
 }  // namespace pipeline_threads_test

@@ -185,9 +185,6 @@ class program_state {
 
   static void fill_ones(const AnyTensor& t);
 
-  /// Copies `from` (same dtype and element count, any device of the same kind) into `to`.
-  static void copy_into(const AnyTensor& to, const AnyTensor& from);
-
   /// Gradient values for every value whose gradient some live node writes.
   void make_gradients();
 
@@ -317,7 +314,7 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed) {
         break;
       case step::seed:
         if (seed) {
-          copy_into(table.gradient(output_ids[0]), *seed);
+          table.gradient(output_ids[0]).copy_(*seed);
         } else {
           fill_ones(table.gradient(output_ids[0]));
         }
@@ -393,19 +390,6 @@ TESSERA_API void program_state::run_node_forward(const step& s) {
         instance_tensors[static_cast<std::size_t>(s.out_instance)];
   }
   n.forward(table);
-}
-
-TESSERA_API void program_state::copy_into(const AnyTensor& to, const AnyTensor& from) {
-  visit_dtype(to.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if (to.device().is_cuda()) {
-      auto out = to.as<T, cuda>();
-      out.copy_(from.as<T, cuda>().view(out.shape()));
-    } else {
-      auto out = to.as<T, cpu>();
-      out.copy_(from.as<T, cpu>().view(out.shape()));
-    }
-  });
 }
 
 TESSERA_API void program_state::fill_ones(const AnyTensor& t) {

@@ -79,17 +79,6 @@ void walk_state(const module_state& state, const std::string& prefix, Fn& fn) {
   for (const auto& [name, child] : state.children) walk_state(*child, join(prefix, name), fn);
 }
 
-/// dst's elements = src's (same dtype and shape, checked by the caller; any devices).
-inline void copy_tensor(const AnyTensor& dst, const AnyTensor& src) {
-  dst.visit([&](auto typed) {
-    using T = typename decltype(typed)::value_type;
-    if (src.device().is_cuda()) {
-      typed.copy_(src.as<T, tessera::cuda>());
-    } else {
-      typed.copy_(src.as<T, tessera::cpu>());
-    }
-  });
-}
 
 inline int& skip_initialization_depth() {
   thread_local int depth = 0;
@@ -424,7 +413,7 @@ TESSERA_API void Module::load_state_dict(const StateDict& state_dict, bool stric
     if (!key_problems && shape_mismatches.empty()) throw dtype_error(message);
     throw error(message);
   }
-  for (const auto& [i, source] : copies) detail::copy_tensor(own[i].second, *source);
+  for (const auto& [i, source] : copies) own[i].second.copy_(*source);
 }
 
 TESSERA_API Module& Module::to(int index) {

@@ -314,13 +314,13 @@ class DataParallel {
   // The module's buffers into member m's replica (m > 0).
   void copy_buffers(int member) const {
     for (const auto& [to, from] : copies_[static_cast<std::size_t>(member)].buffers) {
-      nn::detail::copy_tensor(to, from);
+      to.copy_(from);
     }
   }
   // The module's parameters and training modes into member m's replica (m > 0).
   void copy_parameters(int member) {
     for (const auto& [to, from] : copies_[static_cast<std::size_t>(member)].parameters) {
-      nn::detail::copy_tensor(to, from);
+      to.copy_(from);
     }
     nn::detail::copy_training_modes(module_, replicas_[static_cast<std::size_t>(member - 1)]);
   }

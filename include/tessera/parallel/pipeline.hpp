@@ -65,7 +65,9 @@ struct StagePlan {
   int programs = 0;           // compiled programs (arenas that can be allocated at once)
   int max_in_flight = 0;      // micro-batches between their forward and their backward at once
   // One full micro-batch kept for backward: its program's arena, its inputs (the loss's too on
-  // the last stage), and the gradient of its output that the next stage sends back.
+  // the last stage; counted even where they are views of the caller's tensors, on stage 0 and
+  // the last stage when those are on the stage's device), and the gradient of its output that
+  // the next stage sends back.
   std::size_t micro_batch_bytes = 0;
   // The planned peak over the schedule (the loss's inputs and the gradient of the output of
   // a smaller last micro-batch counted at the full size).
@@ -83,6 +85,11 @@ inline std::vector<std::int64_t> micro_batch_sizes(std::int64_t batch, int chunk
     sizes.push_back(std::min(size, batch - first));
   }
   return sizes;
+}
+
+/// Whether stage s's input needs a gradient: when an earlier stage has a backward.
+inline bool needs_input_grad(const std::vector<char>& trains, int s) {
+  return s > 0 && trains[static_cast<std::size_t>(s) - 1] != 0;
 }
 
 /// One step of a stage's schedule: the forward or backward of micro-batch `micro_batch`, using
@@ -400,7 +407,6 @@ class PipelineProgram {
     losses_.assign(sizes_.size(), 0.0);
     stage_programs_.resize(static_cast<std::size_t>(stages));
     ops_.resize(static_cast<std::size_t>(stages));
-    first_backward_.assign(static_cast<std::size_t>(stages), 0);
     trains_.assign(static_cast<std::size_t>(stages), true);
     loss_ = Result::empty_on({}, owner_->device(stages - 1));
   }
@@ -413,6 +419,14 @@ class PipelineProgram {
 
   std::size_t at(int stage, int j) const {
     return static_cast<std::size_t>(stage * micro_batches() + j);
+  }
+  // The programs of micro-batch j (full size or the smaller last one) in slot `slot`.
+  StageProgram& stage_program(int s, int j, int slot) {
+    return stage_programs_[static_cast<std::size_t>(s)][static_cast<std::size_t>(shape_class(j))]
+                          [static_cast<std::size_t>(slot)];
+  }
+  LastProgram& last_program(int j, int slot) {
+    return last_programs_[static_cast<std::size_t>(shape_class(j))][static_cast<std::size_t>(slot)];
   }
   int shape_class(int j) const { return sizes_[static_cast<std::size_t>(j)] == sizes_[0] ? 0 : 1; }
   bool checkpointed(int j) const { return j < checkpoint_stop_; }
@@ -440,15 +454,11 @@ class PipelineProgram {
     sync_ = &sync;
     try {
       pipe.run_all(sync, [&](int s) {
-        const auto& ops = ops_[static_cast<std::size_t>(s)];
-        const std::size_t split = first_backward_[static_cast<std::size_t>(s)];
-        const std::size_t begin = which == phase::backward ? split : 0;
-        const std::size_t end = which == phase::forward ? split : ops.size();
-        for (std::size_t i = begin; i < end; ++i) {
-          if (ops[i].backward) {
-            backward_op(s, ops[i]);
-          } else {
-            forward_op(s, ops[i]);
+        for (const detail::pipeline_op& op : ops_[static_cast<std::size_t>(s)]) {
+          if (op.backward && which != phase::forward) {
+            backward_op(s, op);
+          } else if (!op.backward && which != phase::backward) {
+            forward_op(s, op);
           }
         }
       });
@@ -485,9 +495,8 @@ class PipelineProgram {
     const Device device = pipe.device(s);
     const int last = pipe.stages() - 1;
     Activation& in = inputs_[at(s, j)];
-    if (s == 0) {
-      in = Activation::empty_on(stage_input_shape(j), device);
-      in.copy_(input_.narrow(0, offsets_[jj], sizes_[jj]));
+    if (s == 0) {  // a view of the caller's tensor when it is on this device already
+      in = input_.narrow(0, offsets_[jj], sizes_[jj]).to(device.index);
     } else {
       // Copied here, while the sender goes on, from a view of the sender's arena (or from its
       // copy of it, when the sender frees its arena at once).
@@ -497,8 +506,7 @@ class PipelineProgram {
     }
     if (checkpointed(j)) rng_[at(s, j)] = default_generator(device).state();
     if (s == last) {
-      auto& program = last_programs_[static_cast<std::size_t>(shape_class(j))]
-                                    [static_cast<std::size_t>(op.slot)];
+      auto& program = last_program(j, op.slot);
       cut_extras(j, device, std::make_index_sequence<std::tuple_size_v<Extras>>{});
       losses_[jj] = std::apply(
           [&](const auto&... extras) {
@@ -507,9 +515,7 @@ class PipelineProgram {
           extras_[jj]);
       if (checkpointed(j)) program.release();
     } else {
-      auto& program = stage_programs_[static_cast<std::size_t>(s)]
-                                     [static_cast<std::size_t>(shape_class(j))]
-                                     [static_cast<std::size_t>(op.slot)];
+      auto& program = stage_program(s, j, op.slot);
       Activation out = program.forward(in);
       if (trains_[static_cast<std::size_t>(s)]) {
         // Where the next stage will write the gradient of this output: allocated here, by the
@@ -524,14 +530,13 @@ class PipelineProgram {
     }
   }
 
-  // Micro-batch j of the loss's inputs, copied onto the last stage's device.
+  // Micro-batch j of the loss's inputs on the last stage's device (views of the caller's tensors
+  // when they are there already).
   template <std::size_t... I>
   void cut_extras(int j, Device device, std::index_sequence<I...>) {
     const auto jj = static_cast<std::size_t>(j);
-    Extras& pieces = extras_[jj];
-    ((std::get<I>(pieces) =
-          std::tuple_element_t<I, Extras>::empty_on(extra_shape(I, j), device),
-      std::get<I>(pieces).copy_(std::get<I>(extra_inputs_).narrow(0, offsets_[jj], sizes_[jj]))),
+    ((std::get<I>(extras_[jj]) =
+          std::get<I>(extra_inputs_).narrow(0, offsets_[jj], sizes_[jj]).to(device.index)),
      ...);
   }
 
@@ -541,19 +546,17 @@ class PipelineProgram {
     const auto jj = static_cast<std::size_t>(j);
     const int last = pipe.stages() - 1;
     Activation& in = inputs_[at(s, j)];
-    Generator* generator = nullptr;
-    philox_state now{};
+    // A checkpointed micro-batch's forward again, drawing the random numbers of its forward.
     auto replay = [&](auto&& fn) {
       if (!checkpointed(j)) return;
-      generator = &default_generator(pipe.device(s));
-      now = generator->state();
-      generator->set_state(rng_[at(s, j)]);
+      Generator& generator = default_generator(pipe.device(s));
+      const philox_state now = generator.state();
+      generator.set_state(rng_[at(s, j)]);
       fn();
-      generator->set_state(now);
+      generator.set_state(now);
     };
     if (s == last) {
-      auto& program = last_programs_[static_cast<std::size_t>(shape_class(j))]
-                                    [static_cast<std::size_t>(op.slot)];
+      auto& program = last_program(j, op.slot);
       replay([&] {
         std::apply([&](const auto&... extras) { program.recompute(in, extras...); },
                    extras_[jj]);
@@ -563,9 +566,7 @@ class PipelineProgram {
       program.release();
       extras_[jj] = Extras{};
     } else {
-      auto& program = stage_programs_[static_cast<std::size_t>(s)]
-                                     [static_cast<std::size_t>(shape_class(j))]
-                                     [static_cast<std::size_t>(op.slot)];
+      auto& program = stage_program(s, j, op.slot);
       if (trains_[static_cast<std::size_t>(s)]) {
         const Activation grad = sync_->take(gradient_boxes_[at(s, j)]);
         replay([&] { program.recompute(in); });
@@ -586,19 +587,7 @@ class PipelineProgram {
     target.copy_(grad.template as<T, Kind>());
     sync_->put(gradient_boxes_[at(s - 1, j)], std::move(target));
   }
-  // Stage s's input needs a gradient when an earlier stage has a backward.
-  bool needs_input_grad(int s) const { return s > 0 && trains_[static_cast<std::size_t>(s) - 1]; }
-
-  Shape stage_input_shape(int j) const {
-    Shape shape = shapes_[0];
-    shape[0] = sizes_[static_cast<std::size_t>(j)];
-    return shape;
-  }
-  Shape extra_shape(std::size_t k, int j) const {
-    Shape shape = shapes_[k + 1];
-    shape[0] = sizes_[static_cast<std::size_t>(j)];
-    return shape;
-  }
+  bool needs_input_grad(int s) const { return detail::needs_input_grad(trains_, s); }
 
   Pipeline<Seq>* owner_;
   std::vector<std::int64_t> sizes_;    // [micro-batch]
@@ -608,7 +597,6 @@ class PipelineProgram {
   std::vector<std::vector<std::vector<StageProgram>>> stage_programs_;  // [stage][shape][slot]
   std::vector<std::vector<LastProgram>> last_programs_;                 // [shape][slot]
   std::vector<std::vector<detail::pipeline_op>> ops_;                   // [stage]
-  std::vector<std::size_t> first_backward_;  // [stage]: index of its first backward op
   std::vector<char> trains_;                 // [stage]: has a backward
   std::vector<Activation> inputs_;            // [stage, micro-batch]: kept for the backward
   std::vector<Activation> activation_boxes_;  // [stage, micro-batch]: sent to that stage
@@ -654,7 +642,10 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
   }
   const std::vector<std::int64_t> sizes = detail::micro_batch_sizes(batch, options_.chunks);
   const int count = static_cast<int>(sizes.size());
+  // Micro-batches of one shape class share programs: 0, the full size; 1, a smaller last one.
   const int classes = sizes.back() == sizes.front() ? 1 : 2;
+  auto class_of = [&](int j) { return sizes[static_cast<std::size_t>(j)] == sizes[0] ? 0 : 1; };
+  auto rows_of = [&](int c) { return c == 0 ? sizes.front() : sizes.back(); };
   const int stop = options_.checkpoint == Checkpoint::always        ? count
                    : options_.checkpoint == Checkpoint::except_last ? count - 1
                                                                     : 0;
@@ -662,14 +653,12 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
   // Each stage's ops, and the slot (program) of each micro-batch: a slot is held from a
   // non-checkpointed forward to its backward, and for the duration of a checkpointed op.
   std::vector<std::vector<detail::pipeline_op>> ops(static_cast<std::size_t>(S));
-  std::vector<std::size_t> first_backward(static_cast<std::size_t>(S));
   std::vector<std::vector<int>> slots(static_cast<std::size_t>(S), std::vector<int>(2, 0));
   std::vector<int> max_in_flight(static_cast<std::size_t>(S), 0);
   for (int s = 0; s < S; ++s) {
     auto& list = ops[static_cast<std::size_t>(s)];
     if (options_.schedule == Schedule::gpipe) {
       for (int j = 0; j < count; ++j) list.push_back({false, j, 0});
-      first_backward[static_cast<std::size_t>(s)] = list.size();
       for (int j = count - 1; j >= 0; --j) list.push_back({true, j, 0});
     } else {
       const int warmup = std::min(S - 1 - s, count);
@@ -680,7 +669,6 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
         list.push_back({true, b++, 0});
       }
       while (b < count) list.push_back({true, b++, 0});
-      first_backward[static_cast<std::size_t>(s)] = 0;  // both phases run in forward()
     }
     std::vector<std::vector<char>> busy(2);
     std::vector<int> slot_of(static_cast<std::size_t>(count), -1);
@@ -697,7 +685,7 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
       return static_cast<int>(b.size()) - 1;
     };
     for (auto& op : list) {
-      const int c = sizes[static_cast<std::size_t>(op.micro_batch)] == sizes[0] ? 0 : 1;
+      const int c = class_of(op.micro_batch);
       const bool ckpt = op.micro_batch < stop;
       auto& slot = slot_of[static_cast<std::size_t>(op.micro_batch)];
       if (!op.backward) {
@@ -743,7 +731,7 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
       earlier = earlier || has[static_cast<std::size_t>(s)];
     }
   }
-  auto needs_input_grad = [&](int s) { return s > 0 && trains[static_cast<std::size_t>(s) - 1]; };
+  auto needs_input_grad = [&](int s) { return detail::needs_input_grad(trains, s); };
 
   // The programs, stage after stage (each on its own thread: tracing works on the current
   // device), for each micro-batch shape; a stage's output shape is the next stage's input.
@@ -751,12 +739,12 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
                                             std::vector<Shape>(static_cast<std::size_t>(classes)));
   for (int c = 0; c < classes; ++c) {
     Shape shape = shapes[0];
-    shape[0] = c == 0 ? sizes.front() : sizes.back();
+    shape[0] = rows_of(c);
     in_shapes[0][static_cast<std::size_t>(c)] = shape;
   }
   auto last_fn_for = [&](int c) {
     const double weight =
-        static_cast<double>(c == 0 ? sizes.front() : sizes.back()) / static_cast<double>(batch);
+        static_cast<double>(rows_of(c)) / static_cast<double>(batch);
     return [this, &loss, last, weight](Var x, auto... vars) {
       return loss(run_stage_range(last, last + 1, x), vars...) * weight;
     };
@@ -768,7 +756,7 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
     return spec;
   };
   auto extra_spec = [&](auto spec, int c) {
-    spec.shape[0] = c == 0 ? sizes.front() : sizes.back();
+    spec.shape[0] = rows_of(c);
     spec.device = device(last).index;
     return spec;
   };
@@ -816,7 +804,6 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
   program.stage_programs_ = std::move(stage_programs);
   program.last_programs_ = std::move(last_programs);
   program.ops_ = std::move(ops);
-  program.first_backward_ = std::move(first_backward);
   program.trains_ = std::move(trains);
 
   // The plan: one micro-batch kept for backward is its program's arena and its inputs; the
@@ -856,7 +843,7 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
     }
     if (s == last) {  // the loss's inputs
       for (int c = 0; c < classes; ++c) {
-        const std::int64_t rows = c == 0 ? sizes.front() : sizes.back();
+        const std::int64_t rows = rows_of(c);
         ((input[static_cast<std::size_t>(c)] += autograd::detail::round_block(
               static_cast<std::size_t>(specs.shape.numel() / std::max<std::int64_t>(batch, 1) *
                                        rows) *
@@ -867,8 +854,7 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
     p.micro_batch_bytes = arena[0] + input[0] + received;
     std::size_t held = 0, peak = 0;
     for (const auto& op : program.ops_[static_cast<std::size_t>(s)]) {
-      const auto c = static_cast<std::size_t>(
-          sizes[static_cast<std::size_t>(op.micro_batch)] == sizes[0] ? 0 : 1);
+      const auto c = static_cast<std::size_t>(class_of(op.micro_batch));
       const bool ckpt = op.micro_batch < stop || !program.trains_[static_cast<std::size_t>(s)];
       const std::size_t kept = input[c] + received + (ckpt ? 0 : arena[c]);
       if (!op.backward) {

@@ -86,6 +86,20 @@ class AnyTensor {
     });
   }
 
+  /// Copies `src`'s elements into this tensor's (the same dtype and element layout, checked by
+  /// the caller; any two devices, of either kind): the type-erased form of Tensor::copy_.
+  template <std::same_as<AnyTensor> A>
+  void copy_(const A& src) const {
+    visit([&](auto typed) {
+      using T = typename decltype(typed)::value_type;
+      if (src.device().is_cuda()) {
+        typed.copy_(src.template as<T, cuda>());
+      } else {
+        typed.copy_(src.template as<T, cpu>());
+      }
+    });
+  }
+
   /// A copy converted to dtype `type` (a handle to the same storage when it already has it).
   template <std::same_as<ScalarType> S>
   AnyTensor to(S type) const {
