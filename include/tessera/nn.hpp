@@ -1,13 +1,17 @@
 // Modules, layers, losses and initialisers in one include (DESIGN §3.6): Module, Parameter,
-// Buffer, Linear, ReLU/Sigmoid/Tanh, Sequential, Dropout, BatchNorm1d, Flatten, mse_loss,
-// cross_entropy, ts::nn::init.
+// Buffer, Linear, Conv2d, ReLU/Sigmoid/Tanh, Sequential, Dropout, BatchNorm1d/2d, MaxPool2d,
+// AvgPool2d, AdaptiveAvgPool2d, Flatten, mse_loss, cross_entropy, ts::nn::functional,
+// ts::nn::init, ts::nn::compile_eval.
 #pragma once
 
 #include "tessera/nn/activation.hpp"
 #include "tessera/nn/batchnorm.hpp"
 #include "tessera/nn/buffer.hpp"
+#include "tessera/nn/compile_eval.hpp"
+#include "tessera/nn/conv.hpp"
 #include "tessera/nn/dropout.hpp"
 #include "tessera/nn/flatten.hpp"
+#include "tessera/nn/functional.hpp"
 #include "tessera/nn/init.hpp"
 #include "tessera/nn/linear.hpp"
 #include "tessera/nn/loss.hpp"

@@ -216,12 +216,121 @@ def autograd(w):
             w.put("mlp.%s.eval_grad.%s" % (dname, name), p.grad)
 
 
-SECTIONS = {"layers": layers, "optim": optim, "autograd": autograd}
+# Convolution cases: name, (N, C, H, W), out channels, kernel, stride, padding, dilation, groups,
+# bias. A grid over the arguments: same padding, stride 2, 1x1 (the no-im2col path) with and
+# without stride, dilation, grouped and depthwise, a 7x7 stem on a non-square image, a
+# non-square kernel and stride, and a kernel exactly the size of the input.
+CONV_CASES = [
+    ("same3x3", (2, 3, 7, 7), 4, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),
+    ("stride2", (2, 3, 8, 7), 5, (3, 3), (2, 2), (1, 1), (1, 1), 1, False),
+    ("pointwise", (3, 6, 5, 4), 4, (1, 1), (1, 1), (0, 0), (1, 1), 1, True),
+    ("pointwise_s2", (2, 6, 7, 6), 8, (1, 1), (2, 2), (0, 0), (1, 1), 1, False),
+    ("dilated", (2, 3, 9, 8), 4, (3, 3), (1, 1), (2, 2), (2, 2), 1, True),
+    ("grouped", (2, 4, 6, 6), 6, (3, 3), (1, 1), (1, 1), (1, 1), 2, True),
+    ("depthwise", (2, 4, 6, 5), 4, (3, 3), (2, 1), (1, 1), (1, 1), 4, False),
+    ("stem7x7", (2, 3, 15, 13), 5, (7, 7), (2, 2), (3, 3), (1, 1), 1, False),
+    ("rect", (2, 3, 6, 9), 4, (2, 3), (2, 1), (0, 1), (1, 2), 1, True),
+    ("whole", (3, 2, 5, 5), 3, (5, 5), (1, 1), (0, 0), (1, 1), 1, True),
+]
+
+
+def conv(w):
+    """conv2d forward and gradients (x, weight, bias) for an upstream gradient gy, per case,
+    computed in float64; pooling (max, avg, adaptive) forward and input gradient; BatchNorm2d
+    over three training steps (outputs, running statistics, the gradients of the last step) and
+    in evaluation."""
+    F = torch.nn.functional
+    g = torch.Generator().manual_seed(4321)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    for name, xs, out, k, stride, pad, dil, groups, bias in CONV_CASES:
+        x = randn(*xs).requires_grad_()
+        wt = randn(out, xs[1] // groups, *k).requires_grad_()
+        b = randn(out).requires_grad_() if bias else None
+        y = F.conv2d(x, wt, b, stride=stride, padding=pad, dilation=dil, groups=groups)
+        gy = randn(*y.shape)
+        y.backward(gy)
+        tag = "conv." + name
+        w.put(tag + ".x", x)
+        w.put(tag + ".w", wt)
+        if bias:
+            w.put(tag + ".b", b)
+            w.put(tag + ".db", b.grad)
+        w.put(tag + ".gy", gy)
+        w.put(tag + ".y", y)
+        w.put(tag + ".dx", x.grad)
+        w.put(tag + ".dw", wt.grad)
+
+    # Pooling: (name, function, shape, kwargs); ties in "max_ties" (values on a coarse grid).
+    pools = [
+        ("max_stem", "max", (2, 3, 9, 9), dict(kernel_size=3, stride=2, padding=1)),
+        ("max_2x2", "max", (2, 2, 8, 6), dict(kernel_size=2)),
+        ("max_ceil", "max", (1, 2, 8, 8), dict(kernel_size=3, stride=2, ceil_mode=True)),
+        ("max_dilated", "max", (2, 2, 7, 7), dict(kernel_size=2, stride=1, padding=1, dilation=2)),
+        ("max_ties", "max", (2, 2, 6, 6), dict(kernel_size=3, stride=1, padding=1)),
+        ("avg_pad", "avg", (2, 3, 9, 9), dict(kernel_size=3, stride=2, padding=1)),
+        ("avg_nopadcount", "avg", (2, 3, 9, 9),
+         dict(kernel_size=3, stride=2, padding=1, count_include_pad=False)),
+        ("avg_ceil", "avg", (1, 2, 8, 7), dict(kernel_size=3, stride=2, padding=1, ceil_mode=True)),
+        ("avg_divisor", "avg", (2, 2, 6, 6), dict(kernel_size=2, divisor_override=3)),
+        ("adaptive_global", "adaptive", (2, 5, 7, 6), dict(output_size=1)),
+        ("adaptive_uneven", "adaptive", (2, 3, 7, 5), dict(output_size=(3, 2))),
+        ("adaptive_up", "adaptive", (1, 2, 3, 4), dict(output_size=(4, 5))),
+    ]
+    for name, kind, shape, kwargs in pools:
+        x = randn(*shape)
+        if name == "max_ties":
+            x = torch.round(x * 2) / 2
+        x.requires_grad_()
+        if kind == "max":
+            y = F.max_pool2d(x, **kwargs)
+        elif kind == "avg":
+            y = F.avg_pool2d(x, **kwargs)
+        else:
+            y = F.adaptive_avg_pool2d(x, **kwargs)
+        gy = randn(*y.shape)
+        y.backward(gy)
+        tag = "pool." + name
+        w.put(tag + ".x", x)
+        w.put(tag + ".gy", gy)
+        w.put(tag + ".y", y)
+        w.put(tag + ".dx", x.grad)
+
+    # BatchNorm2d: three training steps (the last with gradients), then evaluation.
+    bn = torch.nn.BatchNorm2d(3, momentum=0.2, dtype=torch.float64)
+    with torch.no_grad():
+        bn.weight.copy_(randn(3))
+        bn.bias.copy_(randn(3))
+    w.put("bn2d.weight", bn.weight)
+    w.put("bn2d.bias", bn.bias)
+    for step in range(3):
+        x = (randn(4, 3, 5, 6) * 2 + 1).requires_grad_()
+        y = bn(x)
+        gy = randn(*y.shape)
+        y.backward(gy)
+        tag = "bn2d.train%d" % step
+        w.put(tag + ".x", x)
+        w.put(tag + ".y", y)
+        w.put(tag + ".gy", gy)
+        w.put(tag + ".dx", x.grad)
+        w.put(tag + ".running_mean", bn.running_mean)
+        w.put(tag + ".running_var", bn.running_var)
+    w.put("bn2d.dweight", bn.weight.grad)  # summed over the three steps
+    w.put("bn2d.dbias", bn.bias.grad)
+    bn.eval()
+    x = randn(2, 3, 4, 4)
+    w.put("bn2d.eval.x", x)
+    w.put("bn2d.eval.y", bn(x))
+
+
+SECTIONS = {"layers": layers, "optim": optim, "autograd": autograd, "conv": conv}
 
 
 def main():
     if len(sys.argv) != 3 or sys.argv[1] not in SECTIONS:
-        sys.stderr.write("usage: nn_torch.py layers|optim|autograd FILE\n")
+        sys.stderr.write("usage: nn_torch.py layers|optim|autograd|conv FILE\n")
         sys.exit(2)
     w = Writer(sys.argv[2])
     SECTIONS[sys.argv[1]](w)

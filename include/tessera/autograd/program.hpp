@@ -79,7 +79,7 @@ struct step {
   int node = -1;
   int out_instance = -1;           // forward/recompute of a non-view node, seed
   std::vector<char> accumulate;    // backward: per contribution
-  int scratch_instance = -1;       // backward scratch
+  int scratch_instance = -1;       // the step's scratch (forward, recompute or backward)
   std::vector<std::size_t> ready;  // parameters whose gradient is final after this step
 };
 
@@ -183,6 +183,9 @@ class program_state {
 
   void run_node_forward(const step& s);
 
+  /// Points the table's scratch at the step's planned scratch bytes (none when it has none).
+  void bind_scratch(const step& s);
+
   static void fill_ones(const AnyTensor& t);
 
   /// Gradient values for every value whose gradient some live node writes.
@@ -196,6 +199,9 @@ class program_state {
   int root_instance(int value, const std::vector<int>& current) const;
 
   int new_instance(int value, int at, bool recomputed);
+
+  /// A scratch instance of `bytes` for node `n`'s step `at`, or -1 for none.
+  int new_scratch(const node& n, std::size_t bytes, int at);
 
   void use(int inst, int at);
 
@@ -321,17 +327,7 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed) {
         break;
       case step::backward: {
         node& n = *g->nodes[static_cast<std::size_t>(s.node)];
-        if (s.scratch_instance >= 0) {
-          const instance& inst = instances[static_cast<std::size_t>(s.scratch_instance)];
-          const buffer& buf = buffers[static_cast<std::size_t>(inst.buffer)];
-          table.scratch = arenas[arena_index(buf.device)];
-          table.scratch_begin = static_cast<std::int64_t>(buf.offset);
-          table.scratch_end = static_cast<std::int64_t>(buf.offset + buf.bytes);
-        } else {
-          table.scratch = Storage{};
-          table.scratch_begin = table.scratch_end = 0;
-        }
-        table.scratch_offset = table.scratch_begin;
+        bind_scratch(s);
         n.backward(table, s.accumulate);
         break;
       }
@@ -383,12 +379,27 @@ TESSERA_API std::size_t program_state::arena_index(Device device) const {
   throw error("autograd: internal error: no arena for " + device.str());
 }
 
+TESSERA_API void program_state::bind_scratch(const step& s) {
+  if (s.scratch_instance >= 0) {
+    const instance& inst = instances[static_cast<std::size_t>(s.scratch_instance)];
+    const buffer& buf = buffers[static_cast<std::size_t>(inst.buffer)];
+    table.scratch = arenas[arena_index(buf.device)];
+    table.scratch_begin = static_cast<std::int64_t>(buf.offset);
+    table.scratch_end = static_cast<std::int64_t>(buf.offset + buf.bytes);
+  } else {
+    table.scratch = Storage{};
+    table.scratch_begin = table.scratch_end = 0;
+  }
+  table.scratch_offset = table.scratch_begin;
+}
+
 TESSERA_API void program_state::run_node_forward(const step& s) {
   node& n = *g->nodes[static_cast<std::size_t>(s.node)];
   if (s.out_instance >= 0) {
     table.tensors[static_cast<std::size_t>(n.output)] =
         instance_tensors[static_cast<std::size_t>(s.out_instance)];
   }
+  bind_scratch(s);
   n.forward(table);
 }
 
@@ -537,6 +548,18 @@ TESSERA_API int program_state::new_instance(int value, int at, bool recomputed) 
   return static_cast<int>(instances.size()) - 1;
 }
 
+TESSERA_API int program_state::new_scratch(const node& n, std::size_t bytes, int at) {
+  if (bytes == 0) return -1;
+  instance inst;
+  inst.value = n.scratch_value();
+  inst.device = g->values[static_cast<std::size_t>(inst.value)].device;
+  inst.bytes = align64(bytes);
+  inst.start = inst.end = at;
+  inst.scratch = true;
+  instances.push_back(inst);
+  return static_cast<int>(instances.size()) - 1;
+}
+
 TESSERA_API void program_state::use(int inst, int at) {
   if (inst >= 0)
     instances[static_cast<std::size_t>(inst)].end =
@@ -556,6 +579,7 @@ TESSERA_API void program_state::simulate() {
         s.out_instance = new_instance(n.output, i, s.kind == step::recompute);
         current[static_cast<std::size_t>(n.output)] = s.out_instance;
       }
+      s.scratch_instance = new_scratch(n, n.forward_scratch(), i);
       if (s.kind == step::forward && i + 1 < end_of_time &&
           schedule[static_cast<std::size_t>(i + 1)].kind != step::forward) {
         for (int out : output_ids) use(root_instance(out, current), end_of_time);
@@ -583,17 +607,7 @@ TESSERA_API void program_state::simulate() {
         }
         use(current[static_cast<std::size_t>(gid)], i);
       }
-      const std::size_t scratch = n.backward_scratch();
-      if (scratch > 0) {
-        instance inst;
-        inst.value = n.scratch_value();
-        inst.device = g->values[static_cast<std::size_t>(inst.value)].device;
-        inst.bytes = align64(scratch);
-        inst.start = inst.end = i;
-        inst.scratch = true;
-        instances.push_back(inst);
-        s.scratch_instance = static_cast<int>(instances.size()) - 1;
-      }
+      s.scratch_instance = new_scratch(n, n.backward_scratch(), i);
     }
   }
   // A forward-only schedule's outputs: alive to its end (training marked them after the last

@@ -88,6 +88,8 @@ class node {
   virtual std::vector<int> backward_reads() const { return {}; }
   /// Scratch bytes backward needs for the duration of the step.
   virtual std::size_t backward_scratch() const { return 0; }
+  /// Scratch bytes forward (and its recomputation) needs for the duration of the step.
+  virtual std::size_t forward_scratch() const { return 0; }
   /// Adds this node's contributions to its inputs' gradients; `accumulate[i]` tells contribution
   /// i whether its gradient already holds something (add) or not (overwrite).
   virtual void backward(value_table& table, const std::vector<char>& accumulate) {
@@ -96,7 +98,7 @@ class node {
   }
   /// An input whose buffer the output may take over when it dies here (elementwise, same shape).
   virtual std::vector<int> inplace_candidates() const { return {}; }
-  /// The value on whose device the backward scratch lives.
+  /// The value on whose device the scratch lives.
   virtual int scratch_value() const { return output; }
   /// False for nodes that must run once per forward (random numbers, side effects): checkpointing
   /// keeps their outputs instead of recomputing them.

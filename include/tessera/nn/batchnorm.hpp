@@ -1,7 +1,13 @@
-// BatchNorm1d<T, Kind> (torch.nn.BatchNorm1d) over inputs [N, C] or [N, C, L]: in training it
-// normalises with the batch's statistics (biased variance) and updates the running statistics
-// with PyTorch's momentum rule (unbiased variance); in evaluation mode it uses the running ones.
-// Keys: weight, bias, running_mean, running_var, num_batches_tracked.
+// BatchNorm1d<T, Kind> (torch.nn.BatchNorm1d) over inputs [N, C] or [N, C, L] and BatchNorm2d
+// (torch.nn.BatchNorm2d) over [N, C, H, W]: in training they normalise with the batch's
+// statistics (biased variance) and update the running statistics with PyTorch's momentum rule
+// (unbiased variance); in evaluation mode they use the running ones. Keys: weight, bias,
+// running_mean, running_var, num_batches_tracked.
+//
+// A compiled Program takes the module's mode when it is compiled (training: batch statistics
+// and their gradient; evaluation: the running statistics as constants): the two are different
+// graphs with different memory plans. Compile one program per mode; ts::nn::compile_eval does
+// the evaluation one in one line.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +25,23 @@
 
 namespace tessera::nn {
 
-template <Dtype T, DeviceKind K = cpu>
-class BatchNorm1d : public Module {
-  static_assert(is_floating_point_v<T>, "BatchNorm1d<T>: T must be a floating-point dtype");
+/// BatchNorm's arguments after num_features (PyTorch's names and defaults; momentum
+/// std::nullopt is PyTorch's None, the cumulative average).
+struct BatchNormOptions {
+  double eps = 1e-5;
+  std::optional<double> momentum = 0.1;
+  bool affine = true;
+  bool track_running_stats = true;
+};
+
+namespace detail {
+
+/// Batch normalisation over the channel dimension 1 of inputs of rank 2 or 3 (Rank4 false:
+/// BatchNorm1d) or rank 4 (BatchNorm2d).
+template <Dtype T, DeviceKind K, bool Rank4>
+class batch_norm : public Module {
+  static_assert(is_floating_point_v<T>, "BatchNorm<T>: T must be a floating-point dtype");
+  static constexpr const char* layer = Rank4 ? "BatchNorm2d" : "BatchNorm1d";
 
  public:
   using value_type = T;
@@ -33,10 +53,10 @@ class BatchNorm1d : public Module {
   /// running_mean (zeros), running_var (ones) and num_batches_tracked (0, int64); without them
   /// batch statistics are used in both modes. Throws std::invalid_argument for a negative
   /// num_features or eps, or a momentum outside [0, 1].
-  explicit BatchNorm1d(std::int64_t num_features, double eps = 1e-5,
-                       std::optional<double> momentum = 0.1, bool affine = true,
-                       bool track_running_stats = true, int device = -1)
-      : Module("BatchNorm1d"),
+  explicit batch_norm(std::int64_t num_features, double eps = 1e-5,
+                      std::optional<double> momentum = 0.1, bool affine = true,
+                      bool track_running_stats = true, int device = -1)
+      : Module(layer),
         num_features_(num_features),
         eps_(eps),
         momentum_(momentum),
@@ -44,7 +64,7 @@ class BatchNorm1d : public Module {
         track_running_stats_(track_running_stats) {
     if (num_features < 0 || !(eps >= 0.0) || (momentum && !(*momentum >= 0 && *momentum <= 1))) {
       throw std::invalid_argument(
-          "BatchNorm1d: expected num_features >= 0, eps >= 0 and momentum in [0, 1], got " +
+          std::string(layer) + ": expected num_features >= 0, eps >= 0 and momentum in [0, 1], got " +
           std::to_string(num_features) + ", " + std::to_string(eps) + " and " +
           (momentum ? std::to_string(*momentum) : std::string("none")));
     }
@@ -64,9 +84,13 @@ class BatchNorm1d : public Module {
       register_buffer("num_batches_tracked", num_batches_tracked_);
     }
   }
-  BatchNorm1d(const BatchNorm1d&) = default;
+  /// The same with the arguments by name: BatchNorm2d<float>(64, {.momentum = 0.01}).
+  batch_norm(std::int64_t num_features, const BatchNormOptions& options, int device = -1)
+      : batch_norm(num_features, options.eps, options.momentum, options.affine,
+                   options.track_running_stats, device) {}
+  batch_norm(const batch_norm&) = default;
 
-  /// Normalises x ([N, C] or [N, C, L], a tensor or a lazy expression of tensors) per channel;
+  /// Normalises x ([N, C] or [N, C, L]; [N, C, H, W] for BatchNorm2d; a tensor or a lazy expression of tensors) per channel;
   /// returns a new tensor. In training mode with running statistics, also updates
   /// running_mean, running_var (in place) and num_batches_tracked. Throws shape_error for
   /// another shape (naming it and C), and tessera::error for a training batch with one value
@@ -76,9 +100,9 @@ class BatchNorm1d : public Module {
     if constexpr (detail::is_eager_v<X>) {
       using Input = detail::eager_tensor_t<X>;
       static_assert(std::is_same_v<typename Input::value_type, T>,
-                    "BatchNorm1d<T>: the input's dtype is not T; convert it with .to<T>()");
+                    "BatchNorm<T>: the input's dtype is not T; convert it with .to<T>()");
       static_assert(std::is_same_v<typename Input::device_kind, K>,
-                    "BatchNorm1d<T, Kind>: the input is on another device kind than the layer");
+                    "BatchNorm<T, Kind>: the input is on another device kind than the layer");
       const Input input = detail::materialize(x);
       const Shape& shape = input.shape();
       const Shape stat_shape = statistics_shape(shape);
@@ -87,10 +111,9 @@ class BatchNorm1d : public Module {
       Tensor<T, K> mean, var;
       if (is_training() || !track_running_stats_) {
         if (is_training() && per_channel <= 1) {
-          throw error(
-              "BatchNorm1d: expected more than 1 value per channel when training, got "
-              "an input of shape " +
-              shape.str());
+          throw error(std::string(layer) +
+                      ": expected more than 1 value per channel when training, got an input of "
+                      "shape " + shape.str());
         }
         mean = channel_mean(input);
         var = channel_mean((input - mean) * (input - mean));  // biased, for normalising
@@ -111,7 +134,7 @@ class BatchNorm1d : public Module {
       using V = autograd::Var<T, K>;
       static_assert(std::is_same_v<typename X::value_type, T> &&
                         std::is_same_v<typename X::device_kind, K>,
-                    "BatchNorm1d<T, Kind>: the input's dtype or device kind is not the layer's");
+                    "BatchNorm<T, Kind>: the input's dtype or device kind is not the layer's");
       const V input = x;
       const Shape& shape = input.shape();
       const Shape stat_shape = statistics_shape(shape);
@@ -125,14 +148,15 @@ class BatchNorm1d : public Module {
       };
       if (is_training() || !track_running_stats_) {
         if (is_training() && per_channel <= 1) {
-          throw error("BatchNorm1d: expected more than 1 value per channel when training, got "
-                      "an input of shape " + shape.str());
+          throw error(std::string(layer) +
+                      ": expected more than 1 value per channel when training, got an input of "
+                      "shape " + shape.str());
         }
         const V mean = traced_channel_mean(input);
         const V centered = input - mean;
         const V var = traced_channel_mean(centered * centered);  // biased, for normalising
         if (is_training() && track_running_stats_) {
-          const BatchNorm1d self = *this;  // a handle: the same buffers
+          const batch_norm self = *this;  // a handle: the same buffers
           autograd::on_forward(
               [self, per_channel](const Tensor<T, K>& m, const Tensor<T, K>& v) {
                 self.update_running_stats(m, v, per_channel);
@@ -176,44 +200,43 @@ class BatchNorm1d : public Module {
   bool affine() const noexcept { return affine_; }
   bool track_running_stats() const noexcept { return track_running_stats_; }
 
-  using Module::to;
-  /// This layer on ordinal `index` of kind K2 (see ts::nn::to).
-  template <DeviceKind K2>
-  BatchNorm1d<T, K2> to(int index = -1) const {
-    return nn::to<K2>(*this, index);
-  }
-  /// An independent copy on `device` (of kind K2).
-  template <DeviceKind K2>
-  BatchNorm1d<T, K2> copy_to(Device device) const {
-    return detail::converted<K2>(*this, device, [&] {
-      return BatchNorm1d<T, K2>(num_features_, eps_, momentum_, affine_, track_running_stats_,
-                                device.index);
-    });
-  }
-
- private:
-  /// The shape of the per-channel statistics, [1, C] or [1, C, 1], for an input of `shape`;
-  /// throws shape_error naming the shape and C for any other input.
+ protected:
+  /// The shape of the per-channel statistics ([1, C], [1, C, 1] or [1, C, 1, 1]) for an input
+  /// of `shape`; throws shape_error naming the shape and C for any other input.
   Shape statistics_shape(const Shape& shape) const {
-    if ((shape.size() != 2 && shape.size() != 3) || shape[1] != num_features_) {
-      throw shape_error("BatchNorm1d: expected an input of shape [N, " +
-                        std::to_string(num_features_) + "] or [N, " +
-                        std::to_string(num_features_) + ", L], got " + shape.str());
+    const std::string c = std::to_string(num_features_);
+    if constexpr (Rank4) {
+      if (shape.size() != 4 || shape[1] != num_features_) {
+        throw shape_error(std::string(layer) + "(" + c + "): expected an input of shape [N, " +
+                          c + ", H, W], got " + shape.str());
+      }
+      return Shape{1, num_features_, 1, 1};
+    } else {
+      if ((shape.size() != 2 && shape.size() != 3) || shape[1] != num_features_) {
+        throw shape_error(std::string(layer) + "(" + c + "): expected an input of shape [N, " +
+                          c + "] or [N, " + c + ", L], got " + shape.str());
+      }
+      return shape.size() == 2 ? Shape{1, num_features_} : Shape{1, num_features_, 1};
     }
-    return shape.size() == 2 ? Shape{1, num_features_} : Shape{1, num_features_, 1};
   }
 
-  /// The mean over every dimension but 1, kept as [1, C] or [1, C, 1].
+  /// The mean over every dimension but 1 (the last ones first, then the batch), kept.
   template <class E>
   static Tensor<T, K> channel_mean(const E& e) {
-    if (e.shape().size() == 2) return mean(e, 0, true);
-    return mean(mean(e, 2, true), 0, true);
+    const int rank = e.shape().size();
+    if (rank == 2) return mean(e, 0, true);
+    Tensor<T, K> m = mean(e, rank - 1, true);
+    for (int d = rank - 2; d >= 2; --d) m = mean(m, d, true);
+    return mean(m, 0, true);
   }
 
   template <class E>
   static autograd::Var<T, K> traced_channel_mean(const E& e) {
-    if (e.shape().size() == 2) return mean(e, 0, true);
-    return mean(autograd::Var<T, K>(mean(e, 2, true)), 0, true);
+    const int rank = e.shape().size();
+    if (rank == 2) return mean(e, 0, true);
+    autograd::Var<T, K> m = mean(e, rank - 1, true);
+    for (int d = rank - 2; d >= 2; --d) m = mean(m, d, true);
+    return mean(m, 0, true);
   }
 
   void update_running_stats(const Tensor<T, K>& batch_mean, const Tensor<T, K>& batch_var,
@@ -240,6 +263,56 @@ class BatchNorm1d : public Module {
   Buffer<T, K> running_mean_;
   Buffer<T, K> running_var_;
   Buffer<std::int64_t, K> num_batches_tracked_;
+};
+
+}  // namespace detail
+
+/// torch.nn.BatchNorm1d(num_features, eps, momentum, affine, track_running_stats) over [N, C] or
+/// [N, C, L].
+template <Dtype T, DeviceKind K = cpu>
+class BatchNorm1d : public detail::batch_norm<T, K, false> {
+ public:
+  using detail::batch_norm<T, K, false>::batch_norm;
+  BatchNorm1d(const BatchNorm1d&) = default;
+
+  using Module::to;
+  /// This layer on ordinal `index` of kind K2 (see ts::nn::to).
+  template <DeviceKind K2>
+  BatchNorm1d<T, K2> to(int index = -1) const {
+    return nn::to<K2>(*this, index);
+  }
+  /// An independent copy on `device` (of kind K2).
+  template <DeviceKind K2>
+  BatchNorm1d<T, K2> copy_to(Device device) const {
+    return detail::converted<K2>(*this, device, [&] {
+      return BatchNorm1d<T, K2>(this->num_features(), this->eps(), this->momentum(),
+                                this->affine(), this->track_running_stats(), device.index);
+    });
+  }
+};
+
+/// torch.nn.BatchNorm2d(num_features, eps, momentum, affine, track_running_stats) over
+/// [N, C, H, W]: statistics per channel over N, H and W.
+template <Dtype T, DeviceKind K = cpu>
+class BatchNorm2d : public detail::batch_norm<T, K, true> {
+ public:
+  using detail::batch_norm<T, K, true>::batch_norm;
+  BatchNorm2d(const BatchNorm2d&) = default;
+
+  using Module::to;
+  /// This layer on ordinal `index` of kind K2 (see ts::nn::to).
+  template <DeviceKind K2>
+  BatchNorm2d<T, K2> to(int index = -1) const {
+    return nn::to<K2>(*this, index);
+  }
+  /// An independent copy on `device` (of kind K2).
+  template <DeviceKind K2>
+  BatchNorm2d<T, K2> copy_to(Device device) const {
+    return detail::converted<K2>(*this, device, [&] {
+      return BatchNorm2d<T, K2>(this->num_features(), this->eps(), this->momentum(),
+                                this->affine(), this->track_running_stats(), device.index);
+    });
+  }
 };
 
 }  // namespace tessera::nn

@@ -1,0 +1,521 @@
+// 2-D convolution on NCHW tensors as GEMMs (torch.nn.functional.conv2d): the geometry and its
+// checks, the workspace a call needs, and the forward and backward passes on tensors. Shared by
+// the eager functional form and the autograd node, which gives them workspace from its plan.
+//
+// Per image and group, out = W_g @ col_g, where col (im2col) holds the input patches as rows
+// (c, i, j) and columns (oh, ow). A 1x1 convolution with stride 1 and no padding needs no col:
+// the image itself, viewed [C, H * W], is the right operand. Backward: dW_g += g_g @ col_g^T,
+// dcol_g = W_g^T @ g_g, and col2im adds dcol back into the input's gradient (it is additive, so
+// accumulating into an existing gradient costs nothing more).
+//
+// im2col and col2im have two implementations. On CPU, direct loops over channels (threaded;
+// rows of a stride-1 window are copies). Elsewhere (CUDA), the device-agnostic form: the input is
+// copied into a zero-padded buffer, col is one strided copy of a 6-D view of it, and col2im is
+// one strided addition per kernel offset (i, j); every step is an expression the device's
+// executor runs, so no convolution kernel of its own is needed. Tests run that form on CPU too
+// (conv2d_use_generic_path).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <type_traits>
+
+#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/shape.hpp"
+#include "tessera/expr/assign.hpp"
+#include "tessera/expr/matmul.hpp"
+#include "tessera/expr/operators.hpp"
+#include "tessera/expr/reduce.hpp"
+#include "tessera/tensor/storage.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera::nn {
+
+/// A pair of extents (height, width), from one number for both (PyTorch's `stride=2`) or two
+/// (`stride={2, 1}`).
+struct Int2 {
+  std::int64_t h = 0;
+  std::int64_t w = 0;
+  constexpr Int2() = default;
+  constexpr Int2(std::int64_t both) : h(both), w(both) {}  // NOLINT: implicit, as PyTorch's int
+  constexpr Int2(std::int64_t height, std::int64_t width) : h(height), w(width) {}
+  constexpr bool operator==(const Int2&) const = default;
+  std::string str() const {
+    return "(" + std::to_string(h) + ", " + std::to_string(w) + ")";
+  }
+};
+
+/// torch.nn.functional.conv2d's arguments after the tensors.
+struct Conv2dArgs {
+  Int2 stride = 1;
+  Int2 padding = 0;
+  Int2 dilation = 1;
+  std::int64_t groups = 1;
+};
+
+}  // namespace tessera::nn
+
+namespace tessera::nn::detail {
+
+/// Bytes carved from one storage, 64-byte aligned, in order (a call's workspace).
+class workspace {
+ public:
+  workspace() = default;
+  workspace(Storage storage, std::int64_t begin, std::int64_t end)
+      : storage_(std::move(storage)), offset_(begin), end_(end) {}
+
+  /// Bytes take() needs for a tensor of `numel` elements of T.
+  template <class T>
+  static std::size_t bytes(std::int64_t numel) {
+    return numel == 0 ? 0 : static_cast<std::size_t>(numel) * sizeof(T) + 64;
+  }
+
+  /// A contiguous tensor of `shape` from the next free bytes.
+  template <class T, class K>
+  Tensor<T, K> take(const Shape& shape) {
+    const std::int64_t n = shape.numel();
+    if (n == 0) return Tensor<T, K>(storage_, shape, shape.contiguous_strides(), 0);
+    const std::int64_t start = (offset_ + 63) / 64 * 64;
+    const std::int64_t bytes = n * static_cast<std::int64_t>(sizeof(T));
+    if (start + bytes > end_) {
+      throw error("conv2d: internal error: the workspace is smaller than planned");
+    }
+    offset_ = start + bytes;
+    return Tensor<T, K>(storage_, shape, shape.contiguous_strides(),
+                        start / static_cast<std::int64_t>(sizeof(T)));
+  }
+
+ private:
+  Storage storage_;
+  std::int64_t offset_ = 0;
+  std::int64_t end_ = 0;
+};
+
+/// Forces the device-agnostic im2col/col2im on CPU as well (tests of the CUDA path's logic).
+inline bool& conv2d_use_generic_path() {
+  thread_local bool generic = false;
+  return generic;
+}
+
+struct conv2d_geometry {
+  std::int64_t n = 0, c = 0, h = 0, w = 0;  // input [N, C, H, W]
+  std::int64_t o = 0, kh = 0, kw = 0;       // weight [O, C / groups, KH, KW]
+  std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
+  std::int64_t oh = 0, ow = 0;  // output [N, O, OH, OW]
+
+  std::int64_t in_per_group() const { return c / groups; }
+  std::int64_t out_per_group() const { return o / groups; }
+  /// Rows of one group's col: (c, i, j) over the group's channels.
+  std::int64_t patch() const { return in_per_group() * kh * kw; }
+  std::int64_t spatial() const { return oh * ow; }
+  bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
+  Shape output_shape() const { return Shape{n, o, oh, ow}; }
+};
+
+/// Checks the shapes and arguments of a convolution named `who` (the layer, e.g. "Conv2d(3, 64,
+/// kernel_size=(7, 7))", or "conv2d"); throws shape_error naming the expected and actual shapes.
+inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x, const Shape& w,
+                                          const Shape* bias, const Conv2dArgs& a) {
+  if (a.stride.h <= 0 || a.stride.w <= 0 || a.dilation.h <= 0 || a.dilation.w <= 0 ||
+      a.padding.h < 0 || a.padding.w < 0 || a.groups <= 0) {
+    throw shape_error(who + ": expected stride and dilation >= 1, padding >= 0 and groups >= 1, got "
+                      "stride " + a.stride.str() + ", padding " + a.padding.str() + ", dilation " +
+                      a.dilation.str() + ", groups " + std::to_string(a.groups));
+  }
+  if (w.size() != 4) {
+    throw shape_error(who + ": expected a 4-D weight [out_channels, in_channels / groups, kH, kW], "
+                      "got shape " + w.str());
+  }
+  if (w[0] % a.groups != 0) {
+    throw shape_error(who + ": out_channels (" + std::to_string(w[0]) +
+                      ") must be divisible by groups (" + std::to_string(a.groups) + ")");
+  }
+  const std::int64_t channels = w[1] * a.groups;
+  if (x.size() != 4) {
+    throw shape_error(who + ": expected a 4-D input [N, " + std::to_string(channels) +
+                      ", H, W], got shape " + x.str());
+  }
+  if (x[1] != channels) {
+    throw shape_error(who + ": expected an input of shape [N, " + std::to_string(channels) +
+                      ", H, W] (weight " + w.str() + ", groups " + std::to_string(a.groups) +
+                      "), got " + x.str());
+  }
+  if (bias != nullptr && (bias->size() != 1 || (*bias)[0] != w[0])) {
+    throw shape_error(who + ": expected a bias of shape [" + std::to_string(w[0]) + "], got " +
+                      bias->str());
+  }
+  conv2d_geometry g;
+  g.n = x[0], g.c = x[1], g.h = x[2], g.w = x[3];
+  g.o = w[0], g.kh = w[2], g.kw = w[3];
+  g.sh = a.stride.h, g.sw = a.stride.w, g.ph = a.padding.h, g.pw = a.padding.w;
+  g.dh = a.dilation.h, g.dw = a.dilation.w, g.groups = a.groups;
+  const std::int64_t span_h = g.dh * (g.kh - 1) + 1, span_w = g.dw * (g.kw - 1) + 1;
+  const std::int64_t padded_h = g.h + 2 * g.ph, padded_w = g.w + 2 * g.pw;
+  if (g.kh <= 0 || g.kw <= 0 || span_h > padded_h || span_w > padded_w) {
+    throw shape_error(who + ": the kernel (" + std::to_string(g.kh) + ", " + std::to_string(g.kw) +
+                      ") with dilation " + a.dilation.str() + " spans (" + std::to_string(span_h) +
+                      ", " + std::to_string(span_w) + "), larger than the padded input (" +
+                      std::to_string(padded_h) + ", " + std::to_string(padded_w) +
+                      ") of an input of shape " + x.str());
+  }
+  g.oh = (padded_h - span_h) / g.sh + 1;
+  g.ow = (padded_w - span_w) / g.sw + 1;
+  return g;
+}
+
+/// Images per im2col batch: one on CPU (col stays in cache-sized pieces), all on CUDA (one
+/// strided copy per pass instead of one per image).
+template <class K>
+std::int64_t conv2d_images_per_pass(const conv2d_geometry& g) {
+  if constexpr (std::is_same_v<K, cpu>) {
+    return conv2d_use_generic_path() ? std::max<std::int64_t>(1, std::min<std::int64_t>(g.n, 2)) : 1;
+  } else {
+    return std::max<std::int64_t>(1, g.n);
+  }
+}
+
+template <class K>
+bool conv2d_generic(const conv2d_geometry&) {
+  return !std::is_same_v<K, cpu> || conv2d_use_generic_path();
+}
+
+template <class T, class K>
+std::int64_t conv2d_col_numel(const conv2d_geometry& g) {
+  return g.pointwise() ? 0 : conv2d_images_per_pass<K>(g) * g.c * g.kh * g.kw * g.spatial();
+}
+template <class T, class K>
+std::int64_t conv2d_padded_numel(const conv2d_geometry& g) {
+  if (!conv2d_generic<K>(g) || g.pointwise()) return 0;
+  return conv2d_images_per_pass<K>(g) * g.c * (g.h + 2 * g.ph) * (g.w + 2 * g.pw);
+}
+
+/// Workspace bytes of conv2d_forward.
+template <class T, class K>
+std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
+  return workspace::bytes<T>(conv2d_col_numel<T, K>(g)) +
+         workspace::bytes<T>(conv2d_padded_numel<T, K>(g));
+}
+
+/// Workspace bytes of conv2d_backward for the gradients asked for.
+template <class T, class K>
+std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool weight,
+                                      bool bias) {
+  std::size_t bytes = 0;
+  if (input || weight) {
+    bytes += workspace::bytes<T>(conv2d_col_numel<T, K>(g));
+    bytes += workspace::bytes<T>(conv2d_padded_numel<T, K>(g));
+  }
+  if (!tessera::detail::matmul_accumulates<T, K>()) {
+    // Products added into a gradient go through a staging buffer.
+    std::int64_t staging = 0;
+    if (weight) staging = std::max(staging, g.out_per_group() * g.patch());
+    if (input && g.pointwise()) staging = std::max(staging, g.in_per_group() * g.h * g.w);
+    bytes += workspace::bytes<T>(staging);
+  }
+  if (bias) bytes += 2 * workspace::bytes<T>(g.n * g.o);
+  return bytes;
+}
+
+// ---- im2col / col2im --------------------------------------------------------------------------
+
+/// col [C * KH * KW, OH * OW] of one contiguous image [C, H, W] (CPU).
+template <class T>
+void im2col_cpu(const conv2d_geometry& g, const T* image, T* col) {
+  const std::int64_t spatial = g.spatial();
+  const std::int64_t rows = g.c * g.kh * g.kw;
+  backend::cpu::parallel_for(0, rows, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(spatial, 1)),
+                             [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t r = first; r < last; ++r) {
+      const std::int64_t j = r % g.kw, i = (r / g.kw) % g.kh, c = r / (g.kw * g.kh);
+      const T* plane = image + c * g.h * g.w;
+      T* row = col + r * spatial;
+      // Output columns whose input column lies inside the image: [lo, hi).
+      const std::int64_t shift = j * g.dw - g.pw;
+      std::int64_t lo = shift >= 0 ? 0 : (-shift + g.sw - 1) / g.sw;
+      std::int64_t hi = g.w - shift <= 0 ? 0 : (g.w - shift + g.sw - 1) / g.sw;
+      lo = std::min(lo, g.ow);
+      hi = std::clamp(hi, lo, g.ow);
+      for (std::int64_t y = 0; y < g.oh; ++y) {
+        T* out = row + y * g.ow;
+        const std::int64_t ih = y * g.sh - g.ph + i * g.dh;
+        if (ih < 0 || ih >= g.h) {
+          std::fill(out, out + g.ow, T(0));
+          continue;
+        }
+        const T* in = plane + ih * g.w + shift;
+        std::fill(out, out + lo, T(0));
+        if (g.sw == 1) {
+          std::copy(in + lo, in + hi, out + lo);
+        } else {
+          for (std::int64_t x = lo; x < hi; ++x) out[x] = in[x * g.sw];
+        }
+        std::fill(out + hi, out + g.ow, T(0));
+      }
+    }
+  });
+}
+
+/// image [C, H, W] += col2im(col) (CPU): threads own channels, so no two write one element.
+template <class T>
+void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image) {
+  const std::int64_t spatial = g.spatial();
+  backend::cpu::parallel_for(0, g.c, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t c = first; c < last; ++c) {
+      T* plane = image + c * g.h * g.w;
+      for (std::int64_t i = 0; i < g.kh; ++i) {
+        for (std::int64_t j = 0; j < g.kw; ++j) {
+          const T* row = col + ((c * g.kh + i) * g.kw + j) * spatial;
+          const std::int64_t shift = j * g.dw - g.pw;
+          std::int64_t lo = shift >= 0 ? 0 : (-shift + g.sw - 1) / g.sw;
+          std::int64_t hi = g.w - shift <= 0 ? 0 : (g.w - shift + g.sw - 1) / g.sw;
+          lo = std::min(lo, g.ow);
+          hi = std::clamp(hi, lo, g.ow);
+          for (std::int64_t y = 0; y < g.oh; ++y) {
+            const std::int64_t ih = y * g.sh - g.ph + i * g.dh;
+            if (ih < 0 || ih >= g.h) continue;
+            T* out = plane + ih * g.w + shift;
+            const T* in = row + y * g.ow;
+            for (std::int64_t x = lo; x < hi; ++x) out[x * g.sw] += in[x];
+          }
+        }
+      }
+    }
+  });
+}
+
+/// The [B, C, KH, KW, OH, OW] view of a zero-padded buffer [B, C, Hp, Wp] whose elements are the
+/// patches (overlapping windows: read only).
+template <class T, class K>
+Tensor<T, K> patches_view(const conv2d_geometry& g, const Tensor<T, K>& padded) {
+  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw;
+  const std::int64_t b = padded.size(0);
+  return Tensor<T, K>(padded.storage(), Shape{b, g.c, g.kh, g.kw, g.oh, g.ow},
+                      Strides{g.c * hp * wp, hp * wp, g.dh * wp, g.dw, g.sh * wp, g.sw},
+                      padded.storage_offset());
+}
+
+/// col [B, C, KH, KW, OH, OW] of images [B, C, H, W] (any layout) through `padded`, the
+/// device-agnostic way.
+template <class T, class K>
+void im2col_generic(const conv2d_geometry& g, const Tensor<T, K>& images, Tensor<T, K>& padded,
+                    Tensor<T, K>& col) {
+  using tessera::detail::as_node;
+  using tessera::detail::run_expression;
+  const std::int64_t b = images.size(0);
+  if (g.ph == 0 && g.pw == 0) {
+    // The images are their own padded buffer when contiguous.
+    if (images.is_contiguous()) {
+      Tensor<T, K> out = col.view(Shape{b, g.c, g.kh, g.kw, g.oh, g.ow});
+      run_expression(out, as_node(patches_view(g, images)));
+      return;
+    }
+  }
+  padded.zero_();
+  Tensor<T, K> interior = padded.narrow(2, g.ph, g.h).narrow(3, g.pw, g.w);
+  run_expression(interior, as_node(images));
+  Tensor<T, K> out = col.view(Shape{b, g.c, g.kh, g.kw, g.oh, g.ow});
+  run_expression(out, as_node(patches_view(g, padded)));
+}
+
+/// images [B, C, H, W] (contiguous) += col2im(col), the device-agnostic way: one strided
+/// addition per kernel offset (within one offset the windows' elements are distinct).
+template <class T, class K>
+void col2im_add_generic(const conv2d_geometry& g, const Tensor<T, K>& col, Tensor<T, K>& images,
+                        Tensor<T, K>& padded) {
+  using tessera::detail::as_node;
+  const std::int64_t b = images.size(0);
+  const bool pad = g.ph != 0 || g.pw != 0;
+  Tensor<T, K> target = images;
+  if (pad) {
+    padded.zero_();
+    target = padded;
+  }
+  const std::int64_t hp = g.h + 2 * g.ph, wp = g.w + 2 * g.pw;
+  const Tensor<T, K> col6 = col.view(Shape{b, g.c, g.kh, g.kw, g.oh, g.ow});
+  for (std::int64_t i = 0; i < g.kh; ++i) {
+    for (std::int64_t j = 0; j < g.kw; ++j) {
+      Tensor<T, K> window(target.storage(), Shape{b, g.c, g.oh, g.ow},
+                          Strides{g.c * hp * wp, hp * wp, g.sh * wp, g.sw},
+                          target.storage_offset() + i * g.dh * wp + j * g.dw);
+      const Tensor<T, K> piece = col6.select(2, i).select(2, j);
+      tessera::detail::run_expression(
+          window, tessera::detail::make_binary<ops::add>(window, as_node(piece)));
+    }
+  }
+  if (pad) {
+    Tensor<T, K> interior = padded.narrow(2, g.ph, g.h).narrow(3, g.pw, g.w);
+    tessera::detail::run_expression(
+        images, tessera::detail::make_binary<ops::add>(images, as_node(interior)));
+  }
+}
+
+/// target (+)= x @ y; `staging` holds the product when the GEMM cannot add in place.
+template <class T, class K>
+void product_into(Tensor<T, K> target, const Tensor<T, K>& x, const Tensor<T, K>& y,
+                  bool accumulate, const Tensor<T, K>& staging) {
+  if (!accumulate || tessera::detail::matmul_accumulates<T, K>()) {
+    tessera::detail::matmul_into(target, x, y, accumulate);
+    return;
+  }
+  Tensor<T, K> partial(staging.storage(), target.shape(), target.shape().contiguous_strides(),
+                       staging.storage_offset());
+  tessera::detail::matmul_into(partial, x, y);
+  tessera::detail::run_expression(
+      target, tessera::detail::make_binary<ops::add>(target, tessera::detail::as_node(partial)));
+}
+
+// ---- passes -----------------------------------------------------------------------------------
+
+/// col of images [first, first + b) of x (contiguous) into the pass's col tensor.
+template <class T, class K>
+void conv2d_im2col(const conv2d_geometry& g, const Tensor<T, K>& x, std::int64_t first,
+                   std::int64_t b, Tensor<T, K>& col, Tensor<T, K>& padded) {
+  if (conv2d_generic<K>(g)) {
+    const Tensor<T, K> images = x.narrow(0, first, b);
+    Tensor<T, K> pad_b = padded.numel() > 0 ? padded.narrow(0, 0, b) : padded;
+    Tensor<T, K> col_b = col.narrow(0, 0, b * g.c * g.kh * g.kw * g.spatial());
+    im2col_generic(g, images, pad_b, col_b);
+  } else if constexpr (std::is_same_v<K, cpu>) {
+    const std::int64_t image = g.c * g.h * g.w, rows = g.c * g.kh * g.kw * g.spatial();
+    for (std::int64_t k = 0; k < b; ++k) {
+      im2col_cpu(g, x.data() + (first + k) * image, col.data() + k * rows);
+    }
+  }
+}
+
+/// y = conv2d(x, w) (+ bias) into y [N, O, OH, OW] (contiguous). x, w contiguous.
+template <class T, class K>
+void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
+                    const Tensor<T, K>* bias, Tensor<T, K>& y, workspace& ws) {
+  const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
+  Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<T, K>(g)});
+  Tensor<T, K> padded = ws.take<T, K>(
+      conv2d_padded_numel<T, K>(g) > 0
+          ? Shape{per_pass, g.c, g.h + 2 * g.ph, g.w + 2 * g.pw}
+          : Shape{0});
+  const std::int64_t og = g.out_per_group(), k = g.patch(), cg = g.in_per_group();
+  const Tensor<T, K> w2 = w.view(Shape{g.o, k});
+  for (std::int64_t first = 0; first < g.n; first += per_pass) {
+    const std::int64_t b = std::min(per_pass, g.n - first);
+    if (!g.pointwise()) conv2d_im2col(g, x, first, b, col, padded);
+    for (std::int64_t m = 0; m < b; ++m) {
+      const std::int64_t image = first + m;
+      Tensor<T, K> out = y.select(0, image).view(Shape{g.o, g.spatial()});
+      const Tensor<T, K> right =
+          g.pointwise() ? x.select(0, image).view(Shape{g.c, g.spatial()})
+                        : col.narrow(0, m * g.c * g.kh * g.kw * g.spatial(), g.c * g.kh * g.kw * g.spatial())
+                              .view(Shape{g.c * g.kh * g.kw, g.spatial()});
+      for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+        Tensor<T, K> out_g = out.narrow(0, grp * og, og);
+        tessera::detail::matmul_into(out_g, w2.narrow(0, grp * og, og),
+                                     right.narrow(0, grp * (g.pointwise() ? cg : k),
+                                                  g.pointwise() ? cg : k));
+      }
+    }
+  }
+  if (bias != nullptr) {
+    Tensor<T, K> y3 = y.view(Shape{g.n, g.o, g.spatial()});
+    tessera::detail::run_expression(
+        y3, tessera::detail::make_binary<ops::add>(
+                y3, tessera::detail::as_node(bias->view(Shape{1, g.o, 1}))));
+  }
+}
+
+/// Gradients of y = conv2d(x, w) + bias for the upstream gradient gy [N, O, OH, OW]
+/// (contiguous): each of dx, dw, db that is defined is written, or added to when its
+/// accumulate flag is set. x and w contiguous.
+template <class T, class K>
+void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
+                     const Tensor<T, K>& gy, Tensor<T, K>* dx, bool dx_accumulate,
+                     Tensor<T, K>* dw, bool dw_accumulate, Tensor<T, K>* db, bool db_accumulate,
+                     workspace& ws) {
+  using tessera::detail::as_node;
+  const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
+  const bool need_col = dx != nullptr || dw != nullptr;
+  Tensor<T, K> col = ws.take<T, K>(Shape{need_col ? conv2d_col_numel<T, K>(g) : 0});
+  Tensor<T, K> padded = ws.take<T, K>(
+      need_col && conv2d_padded_numel<T, K>(g) > 0
+          ? Shape{per_pass, g.c, g.h + 2 * g.ph, g.w + 2 * g.pw}
+          : Shape{0});
+  Tensor<T, K> staging;
+  if (!tessera::detail::matmul_accumulates<T, K>()) {
+    std::int64_t n = 0;
+    if (dw != nullptr) n = std::max(n, g.out_per_group() * g.patch());
+    if (dx != nullptr && g.pointwise()) n = std::max(n, g.in_per_group() * g.h * g.w);
+    staging = ws.take<T, K>(Shape{n});
+  }
+  const std::int64_t og = g.out_per_group(), k = g.patch(), cg = g.in_per_group();
+  const std::int64_t col_rows = g.c * g.kh * g.kw, col_image = col_rows * g.spatial();
+  const Tensor<T, K> w2 = w.view(Shape{g.o, k});
+
+  if (db != nullptr) {
+    // db = sum of gy over (N, OH, OW): along the spatial dim, then the batch.
+    Tensor<T, K> per_image = ws.take<T, K>(Shape{g.n, g.o});
+    tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
+        per_image, as_node(gy.view(Shape{g.n, g.o, g.spatial()})), 2, "sum");
+    if (db_accumulate) {
+      Tensor<T, K> partial = ws.take<T, K>(Shape{g.o});
+      tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
+          partial, as_node(per_image), 0, "sum");
+      tessera::detail::run_expression(
+          *db, tessera::detail::make_binary<ops::add>(*db, as_node(partial)));
+    } else {
+      tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
+          *db, as_node(per_image), 0, "sum");
+    }
+  }
+  if (!need_col) return;
+  if (dx != nullptr && !dx_accumulate && !g.pointwise()) dx->zero_();
+
+  for (std::int64_t first = 0; first < g.n; first += per_pass) {
+    const std::int64_t b = std::min(per_pass, g.n - first);
+    if (dw != nullptr && !g.pointwise()) conv2d_im2col(g, x, first, b, col, padded);
+    for (std::int64_t m = 0; m < b; ++m) {
+      const std::int64_t image = first + m;
+      const Tensor<T, K> gy2 = gy.select(0, image).view(Shape{g.o, g.spatial()});
+      const Tensor<T, K> patches =
+          g.pointwise() ? x.select(0, image).view(Shape{g.c, g.spatial()})
+                        : col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()});
+      const std::int64_t rows = g.pointwise() ? cg : k;
+      for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+        const Tensor<T, K> gy_g = gy2.narrow(0, grp * og, og);
+        if (dw != nullptr) {
+          Tensor<T, K> dw_g = dw->view(Shape{g.o, k}).narrow(0, grp * og, og);
+          product_into(dw_g, gy_g, patches.narrow(0, grp * rows, rows).t(),
+                       dw_accumulate || image > 0, staging);
+        }
+      }
+      if (dx == nullptr) continue;
+      if (g.pointwise()) {
+        Tensor<T, K> dx2 = dx->select(0, image).view(Shape{g.c, g.spatial()});
+        for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+          product_into(dx2.narrow(0, grp * cg, cg), w2.narrow(0, grp * og, og).t(),
+                       gy2.narrow(0, grp * og, og), dx_accumulate, staging);
+        }
+      } else {
+        // dcol overwrites this image's col (its weight-gradient use is done).
+        Tensor<T, K> dcol = col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()});
+        for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+          Tensor<T, K> dcol_g = dcol.narrow(0, grp * k, k);
+          tessera::detail::matmul_into(dcol_g, w2.narrow(0, grp * og, og).t(),
+                                       gy2.narrow(0, grp * og, og));
+        }
+        if (!conv2d_generic<K>(g)) {
+          if constexpr (std::is_same_v<K, cpu>) {
+            col2im_add_cpu(g, dcol.data(), dx->data() + image * g.c * g.h * g.w);
+          }
+        }
+      }
+    }
+    if (dx != nullptr && !g.pointwise() && conv2d_generic<K>(g)) {
+      Tensor<T, K> images = dx->narrow(0, first, b);
+      Tensor<T, K> pad_b = padded.numel() > 0 ? padded.narrow(0, 0, b) : padded;
+      col2im_add_generic(g, col.narrow(0, 0, b * col_image), images, pad_b);
+    }
+  }
+}
+
+}  // namespace tessera::nn::detail

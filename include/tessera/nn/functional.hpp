@@ -1,0 +1,216 @@
+// ts::nn::functional: convolution and pooling as functions (torch.nn.functional's names and
+// arguments). Each takes tensors (eager: a new tensor, its workspace from the device pool for the
+// call) or autograd Vars (traced: a node whose workspace is part of the program's memory plan).
+//
+//     auto y = ts::nn::functional::conv2d(x, w, b, {.stride = 2, .padding = 1});
+//     auto p = ts::nn::functional::max_pool2d(y, 3, {.stride = 2, .padding = 1});
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <type_traits>
+
+#include "tessera/nn/detail/conv2d.hpp"
+#include "tessera/nn/detail/conv_nodes.hpp"
+#include "tessera/nn/detail/operand.hpp"
+#include "tessera/nn/detail/pool2d.hpp"
+
+namespace tessera::nn::detail {
+
+template <class X>
+using value_of_t = typename std::remove_cvref_t<X>::value_type;
+template <class X>
+using kind_of_t = typename std::remove_cvref_t<X>::device_kind;
+
+/// A workspace of `bytes` on `device` from its pool, for one eager call.
+inline workspace eager_workspace(Device device, std::size_t bytes) {
+  if (bytes == 0) return workspace{};
+  return workspace(Storage::allocate(device, bytes), 0, static_cast<std::int64_t>(bytes));
+}
+
+inline void check_same_device(const std::string& who, Device a, Device b, const char* what) {
+  if (a != b) {
+    throw device_mismatch_error(who + ": expected the input and the " + what +
+                                " on the same device, got " + a.str() + " and " + b.str());
+  }
+}
+
+/// A traced operand as a contiguous Var (a strided view is copied by a fused node first).
+template <class T, class K>
+autograd::Var<T, K> contiguous_var(const autograd::Var<T, K>& v) {
+  if (v.info().strides == v.shape().contiguous_strides()) return v;
+  return autograd::Var<T, K>(cast<T>(v));
+}
+
+/// conv2d of x, w and an optional bias (nullptr: none; B void when there is no bias type),
+/// named `who` in errors.
+template <class X, class W, class B>
+auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* b_in,
+                 const Conv2dArgs& args) {
+  using T = value_of_t<X>;
+  using K = kind_of_t<X>;
+  static_assert(is_floating_point_v<T>, "conv2d: the input must be floating point");
+  static_assert(std::is_same_v<value_of_t<W>, T> && std::is_same_v<kind_of_t<W>, K>,
+                "conv2d: the weight's dtype or device kind is not the input's");
+  if constexpr (!std::is_same_v<B, void>) {
+    static_assert(std::is_same_v<value_of_t<B>, T> && std::is_same_v<kind_of_t<B>, K>,
+                  "conv2d: the bias's dtype or device kind is not the input's");
+  }
+  if constexpr (is_eager_v<X> && is_eager_v<W>) {
+    const Tensor<T, K> x = materialize(x_in);
+    const Tensor<T, K> w = materialize(w_in);
+    Shape bias_shape;
+    Tensor<T, K> b;
+    if constexpr (!std::is_same_v<B, void>) {
+      if (b_in != nullptr) {
+        b = materialize(*b_in);
+        bias_shape = b.shape();
+        check_same_device(who, x.device(), b.device(), "bias");
+      }
+    }
+    check_same_device(who, x.device(), w.device(), "weight");
+    const conv2d_geometry g =
+        conv2d_geometry_of(who, x.shape(), w.shape(), b_in ? &bias_shape : nullptr, args);
+    const Tensor<T, K> xc = x.is_contiguous() ? x : x.contiguous();
+    const Tensor<T, K> wc = w.is_contiguous() ? w : w.contiguous();
+    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
+    workspace ws = eager_workspace(x.device(), conv2d_forward_workspace<T, K>(g));
+    conv2d_forward(g, xc, wc, b_in ? &b : nullptr, y, ws);
+    return y;
+  } else {
+    autograd::detail::graph* graph = [&] {
+      if constexpr (!is_eager_v<X>) {
+        return autograd::detail::graph_of(x_in);
+      } else {
+        return autograd::detail::graph_of(w_in);
+      }
+    }();
+    const auto x = contiguous_var(autograd::detail::to_var(x_in, graph));
+    const auto w = contiguous_var(autograd::detail::to_var(w_in, graph));
+    check_same_device(who, x.device(), w.device(), "weight");
+    int bias_id = -1;
+    Shape bias_shape;
+    if constexpr (!std::is_same_v<B, void>) {
+      if (b_in != nullptr) {
+        const auto b = contiguous_var(autograd::detail::to_var(*b_in, graph));
+        check_same_device(who, x.device(), b.device(), "bias");
+        bias_id = b.id();
+        bias_shape = b.shape();
+      }
+    }
+    const conv2d_geometry g =
+        conv2d_geometry_of(who, x.shape(), w.shape(), b_in ? &bias_shape : nullptr, args);
+    return record(x, std::make_unique<conv2d_node<T, K>>(x.id(), w.id(), bias_id, g),
+                  g.output_shape());
+  }
+}
+
+template <class X>
+auto max_pool2d_call(const std::string& who, const X& x_in, Int2 kernel,
+                     const MaxPool2dArgs& a) {
+  using T = value_of_t<X>;
+  using K = kind_of_t<X>;
+  static_assert(is_floating_point_v<T>, "max_pool2d: the input must be floating point");
+  if constexpr (is_eager_v<X>) {
+    const Tensor<T, K> x = materialize(x_in);
+    const pool2d_geometry g =
+        pool2d_geometry_of(who, x.shape(), kernel, a.stride, a.padding, a.dilation, a.ceil_mode);
+    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
+    workspace ws = eager_workspace(x.device(), max_pool2d_forward_workspace<T>(g));
+    max_pool2d_forward(g, x, y, ws);
+    return y;
+  } else {
+    const auto x = autograd::detail::to_var(x_in, autograd::detail::graph_of(x_in));
+    const pool2d_geometry g =
+        pool2d_geometry_of(who, x.shape(), kernel, a.stride, a.padding, a.dilation, a.ceil_mode);
+    return record(x, std::make_unique<max_pool2d_node<T, K>>(x.id(), g), g.output_shape());
+  }
+}
+
+template <class X>
+auto avg_pool2d_call(const std::string& who, const X& x_in, Int2 kernel, const AvgPool2dArgs& a) {
+  using T = value_of_t<X>;
+  using K = kind_of_t<X>;
+  static_assert(is_floating_point_v<T>, "avg_pool2d: the input must be floating point");
+  if (a.divisor_override < 0) {
+    throw shape_error(who + ": divisor_override must be positive, got " +
+                      std::to_string(a.divisor_override));
+  }
+  if constexpr (is_eager_v<X>) {
+    const Tensor<T, K> x = materialize(x_in);
+    const pool2d_geometry g =
+        pool2d_geometry_of(who, x.shape(), kernel, a.stride, a.padding, 1, a.ceil_mode);
+    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
+    workspace ws = eager_workspace(x.device(), avg_pool2d_workspace<T>(g));
+    avg_pool2d_forward(g, a, x, y, ws);
+    return y;
+  } else {
+    const auto x = autograd::detail::to_var(x_in, autograd::detail::graph_of(x_in));
+    const pool2d_geometry g =
+        pool2d_geometry_of(who, x.shape(), kernel, a.stride, a.padding, 1, a.ceil_mode);
+    return record(x, std::make_unique<avg_pool2d_node<T, K>>(x.id(), g, a), g.output_shape());
+  }
+}
+
+template <class X>
+auto adaptive_avg_pool2d_call(const std::string& who, const X& x_in, Int2 output_size) {
+  using T = value_of_t<X>;
+  using K = kind_of_t<X>;
+  static_assert(is_floating_point_v<T>, "adaptive_avg_pool2d: the input must be floating point");
+  if constexpr (is_eager_v<X>) {
+    const Tensor<T, K> x = materialize(x_in);
+    const adaptive_geometry g = adaptive_geometry_of(who, x.shape(), output_size);
+    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
+    workspace ws = eager_workspace(x.device(), adaptive_avg_pool2d_workspace<T>(g));
+    adaptive_avg_pool2d_forward(g, x, y, ws);
+    return y;
+  } else {
+    const auto x = autograd::detail::to_var(x_in, autograd::detail::graph_of(x_in));
+    const adaptive_geometry g = adaptive_geometry_of(who, x.shape(), output_size);
+    return record(x, std::make_unique<adaptive_avg_pool2d_node<T, K>>(x.id(), g),
+                  g.output_shape());
+  }
+}
+
+}  // namespace tessera::nn::detail
+
+namespace tessera::nn::functional {
+
+/// torch.nn.functional.conv2d without a bias: x [N, C, H, W], weight [O, C / groups, KH, KW].
+/// Throws shape_error naming the shapes (a 4-D input, C matching, groups dividing the channels,
+/// the dilated kernel fitting the padded input), device_mismatch_error for operands on
+/// different ordinals.
+template <class X, class W>
+auto conv2d(const X& x, const W& weight, const Conv2dArgs& args = {}) {
+  return detail::conv2d_call<X, W, void>("conv2d", x, weight, nullptr, args);
+}
+
+/// torch.nn.functional.conv2d with a bias [O].
+template <class X, class W, class B>
+  requires(!std::is_same_v<std::remove_cvref_t<B>, Conv2dArgs>)
+auto conv2d(const X& x, const W& weight, const B& bias, const Conv2dArgs& args = {}) {
+  return detail::conv2d_call<X, W, B>("conv2d", x, weight, &bias, args);
+}
+
+/// torch.nn.functional.max_pool2d (padding with -inf; the gradient goes to the first maximum of
+/// each window).
+template <class X>
+auto max_pool2d(const X& x, Int2 kernel_size, const MaxPool2dArgs& args = {}) {
+  return detail::max_pool2d_call("max_pool2d", x, kernel_size, args);
+}
+
+/// torch.nn.functional.avg_pool2d.
+template <class X>
+auto avg_pool2d(const X& x, Int2 kernel_size, const AvgPool2dArgs& args = {}) {
+  return detail::avg_pool2d_call("avg_pool2d", x, kernel_size, args);
+}
+
+/// torch.nn.functional.adaptive_avg_pool2d: output [N, C, output_size.h, output_size.w], each
+/// cell the mean of rows [floor(i H / oh), ceil((i + 1) H / oh)) and likewise for columns.
+template <class X>
+auto adaptive_avg_pool2d(const X& x, Int2 output_size) {
+  return detail::adaptive_avg_pool2d_call("adaptive_avg_pool2d", x, output_size);
+}
+
+}  // namespace tessera::nn::functional

@@ -1,0 +1,310 @@
+// Convolution, pooling and BatchNorm2d against PyTorch (tests/oracles/nn_torch.py, section
+// "conv", float64): conv2d forward and the input, weight and bias gradients over a grid of
+// stride, padding, dilation, groups, 1x1 and bias; max, average and adaptive pooling forward and
+// input gradient; BatchNorm2d over three training steps (outputs, input gradients, running
+// statistics, accumulated parameter gradients) and evaluation. Each runs eagerly and as a
+// compiled program, in float64 and float32, through the CPU loops and through the
+// device-agnostic path CUDA takes. Errors name the layer and the shapes.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/torch_oracle.hpp"
+#include "tessera/tessera.hpp"
+
+namespace conv_test {  // one namespace per test file: unity builds compile several together
+
+namespace ts = tessera;
+namespace nn = tessera::nn;
+namespace ag = tessera::autograd;
+namespace F = tessera::nn::functional;
+
+namespace {
+
+const torch_oracle::file& oracle() {
+  static const torch_oracle::file file("conv");
+  return file;
+}
+
+// float64 agrees with PyTorch to rounding (different summation orders); float32 to a few ulps
+// of the sums' magnitudes.
+template <class T>
+constexpr double tol = std::is_same_v<T, float> ? 2e-5 : 1e-12;
+
+struct conv_case {
+  const char* name;
+  std::int64_t out;
+  nn::Int2 kernel, stride, padding, dilation;
+  std::int64_t groups;
+  bool bias;
+};
+
+const conv_case conv_cases[] = {
+    {"same3x3", 4, 3, 1, 1, 1, 1, true},
+    {"stride2", 5, 3, 2, 1, 1, 1, false},
+    {"pointwise", 4, 1, 1, 0, 1, 1, true},
+    {"pointwise_s2", 8, 1, 2, 0, 1, 1, false},
+    {"dilated", 4, 3, 1, 2, 2, 1, true},
+    {"grouped", 6, 3, 1, 1, 1, 2, true},
+    {"depthwise", 4, 3, {2, 1}, 1, 1, 4, false},
+    {"stem7x7", 5, 7, 2, 3, 1, 1, false},
+    {"rect", 4, {2, 3}, {2, 1}, {0, 1}, {1, 2}, 1, true},
+    {"whole", 3, 5, 1, 0, 1, 1, true},
+};
+
+/// Sets the device-agnostic (CUDA) im2col path for its lifetime.
+struct generic_path {
+  bool saved;
+  explicit generic_path(bool on) : saved(nn::detail::conv2d_use_generic_path()) {
+    nn::detail::conv2d_use_generic_path() = on;
+  }
+  ~generic_path() { nn::detail::conv2d_use_generic_path() = saved; }
+};
+
+template <class T>
+void check(const ts::Tensor<T>& actual, const std::string& name, double scale = 1) {
+  torch_oracle::check_close(actual, oracle().at(name), tol<T> * scale, tol<T> * scale);
+}
+
+template <class T>
+void check_conv(const conv_case& c) {
+  const std::string tag = std::string("conv.") + c.name;
+  const auto x = oracle().tensor<T>(tag + ".x");
+  const auto gy = oracle().tensor<T>(tag + ".gy");
+  const std::int64_t in = x.size(1);
+  nn::Conv2d<T> conv(in, c.out, c.kernel,
+                     {.stride = c.stride, .padding = c.padding, .dilation = c.dilation,
+                      .groups = c.groups, .bias = c.bias});
+  ts::StateDict dict{{"weight", oracle().tensor<T>(tag + ".w")}};
+  if (c.bias) dict.insert("bias", oracle().tensor<T>(tag + ".b"));
+  conv.load_state_dict(dict);
+
+  // Eager: the layer and the functional form.
+  check<T>(conv(x), tag + ".y");
+  const nn::Conv2dArgs args{c.stride, c.padding, c.dilation, c.groups};
+  if (c.bias) {
+    check<T>(F::conv2d(x, conv.weight().value(), conv.bias().value(), args), tag + ".y");
+  } else {
+    check<T>(F::conv2d(x, conv.weight().value(), args), tag + ".y");
+  }
+  // A non-contiguous input (a transposed copy transposed back) gives the same result.
+  check<T>(conv(x.transpose(2, 3).contiguous().transpose(2, 3)), tag + ".y");
+
+  // Compiled: loss = sum(y * gy) gives dL/dy = gy; the input's gradient through input_grad.
+  auto spec = ag::input<T>(x.shape());
+  spec.requires_grad = true;
+  auto program = ag::compile(
+      [&](const auto& xv, const auto& g) { return ts::sum(conv(xv) * g); }, spec,
+      ag::input<T>(gy.shape()));
+  for (int run = 0; run < 2; ++run) {  // a second run reuses the plan and its workspace
+    INFO("run " << run);
+    conv.zero_grad();
+    program.forward(x, gy);
+    program.backward();
+    check<T>(program.input_grad(0).template as<T>(), tag + ".dx");
+    check<T>(conv.weight().grad(), tag + ".dw");
+    if (c.bias) check<T>(conv.bias().grad(), tag + ".db");
+  }
+
+  // A second contribution to x's gradient: conv's backward runs after sum(x)'s and adds.
+  auto twice = ag::compile(
+      [&](const auto& xv, const auto& g) { return ts::sum(conv(xv) * g) + ts::sum(xv) * 0.5; },
+      spec, ag::input<T>(gy.shape()));
+  twice.forward(x, gy);
+  twice.backward();
+  const ts::Tensor<T> shifted = twice.input_grad(0).template as<T>() - 0.5;
+  check<T>(shifted, tag + ".dx");
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("conv2d matches PyTorch: forward and every gradient", "[conv][oracle]", float,
+                   double) {
+  for (bool generic : {false, true}) {
+    generic_path path(generic);
+    for (const conv_case& c : conv_cases) {
+      INFO(c.name << (generic ? " (device-agnostic path)" : " (CPU loops)"));
+      check_conv<TestType>(c);
+    }
+  }
+}
+
+namespace {
+
+struct pool_case {
+  const char* name;
+  int kind;  // 0 max, 1 avg, 2 adaptive
+  nn::Int2 kernel;
+  nn::MaxPool2dArgs max{};
+  nn::AvgPool2dArgs avg{};
+};
+
+const pool_case pool_cases[] = {
+    {"max_stem", 0, 3, {.stride = 2, .padding = 1}},
+    {"max_2x2", 0, 2},
+    {"max_ceil", 0, 3, {.stride = 2, .ceil_mode = true}},
+    {"max_dilated", 0, 2, {.stride = 1, .padding = 1, .dilation = 2}},
+    {"max_ties", 0, 3, {.stride = 1, .padding = 1}},
+    {"avg_pad", 1, 3, {}, {.stride = 2, .padding = 1}},
+    {"avg_nopadcount", 1, 3, {}, {.stride = 2, .padding = 1, .count_include_pad = false}},
+    {"avg_ceil", 1, 3, {}, {.stride = 2, .padding = 1, .ceil_mode = true}},
+    {"avg_divisor", 1, 2, {}, {.divisor_override = 3}},
+    {"adaptive_global", 2, 1},
+    {"adaptive_uneven", 2, {3, 2}},
+    {"adaptive_up", 2, {4, 5}},
+};
+
+template <class T>
+void check_pool(const pool_case& c) {
+  const std::string tag = std::string("pool.") + c.name;
+  const auto x = oracle().tensor<T>(tag + ".x");
+  const auto gy = oracle().tensor<T>(tag + ".gy");
+  auto pool = [&](const auto& input) {
+    if (c.kind == 0) return F::max_pool2d(input, c.kernel, c.max);
+    if (c.kind == 1) return F::avg_pool2d(input, c.kernel, c.avg);
+    return F::adaptive_avg_pool2d(input, c.kernel);
+  };
+  check<T>(pool(x), tag + ".y");
+  auto spec = ag::input<T>(x.shape());
+  spec.requires_grad = true;
+  auto program =
+      ag::compile([&](const auto& xv, const auto& g) { return ts::sum(pool(xv) * g); }, spec,
+                  ag::input<T>(gy.shape()));
+  program.forward(x, gy);
+  program.backward();
+  check<T>(program.input_grad(0).template as<T>(), tag + ".dx");
+  // Accumulating into an existing gradient: sum(x) * 2 runs its backward first.
+  auto twice = ag::compile(
+      [&](const auto& xv, const auto& g) { return ts::sum(pool(xv) * g) + ts::sum(xv) * 2.0; },
+      spec, ag::input<T>(gy.shape()));
+  twice.forward(x, gy);
+  twice.backward();
+  const ts::Tensor<T> shifted = twice.input_grad(0).template as<T>() - 2.0;
+  check<T>(shifted, tag + ".dx");
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("pooling matches PyTorch: max, average, adaptive", "[pool][oracle]", float,
+                   double) {
+  for (const pool_case& c : pool_cases) {
+    INFO(c.name);
+    check_pool<TestType>(c);
+  }
+}
+
+TEMPLATE_TEST_CASE("BatchNorm2d matches PyTorch in training (compiled) and evaluation",
+                   "[batchnorm][oracle]", float, double) {
+  using T = TestType;
+  nn::BatchNorm2d<T> bn(3, {.momentum = 0.2});
+  bn.weight().value().copy_(oracle().tensor<T>("bn2d.weight"));
+  bn.bias().value().copy_(oracle().tensor<T>("bn2d.bias"));
+  const ts::Shape shape{4, 3, 5, 6};
+  auto spec = ag::input<T>(shape);
+  spec.requires_grad = true;
+  // The output y comes back as a second result beside the loss.
+  auto program = ag::compile(
+      [&](const auto& x, const auto& g) {
+        ag::Var<T> y = bn(x);
+        return std::tuple{ts::sum(y * g), y};
+      },
+      spec, ag::input<T>(shape));
+  bn.zero_grad();
+  for (int step = 0; step < 3; ++step) {
+    const std::string tag = "bn2d.train" + std::to_string(step);
+    INFO("step " << step);
+    const auto [loss, y] = program.forward(oracle().tensor<T>(tag + ".x"),
+                                           oracle().tensor<T>(tag + ".gy"));
+    check<T>(y, tag + ".y", 10);
+    program.backward();
+    check<T>(program.input_grad(0).template as<T>(), tag + ".dx", 10);
+    check<T>(bn.running_mean().value(), tag + ".running_mean", 10);
+    check<T>(bn.running_var().value(), tag + ".running_var", 10);
+    CHECK(bn.num_batches_tracked().value().item() == step + 1);
+  }
+  check<T>(bn.weight().grad(), "bn2d.dweight", 10);
+  check<T>(bn.bias().grad(), "bn2d.dbias", 10);
+
+  // Evaluation: eagerly, and through compile_eval, which leaves the module in training mode.
+  const auto x = oracle().tensor<T>("bn2d.eval.x");
+  auto evaluate = nn::compile_eval(bn, [&](const auto& v) { return bn(v); }, ag::input<T>(x.shape()));
+  CHECK(bn.is_training());
+  check<T>(evaluate.forward(x), "bn2d.eval.y", 10);
+  bn.eval();
+  check<T>(bn(x), "bn2d.eval.y", 10);
+}
+
+TEST_CASE("convolution and pooling errors name the layer and the shapes", "[conv][errors]") {
+  nn::Conv2d<float> conv(3, 8, 3, {.padding = 1});
+  const auto before = conv.weight().value().clone();
+  auto message = [](auto&& fn) {
+    try {
+      fn();
+    } catch (const ts::shape_error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no shape_error");
+  };
+  // Wrong channel count.
+  auto m = message([&] { (void)conv(ts::zeros<float>({2, 4, 8, 8})); });
+  CHECK_THAT(m, Catch::Contains("Conv2d(3, 8, kernel_size=(3, 3)"));
+  CHECK_THAT(m, Catch::Contains("[N, 3, H, W]"));
+  CHECK_THAT(m, Catch::Contains("[2, 4, 8, 8]"));
+  // Not 4-D.
+  m = message([&] { (void)conv(ts::zeros<float>({3, 8, 8})); });
+  CHECK_THAT(m, Catch::Contains("4-D input"));
+  CHECK_THAT(m, Catch::Contains("[3, 8, 8]"));
+  // Kernel larger than the padded input.
+  nn::Conv2d<float> big(3, 4, 7);
+  m = message([&] { (void)big(ts::zeros<float>({1, 3, 5, 9})); });
+  CHECK_THAT(m, Catch::Contains("larger than the padded input (5, 9)"));
+  CHECK_THAT(m, Catch::Contains("Conv2d(3, 4, kernel_size=(7, 7)"));
+  // Groups not dividing the channels: at construction (std::invalid_argument) and functionally.
+  CHECK_THROWS_AS(nn::Conv2d<float>(3, 8, 3, {.groups = 2}), std::invalid_argument);
+  m = message([&] { (void)F::conv2d(ts::zeros<float>({1, 4, 5, 5}), ts::zeros<float>({3, 2, 3, 3}),
+                                    {.groups = 2}); });
+  CHECK_THAT(m, Catch::Contains("out_channels (3) must be divisible by groups (2)"));
+  // Traced: the same checks at compile time.
+  m = message([&] {
+    (void)ag::compile([&](const auto& x) { return ts::sum(conv(x)); },
+                      ag::input<float>({2, 5, 8, 8}));
+  });
+  CHECK_THAT(m, Catch::Contains("[2, 5, 8, 8]"));
+  // Pooling.
+  m = message([&] { (void)F::max_pool2d(ts::zeros<float>({1, 1, 4, 4}), 3, {.padding = 2}); });
+  CHECK_THAT(m, Catch::Contains("at most half of kernel_size"));
+  m = message([&] { (void)nn::MaxPool2d(5)(ts::zeros<float>({1, 1, 4, 4})); });
+  CHECK_THAT(m, Catch::Contains("MaxPool2d(kernel_size=(5, 5))"));
+  m = message([&] { (void)nn::AdaptiveAvgPool2d(2)(ts::zeros<float>({4, 4})); });
+  CHECK_THAT(m, Catch::Contains("[4, 4]"));
+  nn::BatchNorm2d<float> bn(3);
+  m = message([&] { (void)bn(ts::zeros<float>({2, 3, 4})); });
+  CHECK_THAT(m, Catch::Contains("BatchNorm2d(3): expected an input of shape [N, 3, H, W], got [2, 3, 4]"));
+  // Nothing changed.
+  CHECK(conv.weight().value().to_vector() == before.to_vector());
+  CHECK(bn.num_batches_tracked().value().item() == 0);
+}
+
+TEST_CASE("Conv2d initialises as PyTorch: U(-1/sqrt(fan_in), 1/sqrt(fan_in))", "[conv]") {
+  ts::manual_seed(7);
+  nn::Conv2d<double> conv(16, 64, 3, {.groups = 2});
+  const double bound = 1.0 / std::sqrt(8.0 * 9.0);  // fan_in = 16 / 2 * 3 * 3
+  CHECK(conv.weight().value().shape() == ts::Shape{64, 8, 3, 3});
+  const auto w = conv.weight().value().to_vector();
+  double sum = 0, squares = 0, most = 0;
+  for (double v : w) sum += v, squares += v * v, most = std::max(most, std::abs(v));
+  const double n = static_cast<double>(w.size());
+  CHECK(most <= bound);
+  CHECK(most > 0.98 * bound);
+  // Uniform on [-b, b]: mean 0, variance b^2 / 3 (4608 draws: a few percent).
+  CHECK(std::abs(sum / n) < 0.05 * bound);
+  CHECK(squares / n == Approx(bound * bound / 3).epsilon(0.06));
+  for (double v : conv.bias().value().to_vector()) CHECK(std::abs(v) <= bound);
+  const auto keys = conv.state_dict().keys();
+  CHECK(keys == std::vector<std::string>{"weight", "bias"});
+}
+
+}  // namespace conv_test
