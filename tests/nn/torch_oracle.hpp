@@ -36,14 +36,16 @@ struct array {
 
 class file {
  public:
-  /// Runs nn_torch.py for `section` ("layers" or "optim") and reads its output.
+  /// Runs nn_torch.py for `section` ("layers", "optim", "autograd", "conv", "resnet") and reads
+  /// its output.
   explicit file(const std::string& section) {
     const char* oracle_dir = std::getenv("TESSERA_ORACLE_DIR");
     const std::filesystem::path directory =
         (oracle_dir ? std::filesystem::path(oracle_dir) : std::filesystem::temp_directory_path()) /
         "nn_torch";
     std::filesystem::create_directories(directory);
-    const auto path = directory / (section + ".txt");
+    path_ = directory / (section + ".txt");
+    const auto& path = path_;
     const std::string command = std::string(TESSERA_ORACLE_PYTHON) + " \"" +
                                 TESSERA_ORACLE_SCRIPTS + "/nn_torch.py\" " + section + " \"" +
                                 path.string() + "\"";
@@ -67,6 +69,7 @@ class file {
       std::istringstream v(values);
       std::string word;
       while (v >> word) a.values.push_back(std::strtod(word.c_str(), nullptr));
+      order_.push_back(name);
       arrays_.emplace(name, std::move(a));
     }
     if (arrays_.empty())
@@ -74,6 +77,19 @@ class file {
   }
 
   bool contains(const std::string& name) const { return arrays_.count(name) != 0; }
+
+  /// The file the script wrote (side files, e.g. safetensors checkpoints, sit beside it as
+  /// path() + ".<name>.safetensors").
+  const std::filesystem::path& path() const { return path_; }
+
+  /// The names that start with `prefix`, in the order the script wrote them.
+  std::vector<std::string> names_with_prefix(const std::string& prefix) const {
+    std::vector<std::string> out;
+    for (const auto& name : order_) {
+      if (name.compare(0, prefix.size(), prefix) == 0) out.push_back(name);
+    }
+    return out;
+  }
 
   const array& at(const std::string& name) const {
     auto it = arrays_.find(name);
@@ -91,6 +107,8 @@ class file {
   }
 
  private:
+  std::filesystem::path path_;
+  std::vector<std::string> order_;
   std::map<std::string, array> arrays_;
 };
 

@@ -325,15 +325,81 @@ def conv(w):
     w.put("bn2d.eval.y", bn(x))
 
 
-SECTIONS = {"layers": layers, "optim": optim, "autograd": autograd, "conv": conv}
+def resnet(w, path):
+    """torchvision's ResNets: the state-dict keys and shapes of resnet18 and resnet50; one
+    Bottleneck block with a downsample (stride 2) and one BasicBlock, in float64 with random
+    weights and running statistics saved through safetensors (PATH.<block>.safetensors), their
+    training-mode output and every gradient for an upstream gradient gy, the running
+    statistics after that step, and the evaluation-mode output."""
+    try:
+        import torchvision
+        from safetensors.torch import save_file
+    except ImportError as e:
+        sys.stderr.write("nn_torch.py resnet: %s (install with `bash cmake/install-deps.sh "
+                         "--test`: python3-torchvision, safetensors)\n" % e)
+        sys.exit(2)
+    from torchvision.models.resnet import BasicBlock, Bottleneck
+    for name in ("resnet18", "resnet50"):
+        model = getattr(torchvision.models, name)(num_classes=10)
+        for key, value in model.state_dict().items():
+            w.put("%s.key.%s" % (name, key), torch.tensor(list(value.shape), dtype=torch.int64))
+    g = torch.Generator().manual_seed(777)
+
+    def randn(*shape):
+        return torch.randn(*shape, generator=g, dtype=torch.float64)
+
+    blocks = {
+        "bottleneck": (Bottleneck, dict(inplanes=16, planes=8, stride=2), (2, 16, 9, 8)),
+        "basic": (BasicBlock, dict(inplanes=6, planes=6, stride=1), (2, 6, 7, 7)),
+    }
+    for tag, (cls, kwargs, shape) in blocks.items():
+        downsample = None
+        if cls is Bottleneck:
+            out = kwargs["planes"] * 4
+            downsample = torch.nn.Sequential(
+                torch.nn.Conv2d(kwargs["inplanes"], out, 1, stride=kwargs["stride"], bias=False),
+                torch.nn.BatchNorm2d(out))
+        block = cls(downsample=downsample, **kwargs).double()
+        with torch.no_grad():
+            for key, value in block.state_dict().items():
+                if key.endswith("num_batches_tracked"):
+                    continue
+                if key.endswith("running_var"):
+                    value.copy_(randn(*value.shape).abs() + 0.5)
+                else:
+                    value.copy_(randn(*value.shape) * (0.3 if value.dim() == 4 else 1.0))
+        save_file({k: v.contiguous() for k, v in block.state_dict().items()},
+                  "%s.%s.safetensors" % (path, tag))
+        x = randn(*shape).requires_grad_()
+        block.train()
+        y = block(x)
+        gy = randn(*y.shape)
+        y.backward(gy)
+        w.put(tag + ".x", x)
+        w.put(tag + ".gy", gy)
+        w.put(tag + ".y", y)
+        w.put(tag + ".dx", x.grad)
+        for key, p in block.named_parameters():
+            w.put(tag + ".grad." + key, p.grad)
+        for key, b in block.named_buffers():
+            w.put(tag + ".after." + key, b)
+        block.eval()
+        w.put(tag + ".eval_y", block(x))
+
+
+SECTIONS = {"layers": layers, "optim": optim, "autograd": autograd, "conv": conv,
+            "resnet": resnet}
 
 
 def main():
     if len(sys.argv) != 3 or sys.argv[1] not in SECTIONS:
-        sys.stderr.write("usage: nn_torch.py layers|optim|autograd|conv FILE\n")
+        sys.stderr.write("usage: nn_torch.py layers|optim|autograd|conv|resnet FILE\n")
         sys.exit(2)
     w = Writer(sys.argv[2])
-    SECTIONS[sys.argv[1]](w)
+    if sys.argv[1] == "resnet":
+        resnet(w, sys.argv[2])
+    else:
+        SECTIONS[sys.argv[1]](w)
     w.close()
 
 

@@ -1,0 +1,289 @@
+// ResNets as torchvision builds them (torchvision.models.resnet): BasicBlock and Bottleneck
+// residual blocks, ResNet<Block, T, Kind, L1, L2, L3, L4> and resnet18/34/50/101/152 factories.
+// Member names follow torchvision's, so a state dict's keys and shapes match torchvision's one to
+// one (conv1.weight, bn1.running_mean, layer1.0.conv1.weight, layer2.0.downsample.0.weight,
+// fc.bias, ...) and checkpoints load in both directions through safetensors. Initialisation as
+// torchvision: kaiming_normal_(fan_out, relu) for convolutions, BatchNorm weight 1 and bias 0,
+// Linear's default for fc. Not part of tessera.hpp: include "tessera/models/resnet.hpp".
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <type_traits>
+#include <utility>
+
+#include "tessera/nn.hpp"
+
+namespace tessera::models {
+
+namespace detail {
+
+/// x as a tensor (eager) or a Var (traced): a lazy expression is evaluated or bound once, so a
+/// block that reads its input twice (the residual) neither computes it twice nor nests it into
+/// ever longer expression types.
+template <class T, class K, class X>
+auto bind(const X& x) {
+  if constexpr (nn::detail::is_eager_v<X>) {
+    return Tensor<T, K>(x);
+  } else {
+    return autograd::Var<T, K>(x);
+  }
+}
+
+template <Dtype T, DeviceKind K>
+void kaiming_fan_out(const nn::Conv2d<T, K>& conv) {
+  nn::init::kaiming_normal_(conv.weight().value(), 0.0, nn::init::FanMode::fan_out, "relu");
+}
+
+template <Dtype T, DeviceKind K>
+using downsample_t = nn::Sequential<nn::Conv2d<T, K>, nn::BatchNorm2d<T, K>>;
+
+/// torchvision's downsample: a strided 1x1 convolution and a BatchNorm.
+template <Dtype T, DeviceKind K>
+downsample_t<T, K> make_downsample(std::int64_t in, std::int64_t out, std::int64_t stride,
+                                   int device) {
+  nn::Conv2d<T, K> conv(in, out, 1, {.stride = stride, .bias = false}, device);
+  kaiming_fan_out(conv);
+  return downsample_t<T, K>(conv, nn::BatchNorm2d<T, K>(out, 1e-5, 0.1, true, true, device));
+}
+
+}  // namespace detail
+
+/// torchvision's BasicBlock (ResNet-18/34): 3x3, 3x3, and the identity or a downsample.
+template <Dtype T, DeviceKind K = cpu>
+class BasicBlock : public nn::Module {
+ public:
+  using value_type = T;
+  using device_kind = K;
+  static constexpr std::int64_t expansion = 1;
+
+  BasicBlock(std::int64_t inplanes, std::int64_t planes, std::int64_t stride = 1,
+             int device = -1)
+      : Module("BasicBlock"),
+        conv1_(inplanes, planes, 3, {.stride = stride, .padding = 1, .bias = false}, device),
+        bn1_(planes, 1e-5, 0.1, true, true, device),
+        conv2_(planes, planes, 3, {.padding = 1, .bias = false}, device),
+        bn2_(planes, 1e-5, 0.1, true, true, device) {
+    detail::kaiming_fan_out(conv1_);
+    detail::kaiming_fan_out(conv2_);
+    register_module("conv1", conv1_);
+    register_module("bn1", bn1_);
+    register_module("conv2", conv2_);
+    register_module("bn2", bn2_);
+    if (stride != 1 || inplanes != planes * expansion) {
+      downsample_.emplace(
+          detail::make_downsample<T, K>(inplanes, planes * expansion, stride, device));
+      register_module("downsample", *downsample_);
+    }
+  }
+  BasicBlock(const BasicBlock&) = default;
+
+  template <class X>
+  auto forward(const X& x) const {
+    const auto input = detail::bind<T, K>(x);
+    const auto out = detail::bind<T, K>(relu(bn1_(conv1_(input))));
+    const auto branch = detail::bind<T, K>(bn2_(conv2_(out)));
+    if (downsample_) return relu(branch + detail::bind<T, K>(downsample_->forward(input)));
+    return relu(branch + input);
+  }
+  template <class X>
+  auto operator()(const X& x) const {
+    return forward(x);
+  }
+
+ private:
+  nn::Conv2d<T, K> conv1_;
+  nn::BatchNorm2d<T, K> bn1_;
+  nn::Conv2d<T, K> conv2_;
+  nn::BatchNorm2d<T, K> bn2_;
+  std::optional<detail::downsample_t<T, K>> downsample_;
+};
+
+/// torchvision's Bottleneck (ResNet-50/101/152, "ResNet V1.5": the stride on the 3x3): 1x1
+/// reduce, 3x3, 1x1 expand (x4), and the identity or a downsample.
+template <Dtype T, DeviceKind K = cpu>
+class Bottleneck : public nn::Module {
+ public:
+  using value_type = T;
+  using device_kind = K;
+  static constexpr std::int64_t expansion = 4;
+
+  Bottleneck(std::int64_t inplanes, std::int64_t planes, std::int64_t stride = 1,
+             int device = -1)
+      : Module("Bottleneck"),
+        conv1_(inplanes, planes, 1, {.bias = false}, device),
+        bn1_(planes, 1e-5, 0.1, true, true, device),
+        conv2_(planes, planes, 3, {.stride = stride, .padding = 1, .bias = false}, device),
+        bn2_(planes, 1e-5, 0.1, true, true, device),
+        conv3_(planes, planes * expansion, 1, {.bias = false}, device),
+        bn3_(planes * expansion, 1e-5, 0.1, true, true, device) {
+    detail::kaiming_fan_out(conv1_);
+    detail::kaiming_fan_out(conv2_);
+    detail::kaiming_fan_out(conv3_);
+    register_module("conv1", conv1_);
+    register_module("bn1", bn1_);
+    register_module("conv2", conv2_);
+    register_module("bn2", bn2_);
+    register_module("conv3", conv3_);
+    register_module("bn3", bn3_);
+    if (stride != 1 || inplanes != planes * expansion) {
+      downsample_.emplace(
+          detail::make_downsample<T, K>(inplanes, planes * expansion, stride, device));
+      register_module("downsample", *downsample_);
+    }
+  }
+  Bottleneck(const Bottleneck&) = default;
+
+  template <class X>
+  auto forward(const X& x) const {
+    const auto input = detail::bind<T, K>(x);
+    const auto a = detail::bind<T, K>(relu(bn1_(conv1_(input))));
+    const auto b = detail::bind<T, K>(relu(bn2_(conv2_(a))));
+    const auto branch = detail::bind<T, K>(bn3_(conv3_(b)));
+    if (downsample_) return relu(branch + detail::bind<T, K>(downsample_->forward(input)));
+    return relu(branch + input);
+  }
+  template <class X>
+  auto operator()(const X& x) const {
+    return forward(x);
+  }
+
+ private:
+  nn::Conv2d<T, K> conv1_;
+  nn::BatchNorm2d<T, K> bn1_;
+  nn::Conv2d<T, K> conv2_;
+  nn::BatchNorm2d<T, K> bn2_;
+  nn::Conv2d<T, K> conv3_;
+  nn::BatchNorm2d<T, K> bn3_;
+  std::optional<detail::downsample_t<T, K>> downsample_;
+};
+
+namespace detail {
+
+template <class Block, std::size_t>
+using same = Block;
+
+/// `blocks` blocks of planes `planes`, the first with `stride` (torchvision's _make_layer);
+/// `inplanes` is updated to the layer's output channels.
+template <class Block, std::size_t... I>
+nn::Sequential<same<Block, I>...> make_layer(std::int64_t& inplanes, std::int64_t planes,
+                                             std::int64_t stride, int device,
+                                             std::index_sequence<I...>) {
+  const std::int64_t in = inplanes;
+  inplanes = planes * Block::expansion;
+  return nn::Sequential<same<Block, I>...>(
+      Block(I == 0 ? in : planes * Block::expansion, planes, I == 0 ? stride : 1, device)...);
+}
+
+template <class Block, std::size_t N>
+using layer_t = decltype(make_layer<Block>(std::declval<std::int64_t&>(), 0, 1, 0,
+                                           std::make_index_sequence<N>{}));
+
+}  // namespace detail
+
+/// torchvision's ResNet: stem (7x7/2 convolution, BatchNorm, ReLU, 3x3/2 max pooling), four
+/// layers of L1..L4 blocks (64, 128, 256, 512 planes; stride 2 from layer2 on), global average
+/// pooling and a Linear classifier. Inputs [N, 3, H, W] (224x224 in ImageNet; any H, W >= 32
+/// here).
+template <template <Dtype, DeviceKind> class Block, Dtype T, DeviceKind K, std::size_t L1,
+          std::size_t L2, std::size_t L3, std::size_t L4>
+class ResNet : public nn::Module {
+  using block = Block<T, K>;
+
+ public:
+  using value_type = T;
+  using device_kind = K;
+
+  explicit ResNet(std::int64_t num_classes = 1000, int device = -1)
+      : ResNet(num_classes, device, 64) {}
+  ResNet(const ResNet&) = default;
+
+  template <class X>
+  auto forward(const X& x) const {
+    const auto stem = detail::bind<T, K>(maxpool_(relu(bn1_(conv1_(x)))));
+    const auto features = detail::bind<T, K>(layer4_(layer3_(layer2_(layer1_(stem)))));
+    return fc_(flatten_(avgpool_(features)));
+  }
+  template <class X>
+  auto operator()(const X& x) const {
+    return forward(x);
+  }
+
+  const nn::Conv2d<T, K>& conv1() const noexcept { return conv1_; }
+  const nn::BatchNorm2d<T, K>& bn1() const noexcept { return bn1_; }
+  const auto& layer1() const noexcept { return layer1_; }
+  const auto& layer2() const noexcept { return layer2_; }
+  const auto& layer3() const noexcept { return layer3_; }
+  const auto& layer4() const noexcept { return layer4_; }
+  const nn::Linear<T, K>& fc() const noexcept { return fc_; }
+
+ private:
+  ResNet(std::int64_t num_classes, int device, std::int64_t inplanes)
+      : Module("ResNet"),
+        conv1_(3, 64, 7, {.stride = 2, .padding = 3, .bias = false}, device),
+        bn1_(64, 1e-5, 0.1, true, true, device),
+        maxpool_(3, {.stride = 2, .padding = 1}),
+        layer1_(detail::make_layer<block>(inplanes, 64, 1, device, std::make_index_sequence<L1>{})),
+        layer2_(detail::make_layer<block>(inplanes, 128, 2, device, std::make_index_sequence<L2>{})),
+        layer3_(detail::make_layer<block>(inplanes, 256, 2, device, std::make_index_sequence<L3>{})),
+        layer4_(detail::make_layer<block>(inplanes, 512, 2, device, std::make_index_sequence<L4>{})),
+        avgpool_(1),
+        fc_(512 * block::expansion, num_classes, true, device) {
+    detail::kaiming_fan_out(conv1_);
+    register_module("conv1", conv1_);
+    register_module("bn1", bn1_);
+    register_module("layer1", layer1_);
+    register_module("layer2", layer2_);
+    register_module("layer3", layer3_);
+    register_module("layer4", layer4_);
+    register_module("fc", fc_);
+  }
+
+  nn::Conv2d<T, K> conv1_;
+  nn::BatchNorm2d<T, K> bn1_;
+  nn::MaxPool2d maxpool_;
+  detail::layer_t<block, L1> layer1_;
+  detail::layer_t<block, L2> layer2_;
+  detail::layer_t<block, L3> layer3_;
+  detail::layer_t<block, L4> layer4_;
+  nn::AdaptiveAvgPool2d avgpool_;
+  nn::Flatten flatten_;
+  nn::Linear<T, K> fc_;
+};
+
+template <Dtype T, DeviceKind K = cpu>
+using ResNet18 = ResNet<BasicBlock, T, K, 2, 2, 2, 2>;
+template <Dtype T, DeviceKind K = cpu>
+using ResNet34 = ResNet<BasicBlock, T, K, 3, 4, 6, 3>;
+template <Dtype T, DeviceKind K = cpu>
+using ResNet50 = ResNet<Bottleneck, T, K, 3, 4, 6, 3>;
+template <Dtype T, DeviceKind K = cpu>
+using ResNet101 = ResNet<Bottleneck, T, K, 3, 4, 23, 3>;
+template <Dtype T, DeviceKind K = cpu>
+using ResNet152 = ResNet<Bottleneck, T, K, 3, 8, 36, 3>;
+
+/// torchvision.models.resnet18(num_classes = ...) and friends, on ordinal `device` of kind K.
+template <Dtype T, DeviceKind K = cpu>
+ResNet18<T, K> resnet18(std::int64_t num_classes = 1000, int device = -1) {
+  return ResNet18<T, K>(num_classes, device);
+}
+template <Dtype T, DeviceKind K = cpu>
+ResNet34<T, K> resnet34(std::int64_t num_classes = 1000, int device = -1) {
+  return ResNet34<T, K>(num_classes, device);
+}
+template <Dtype T, DeviceKind K = cpu>
+ResNet50<T, K> resnet50(std::int64_t num_classes = 1000, int device = -1) {
+  return ResNet50<T, K>(num_classes, device);
+}
+template <Dtype T, DeviceKind K = cpu>
+ResNet101<T, K> resnet101(std::int64_t num_classes = 1000, int device = -1) {
+  return ResNet101<T, K>(num_classes, device);
+}
+template <Dtype T, DeviceKind K = cpu>
+ResNet152<T, K> resnet152(std::int64_t num_classes = 1000, int device = -1) {
+  return ResNet152<T, K>(num_classes, device);
+}
+
+}  // namespace tessera::models

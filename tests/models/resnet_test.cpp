@@ -1,0 +1,126 @@
+// ts::models' ResNets against torchvision (tests/oracles/nn_torch.py, section "resnet"): the
+// state-dict keys and shapes of resnet18 and resnet50 one to one, in PyTorch's order; a
+// Bottleneck with a strided downsample and a BasicBlock, loaded from safetensors files that
+// PyTorch wrote, in training mode (output, the input's and every parameter's gradient, the
+// running statistics after the step) and in evaluation mode, in float64.
+#include <catch2/catch.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "nn/torch_oracle.hpp"
+#include "tessera/models/resnet.hpp"
+#include "tessera/tessera.hpp"
+
+namespace resnet_test {
+
+namespace ts = tessera;
+namespace ag = tessera::autograd;
+
+namespace {
+
+const torch_oracle::file& oracle() {
+  static const torch_oracle::file file("resnet");
+  return file;
+}
+
+/// (key, shape) pairs of a module's state dict, in order.
+std::vector<std::pair<std::string, ts::Shape>> entries(const ts::StateDict& dict) {
+  std::vector<std::pair<std::string, ts::Shape>> out;
+  for (const auto& key : dict.keys()) out.emplace_back(key, dict.at(key).shape());
+  return out;
+}
+
+std::vector<std::pair<std::string, ts::Shape>> torchvision_entries(const std::string& model) {
+  std::vector<std::pair<std::string, ts::Shape>> out;
+  const std::string prefix = model + ".key.";
+  for (const auto& name : oracle().names_with_prefix(prefix)) {
+    ts::Shape shape;
+    for (double extent : oracle().at(name).values) shape.push_back(static_cast<std::int64_t>(extent));
+    out.emplace_back(name.substr(prefix.size()), shape);
+  }
+  return out;
+}
+
+template <class Block>
+void check_block(const std::string& tag, Block block) {
+  INFO(tag);
+  const std::string file = oracle().path().string() + "." + tag + ".safetensors";
+  block.load_state_dict(ts::load(file));
+  const auto x = oracle().tensor<double>(tag + ".x");
+  const auto gy = oracle().tensor<double>(tag + ".gy");
+  auto spec = ag::input<double>(x.shape());
+  spec.requires_grad = true;
+  auto program = ag::compile(
+      [&](const auto& v, const auto& g) {
+        ag::Var<double> y = block(v);
+        return std::tuple{ts::sum(y * g), y};
+      },
+      spec, ag::input<double>(gy.shape()));
+  block.zero_grad();
+  const auto [loss, y] = program.forward(x, gy);
+  program.backward();
+  constexpr double tol = 1e-10;
+  torch_oracle::check_close(y, oracle().at(tag + ".y"), tol, tol);
+  torch_oracle::check_close(program.input_grad(0).template as<double>(), oracle().at(tag + ".dx"), tol, tol);
+  for (const auto& [key, parameter] : block.named_parameters()) {
+    INFO("gradient of " << key);
+    torch_oracle::check_close(parameter.grad().template as<double>(),
+                              oracle().at(tag + ".grad." + key), tol, tol);
+  }
+  const ts::StateDict after = block.state_dict();
+  for (const auto& name : oracle().names_with_prefix(tag + ".after.")) {
+    const std::string key = name.substr((tag + ".after.").size());
+    INFO("buffer " << key);
+    if (key.size() > 19 && key.substr(key.size() - 19) == "num_batches_tracked") {
+      CHECK(after.at(key).as<std::int64_t>().item() == 1);
+    } else {
+      torch_oracle::check_close(after.at(key).as<double>(), oracle().at(name), tol, tol);
+    }
+  }
+  block.eval();
+  const ts::Tensor<double> eval_y = block(x);
+  torch_oracle::check_close(eval_y, oracle().at(tag + ".eval_y"), tol, tol);
+}
+
+}  // namespace
+
+TEST_CASE("ResNet state dicts match torchvision's keys and shapes one to one", "[resnet][oracle]") {
+  const auto r18 = ts::models::resnet18<float>(10);
+  CHECK(entries(r18.state_dict()) == torchvision_entries("resnet18"));
+  const auto r50 = ts::models::resnet50<float>(10);
+  const auto expected = torchvision_entries("resnet50");
+  CHECK(expected.size() == 320);
+  CHECK(entries(r50.state_dict()) == expected);
+}
+
+TEST_CASE("Bottleneck and BasicBlock match torchvision's, weights through safetensors",
+          "[resnet][oracle]") {
+  check_block("bottleneck", ts::models::Bottleneck<double>(16, 8, 2));
+  check_block("basic", ts::models::BasicBlock<double>(6, 6, 1));
+}
+
+TEST_CASE("ResNet-18 trains: the loss of a fixed batch falls with SGD", "[resnet]") {
+  ts::manual_seed(3);
+  auto model = ts::models::resnet18<float>(4);
+  const auto x = ts::randn<float>({4, 3, 32, 32});
+  const auto labels = ts::from_vector<std::int64_t>({0, 1, 2, 3}, {4});
+  auto step = ag::compile(
+      [&](const auto& v, const auto& y) { return ts::nn::cross_entropy(model(v), y); },
+      ag::input<float>(x.shape()), ag::input<std::int64_t>(labels.shape()));
+  ts::optim::SGD sgd(model.parameters(), {.lr = 0.05, .momentum = 0.9});
+  double first = 0, last = 0;
+  for (int i = 0; i < 8; ++i) {
+    sgd.zero_grad();
+    last = step.forward(x, labels).item();
+    if (i == 0) first = last;
+    step.backward();
+    sgd.step();
+  }
+  INFO("loss " << first << " -> " << last);
+  CHECK(first == Approx(std::log(4.0)).epsilon(0.5));
+  CHECK(last < 0.5 * first);
+}
+
+}  // namespace resnet_test
