@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "tessera/core/config.hpp"
+#include "tessera/core/dtype.hpp"
 #include "tessera/core/half.hpp"
 #include "tessera/core/shape.hpp"
 

@@ -1,0 +1,437 @@
+// conv_bench: convolutions and a ResNet-50 training step against LibTorch (Debian's build, which
+// convolves with oneDNN) in the same run.
+//
+// - conv_<layer>: forward + backward (input and weight gradients) of ResNet-50's layer shapes at
+//   batch 8, as a compiled program of sum(conv(x) * g), against torch::conv2d with autograd; and
+//   gemm_<layer>: the three GEMMs of the same sizes alone (forward, weight gradient, input
+//   gradient, one per image), so "GEMM share" = gemm time / conv time says how much of the
+//   convolution is GEMM (im2col, col2im and the rest make up the remainder).
+// - resnet50_step: a ResNet-50 training step (forward, backward, SGD with momentum) at batch 8,
+//   224x224, Tessera's compiled program against LibTorch's eager autograd, same weights and data;
+//   the first losses are checked to agree.
+// - peak memory of that step: each run in a child process (fork, before any thread exists) from
+//   a fresh start, reporting its peak resident set growth (VmHWM - VmRSS at start), the same
+//   measure for both; Tessera's pool peak is printed beside it.
+//
+// Arguments: Google Benchmark's (e.g. --benchmark_filter=conv_). TESSERA_CONV_BENCH_SIZE=N
+// scales the ResNet input (default 224) for a quick run.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "bench_report.hpp"
+#include "tessera/models/resnet.hpp"
+#include "tessera/tessera.hpp"
+
+#if TESSERA_BENCH_TORCH
+#include <torch/torch.h>
+#endif
+
+namespace ts = tessera;
+namespace ag = tessera::autograd;
+namespace nn = tessera::nn;
+
+namespace {
+
+struct layer {
+  std::string name;
+  std::int64_t c, o, k, stride, padding, hw;
+};
+
+const std::vector<layer>& layers() {
+  static const std::vector<layer> all = {
+      {"3x3_64_56", 64, 64, 3, 1, 1, 56},         // layer1.*.conv2
+      {"1x1_256to64_56", 256, 64, 1, 1, 0, 56},   // layer1.*.conv1
+      {"3x3s2_128_56", 128, 128, 3, 2, 1, 56},    // layer2.0.conv2
+      {"7x7s2_stem_224", 3, 64, 7, 2, 3, 224},    // conv1
+  };
+  return all;
+}
+constexpr std::int64_t batch = 8;
+
+std::int64_t out_extent(const layer& l) { return (l.hw + 2 * l.padding - l.k) / l.stride + 1; }
+
+ts::Tensor<float> random_tensor(const ts::Shape& shape, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> values(static_cast<std::size_t>(shape.numel()));
+  for (auto& v : values) v = dist(rng);
+  return ts::from_vector<float>(values, shape);
+}
+
+/// A convolution layer's forward and backward as a compiled program.
+struct tessera_conv {
+  nn::Conv2d<float> conv;
+  ts::Tensor<float> x, g;
+  ag::Program<ts::Tensor<float>> program;
+  explicit tessera_conv(const layer& l)
+      : conv(l.c, l.o, l.k, {.stride = l.stride, .padding = l.padding, .bias = false}),
+        x(random_tensor({batch, l.c, l.hw, l.hw}, 1)),
+        g(random_tensor({batch, l.o, out_extent(l), out_extent(l)}, 2)),
+        program(ag::compile(
+            [this](const ag::Var<float>& input, const ag::Var<float>& grad) {
+              return ts::sum(conv(input) * grad);
+            },
+            [&] {
+              auto spec = ag::input<float>(x.shape());
+              spec.requires_grad = true;
+              return spec;
+            }(),
+            ag::input<float>(g.shape()))) {}
+  float step() {
+    conv.zero_grad();
+    const float value = program.forward(x, g).item();
+    program.backward();
+    return value;
+  }
+};
+
+/// The GEMMs of a convolution layer alone, on preallocated operands.
+struct conv_gemms {
+  ts::Tensor<float> w, col, y, dw, dcol;
+  explicit conv_gemms(const layer& l) {
+    const std::int64_t k = l.c * l.k * l.k, p = out_extent(l) * out_extent(l);
+    w = random_tensor({l.o, k}, 3);
+    col = random_tensor({k, p}, 4);
+    y = random_tensor({l.o, p}, 5);
+    dw = ts::zeros<float>({l.o, k});
+    dcol = ts::zeros<float>({k, p});
+  }
+  void run() {
+    for (std::int64_t i = 0; i < batch; ++i) {
+      ts::detail::matmul_into(y, w, col);
+      ts::detail::matmul_into(dw, y, col.t(), true);
+      ts::detail::matmul_into(dcol, w.t(), y);
+    }
+  }
+};
+
+#if TESSERA_BENCH_TORCH
+torch::Tensor to_torch(const ts::AnyTensor& any) {
+  const auto t = any.as<float>().contiguous();
+  std::vector<int64_t> sizes;
+  for (int d = 0; d < t.dim(); ++d) sizes.push_back(t.size(d));
+  return torch::from_blob(const_cast<float*>(t.data()), sizes, torch::kFloat32).clone();
+}
+
+struct torch_conv {
+  torch::Tensor x, w, g;
+  layer l;
+  torch_conv(const layer& layer_, const tessera_conv& source) : l(layer_) {
+    x = to_torch(source.x).requires_grad_();
+    w = to_torch(source.conv.weight().value()).requires_grad_();
+    g = to_torch(source.g);
+  }
+  float step() {
+    x.mutable_grad() = torch::Tensor();
+    w.mutable_grad() = torch::Tensor();
+    auto y = torch::conv2d(x, w, {}, l.stride, l.padding);
+    auto loss = (y * g).sum();
+    loss.backward();
+    return loss.item<float>();
+  }
+};
+
+// torchvision's ResNet-50 in LibTorch, with the same module names as Tessera's (and
+// torchvision's), so parameters and buffers copy over by key.
+struct TorchBottleneckImpl : torch::nn::Module {
+  torch::nn::Conv2d conv1{nullptr}, conv2{nullptr}, conv3{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr}, bn2{nullptr}, bn3{nullptr};
+  torch::nn::Sequential downsample{nullptr};
+  TorchBottleneckImpl(int64_t inplanes, int64_t planes, int64_t stride) {
+    using torch::nn::Conv2dOptions;
+    conv1 = register_module("conv1", torch::nn::Conv2d(Conv2dOptions(inplanes, planes, 1).bias(false)));
+    bn1 = register_module("bn1", torch::nn::BatchNorm2d(planes));
+    conv2 = register_module(
+        "conv2", torch::nn::Conv2d(Conv2dOptions(planes, planes, 3).stride(stride).padding(1).bias(false)));
+    bn2 = register_module("bn2", torch::nn::BatchNorm2d(planes));
+    conv3 = register_module("conv3", torch::nn::Conv2d(Conv2dOptions(planes, planes * 4, 1).bias(false)));
+    bn3 = register_module("bn3", torch::nn::BatchNorm2d(planes * 4));
+    if (stride != 1 || inplanes != planes * 4) {
+      downsample = register_module(
+          "downsample",
+          torch::nn::Sequential(
+              torch::nn::Conv2d(Conv2dOptions(inplanes, planes * 4, 1).stride(stride).bias(false)),
+              torch::nn::BatchNorm2d(planes * 4)));
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    auto out = torch::relu(bn1(conv1(x)));
+    out = torch::relu(bn2(conv2(out)));
+    out = bn3(conv3(out));
+    return torch::relu(out + (downsample ? downsample->forward(x) : x));
+  }
+};
+TORCH_MODULE(TorchBottleneck);
+
+struct TorchResNet50Impl : torch::nn::Module {
+  torch::nn::Conv2d conv1{nullptr};
+  torch::nn::BatchNorm2d bn1{nullptr};
+  torch::nn::Sequential layer1{nullptr}, layer2{nullptr}, layer3{nullptr}, layer4{nullptr};
+  torch::nn::Linear fc{nullptr};
+  explicit TorchResNet50Impl(int64_t classes) {
+    conv1 = register_module(
+        "conv1", torch::nn::Conv2d(torch::nn::Conv2dOptions(3, 64, 7).stride(2).padding(3).bias(false)));
+    bn1 = register_module("bn1", torch::nn::BatchNorm2d(64));
+    int64_t inplanes = 64;
+    auto make = [&](int64_t planes, int blocks, int64_t stride) {
+      torch::nn::Sequential seq;
+      for (int i = 0; i < blocks; ++i) {
+        seq->push_back(TorchBottleneck(i == 0 ? inplanes : planes * 4, planes, i == 0 ? stride : 1));
+      }
+      inplanes = planes * 4;
+      return seq;
+    };
+    layer1 = register_module("layer1", make(64, 3, 1));
+    layer2 = register_module("layer2", make(128, 4, 2));
+    layer3 = register_module("layer3", make(256, 6, 2));
+    layer4 = register_module("layer4", make(512, 3, 2));
+    fc = register_module("fc", torch::nn::Linear(2048, classes));
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    x = torch::max_pool2d(torch::relu(bn1(conv1(x))), 3, 2, 1);
+    x = layer4->forward(layer3->forward(layer2->forward(layer1->forward(x))));
+    return fc(torch::adaptive_avg_pool2d(x, {1, 1}).flatten(1));
+  }
+};
+TORCH_MODULE(TorchResNet50);
+#endif
+
+constexpr std::int64_t classes = 10;
+
+std::int64_t image_size() {
+  const char* env = std::getenv("TESSERA_CONV_BENCH_SIZE");
+  return env ? std::atoll(env) : 224;
+}
+
+struct tessera_resnet {
+  ts::models::ResNet50<float> model{classes};
+  ts::Tensor<float> x = random_tensor({batch, 3, image_size(), image_size()}, 7);
+  ts::Tensor<std::int64_t> labels = [] {
+    std::vector<std::int64_t> values;
+    for (std::int64_t i = 0; i < batch; ++i) values.push_back(i % classes);
+    return ts::from_vector<std::int64_t>(values, {batch});
+  }();
+  ag::Program<ts::Tensor<float>> program{ag::compile(
+      [this](const ag::Var<float>& input, const ag::Var<std::int64_t>& target) {
+        return nn::cross_entropy(model(input), target);
+      },
+      ag::input<float>(x.shape()), ag::input<std::int64_t>(labels.shape()))};
+  ts::optim::SGD sgd{model.parameters(), {.lr = 0.01, .momentum = 0.9}};
+  float step() {
+    sgd.zero_grad();
+    const float loss = program.forward(x, labels).item();
+    program.backward();
+    sgd.step();
+    return loss;
+  }
+};
+
+#if TESSERA_BENCH_TORCH
+struct torch_resnet {
+  TorchResNet50 model{classes};
+  torch::Tensor x, labels;
+  std::unique_ptr<torch::optim::SGD> sgd;
+  explicit torch_resnet(const tessera_resnet& source) {
+    const ts::StateDict state = source.model.state_dict();
+    torch::NoGradGuard no_grad;
+    for (auto& item : model->named_parameters()) item.value().copy_(to_torch(state.at(item.key())));
+    for (auto& item : model->named_buffers()) {
+      if (item.key().find("num_batches_tracked") == std::string::npos) {
+        item.value().copy_(to_torch(state.at(item.key())));
+      }
+    }
+    x = to_torch(source.x);
+    labels = torch::arange(0, batch, torch::kInt64) % classes;
+    sgd = std::make_unique<torch::optim::SGD>(model->parameters(),
+                                              torch::optim::SGDOptions(0.01).momentum(0.9));
+  }
+  float step() {
+    sgd->zero_grad();
+    auto loss = torch::nn::functional::cross_entropy(model->forward(x), labels);
+    loss.backward();
+    sgd->step();
+    return loss.item<float>();
+  }
+};
+#endif
+
+void check_close(const char* what, float mine, float theirs, float tolerance) {
+  if (!(std::abs(mine - theirs) <= tolerance * (1 + std::abs(theirs)))) {
+    std::fprintf(stderr, "conv_bench: %s: Tessera's %.8g differs from LibTorch's %.8g\n", what,
+                 mine, theirs);
+    std::abort();
+  }
+}
+
+void register_benchmarks() {
+  for (const layer& l : layers()) {
+    benchmark::RegisterBenchmark(("conv_tessera_" + l.name).c_str(), [l](benchmark::State& state) {
+      ts::manual_seed(1);
+      tessera_conv conv(l);
+      float value = conv.step();
+#if TESSERA_BENCH_TORCH
+      torch_conv reference(l, conv);
+      check_close(l.name.c_str(), value, reference.step(), 1e-3f);
+#endif
+      for (auto _ : state) value = conv.step();
+      benchmark::DoNotOptimize(value);
+    })->UseRealTime()->Unit(benchmark::kMillisecond);
+    benchmark::RegisterBenchmark(("conv_gemm_" + l.name).c_str(), [l](benchmark::State& state) {
+      conv_gemms gemms(l);
+      gemms.run();
+      for (auto _ : state) gemms.run();
+    })->UseRealTime()->Unit(benchmark::kMillisecond);
+#if TESSERA_BENCH_TORCH
+    benchmark::RegisterBenchmark(("conv_torch_" + l.name).c_str(), [l](benchmark::State& state) {
+      ts::manual_seed(1);
+      tessera_conv source(l);
+      torch_conv conv(l, source);
+      float value = conv.step();
+      for (auto _ : state) value = conv.step();
+      benchmark::DoNotOptimize(value);
+    })->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
+  }
+  benchmark::RegisterBenchmark("resnet50_step_tessera", [](benchmark::State& state) {
+    ts::manual_seed(1);
+    tessera_resnet net;
+    float loss = net.step();
+#if TESSERA_BENCH_TORCH
+    {
+      ts::manual_seed(1);
+      tessera_resnet fresh;
+      torch_resnet reference(fresh);
+      check_close("resnet50 first loss", fresh.step(), reference.step(), 2e-3f);
+    }
+#endif
+    for (auto _ : state) loss = net.step();
+    if (!std::isfinite(loss)) state.SkipWithError("the loss is not finite");
+  })->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+#if TESSERA_BENCH_TORCH
+  benchmark::RegisterBenchmark("resnet50_step_torch", [](benchmark::State& state) {
+    ts::manual_seed(1);
+    tessera_resnet source;
+    torch_resnet net(source);
+    float loss = net.step();
+    for (auto _ : state) loss = net.step();
+    if (!std::isfinite(loss)) state.SkipWithError("the loss is not finite");
+  })->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+#endif
+}
+
+/// Resident set in bytes: VmRSS (now) or VmHWM (peak) from /proc/self/status.
+std::size_t resident(const char* field) {
+  std::ifstream in("/proc/self/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field, 0) == 0) return std::stoull(line.substr(std::string(field).size())) * 1024;
+  }
+  return 0;
+}
+
+/// What a child measured: its peak RSS growth from `from` (bytes; 0: from its start) and one more
+/// figure (Tessera: the pool's peak).
+struct child_result {
+  double from = 0;
+  double extra = 0;
+};
+
+/// Runs `work` (two training steps) in a child process; returns its peak RSS growth and the
+/// extra figure it sends back.
+template <class Work>
+std::pair<double, double> in_child(Work work) {
+  int fds[2];
+  if (pipe(fds) != 0) return {0, 0};
+  const pid_t pid = fork();
+  if (pid == 0) {
+    close(fds[0]);
+    const double start = static_cast<double>(resident("VmRSS:"));
+    const child_result r = work();
+    const double from = r.from > 0 ? r.from : start;
+    double out[2] = {static_cast<double>(resident("VmHWM:")) - from, r.extra};
+    if (write(fds[1], out, sizeof out) != static_cast<ssize_t>(sizeof out)) _exit(1);
+    _exit(0);
+  }
+  close(fds[1]);
+  double out[2] = {0, 0};
+  const ssize_t got = read(fds[0], out, sizeof out);
+  close(fds[0]);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (got != static_cast<ssize_t>(sizeof out) || !WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+    return {0, 0};
+  }
+  return {out[0], out[1]};
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  const int threads = ts::cpu::num_threads();
+
+  // Peak memory first, in children forked before this process starts any thread.
+  const auto mine = in_child([] {
+    tessera_resnet net;
+    net.step();
+    net.step();
+    return child_result{0, static_cast<double>(ts::memory::peak_allocated(ts::Device::parse("cpu:0")))};
+  });
+#if TESSERA_BENCH_TORCH
+  const auto theirs = in_child([] {
+    at::set_num_threads(ts::cpu::num_threads());
+    tessera_resnet source;  // the weights and data; alive throughout, measured from after it
+    const double before = static_cast<double>(resident("VmRSS:"));
+    torch_resnet net(source);
+    net.step();
+    net.step();
+    return child_result{before, 0};
+  });
+#endif
+
+#if TESSERA_BENCH_TORCH
+  at::set_num_threads(threads);
+#endif
+  register_benchmarks();
+  ts::bench::recording_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  benchmark::Shutdown();
+
+  std::printf("\nratios (baseline time / tessera time, higher is better for tessera; %d threads):\n",
+              threads);
+  for (const layer& l : layers()) {
+    ts::bench::print_summary(
+        reporter.results,
+        {"conv " + l.name + " (batch 8, forward + backward)",
+         {{"torch / tessera", "conv_tessera_" + l.name, "conv_torch_" + l.name, 1.0},
+          {"GEMM share (gemm / conv)", "conv_tessera_" + l.name, "conv_gemm_" + l.name,
+           l.k == 3 ? 0.8 : 0.0}}});
+  }
+  ts::bench::print_summary(reporter.results,
+                           {"ResNet-50 training step (batch 8, " + std::to_string(image_size()) +
+                                "x" + std::to_string(image_size()) + ")",
+                            {{"torch / tessera", "resnet50_step_tessera", "resnet50_step_torch", 1.0}}});
+  std::printf("\npeak memory of two ResNet-50 training steps (RSS growth in a fresh process):\n");
+  std::printf("  tessera %.1f MiB (its pool's peak allocated: %.1f MiB)\n", mine.first / 1048576.0,
+              mine.second / 1048576.0);
+#if TESSERA_BENCH_TORCH
+  std::printf("  torch   %.1f MiB\n", theirs.first / 1048576.0);
+  if (mine.first > 0 && theirs.first > 0) {
+    const double ratio = mine.first / theirs.first;
+    std::printf("  tessera / torch = %.2f (goal <= 0.8: %s)\n", ratio, ratio <= 0.8 ? "met" : "MISSED");
+  }
+#else
+  std::printf("torch: LibTorch not found at configure time\n");
+#endif
+  return 0;
+}
