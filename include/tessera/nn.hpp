@@ -1,13 +1,12 @@
 // Modules, layers, losses and initialisers in one include (DESIGN §3.6): Module, Parameter,
 // Buffer, Linear, Conv2d, ReLU/Sigmoid/Tanh, Sequential, Dropout, BatchNorm1d/2d, MaxPool2d,
 // AvgPool2d, AdaptiveAvgPool2d, Flatten, mse_loss, cross_entropy, ts::nn::functional,
-// ts::nn::init, ts::nn::compile_eval.
+// ts::nn::init.
 #pragma once
 
 #include "tessera/nn/activation.hpp"
 #include "tessera/nn/batchnorm.hpp"
 #include "tessera/nn/buffer.hpp"
-#include "tessera/nn/compile_eval.hpp"
 #include "tessera/nn/conv.hpp"
 #include "tessera/nn/dropout.hpp"
 #include "tessera/nn/flatten.hpp"

@@ -228,13 +228,27 @@ TEMPLATE_TEST_CASE("BatchNorm2d matches PyTorch in training (compiled) and evalu
   check<T>(bn.weight().grad(), "bn2d.dweight", 10);
   check<T>(bn.bias().grad(), "bn2d.dbias", 10);
 
-  // Evaluation: eagerly, and through compile_eval, which leaves the module in training mode.
+  // Evaluation: eagerly, and through a program compiled in training mode: eval() takes effect at
+  // its next run (running statistics normalise and stay as they are), and train() again after.
   const auto x = oracle().tensor<T>("bn2d.eval.x");
-  auto evaluate = nn::compile_eval(bn, [&](const auto& v) { return bn(v); }, ag::input<T>(x.shape()));
-  CHECK(bn.is_training());
-  check<T>(evaluate.forward(x), "bn2d.eval.y", 10);
+  auto outputs = ag::compile([&](const auto& v) { return bn(v); }, ag::input<T>(x.shape()),
+                             ag::Options{.mode = ag::Mode::inference});
   bn.eval();
+  check<T>(outputs.forward(x), "bn2d.eval.y", 10);
+  check<T>(outputs.forward(x), "bn2d.eval.y", 10);
+  CHECK(bn.num_batches_tracked().value().item() == 3);
   check<T>(bn(x), "bn2d.eval.y", 10);
+  // Back in training: the same program normalises with the batch's statistics again.
+  bn.train();
+  const ts::Tensor<T> normalised = outputs.forward(x);
+  CHECK(bn.num_batches_tracked().value().item() == 4);
+  const auto values = normalised.to_vector();
+  double mean = 0;
+  for (std::size_t i = 0; i < values.size(); i += 1) mean += values[i];
+  mean /= static_cast<double>(values.size());
+  // Per channel the output has the bias as its mean; over all channels, the mean of the biases.
+  const auto biases = bn.bias().value().to_vector();
+  CHECK(mean == Approx((biases[0] + biases[1] + biases[2]) / 3).margin(1e-5));
 }
 
 TEST_CASE("convolution and pooling errors name the layer and the shapes", "[conv][errors]") {

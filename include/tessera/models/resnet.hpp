@@ -83,7 +83,7 @@ class BasicBlock : public nn::Module {
   template <class X>
   auto forward(const X& x) const {
     const auto input = detail::bind<T, K>(x);
-    const auto out = detail::bind<T, K>(relu(bn1_(conv1_(input))));
+    const auto out = detail::bind<T, K>(bn1_.forward_relu(conv1_(input)));
     const auto branch = detail::bind<T, K>(bn2_(conv2_(out)));
     if (downsample_) return relu(branch + detail::bind<T, K>(downsample_->forward(input)));
     return relu(branch + input);
@@ -139,8 +139,8 @@ class Bottleneck : public nn::Module {
   template <class X>
   auto forward(const X& x) const {
     const auto input = detail::bind<T, K>(x);
-    const auto a = detail::bind<T, K>(relu(bn1_(conv1_(input))));
-    const auto b = detail::bind<T, K>(relu(bn2_(conv2_(a))));
+    const auto a = detail::bind<T, K>(bn1_.forward_relu(conv1_(input)));
+    const auto b = detail::bind<T, K>(bn2_.forward_relu(conv2_(a)));
     const auto branch = detail::bind<T, K>(bn3_(conv3_(b)));
     if (downsample_) return relu(branch + detail::bind<T, K>(downsample_->forward(input)));
     return relu(branch + input);
@@ -202,7 +202,7 @@ class ResNet : public nn::Module {
 
   template <class X>
   auto forward(const X& x) const {
-    const auto stem = detail::bind<T, K>(maxpool_(relu(bn1_(conv1_(x)))));
+    const auto stem = detail::bind<T, K>(maxpool_(bn1_.forward_relu(conv1_(x))));
     const auto features = detail::bind<T, K>(layer4_(layer3_(layer2_(layer1_(stem)))));
     return fc_(flatten_(avgpool_(features)));
   }

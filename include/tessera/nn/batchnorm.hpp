@@ -4,10 +4,10 @@
 // (unbiased variance); in evaluation mode they use the running ones. Keys: weight, bias,
 // running_mean, running_var, num_batches_tracked.
 //
-// A compiled Program takes the module's mode when it is compiled (training: batch statistics
-// and their gradient; evaluation: the running statistics as constants): the two are different
-// graphs with different memory plans. Compile one program per mode; ts::nn::compile_eval does
-// the evaluation one in one line.
+// A compiled Program reads the module's mode at every forward (module.train() / eval() take
+// effect on the next run): the statistics node computes the batch's statistics or copies the
+// running ones, the running statistics move only in training, and backward follows the
+// statistics its forward used. forward_relu fuses a following ReLU.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,8 @@
 #include "tessera/expr/assign.hpp"
 #include "tessera/expr/operators.hpp"
 #include "tessera/expr/reduce.hpp"
+#include "tessera/nn/detail/batch_norm.hpp"
+#include "tessera/nn/detail/conv_nodes.hpp"
 #include "tessera/nn/detail/operand.hpp"
 #include "tessera/nn/module.hpp"
 #include "tessera/tensor/factories.hpp"
@@ -35,6 +37,117 @@ struct BatchNormOptions {
 };
 
 namespace detail {
+
+/// The statistics [3, C] (mean, 1 / sqrt(var + eps), var) of a traced batch norm: the batch's
+/// or the running ones, as the module's mode says at each forward. No gradient flows through
+/// it: batch_norm_apply_node's backward includes the statistics' dependence on x.
+template <class T, class K, class BN>
+class batch_norm_stats_node final : public autograd::detail::node {
+ public:
+  batch_norm_stats_node(int x, BN bn, Shape view) : bn_(std::move(bn)), view_(std::move(view)) {
+    inputs = {x};
+  }
+  const char* name() const override { return "batch_norm_stats"; }
+  std::size_t forward_scratch() const override { return batch_norm_stats_workspace<T>(view_); }
+  void forward(autograd::detail::value_table& table) override {
+    const Tensor<T, K> x3 = contiguous_value<T, K>(table, inputs[0]).view(view_);
+    Tensor<T, K> stats = table.template get<T, K>(output);
+    if (bn_.uses_batch_statistics()) {
+      if (bn_.is_training() && view_[0] * view_[2] <= 1) {
+        throw error("BatchNorm: expected more than 1 value per channel when training, got " +
+                    std::to_string(view_[0] * view_[2]));
+      }
+      workspace ws = scratch_of(table);
+      batch_norm_batch_stats(x3, stats, bn_.eps(), ws);
+    } else {
+      batch_norm_running_stats(bn_.running_mean().value(), bn_.running_var().value(), stats,
+                               bn_.eps());
+    }
+  }
+
+ private:
+  BN bn_;
+  Shape view_;
+};
+
+/// y = x * scale + shift (ReLU fused on request) from the statistics node's [3, C]; backward
+/// gives x, weight and bias their gradients, through the batch statistics when the forward
+/// used them.
+template <class T, class K, class BN>
+class batch_norm_apply_node final : public autograd::detail::node {
+ public:
+  batch_norm_apply_node(int x, int stats, int w, int b, BN bn, Shape view, bool relu_after)
+      : bn_(std::move(bn)), view_(std::move(view)), relu_(relu_after), affine_(w >= 0) {
+    inputs = {x, stats};
+    if (affine_) inputs.insert(inputs.end(), {w, b});
+  }
+  const char* name() const override { return relu_ ? "batch_norm_relu" : "batch_norm"; }
+  std::size_t forward_scratch() const override { return batch_norm_apply_workspace<T>(view_); }
+  void forward(autograd::detail::value_table& table) override {
+    batch_ = bn_.uses_batch_statistics();
+    const Tensor<T, K> x3 = contiguous_value<T, K>(table, inputs[0]).view(view_);
+    const Tensor<T, K> stats = table.template get<T, K>(inputs[1]);
+    Tensor<T, K> y3 = table.template get<T, K>(output).view(view_);
+    workspace ws = scratch_of(table);
+    if (affine_) {
+      const Tensor<T, K> w = table.template get<T, K>(inputs[2]);
+      const Tensor<T, K> b = table.template get<T, K>(inputs[3]);
+      batch_norm_apply(x3, stats, &w, &b, relu_, y3, ws);
+    } else {
+      batch_norm_apply<T, K>(x3, stats, nullptr, nullptr, relu_, y3, ws);
+    }
+  }
+  std::vector<int> inplace_candidates() const override { return {inputs[0]}; }
+  void finalize(const std::vector<autograd::detail::value_info>& values) override {
+    auto needs = [&](int id) { return values[static_cast<std::size_t>(id)].requires_grad; };
+    needs_x_ = needs(inputs[0]);
+    needs_w_ = affine_ && needs(inputs[2]);
+    needs_b_ = affine_ && needs(inputs[3]);
+  }
+  std::vector<int> contributions() const override {
+    std::vector<int> out;
+    if (needs_x_) out.push_back(inputs[0]);
+    if (needs_w_) out.push_back(inputs[2]);
+    if (needs_b_) out.push_back(inputs[3]);
+    return out;
+  }
+  std::vector<int> backward_reads() const override {
+    if (!needs_x_ && !needs_w_ && !needs_b_) return {};
+    std::vector<int> values{inputs[0], inputs[1]};
+    if (affine_) values.push_back(inputs[2]);
+    if (relu_) values.push_back(output);
+    return autograd::detail::encode_reads(values, {output});
+  }
+  std::size_t backward_scratch() const override {
+    return batch_norm_backward_workspace<T>(view_);
+  }
+  void backward(autograd::detail::value_table& table,
+                const std::vector<char>& accumulate) override {
+    const Tensor<T, K> x3 = contiguous_value<T, K>(table, inputs[0]).view(view_);
+    const Tensor<T, K> stats = table.template get<T, K>(inputs[1]);
+    const Tensor<T, K> g3 = table.template grad<T, K>(output).view(view_);
+    const Tensor<T, K> y3 = relu_ ? table.template get<T, K>(output).view(view_) : Tensor<T, K>();
+    Tensor<T, K> w, dx3, dw, db;
+    if (affine_) w = table.template get<T, K>(inputs[2]);
+    std::size_t next = 0;
+    bool ax = false, aw = false, ab = false;
+    if (needs_x_) dx3 = table.template grad<T, K>(inputs[0]).view(view_), ax = accumulate[next++] != 0;
+    if (needs_w_) dw = table.template grad<T, K>(inputs[2]), aw = accumulate[next++] != 0;
+    if (needs_b_) db = table.template grad<T, K>(inputs[3]), ab = accumulate[next++] != 0;
+    workspace ws = scratch_of(table);
+    batch_norm_backward(x3, stats, affine_ ? &w : nullptr, y3, relu_, batch_, g3,
+                        needs_x_ ? &dx3 : nullptr, ax, needs_w_ ? &dw : nullptr, aw,
+                        needs_b_ ? &db : nullptr, ab, ws);
+  }
+
+ private:
+  BN bn_;
+  Shape view_;
+  bool relu_;
+  bool affine_;
+  bool batch_ = true;
+  bool needs_x_ = false, needs_w_ = false, needs_b_ = false;
+};
 
 /// Batch normalisation over the channel dimension 1 of inputs of rank 2 or 3 (Rank4 false:
 /// BatchNorm1d) or rank 4 (BatchNorm2d).
@@ -90,92 +203,32 @@ class batch_norm : public Module {
                    options.track_running_stats, device) {}
   batch_norm(const batch_norm&) = default;
 
-  /// Normalises x ([N, C] or [N, C, L]; [N, C, H, W] for BatchNorm2d; a tensor or a lazy expression of tensors) per channel;
-  /// returns a new tensor. In training mode with running statistics, also updates
-  /// running_mean, running_var (in place) and num_batches_tracked. Throws shape_error for
-  /// another shape (naming it and C), and tessera::error for a training batch with one value
-  /// per channel (PyTorch's check), before changing anything.
+  /// Normalises x ([N, C] or [N, C, L]; [N, C, H, W] for BatchNorm2d; a tensor, a lazy
+  /// expression of tensors, an autograd Var or an expression of Vars) per channel. Eager: returns
+  /// a new tensor; in training mode with running statistics, also updates running_mean,
+  /// running_var (in place) and num_batches_tracked. Traced: the mode is read at every run of
+  /// the program (module.train() / eval() take effect on the next forward; the gradient follows
+  /// the statistics that forward used). Throws shape_error for another shape (naming it and C),
+  /// and tessera::error for a training batch with one value per channel (PyTorch's check),
+  /// before changing anything.
   template <class X>
   auto forward(const X& x) const {
-    if constexpr (detail::is_eager_v<X>) {
-      using Input = detail::eager_tensor_t<X>;
-      static_assert(std::is_same_v<typename Input::value_type, T>,
-                    "BatchNorm<T>: the input's dtype is not T; convert it with .to<T>()");
-      static_assert(std::is_same_v<typename Input::device_kind, K>,
-                    "BatchNorm<T, Kind>: the input is on another device kind than the layer");
-      const Input input = detail::materialize(x);
-      const Shape& shape = input.shape();
-      const Shape stat_shape = statistics_shape(shape);
-      const std::int64_t per_channel = num_features_ > 0 ? input.numel() / num_features_ : 0;
-
-      Tensor<T, K> mean, var;
-      if (is_training() || !track_running_stats_) {
-        if (is_training() && per_channel <= 1) {
-          throw error(std::string(layer) +
-                      ": expected more than 1 value per channel when training, got an input of "
-                      "shape " + shape.str());
-        }
-        mean = channel_mean(input);
-        var = channel_mean((input - mean) * (input - mean));  // biased, for normalising
-        if (is_training() && track_running_stats_) update_running_stats(mean, var, per_channel);
-      } else {
-        mean = running_mean_.value().view(stat_shape);
-        var = running_var_.value().view(stat_shape);
-      }
-      if (affine_) {
-        return Input((input - mean) * rsqrt(var + eps_) * weight_.value().view(stat_shape) +
-                     bias_.value().view(stat_shape));
-      }
-      return Input((input - mean) * rsqrt(var + eps_));
-    } else {
-      // Traced: the same formulas on Vars (their derivatives come from the autograd); the
-      // running statistics are updated by an effect that runs at every forward. Training or
-      // evaluation mode is the module's mode when the program is compiled.
-      using V = autograd::Var<T, K>;
-      static_assert(std::is_same_v<typename X::value_type, T> &&
-                        std::is_same_v<typename X::device_kind, K>,
-                    "BatchNorm<T, Kind>: the input's dtype or device kind is not the layer's");
-      const V input = x;
-      const Shape& shape = input.shape();
-      const Shape stat_shape = statistics_shape(shape);
-      const std::int64_t per_channel = num_features_ > 0 ? input.numel() / num_features_ : 0;
-      auto affine = [&](const auto& normalised) {
-        if (affine_) {
-          return V(normalised * weight_.like(input).view(stat_shape) +
-                   bias_.like(input).view(stat_shape));
-        }
-        return V(normalised);
-      };
-      if (is_training() || !track_running_stats_) {
-        if (is_training() && per_channel <= 1) {
-          throw error(std::string(layer) +
-                      ": expected more than 1 value per channel when training, got an input of "
-                      "shape " + shape.str());
-        }
-        const V mean = traced_channel_mean(input);
-        const V centered = input - mean;
-        const V var = traced_channel_mean(centered * centered);  // biased, for normalising
-        if (is_training() && track_running_stats_) {
-          const batch_norm self = *this;  // a handle: the same buffers
-          autograd::on_forward(
-              [self, per_channel](const Tensor<T, K>& m, const Tensor<T, K>& v) {
-                self.update_running_stats(m, v, per_channel);
-              },
-              mean, var);
-        }
-        return affine(centered * rsqrt(var + eps_));
-      } else {
-        // The running statistics as they are at each forward (constants share their storage).
-        const Tensor<T, K> mean = running_mean_.value().view(stat_shape);
-        const Tensor<T, K> var = running_var_.value().view(stat_shape);
-        return affine((input - mean) * rsqrt(var + eps_));
-      }
-    }
+    return normalise(x, false);
   }
   template <class X>
   auto operator()(const X& x) const {
     return forward(x);
   }
+  /// relu(forward(x)) as one pass, whose backward keeps the output instead of a second
+  /// activation (ResNet's blocks use it).
+  template <class X>
+  auto forward_relu(const X& x) const {
+    return normalise(x, true);
+  }
+
+  /// True when a forward now normalises with the batch's statistics (training, or no running
+  /// statistics kept).
+  bool uses_batch_statistics() const { return is_training() || !track_running_stats_; }
 
   /// Running statistics back to mean 0, variance 1, no batches.
   void reset_running_stats() {
@@ -220,27 +273,88 @@ class batch_norm : public Module {
     }
   }
 
-  /// The mean over every dimension but 1 (the last ones first, then the batch), kept.
-  template <class E>
-  static Tensor<T, K> channel_mean(const E& e) {
-    const int rank = e.shape().size();
-    if (rank == 2) return mean(e, 0, true);
-    Tensor<T, K> m = mean(e, rank - 1, true);
-    for (int d = rank - 2; d >= 2; --d) m = mean(m, d, true);
-    return mean(m, 0, true);
+  template <class X>
+  auto normalise(const X& x, bool relu_after) const {
+    static_assert(std::is_same_v<typename std::remove_cvref_t<X>::value_type, T>,
+                  "BatchNorm<T>: the input's dtype is not T; convert it with .to<T>()");
+    static_assert(std::is_same_v<typename std::remove_cvref_t<X>::device_kind, K>,
+                  "BatchNorm<T, Kind>: the input is on another device kind than the layer");
+    if constexpr (nn::detail::is_eager_v<X>) {
+      const Tensor<T, K> input = nn::detail::materialize(x);
+      const Shape& shape = input.shape();
+      statistics_shape(shape);
+      const Shape view = batch_norm_view(shape);
+      check_count(shape);
+      const Tensor<T, K> x3 = (input.is_contiguous() ? input : input.contiguous()).view(view);
+      Tensor<T, K> stats = Tensor<T, K>::empty_on(Shape{3, num_features_}, input.device());
+      workspace ws = eager_workspace(input.device(), batch_norm_stats_workspace<T>(view) +
+                                                         batch_norm_apply_workspace<T>(view));
+      if (uses_batch_statistics()) {
+        batch_norm_batch_stats(x3, stats, eps_, ws);
+        if (is_training() && track_running_stats_) {
+          update_running_stats(stats.select(0, 0), stats.select(0, 2), view[0] * view[2]);
+        }
+      } else {
+        batch_norm_running_stats(running_mean_.value(), running_var_.value(), stats, eps_);
+      }
+      Tensor<T, K> y = Tensor<T, K>::empty_on(shape, input.device());
+      Tensor<T, K> y3 = y.view(view);
+      const Tensor<T, K>& w = weight_.value();
+      const Tensor<T, K>& b = bias_.value();
+      batch_norm_apply(x3, stats, affine_ ? &w : nullptr, affine_ ? &b : nullptr, relu_after, y3,
+                       ws);
+      return y;
+    } else {
+      using V = autograd::Var<T, K>;
+      const V input = contiguous_var(V(x));
+      const Shape& shape = input.shape();
+      statistics_shape(shape);
+      const Shape view = batch_norm_view(shape);
+      check_count(shape);
+      autograd::detail::graph* g = input.graph();
+      const Shape stats_shape{3, num_features_};
+      const int stats_id = g->add_node(
+          std::make_unique<batch_norm_stats_node<T, K, batch_norm>>(input.id(), *this, view),
+          stats_shape, scalar_type_of<T>, input.device());
+      g->values[static_cast<std::size_t>(stats_id)].requires_grad = false;
+      const V stats(g, stats_id, stats_shape);
+      if (track_running_stats_) {
+        const batch_norm self = *this;  // a handle: the same buffers and mode
+        const std::int64_t count = view[0] * view[2];
+        autograd::on_forward(
+            [self, count](const Tensor<T, K>& s) {
+              if (self.is_training()) self.update_running_stats(s.select(0, 0), s.select(0, 2), count);
+            },
+            stats);
+      }
+      int w = -1, b = -1;
+      if (affine_) {
+        w = V(weight_.like(input)).id();
+        b = V(bias_.like(input)).id();
+      }
+      return record(input,
+                    std::make_unique<batch_norm_apply_node<T, K, batch_norm>>(
+                        input.id(), stats_id, w, b, *this, view, relu_after),
+                    shape);
+    }
   }
 
-  template <class E>
-  static autograd::Var<T, K> traced_channel_mean(const E& e) {
-    const int rank = e.shape().size();
-    if (rank == 2) return mean(e, 0, true);
-    autograd::Var<T, K> m = mean(e, rank - 1, true);
-    for (int d = rank - 2; d >= 2; --d) m = mean(m, d, true);
-    return mean(m, 0, true);
+  /// PyTorch's check: training needs more than one value per channel.
+  void check_count(const Shape& shape) const {
+    const Shape view = batch_norm_view(shape);
+    if (is_training() && view[0] * view[2] <= 1) {
+      throw error(std::string(layer) +
+                  ": expected more than 1 value per channel when training, got an input of "
+                  "shape " + shape.str());
+    }
   }
 
+ public:
+  /// Moves the running statistics by one batch's mean and biased variance (rows of [3, C]
+  /// statistics or [C] tensors) over `count` values per channel, with PyTorch's momentum rule.
   void update_running_stats(const Tensor<T, K>& batch_mean, const Tensor<T, K>& batch_var,
                             std::int64_t per_channel) const {
+    if (per_channel <= 1) return;
     Tensor<std::int64_t, K> tracked = num_batches_tracked_.value();
     tracked += 1;
     // PyTorch's exponential_average_factor: the momentum, or 1/n for the cumulative average.
@@ -252,6 +366,8 @@ class batch_norm : public Module {
     running_mean = running_mean * (1.0 - factor) + batch_mean.view(channels) * factor;
     running_var = running_var * (1.0 - factor) + batch_var.view(channels) * (factor * unbiased);
   }
+
+ protected:
 
   std::int64_t num_features_;
   double eps_;

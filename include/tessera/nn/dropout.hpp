@@ -1,12 +1,19 @@
 // Dropout(p): in training, zeroes each element with probability p (a mask drawn from the device's
 // Philox generator) and scales the others by 1 / (1 - p); in evaluation mode it is the identity
-// (torch.nn.Dropout). A Module so that a parent's train()/eval() reaches it.
+// (torch.nn.Dropout). A Module so that a parent's train()/eval() reaches it. A compiled program
+// reads the mode at every forward: its mask node draws a new mask in training and is all ones in
+// evaluation.
 #pragma once
 
+#include <cstdint>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
+#include "tessera/autograd/ops.hpp"
+#include "tessera/core/random.hpp"
 #include "tessera/expr/assign.hpp"
 #include "tessera/expr/operators.hpp"
 #include "tessera/nn/detail/operand.hpp"
@@ -14,6 +21,51 @@
 #include "tessera/tensor/factories.hpp"
 
 namespace tessera::nn {
+
+namespace detail {
+
+/// The traced mask of Dropout(p): at each forward, in training, 0 with probability p and
+/// 1 / (1 - p) otherwise, from uniform numbers of the device's generator; in evaluation, ones.
+/// Never recomputed (checkpointing keeps it).
+template <class T, class K, class M>
+class dropout_mask_node final : public autograd::detail::node {
+ public:
+  dropout_mask_node(M module, double p) : module_(std::move(module)), p_(p) {}
+  const char* name() const override { return "dropout_mask"; }
+  bool recomputable() const override { return false; }
+  void forward(autograd::detail::value_table& table) override {
+    auto out = table.template get<T, K>(output);
+    const std::int64_t n = out.numel();
+    if (n == 0) return;
+    if (!module_.is_training()) {
+      out.fill_(T(1));
+      return;
+    }
+    Generator& generator = default_generator(out.device());
+    const philox_state state =
+        generator.reserve_state(blocks_needed<T>(static_cast<std::uint64_t>(n)));
+    const T keep = static_cast<T>(1.0 / (1.0 - p_));
+    auto to_mask = [&](T* values) {
+      fill_uniform(values, n, state.seed, state.offset, 0.0, 1.0);
+      for (std::int64_t i = 0; i < n; ++i) {
+        values[i] = static_cast<double>(values[i]) < p_ ? T(0) : keep;
+      }
+    };
+    if constexpr (std::is_same_v<K, cpu>) {
+      to_mask(out.data());
+    } else {
+      std::vector<T> host(static_cast<std::size_t>(n));
+      to_mask(host.data());
+      out.copy_from_host(host.data());
+    }
+  }
+
+ private:
+  M module_;
+  double p_;
+};
+
+}  // namespace detail
 
 class Dropout : public Module {
  public:
@@ -44,13 +96,17 @@ class Dropout : public Module {
       const auto uniform = rand<random_compute_t<T>, K>(input.shape(), input.device_index());
       return Input(where(uniform < p_, 0, input * (1.0 / (1.0 - p_))));
     } else {
-      // Traced: a mask of uniform numbers drawn anew at every forward (never recomputed by
-      // checkpointing). Training or evaluation mode is the module's mode at compile time.
+      // Traced: x times a mask node that reads the mode at every forward (a new mask in
+      // training, ones in evaluation; never recomputed by checkpointing).
       using T = tessera::detail::floating_of<typename X::value_type>;
-      using V = autograd::Var<T, typename X::device_kind>;
-      if (!is_training() || p_ == 0.0) return V(x);
-      if (p_ == 1.0) return V(x * 0.0);
-      return V(where(autograd::rand_like(x) < p_, 0.0, x * (1.0 / (1.0 - p_))));
+      using K = typename X::device_kind;
+      using V = autograd::Var<T, K>;
+      if (p_ == 0.0) return V(x);
+      autograd::detail::graph* g = autograd::detail::graph_of(x);
+      const Device device = tessera::detail::device_of(x, "Dropout");
+      const int id = g->add_node(std::make_unique<detail::dropout_mask_node<T, K, Dropout>>(*this, p_),
+                                 x.shape(), scalar_type_of<T>, device);
+      return V(x * V(g, id, x.shape()));
     }
   }
   template <class X>

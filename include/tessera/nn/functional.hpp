@@ -23,24 +23,11 @@ using value_of_t = typename std::remove_cvref_t<X>::value_type;
 template <class X>
 using kind_of_t = typename std::remove_cvref_t<X>::device_kind;
 
-/// A workspace of `bytes` on `device` from its pool, for one eager call.
-inline workspace eager_workspace(Device device, std::size_t bytes) {
-  if (bytes == 0) return workspace{};
-  return workspace(Storage::allocate(device, bytes), 0, static_cast<std::int64_t>(bytes));
-}
-
 inline void check_same_device(const std::string& who, Device a, Device b, const char* what) {
   if (a != b) {
     throw device_mismatch_error(who + ": expected the input and the " + what +
                                 " on the same device, got " + a.str() + " and " + b.str());
   }
-}
-
-/// A traced operand as a contiguous Var (a strided view is copied by a fused node first).
-template <class T, class K>
-autograd::Var<T, K> contiguous_var(const autograd::Var<T, K>& v) {
-  if (v.info().strides == v.shape().contiguous_strides()) return v;
-  return autograd::Var<T, K>(cast<T>(v));
 }
 
 /// conv2d of x, w and an optional bias (nullptr: none; B void when there is no bias type),

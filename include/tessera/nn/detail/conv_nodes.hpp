@@ -18,6 +18,19 @@ using autograd::detail::node;
 using autograd::detail::value_info;
 using autograd::detail::value_table;
 
+/// A workspace of `bytes` on `device` from its pool, for one eager call.
+inline workspace eager_workspace(Device device, std::size_t bytes) {
+  if (bytes == 0) return workspace{};
+  return workspace(Storage::allocate(device, bytes), 0, static_cast<std::int64_t>(bytes));
+}
+
+/// A traced operand as a contiguous Var (a strided view is copied by a fused node first).
+template <class T, class K>
+autograd::Var<T, K> contiguous_var(const autograd::Var<T, K>& v) {
+  if (v.info().strides == v.shape().contiguous_strides()) return v;
+  return autograd::Var<T, K>(cast<T>(v));
+}
+
 /// The table's current scratch as a workspace.
 inline workspace scratch_of(const value_table& table) {
   return workspace(table.scratch, table.scratch_offset, table.scratch_end);

@@ -1,0 +1,176 @@
+// Batch normalisation passes on inputs viewed [N, C, L] (L = 1 for [N, C], H * W for images),
+// shared by the eager layers and their autograd nodes, written as fused expressions and
+// reductions so that CPU and CUDA run the same code:
+//
+// - statistics [3, C]: rows mean, 1 / sqrt(var + eps), var (biased), from the batch (two
+//   reductions of x, then of (x - mean)^2, each along L then N) or from the running statistics;
+// - apply: y = x * scale + shift with scale = w / sqrt(var + eps), shift = b - mean * scale (one
+//   pass; ReLU fused on request, as ResNet's blocks use it);
+// - backward: per-channel sums of g and g * (x - mean) (two reductions), then dx in one pass:
+//   scale * (g - sum(g) / M - (x - mean) * invstd^2 * sum(g (x - mean)) / M) with batch
+//   statistics, scale * g with running ones; dw = invstd * sum(g (x - mean)), db = sum(g).
+//   With ReLU fused, g is first masked by y > 0 (y, the output, is kept for that).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "tessera/expr/assign.hpp"
+#include "tessera/expr/operators.hpp"
+#include "tessera/expr/reduce.hpp"
+#include "tessera/nn/detail/conv2d.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera::nn::detail {
+
+/// [N, C, L] of a batch-norm input of shape [N, C], [N, C, L] or [N, C, H, W].
+inline Shape batch_norm_view(const Shape& shape) {
+  std::int64_t l = 1;
+  for (int d = 2; d < shape.size(); ++d) l *= shape[d];
+  return Shape{shape[0], shape[1], l};
+}
+
+/// sum of `e` ([N, C, L]) over N and L into `out` [C], through `partial` [N, C].
+template <class T, class K, class E>
+void channel_sum(const E& e, Tensor<T, K> out, Tensor<T, K>& partial) {
+  using sum = backend::sum_op<accumulate_t<T>>;
+  tessera::detail::reduce_dim_into<sum, backend::finish_value, T>(partial, e, 2, "batch_norm");
+  tessera::detail::reduce_dim_into<sum, backend::finish_value, T>(
+      out, tessera::detail::as_node(partial), 0, "batch_norm");
+}
+
+template <class T>
+std::size_t batch_norm_stats_workspace(const Shape& view) {
+  return workspace::bytes<T>(view[0] * view[1]);
+}
+
+/// The batch's statistics of x3 [N, C, L] into stats [3, C].
+template <class T, class K>
+void batch_norm_batch_stats(const Tensor<T, K>& x3, Tensor<T, K>& stats, double eps,
+                            workspace& ws) {
+  const std::int64_t n = x3.size(0), c = x3.size(1), l = x3.size(2);
+  Tensor<T, K> partial = ws.take<T, K>(Shape{n, c});
+  Tensor<T, K> mean = stats.select(0, 0), invstd = stats.select(0, 1), var = stats.select(0, 2);
+  const double inverse_count = 1.0 / static_cast<double>(n * l);
+  channel_sum(tessera::detail::as_node(x3), mean, partial);
+  tessera::detail::run_expression(mean, mean * inverse_count);
+  const Tensor<T, K> mean3 = mean.view(Shape{1, c, 1});
+  channel_sum((x3 - mean3) * (x3 - mean3), var, partial);
+  tessera::detail::run_expression(var, var * inverse_count);
+  tessera::detail::run_expression(invstd, rsqrt(var + eps));
+}
+
+/// The running statistics into stats [3, C].
+template <class T, class K>
+void batch_norm_running_stats(const Tensor<T, K>& running_mean, const Tensor<T, K>& running_var,
+                              Tensor<T, K>& stats, double eps) {
+  Tensor<T, K> mean = stats.select(0, 0), invstd = stats.select(0, 1), var = stats.select(0, 2);
+  mean.copy_(running_mean);
+  var.copy_(running_var);
+  tessera::detail::run_expression(invstd, rsqrt(running_var + eps));
+}
+
+template <class T>
+std::size_t batch_norm_apply_workspace(const Shape& view) {
+  return 2 * workspace::bytes<T>(view[1]);
+}
+
+/// y3 = x3 * scale + shift (then ReLU when `relu`); w, b undefined when not affine.
+template <class T, class K>
+void batch_norm_apply(const Tensor<T, K>& x3, const Tensor<T, K>& stats, const Tensor<T, K>* w,
+                      const Tensor<T, K>* b, bool relu_after, Tensor<T, K>& y3, workspace& ws) {
+  const std::int64_t c = x3.size(1);
+  Tensor<T, K> scale = ws.take<T, K>(Shape{c}), shift = ws.take<T, K>(Shape{c});
+  const Tensor<T, K> mean = stats.select(0, 0), invstd = stats.select(0, 1);
+  if (w != nullptr) {
+    tessera::detail::run_expression(scale, invstd * *w);
+    tessera::detail::run_expression(shift, *b - mean * scale);
+  } else {
+    scale.copy_(invstd);
+    tessera::detail::run_expression(shift, -(mean * invstd));
+  }
+  const Tensor<T, K> s3 = scale.view(Shape{1, c, 1}), h3 = shift.view(Shape{1, c, 1});
+  if (relu_after) {
+    tessera::detail::run_expression(y3, relu(x3 * s3 + h3));
+  } else {
+    tessera::detail::run_expression(y3, x3 * s3 + h3);
+  }
+}
+
+template <class T>
+std::size_t batch_norm_backward_workspace(const Shape& view) {
+  return workspace::bytes<T>(view[0] * view[1]) + 5 * workspace::bytes<T>(view[1]);
+}
+
+/// Gradients of batch_norm_apply for the upstream gradient g3 (dx3, dw, db: null when not
+/// wanted; each written, or added to when its flag says so). `batch`: the statistics were the
+/// batch's (their dependence on x is part of dx). y3 is read only when `relu_after`.
+template <class T, class K>
+void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, const Tensor<T, K>* w,
+                         const Tensor<T, K>& y3, bool relu_after, bool batch,
+                         const Tensor<T, K>& g3_in, Tensor<T, K>* dx3, bool dx_accumulate,
+                         Tensor<T, K>* dw, bool dw_accumulate, Tensor<T, K>* db,
+                         bool db_accumulate, workspace& ws) {
+  using tessera::detail::run_expression;
+  const std::int64_t n = x3.size(0), c = x3.size(1), l = x3.size(2);
+  Tensor<T, K> partial = ws.take<T, K>(Shape{n, c});
+  Tensor<T, K> sum_g = ws.take<T, K>(Shape{c}), sum_gx = ws.take<T, K>(Shape{c});
+  Tensor<T, K> scale = ws.take<T, K>(Shape{c}), a = ws.take<T, K>(Shape{c}),
+               b = ws.take<T, K>(Shape{c});
+  const Tensor<T, K> mean = stats.select(0, 0), invstd = stats.select(0, 1);
+  const Tensor<T, K> mean3 = mean.view(Shape{1, c, 1});
+  auto body = [&](const auto& g) {
+    const bool sums = dw != nullptr || db != nullptr || (dx3 != nullptr && batch);
+    if (sums) {
+      channel_sum(g, sum_g, partial);
+      channel_sum(g * (x3 - mean3), sum_gx, partial);
+    }
+    if (db != nullptr) {
+      if (db_accumulate) {
+        run_expression(*db, *db + sum_g);
+      } else {
+        db->copy_(sum_g);
+      }
+    }
+    if (dw != nullptr) {
+      if (dw_accumulate) {
+        run_expression(*dw, *dw + sum_gx * invstd);
+      } else {
+        run_expression(*dw, sum_gx * invstd);
+      }
+    }
+    if (dx3 == nullptr) return;
+    if (w != nullptr) {
+      run_expression(scale, invstd * *w);
+    } else {
+      scale.copy_(invstd);
+    }
+    const Tensor<T, K> s3 = scale.view(Shape{1, c, 1});
+    if (!batch) {
+      if (dx_accumulate) {
+        run_expression(*dx3, *dx3 + g * s3);
+      } else {
+        run_expression(*dx3, g * s3);
+      }
+      return;
+    }
+    // dx = scale * g - a - (x - mean) * b, a = scale * sum(g) / M, b = scale * invstd^2 *
+    // sum(g (x - mean)) / M.
+    const double inverse_count = 1.0 / static_cast<double>(n * l);
+    run_expression(a, scale * sum_g * inverse_count);
+    run_expression(b, scale * invstd * invstd * sum_gx * inverse_count);
+    const Tensor<T, K> a3 = a.view(Shape{1, c, 1}), b3 = b.view(Shape{1, c, 1});
+    if (dx_accumulate) {
+      run_expression(*dx3, *dx3 + (g * s3 - a3 - (x3 - mean3) * b3));
+    } else {
+      run_expression(*dx3, g * s3 - a3 - (x3 - mean3) * b3);
+    }
+  };
+  if (relu_after) {
+    body(where(y3 > 0.0, g3_in, 0.0));
+  } else {
+    body(tessera::detail::as_node(g3_in));
+  }
+}
+
+}  // namespace tessera::nn::detail
