@@ -11,6 +11,7 @@
 
 #include "nn/torch_oracle.hpp"
 #include "tessera/models/resnet.hpp"
+#include "tessera/parallel.hpp"
 #include "tessera/tessera.hpp"
 
 namespace resnet_test {
@@ -121,6 +122,29 @@ TEST_CASE("ResNet-18 trains: the loss of a fixed batch falls with SGD", "[resnet
   INFO("loss " << first << " -> " << last);
   CHECK(first == Approx(std::log(4.0)).epsilon(0.5));
   CHECK(last < 0.5 * first);
+}
+
+TEST_CASE("a ResNet replicates onto another device and computes the same", "[resnet]") {
+  if (ts::cpu::device_count() < 2) {
+    WARN("needs TESSERA_CPU_DEVICES >= 2; skipped");
+    return;
+  }
+  ts::manual_seed(5);
+  auto model = ts::models::resnet18<double>(3);
+  const auto x = ts::randn<double>({2, 3, 32, 32});
+  // Give the running statistics values of their own (training steps), then compare in eval.
+  (void)model(x);
+  (void)model(x * 2.0);
+  model.eval();
+  auto replica = ts::parallel::replicate(model, 1);
+  CHECK(replica.conv1().weight().value().device() == ts::Device::parse("cpu:1"));
+  CHECK_FALSE(replica.is_training());
+  const auto expected = model(x).to_vector();
+  const auto actual = replica(x.to(1)).to_vector();
+  CHECK(actual == expected);
+  // Independent: a change to the copy leaves the original alone.
+  replica.fc().bias().value().fill_(7.0);
+  CHECK(model(x).to_vector() == expected);
 }
 
 }  // namespace resnet_test

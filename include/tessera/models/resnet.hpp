@@ -62,6 +62,9 @@ class BasicBlock : public nn::Module {
   BasicBlock(std::int64_t inplanes, std::int64_t planes, std::int64_t stride = 1,
              int device = -1)
       : Module("BasicBlock"),
+        inplanes_(inplanes),
+        planes_(planes),
+        stride_(stride),
         conv1_(inplanes, planes, 3, {.stride = stride, .padding = 1, .bias = false}, device),
         bn1_(planes, 1e-5, 0.1, true, true, device),
         conv2_(planes, planes, 3, {.padding = 1, .bias = false}, device),
@@ -80,6 +83,14 @@ class BasicBlock : public nn::Module {
   }
   BasicBlock(const BasicBlock&) = default;
 
+  /// An independent copy on `device` of kind K2 (what ts::parallel::replicate uses).
+  template <DeviceKind K2>
+  BasicBlock<T, K2> copy_to(Device device) const {
+    return nn::detail::converted<K2>(*this, device, [&] {
+      return BasicBlock<T, K2>(inplanes_, planes_, stride_, device.index);
+    });
+  }
+
   template <class X>
   auto forward(const X& x) const {
     const auto input = detail::bind<T, K>(x);
@@ -94,6 +105,7 @@ class BasicBlock : public nn::Module {
   }
 
  private:
+  std::int64_t inplanes_, planes_, stride_;
   nn::Conv2d<T, K> conv1_;
   nn::BatchNorm2d<T, K> bn1_;
   nn::Conv2d<T, K> conv2_;
@@ -113,6 +125,9 @@ class Bottleneck : public nn::Module {
   Bottleneck(std::int64_t inplanes, std::int64_t planes, std::int64_t stride = 1,
              int device = -1)
       : Module("Bottleneck"),
+        inplanes_(inplanes),
+        planes_(planes),
+        stride_(stride),
         conv1_(inplanes, planes, 1, {.bias = false}, device),
         bn1_(planes, 1e-5, 0.1, true, true, device),
         conv2_(planes, planes, 3, {.stride = stride, .padding = 1, .bias = false}, device),
@@ -136,6 +151,14 @@ class Bottleneck : public nn::Module {
   }
   Bottleneck(const Bottleneck&) = default;
 
+  /// An independent copy on `device` of kind K2 (what ts::parallel::replicate uses).
+  template <DeviceKind K2>
+  Bottleneck<T, K2> copy_to(Device device) const {
+    return nn::detail::converted<K2>(*this, device, [&] {
+      return Bottleneck<T, K2>(inplanes_, planes_, stride_, device.index);
+    });
+  }
+
   template <class X>
   auto forward(const X& x) const {
     const auto input = detail::bind<T, K>(x);
@@ -151,6 +174,7 @@ class Bottleneck : public nn::Module {
   }
 
  private:
+  std::int64_t inplanes_, planes_, stride_;
   nn::Conv2d<T, K> conv1_;
   nn::BatchNorm2d<T, K> bn1_;
   nn::Conv2d<T, K> conv2_;
@@ -187,7 +211,7 @@ using layer_t = decltype(make_layer<Block>(std::declval<std::int64_t&>(), 0, 1, 
 /// layers of L1..L4 blocks (64, 128, 256, 512 planes; stride 2 from layer2 on), global average
 /// pooling and a Linear classifier. Inputs [N, 3, H, W] (224x224 in ImageNet; any H, W >= 32
 /// here).
-template <template <Dtype, DeviceKind> class Block, Dtype T, DeviceKind K, std::size_t L1,
+template <template <class, class> class Block, Dtype T, DeviceKind K, std::size_t L1,
           std::size_t L2, std::size_t L3, std::size_t L4>
 class ResNet : public nn::Module {
   using block = Block<T, K>;
@@ -199,6 +223,14 @@ class ResNet : public nn::Module {
   explicit ResNet(std::int64_t num_classes = 1000, int device = -1)
       : ResNet(num_classes, device, 64) {}
   ResNet(const ResNet&) = default;
+
+  /// An independent copy on `device` of kind K2 (what ts::parallel::replicate uses).
+  template <DeviceKind K2>
+  ResNet<Block, T, K2, L1, L2, L3, L4> copy_to(Device device) const {
+    return nn::detail::converted<K2>(*this, device, [&] {
+      return ResNet<Block, T, K2, L1, L2, L3, L4>(num_classes_, device.index);
+    });
+  }
 
   template <class X>
   auto forward(const X& x) const {
@@ -222,6 +254,7 @@ class ResNet : public nn::Module {
  private:
   ResNet(std::int64_t num_classes, int device, std::int64_t inplanes)
       : Module("ResNet"),
+        num_classes_(num_classes),
         conv1_(3, 64, 7, {.stride = 2, .padding = 3, .bias = false}, device),
         bn1_(64, 1e-5, 0.1, true, true, device),
         maxpool_(3, {.stride = 2, .padding = 1}),
@@ -241,6 +274,7 @@ class ResNet : public nn::Module {
     register_module("fc", fc_);
   }
 
+  std::int64_t num_classes_;
   nn::Conv2d<T, K> conv1_;
   nn::BatchNorm2d<T, K> bn1_;
   nn::MaxPool2d maxpool_;
@@ -287,3 +321,12 @@ ResNet152<T, K> resnet152(std::int64_t num_classes = 1000, int device = -1) {
 }
 
 }  // namespace tessera::models
+
+namespace tessera::nn {
+/// ResNet<Block, T, K, ...> on kind K2 (ts::nn::to<ts::cuda>(model, 0)).
+template <template <class, class> class Block, Dtype T, DeviceKind K, std::size_t L1,
+          std::size_t L2, std::size_t L3, std::size_t L4, DeviceKind K2>
+struct rebind_kind<models::ResNet<Block, T, K, L1, L2, L3, L4>, K2> {
+  using type = models::ResNet<Block, T, K2, L1, L2, L3, L4>;
+};
+}  // namespace tessera::nn
