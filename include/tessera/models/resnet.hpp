@@ -96,8 +96,8 @@ class BasicBlock : public nn::Module {
     const auto input = detail::bind<T, K>(x);
     const auto out = detail::bind<T, K>(bn1_.forward_relu(conv1_(input)));
     const auto branch = detail::bind<T, K>(bn2_(conv2_(out)));
-    if (downsample_) return relu(branch + detail::bind<T, K>(downsample_->forward(input)));
-    return relu(branch + input);
+    if (downsample_) return nn::functional::add_relu(branch, downsample_->forward(input));
+    return nn::functional::add_relu(branch, input);
   }
   template <class X>
   auto operator()(const X& x) const {
@@ -165,8 +165,8 @@ class Bottleneck : public nn::Module {
     const auto a = detail::bind<T, K>(bn1_.forward_relu(conv1_(input)));
     const auto b = detail::bind<T, K>(bn2_.forward_relu(conv2_(a)));
     const auto branch = detail::bind<T, K>(bn3_(conv3_(b)));
-    if (downsample_) return relu(branch + detail::bind<T, K>(downsample_->forward(input)));
-    return relu(branch + input);
+    if (downsample_) return nn::functional::add_relu(branch, downsample_->forward(input));
+    return nn::functional::add_relu(branch, input);
   }
   template <class X>
   auto operator()(const X& x) const {

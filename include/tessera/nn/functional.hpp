@@ -200,4 +200,38 @@ auto adaptive_avg_pool2d(const X& x, Int2 output_size) {
   return detail::adaptive_avg_pool2d_call("adaptive_avg_pool2d", x, output_size);
 }
 
+/// relu(a + b) for a residual connection (ResNet's blocks). Traced, its backward masks the
+/// gradient with the output, so neither summand is kept for it (relu(a + b) as an expression
+/// keeps both). a and b: tensors, Vars or expressions of them, of one shape, dtype and device.
+template <class A, class B>
+auto add_relu(const A& a, const B& b) {
+  using T = detail::value_of_t<A>;
+  using K = detail::kind_of_t<A>;
+  static_assert(std::is_same_v<detail::value_of_t<B>, T> && std::is_same_v<detail::kind_of_t<B>, K>,
+                "add_relu: both operands need the same dtype and device kind");
+  if constexpr (detail::is_eager_v<A> && detail::is_eager_v<B>) {
+    return Tensor<T, K>(relu(a + b));
+  } else {
+    autograd::detail::graph* g = [&] {
+      if constexpr (!detail::is_eager_v<A>) {
+        return autograd::detail::graph_of(a);
+      } else {
+        return autograd::detail::graph_of(b);
+      }
+    }();
+    const auto va = autograd::detail::to_var(a, g);
+    const auto vb = autograd::detail::to_var(b, g);
+    if (va.shape() != vb.shape()) {
+      throw shape_error("add_relu: expected operands of one shape, got " + va.shape().str() +
+                        " and " + vb.shape().str());
+    }
+    if (va.device() != vb.device()) {
+      throw device_mismatch_error("add_relu: expected operands on one device, got " +
+                                  va.device().str() + " and " + vb.device().str());
+    }
+    return detail::record(va, std::make_unique<detail::add_relu_node<T, K>>(va.id(), vb.id()),
+                          va.shape());
+  }
+}
+
 }  // namespace tessera::nn::functional

@@ -185,6 +185,52 @@ class adaptive_avg_pool2d_node final : public autograd::detail::single_input_nod
   adaptive_geometry g_;
 };
 
+/// y = relu(a + b) (a residual connection); backward masks the upstream gradient with y > 0, so
+/// only the output is kept, not the two summands.
+template <class T, class K>
+class add_relu_node final : public node {
+ public:
+  add_relu_node(int a, int b) { inputs = {a, b}; }
+  const char* name() const override { return "add_relu"; }
+  void forward(value_table& table) override {
+    auto y = table.template get<T, K>(output);
+    tessera::detail::run_expression(
+        y, relu(table.template get<T, K>(inputs[0]) + table.template get<T, K>(inputs[1])));
+  }
+  std::vector<int> inplace_candidates() const override { return {inputs[0], inputs[1]}; }
+  void finalize(const std::vector<value_info>& values) override {
+    needs_a_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
+    needs_b_ = values[static_cast<std::size_t>(inputs[1])].requires_grad;
+  }
+  std::vector<int> contributions() const override {
+    std::vector<int> out;
+    if (needs_a_) out.push_back(inputs[0]);
+    if (needs_b_) out.push_back(inputs[1]);
+    return out;
+  }
+  std::vector<int> backward_reads() const override {
+    if (!needs_a_ && !needs_b_) return {};
+    return autograd::detail::encode_reads({output}, {output});
+  }
+  void backward(value_table& table, const std::vector<char>& accumulate) override {
+    const auto y = table.template get<T, K>(output);
+    const auto g = table.template grad<T, K>(output);
+    std::size_t next = 0;
+    for (int i = 0; i < 2; ++i) {
+      if (i == 0 ? !needs_a_ : !needs_b_) continue;
+      auto target = table.template grad<T, K>(inputs[static_cast<std::size_t>(i)]);
+      if (accumulate[next++] != 0) {
+        tessera::detail::run_expression(target, target + where(y > 0.0, g, 0.0));
+      } else {
+        tessera::detail::run_expression(target, where(y > 0.0, g, 0.0));
+      }
+    }
+  }
+
+ private:
+  bool needs_a_ = false, needs_b_ = false;
+};
+
 /// Records node `n` with output `shape` on x's graph and device.
 template <class T, class K>
 autograd::Var<T, K> record(const autograd::Var<T, K>& x, std::unique_ptr<node> n,
