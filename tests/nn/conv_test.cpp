@@ -109,6 +109,18 @@ void check_conv(const conv_case& c) {
     if (c.bias) check<T>(conv.bias().grad(), tag + ".db");
   }
 
+  // The functional form with constant weights (tensors): only the input's gradient.
+  const auto weight = conv.weight().value();
+  auto constant = ag::compile(
+      [&](const auto& xv, const auto& g) {
+        if (c.bias) return ts::sum(F::conv2d(xv, weight, conv.bias().value(), args) * g);
+        return ts::sum(F::conv2d(xv, weight, args) * g);
+      },
+      spec, ag::input<T>(gy.shape()));
+  constant.forward(x, gy);
+  constant.backward();
+  check<T>(constant.input_grad(0).template as<T>(), tag + ".dx");
+
   // A second contribution to x's gradient: conv's backward runs after sum(x)'s and adds.
   auto twice = ag::compile(
       [&](const auto& xv, const auto& g) { return ts::sum(conv(xv) * g) + ts::sum(xv) * 0.5; },

@@ -245,12 +245,13 @@ void im2col_cpu(const conv2d_geometry& g, const T* image, T* col) {
           std::fill(out, out + g.ow, T(0));
           continue;
         }
-        const T* in = plane + ih * g.w + shift;
+        // Input column of output column x: x * sw + shift (inside the row for x in [lo, hi)).
+        const T* in = plane + ih * g.w;
         std::fill(out, out + lo, T(0));
         if (g.sw == 1) {
-          std::copy(in + lo, in + hi, out + lo);
+          std::copy(in + (lo + shift), in + (hi + shift), out + lo);
         } else {
-          for (std::int64_t x = lo; x < hi; ++x) out[x] = in[x * g.sw];
+          for (std::int64_t x = lo; x < hi; ++x) out[x] = in[x * g.sw + shift];
         }
         std::fill(out + hi, out + g.ow, T(0));
       }
@@ -276,9 +277,9 @@ void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image) {
           for (std::int64_t y = 0; y < g.oh; ++y) {
             const std::int64_t ih = y * g.sh - g.ph + i * g.dh;
             if (ih < 0 || ih >= g.h) continue;
-            T* out = plane + ih * g.w + shift;
+            T* out = plane + ih * g.w;
             const T* in = row + y * g.ow;
-            for (std::int64_t x = lo; x < hi; ++x) out[x * g.sw] += in[x];
+            for (std::int64_t x = lo; x < hi; ++x) out[x * g.sw + shift] += in[x];
           }
         }
       }
@@ -476,15 +477,15 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
     for (std::int64_t m = 0; m < b; ++m) {
       const std::int64_t image = first + m;
       const Tensor<T, K> gy2 = gy.select(0, image).view(Shape{g.o, g.spatial()});
-      const Tensor<T, K> patches =
-          g.pointwise() ? x.select(0, image).view(Shape{g.c, g.spatial()})
-                        : col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()});
-      const std::int64_t rows = g.pointwise() ? cg : k;
-      for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-        const Tensor<T, K> gy_g = gy2.narrow(0, grp * og, og);
-        if (dw != nullptr) {
+      if (dw != nullptr) {
+        // x is defined only when the weight's gradient is wanted.
+        const Tensor<T, K> patches =
+            g.pointwise() ? x.select(0, image).view(Shape{g.c, g.spatial()})
+                          : col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()});
+        const std::int64_t rows = g.pointwise() ? cg : k;
+        for (std::int64_t grp = 0; grp < g.groups; ++grp) {
           Tensor<T, K> dw_g = dw->view(Shape{g.o, k}).narrow(0, grp * og, og);
-          product_into(dw_g, gy_g, patches.narrow(0, grp * rows, rows).t(),
+          product_into(dw_g, gy2.narrow(0, grp * og, og), patches.narrow(0, grp * rows, rows).t(),
                        dw_accumulate || image > 0, staging);
         }
       }
