@@ -9,11 +9,13 @@
 //   3. pipelined: the same two stages, the batch cut into micro-batches of `split` samples, so
 //      both devices work at once (ts::parallel::Pipeline, GPipe schedule).
 //
-// The tutorial's model is ResNet-50 on two GPUs; here it is a deep MLP on two virtual CPU
-// devices (TESSERA_CPU_DEVICES=2), each driven by its own thread with one core. Results go to
-// a JSON file (argument 1, default pipeline_results.json) that bench/plot.py draws as
-// split_size_tradeoff.png and pipeline_comparison.png. Argument 2 is the number of timed runs
-// per configuration (default 3; the figures in bench/RESULTS.md use 10).
+// The tutorial's model is ResNet-50 at 224x224 on two GPUs; here it is torchvision's ResNet-18
+// layout on small random images (argument 3, default 32x32) on two virtual CPU devices
+// (TESSERA_CPU_DEVICES=2), each driven by its own thread with one core. The model is cut as
+// ResNet::sequential() gives it: stem, layer1, layer2 on cpu:0; layer3, layer4, head on cpu:1.
+// Results go to a JSON file (argument 1, default pipeline_results.json) that bench/plot.py draws
+// as split_size_tradeoff.png and pipeline_comparison.png. Argument 2 is the number of timed runs
+// per configuration (default 3; the figures in bench/RESULTS.md use more).
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/models/resnet.hpp"
 #include "tessera/parallel.hpp"
 #include "tessera/tessera.hpp"
 
@@ -29,20 +32,14 @@ namespace ag = tessera::autograd;
 namespace nn = tessera::nn;
 namespace par = tessera::parallel;
 
-constexpr int features = 1024;
 constexpr int classes = 10;
-constexpr std::int64_t batch = 128;
+constexpr std::int64_t batch = 32;
 constexpr int steps = 2;  // training steps per timed run
 
+/// ResNet-18 as six modules (stem, layer1..4, head), the same initial weights every time.
 auto make_model() {
   ts::manual_seed(0);
-  return nn::Sequential(nn::Linear<float>(features, features), nn::ReLU{},
-                        nn::Linear<float>(features, features), nn::ReLU{},
-                        nn::Linear<float>(features, features), nn::ReLU{},
-                        nn::Linear<float>(features, features), nn::ReLU{},
-                        nn::Linear<float>(features, features), nn::ReLU{},
-                        nn::Linear<float>(features, features), nn::ReLU{},
-                        nn::Linear<float>(features, classes));
+  return ts::models::resnet18<float>(classes).sequential();
 }
 using Model = decltype(make_model());
 
@@ -82,8 +79,10 @@ auto loss_of = [](auto out, auto labels) { return nn::cross_entropy(out, labels)
 int main(int argc, char** argv) {
   const std::string path = argc > 1 ? argv[1] : "pipeline_results.json";
   const int runs = argc > 2 ? std::max(1, std::atoi(argv[2])) : 3;
+  const std::int64_t size = argc > 3 ? std::max(32, std::atoi(argv[3])) : 32;
   ts::manual_seed(1);
-  const auto x = ts::randn<float>({batch, features});
+  const ts::Shape input_shape{batch, 3, size, size};
+  const auto x = ts::randn<float>(input_shape);
   std::vector<std::int64_t> label_values(static_cast<std::size_t>(batch));
   for (std::size_t i = 0; i < label_values.size(); ++i) {
     label_values[i] = static_cast<std::int64_t>(i % classes);
@@ -97,7 +96,7 @@ int main(int argc, char** argv) {
       [&](ag::Var<float> in, ag::Var<std::int64_t> labels) {
         return nn::cross_entropy(single(in), labels);
       },
-      ag::input<float>({batch, features}), ag::input<std::int64_t>({batch}));
+      ag::input<float>(input_shape), ag::input<std::int64_t>({batch}));
   const Timing one = time_training(single_program, single, x, y, runs);
   std::printf("one device:        %7.1f ms +- %5.1f for %d steps (loss %.4f -> %.4f)\n",
               one.mean * 1e3, one.stddev * 1e3, steps, one.first_loss, one.last_loss);
@@ -112,9 +111,9 @@ int main(int argc, char** argv) {
   // 2. Model parallel (two stages, no micro-batches) and 3. pipelined, for each split size.
   auto run_pipeline = [&](int chunks) {
     Model model = make_model();
-    par::Pipeline pipe(model, {.balance = {6, 7}, .chunks = chunks,
+    par::Pipeline pipe(model, {.balance = {3, 3}, .chunks = chunks,
                                .checkpoint = par::Checkpoint::never});
-    auto program = pipe.compile(loss_of, ag::input<float>({batch, features}),
+    auto program = pipe.compile(loss_of, ag::input<float>(input_shape),
                                 ag::input<std::int64_t>({batch}));
     return time_training(program, model, x, y, runs);
   };
@@ -122,7 +121,7 @@ int main(int argc, char** argv) {
   std::printf("model parallel:    %7.1f ms +- %5.1f (loss %.4f -> %.4f)\n",
               model_parallel.mean * 1e3, model_parallel.stddev * 1e3, model_parallel.first_loss,
               model_parallel.last_loss);
-  const std::vector<int> splits{1, 2, 4, 8, 16, 32, 64};  // 64: two micro-batches
+  const std::vector<int> splits{2, 4, 8, 16};  // 16: two micro-batches
   std::vector<Timing> pipelined;
   int best = 0;
   for (std::size_t i = 0; i < splits.size(); ++i) {
@@ -143,7 +142,8 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "cannot write %s\n", path.c_str());
     return 1;
   }
-  std::fprintf(out, "{\n  \"batch\": %lld, \"steps\": %d, \"runs\": %d,\n",
+  std::fprintf(out, "{\n  \"model\": \"resnet18 %lldx%lld\", \"batch\": %lld, \"steps\": %d, \"runs\": %d,\n",
+               static_cast<long long>(size), static_cast<long long>(size),
                static_cast<long long>(batch), steps, runs);
   std::fprintf(out, "  \"one_device\": {\"mean\": %.6f, \"std\": %.6f},\n", one.mean, one.stddev);
   std::fprintf(out, "  \"model_parallel\": {\"mean\": %.6f, \"std\": %.6f},\n",

@@ -207,6 +207,55 @@ using layer_t = decltype(make_layer<Block>(std::declval<std::int64_t&>(), 0, 1, 
 
 }  // namespace detail
 
+/// A ResNet's stem as one module: conv1, bn1 with ReLU, 3x3/2 max pooling (shares the layers
+/// it is given). A piece of ResNet::sequential().
+template <Dtype T, DeviceKind K = cpu>
+class ResNetStem : public nn::Module {
+ public:
+  ResNetStem(const nn::Conv2d<T, K>& conv1, const nn::BatchNorm2d<T, K>& bn1)
+      : Module("ResNetStem"), conv1_(conv1), bn1_(bn1), maxpool_(3, {.stride = 2, .padding = 1}) {
+    register_module("conv1", conv1_);
+    register_module("bn1", bn1_);
+  }
+  ResNetStem(const ResNetStem&) = default;
+  template <class X>
+  auto forward(const X& x) const {
+    return maxpool_(bn1_.forward_relu(conv1_(x)));
+  }
+  template <class X>
+  auto operator()(const X& x) const {
+    return forward(x);
+  }
+
+ private:
+  nn::Conv2d<T, K> conv1_;
+  nn::BatchNorm2d<T, K> bn1_;
+  nn::MaxPool2d maxpool_;
+};
+
+/// A ResNet's head as one module: global average pooling, flatten, fc (shares the fc layer).
+template <Dtype T, DeviceKind K = cpu>
+class ResNetHead : public nn::Module {
+ public:
+  explicit ResNetHead(const nn::Linear<T, K>& fc) : Module("ResNetHead"), fc_(fc) {
+    register_module("fc", fc_);
+  }
+  ResNetHead(const ResNetHead&) = default;
+  template <class X>
+  auto forward(const X& x) const {
+    return fc_(flatten_(avgpool_(x)));
+  }
+  template <class X>
+  auto operator()(const X& x) const {
+    return forward(x);
+  }
+
+ private:
+  nn::AdaptiveAvgPool2d avgpool_{1};
+  nn::Flatten flatten_;
+  nn::Linear<T, K> fc_;
+};
+
 /// torchvision's ResNet: stem (7x7/2 convolution, BatchNorm, ReLU, 3x3/2 max pooling), four
 /// layers of L1..L4 blocks (64, 128, 256, 512 planes; stride 2 from layer2 on), global average
 /// pooling and a Linear classifier. Inputs [N, 3, H, W] (224x224 in ImageNet; any H, W >= 32
@@ -250,6 +299,14 @@ class ResNet : public nn::Module {
   const auto& layer3() const noexcept { return layer3_; }
   const auto& layer4() const noexcept { return layer4_; }
   const nn::Linear<T, K>& fc() const noexcept { return fc_; }
+
+  /// The same layers as a flat Sequential of six modules: stem, layer1..layer4, head (sharing
+  /// this model's parameters and buffers; keys "0.conv1.weight", "1.0.conv1.weight", ...), for
+  /// ts::parallel::Pipeline's balance, e.g. {.balance = {3, 3}}.
+  auto sequential() const {
+    return nn::Sequential(ResNetStem<T, K>(conv1_, bn1_), layer1_, layer2_, layer3_, layer4_,
+                          ResNetHead<T, K>(fc_));
+  }
 
  private:
   ResNet(std::int64_t num_classes, int device, std::int64_t inplanes)
