@@ -18,9 +18,9 @@
 
 #include <algorithm>
 #include <cstdint>
-#include <cstring>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "tessera/backend/cpu/parallel.hpp"
 #include "tessera/core/error.hpp"

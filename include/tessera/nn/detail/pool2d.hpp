@@ -10,8 +10,8 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
-#include <optional>
 #include <string>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/core/shape.hpp"
