@@ -1,16 +1,21 @@
 // Shared reporting for the benchmarks: a console reporter that also records each benchmark's
 // real time (the median when repetitions are asked for) and GB/s, and summary lines of
-// "baseline time / contender time" ratios with the goals.
+// "baseline time / contender time" ratios with the goals; and the benchmarks' seeded
+// random data.
 #pragma once
 
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdint>
 #include <map>
+#include <random>
 #include <set>
 #include <string>
 #include <vector>
+
+#include "tessera/tensor.hpp"
 
 namespace tessera::bench {
 
@@ -72,6 +77,16 @@ inline void print_summary(const std::map<std::string, double>& results, const su
     text += (text.empty() ? "" : "; ") + std::string(part);
   }
   if (!text.empty()) std::printf("%s: %s\n", line.label.c_str(), text.c_str());
+}
+
+/// A float tensor of `shape` with values uniform in [-1, 1) from std::mt19937(seed): the same
+/// data in every run and for every contender.
+inline Tensor<float> random_tensor(const Shape& shape, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> dist(-1, 1);
+  std::vector<float> values(static_cast<std::size_t>(shape.numel()));
+  for (auto& v : values) v = dist(rng);
+  return from_vector<float>(values, shape);
 }
 
 }  // namespace tessera::bench

@@ -23,7 +23,6 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
-#include <random>
 #include <string>
 #include <vector>
 
@@ -59,13 +58,7 @@ constexpr std::int64_t batch = 8;
 
 std::int64_t out_extent(const layer& l) { return (l.hw + 2 * l.padding - l.k) / l.stride + 1; }
 
-ts::Tensor<float> random_tensor(const ts::Shape& shape, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<float> values(static_cast<std::size_t>(shape.numel()));
-  for (auto& v : values) v = dist(rng);
-  return ts::from_vector<float>(values, shape);
-}
+using ts::bench::random_tensor;
 
 /// A convolution layer's forward and backward as a compiled program.
 struct tessera_conv {

@@ -67,13 +67,7 @@ struct Mlp : nn::Module {
   }
 };
 
-ts::Tensor<float> random_tensor(const ts::Shape& shape, std::uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::uniform_real_distribution<float> dist(-1, 1);
-  std::vector<float> values(static_cast<std::size_t>(shape.numel()));
-  for (auto& v : values) v = dist(rng);
-  return ts::from_vector<float>(values, shape);
-}
+using ts::bench::random_tensor;
 
 /// A Tessera training setup: the model, its program, the optimiser and the data.
 struct tessera_trainer {

@@ -221,6 +221,16 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
 
 // ---- im2col / col2im --------------------------------------------------------------------------
 
+/// The output columns [lo, hi) whose input column x * sw + shift lies inside the image (shift:
+/// the kernel column's offset j * dw - pw).
+inline std::pair<std::int64_t, std::int64_t> inside_columns(const conv2d_geometry& g,
+                                                            std::int64_t shift) {
+  std::int64_t lo = shift >= 0 ? 0 : (-shift + g.sw - 1) / g.sw;
+  std::int64_t hi = g.w - shift <= 0 ? 0 : (g.w - shift + g.sw - 1) / g.sw;
+  lo = std::min(lo, g.ow);
+  return {lo, std::clamp(hi, lo, g.ow)};
+}
+
 /// col [C * KH * KW, OH * OW] of one contiguous image [C, H, W] (CPU).
 template <class T>
 void im2col_cpu(const conv2d_geometry& g, const T* image, T* col) {
@@ -232,12 +242,8 @@ void im2col_cpu(const conv2d_geometry& g, const T* image, T* col) {
       const std::int64_t j = r % g.kw, i = (r / g.kw) % g.kh, c = r / (g.kw * g.kh);
       const T* plane = image + c * g.h * g.w;
       T* row = col + r * spatial;
-      // Output columns whose input column lies inside the image: [lo, hi).
       const std::int64_t shift = j * g.dw - g.pw;
-      std::int64_t lo = shift >= 0 ? 0 : (-shift + g.sw - 1) / g.sw;
-      std::int64_t hi = g.w - shift <= 0 ? 0 : (g.w - shift + g.sw - 1) / g.sw;
-      lo = std::min(lo, g.ow);
-      hi = std::clamp(hi, lo, g.ow);
+      const auto [lo, hi] = inside_columns(g, shift);
       for (std::int64_t y = 0; y < g.oh; ++y) {
         T* out = row + y * g.ow;
         const std::int64_t ih = y * g.sh - g.ph + i * g.dh;
@@ -270,10 +276,7 @@ void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image) {
         for (std::int64_t j = 0; j < g.kw; ++j) {
           const T* row = col + ((c * g.kh + i) * g.kw + j) * spatial;
           const std::int64_t shift = j * g.dw - g.pw;
-          std::int64_t lo = shift >= 0 ? 0 : (-shift + g.sw - 1) / g.sw;
-          std::int64_t hi = g.w - shift <= 0 ? 0 : (g.w - shift + g.sw - 1) / g.sw;
-          lo = std::min(lo, g.ow);
-          hi = std::clamp(hi, lo, g.ow);
+          const auto [lo, hi] = inside_columns(g, shift);
           for (std::int64_t y = 0; y < g.oh; ++y) {
             const std::int64_t ih = y * g.sh - g.ph + i * g.dh;
             if (ih < 0 || ih >= g.h) continue;

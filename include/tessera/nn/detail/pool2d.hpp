@@ -124,6 +124,18 @@ void add_view_into(Tensor<T, K> target, const Tensor<T, K>& source) {
       target, tessera::detail::make_binary<ops::add>(target, tessera::detail::as_node(source)));
 }
 
+/// dx = (or += when `accumulate`) the interior of the padded gradient `padded`.
+template <class T, class K>
+void store_interior(const pool2d_geometry& g, const Tensor<T, K>& padded, Tensor<T, K>& dx,
+                    bool accumulate) {
+  const Tensor<T, K> interior = padded.narrow(2, g.ph, g.h).narrow(3, g.pw, g.w);
+  if (accumulate) {
+    add_view_into(dx, interior);
+  } else {
+    tessera::detail::run_expression(dx, tessera::detail::as_node(interior));
+  }
+}
+
 // ---- max pooling ------------------------------------------------------------------------------
 
 template <class T>
@@ -183,12 +195,7 @@ void max_pool2d_backward(const pool2d_geometry& g, const Tensor<T, K>& x, const 
     }
   }
   if (direct) return;
-  Tensor<T, K> interior = padded.narrow(2, g.ph, g.h).narrow(3, g.pw, g.w);
-  if (accumulate) {
-    add_view_into(dx, interior);
-  } else {
-    tessera::detail::run_expression(dx, tessera::detail::as_node(interior));
-  }
+  store_interior(g, padded, dx, accumulate);
 }
 
 // ---- average pooling --------------------------------------------------------------------------
@@ -256,12 +263,7 @@ void avg_pool2d_backward(const pool2d_geometry& g, const AvgPool2dArgs& a, const
       tessera::detail::run_expression(window, window + gy / counts);
     }
   }
-  Tensor<T, K> interior = padded.narrow(2, g.ph, g.h).narrow(3, g.pw, g.w);
-  if (accumulate) {
-    add_view_into(dx, interior);
-  } else {
-    tessera::detail::run_expression(dx, tessera::detail::as_node(interior));
-  }
+  store_interior(g, padded, dx, accumulate);
 }
 
 // ---- adaptive average pooling -----------------------------------------------------------------
