@@ -10,6 +10,8 @@
 //     hand-offs and two cores sharing caches and memory;
 //   - two threads running each stage's matrix products at once on their own data, no pipeline
 //     (the physical limit of two cores on this work).
+// And the seed's kind of model: ResNet-18 (torchvision's layout, 32x32 images, batch 32) on one
+// device, model parallel and GPipe with 4 and 8 micro-batches.
 // Prints the speedups (goal: pipelined at its best split >= 1.6 x model parallel) and the plans'
 // peak memory per stage, GPipe against 1F1B.
 #include <benchmark/benchmark.h>
@@ -22,6 +24,7 @@
 #include <vector>
 
 #include "bench_report.hpp"
+#include "tessera/models/resnet.hpp"
 #include "tessera/parallel.hpp"
 #include "tessera/tessera.hpp"
 
@@ -107,6 +110,33 @@ void pipeline_step(benchmark::State& state, int stages, int chunks, par::Schedul
   ts::cpu::set_num_threads(ts::cpu::core_count());
 }
 
+// The seed's model: torchvision's ResNet-18 layout (ResNet::sequential(): stem, layer1..4,
+// head) on 32x32 images, batch 32, stages {3, 3} (1: all six on cpu:0), timed per step.
+constexpr std::int64_t resnet_batch = 32;
+
+void resnet_step(benchmark::State& state, int stages, int chunks) {
+  ts::cpu::set_num_threads(stages == 1 ? 1 : 2);
+  ts::manual_seed(1);
+  const auto x = ts::randn<float>({resnet_batch, 3, 32, 32});
+  std::vector<std::int64_t> v(static_cast<std::size_t>(resnet_batch));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int64_t>(i % 10);
+  const auto y = ts::from_vector<std::int64_t>(v, {resnet_batch});
+  ts::manual_seed(0);
+  auto model = ts::models::resnet18<float>(10).sequential();
+  par::Pipeline pipe(model, {.balance = stages == 1 ? std::vector<int>{6} : std::vector<int>{3, 3},
+                             .chunks = chunks,
+                             .checkpoint = par::Checkpoint::never});
+  auto step = pipe.compile(loss_fn, ag::input<float>(x.shape()),
+                           ag::input<std::int64_t>(y.shape()));
+  step.forward(x, y);  // warm-up
+  step.backward();
+  for (auto _ : state) {
+    step.forward(x, y);
+    step.backward();
+  }
+  ts::cpu::set_num_threads(ts::cpu::core_count());
+}
+
 #if TESSERA_BLAS
 // Each stage's matrix products for the whole batch (forward; backward with the input's gradient
 // except for stage 0's first layer), stage 0's on one thread and stage 1's on another at once.
@@ -181,6 +211,15 @@ int main(int argc, char** argv) {
   add("gpipe_8", 2, 8, par::Schedule::gpipe);
   add("gpipe_16", 2, 16, par::Schedule::gpipe);
   add("1f1b_8", 2, 8, par::Schedule::one_f_one_b);
+  auto add_resnet = [](const char* name, int stages, int chunks) {
+    benchmark::RegisterBenchmark(name, resnet_step, stages, chunks)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  };
+  add_resnet("resnet18_one_device", 1, 1);
+  add_resnet("resnet18_model_parallel", 2, 1);
+  add_resnet("resnet18_gpipe_4", 2, 4);
+  add_resnet("resnet18_gpipe_8", 2, 8);
 #if TESSERA_BLAS
   benchmark::RegisterBenchmark("stage_gemms_one_thread", stage_gemms_one_thread)
       ->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -203,6 +242,12 @@ int main(int argc, char** argv) {
        {{"model parallel / pipelined (goal >= 1.6)", best, "model_parallel", 1.6},
         {"one device / pipelined", best, "one_device", 0}}},
       {"model parallel vs one device", {{"one device / model parallel", "model_parallel", "one_device", 0}}},
+      {"ResNet-18 (32x32, batch 32): pipelined (gpipe 4) vs model parallel",
+       {{"model parallel / pipelined (goal >= 1.6)", "resnet18_gpipe_4", "resnet18_model_parallel", 1.6},
+        {"one device / pipelined", "resnet18_gpipe_4", "resnet18_one_device", 0}}},
+      {"ResNet-18 (32x32, batch 32): pipelined (gpipe 8) vs model parallel",
+       {{"model parallel / pipelined (goal >= 1.6)", "resnet18_gpipe_8", "resnet18_model_parallel", 1.6},
+        {"one device / pipelined", "resnet18_gpipe_8", "resnet18_one_device", 0}}},
       {"two threads on the stages' GEMMs", {{"one thread / two threads (the limit)", "stage_gemms_two_threads", "stage_gemms_one_thread", 0}}},
   };
   for (const auto& line : lines) ts::bench::print_summary(r, line);
