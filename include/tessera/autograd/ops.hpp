@@ -19,6 +19,7 @@
 #include "tessera/expr/matmul.hpp"
 #include "tessera/expr/reduce.hpp"
 #include "tessera/tensor/cat.hpp"
+#include "tessera/tensor/factories.hpp"
 
 namespace tessera::autograd::detail {
 
@@ -35,12 +36,7 @@ inline std::vector<int> broadcast_dims(const Shape& full, const Shape& target) {
   return dims;
 }
 
-/// out += e in one pass. Not `+=`: every planned buffer shares the arena's storage, so the
-/// general aliasing check of `+=` would see an overlap where there is none and evaluate aside.
-template <class T, class K, class E>
-void add_into(const Tensor<T, K>& out, const E& e) {
-  tessera::detail::run_expression(out, tessera::detail::make_binary<ops::add>(out, e));
-}
+using tessera::detail::add_into;  // every planned buffer shares the arena's storage
 
 /// Scratch bytes store_gradient needs for an expression of shape `shape` into `target`.
 template <class T>
@@ -496,14 +492,12 @@ class matmul_node final : public node {
  private:
   static void product_into(value_table& table, Tensor<T, K> target, const Tensor<T, K>& x,
                            const Tensor<T, K>& y, bool accumulate) {
-    if (!accumulate || tessera::detail::matmul_accumulates<T, K>()) {
-      tessera::detail::matmul_into(target, x, y, accumulate);
-      return;
+    Tensor<T, K> staging;
+    if (accumulate && !tessera::detail::matmul_accumulates<T, K>()) {
+      table.scratch_offset = table.scratch_begin;
+      staging = table.template scratch_tensor<T, K>(target.shape());
     }
-    table.scratch_offset = table.scratch_begin;
-    auto partial = table.template scratch_tensor<T, K>(target.shape());
-    tessera::detail::matmul_into(partial, x, y);
-    add_into(target, partial);
+    tessera::detail::matmul_add_into(target, x, y, accumulate, staging);
   }
 
   Tensor<T, K> operand_a(const value_table& table) const {
@@ -665,18 +659,7 @@ class rand_node final : public node {
   const char* name() const override { return "rand"; }
   bool recomputable() const override { return false; }
   void forward(value_table& table) override {
-    auto out = table.template get<T, K>(output);
-    const std::int64_t n = out.numel();
-    if (n == 0) return;
-    Generator& generator = default_generator(out.device());
-    const philox_state state = generator.reserve_state(blocks_needed<T>(static_cast<std::uint64_t>(n)));
-    if constexpr (std::is_same_v<K, cpu>) {
-      fill_uniform(out.data(), n, state.seed, state.offset, 0.0, 1.0);
-    } else {
-      std::vector<T> host(static_cast<std::size_t>(n));
-      fill_uniform(host.data(), n, state.seed, state.offset, 0.0, 1.0);
-      out.copy_from_host(host.data());
-    }
+    tessera::detail::fill_uniform_(table.template get<T, K>(output));
   }
 };
 

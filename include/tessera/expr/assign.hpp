@@ -47,6 +47,14 @@ void run_expression(const Tensor<T, K>& out, const E& node) {
   }
 }
 
+/// out += e in one pass, without `+=`'s aliasing check: for buffers carved from one storage (a
+/// program's arena, a workspace), where that check would see an overlap where there is none and
+/// evaluate aside. Each element of out is read before it is written, so e may read out itself.
+template <class T, class K, class E>
+void add_into(const Tensor<T, K>& out, const E& e) {
+  run_expression(out, make_binary<ops::add>(out, e));
+}
+
 /// True when writing `out` while reading `node` could read already-written elements: an operand
 /// shares out's storage but is not exactly out's own elements in out's order.
 template <class T, class K, class E>

@@ -15,6 +15,7 @@
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/shape.hpp"
+#include "tessera/expr/assign.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera {
@@ -216,6 +217,22 @@ void matmul_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b
       throw dtype_error(std::string("matmul: cuBLAS has no ") + dtype_name<T>() + " GEMM here");
     }
   }
+}
+
+/// target = x @ y, or target += x @ y when `accumulate` (a gradient adding into itself). Where
+/// the GEMM cannot add in place (no BLAS beta = 1), the product goes to `staging` first, a
+/// contiguous buffer of at least target's elements (unused otherwise, so it may be empty).
+template <class T, class K>
+void matmul_add_into(Tensor<T, K> target, const Tensor<T, K>& x, const Tensor<T, K>& y,
+                     bool accumulate, const Tensor<T, K>& staging) {
+  if (!accumulate || matmul_accumulates<T, K>()) {
+    matmul_into(target, x, y, accumulate);
+    return;
+  }
+  Tensor<T, K> partial(staging.storage(), target.shape(), target.shape().contiguous_strides(),
+                       staging.storage_offset());
+  matmul_into(partial, x, y);
+  add_into(target, as_node(partial));
 }
 
 }  // namespace detail

@@ -5,15 +5,12 @@
 // evaluation.
 #pragma once
 
-#include <cstdint>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
-#include <vector>
 
 #include "tessera/autograd/ops.hpp"
-#include "tessera/core/random.hpp"
 #include "tessera/expr/assign.hpp"
 #include "tessera/expr/operators.hpp"
 #include "tessera/nn/detail/operand.hpp"
@@ -35,29 +32,12 @@ class dropout_mask_node final : public autograd::detail::node {
   bool recomputable() const override { return false; }
   void forward(autograd::detail::value_table& table) override {
     auto out = table.template get<T, K>(output);
-    const std::int64_t n = out.numel();
-    if (n == 0) return;
     if (!module_.is_training()) {
       out.fill_(T(1));
       return;
     }
-    Generator& generator = default_generator(out.device());
-    const philox_state state =
-        generator.reserve_state(blocks_needed<T>(static_cast<std::uint64_t>(n)));
-    const T keep = static_cast<T>(1.0 / (1.0 - p_));
-    auto to_mask = [&](T* values) {
-      fill_uniform(values, n, state.seed, state.offset, 0.0, 1.0);
-      for (std::int64_t i = 0; i < n; ++i) {
-        values[i] = static_cast<double>(values[i]) < p_ ? T(0) : keep;
-      }
-    };
-    if constexpr (std::is_same_v<K, cpu>) {
-      to_mask(out.data());
-    } else {
-      std::vector<T> host(static_cast<std::size_t>(n));
-      to_mask(host.data());
-      out.copy_from_host(host.data());
-    }
+    tessera::detail::fill_uniform_(out);  // as ts::rand draws them
+    tessera::detail::run_expression(out, where(out < p_, 0.0, 1.0 / (1.0 - p_)));
   }
 
  private:

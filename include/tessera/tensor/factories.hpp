@@ -98,15 +98,13 @@ Tensor<T, K> arange(double end) {
 namespace detail {
 // The numbers depend only on (seed, offset, element index), so a CPU and a CUDA tensor of the
 // same seed and shape hold the same numbers. They are drawn on the host and copied over.
+/// Fills `out` (contiguous) with fill(data, n, seed, offset), reserving the counter blocks from
+/// its device's generator.
 template <Dtype T, DeviceKind K, class Fill>
-Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device, Fill&& fill) {
-  static_assert(is_floating_point(scalar_type_of<T>),
-                "rand/randn make floating-point tensors: use float, double, half or bfloat16");
-  shape.check_non_negative(operation);
-  Device target = resolve_device<K>(device);
-  auto out = Tensor<T, K>::empty_on(shape, target);
-  const std::int64_t n = shape.numel();
-  Generator& generator = default_generator(target);
+void fill_random_(const Tensor<T, K>& out, Fill&& fill) {
+  const std::int64_t n = out.numel();
+  if (n == 0) return;
+  Generator& generator = default_generator(out.device());
   // Seed and offset are read under one lock, so a concurrent manual_seed cannot mix them.
   const philox_state state =
       generator.reserve_state(blocks_needed<T>(static_cast<std::uint64_t>(n)));
@@ -117,6 +115,23 @@ Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device
     fill(host.data(), n, state.seed, state.offset);
     out.copy_from_host(host.data());
   }
+}
+
+/// `out` (contiguous) filled with uniform numbers in [0, 1) (what rand draws).
+template <Dtype T, DeviceKind K>
+void fill_uniform_(const Tensor<T, K>& out) {
+  fill_random_(out, [](T* data, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
+    fill_uniform(data, n, seed, offset, 0.0, 1.0);
+  });
+}
+
+template <Dtype T, DeviceKind K, class Fill>
+Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device, Fill&& fill) {
+  static_assert(is_floating_point(scalar_type_of<T>),
+                "rand/randn make floating-point tensors: use float, double, half or bfloat16");
+  shape.check_non_negative(operation);
+  auto out = Tensor<T, K>::empty_on(shape, resolve_device<K>(device));
+  fill_random_(out, fill);
   return out;
 }
 }  // namespace detail
@@ -124,10 +139,12 @@ Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device
 /// Uniform numbers in [0, 1) from the device's Philox generator (see manual_seed).
 template <Dtype T, DeviceKind K = cpu>
 Tensor<T, K> rand(const Shape& shape, int device = -1) {
-  return detail::random_tensor<T, K>(
-      "rand", shape, device, [](T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
-        fill_uniform(out, n, seed, offset, 0.0, 1.0);
-      });
+  static_assert(is_floating_point(scalar_type_of<T>),
+                "rand/randn make floating-point tensors: use float, double, half or bfloat16");
+  shape.check_non_negative("rand");
+  auto out = Tensor<T, K>::empty_on(shape, resolve_device<K>(device));
+  detail::fill_uniform_(out);
+  return out;
 }
 
 /// Standard normal numbers from the device's Philox generator (Box-Muller).

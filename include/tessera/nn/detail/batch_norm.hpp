@@ -127,14 +127,14 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
     }
     if (db != nullptr) {
       if (db_accumulate) {
-        run_expression(*db, *db + sum_g);
+        tessera::detail::add_into(*db, tessera::detail::as_node(sum_g));
       } else {
         db->copy_(sum_g);
       }
     }
     if (dw != nullptr) {
       if (dw_accumulate) {
-        run_expression(*dw, *dw + sum_gx * invstd);
+        tessera::detail::add_into(*dw, sum_gx * invstd);
       } else {
         run_expression(*dw, sum_gx * invstd);
       }
@@ -148,7 +148,7 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
     const Tensor<T, K> s3 = scale.view(Shape{1, c, 1});
     if (!batch) {
       if (dx_accumulate) {
-        run_expression(*dx3, *dx3 + g * s3);
+        tessera::detail::add_into(*dx3, g * s3);
       } else {
         run_expression(*dx3, g * s3);
       }
@@ -161,7 +161,7 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
     run_expression(b, scale * invstd * invstd * sum_gx * inverse_count);
     const Tensor<T, K> a3 = a.view(Shape{1, c, 1}), b3 = b.view(Shape{1, c, 1});
     if (dx_accumulate) {
-      run_expression(*dx3, *dx3 + (g * s3 - a3 - (x3 - mean3) * b3));
+      tessera::detail::add_into(*dx3, g * s3 - a3 - (x3 - mean3) * b3);
     } else {
       run_expression(*dx3, g * s3 - a3 - (x3 - mean3) * b3);
     }

@@ -178,25 +178,25 @@ std::int64_t conv2d_images_per_pass(const conv2d_geometry& g) {
 }
 
 template <class K>
-bool conv2d_generic(const conv2d_geometry&) {
+bool conv2d_generic() {
   return !std::is_same_v<K, cpu> || conv2d_use_generic_path();
 }
 
-template <class T, class K>
+template <class K>
 std::int64_t conv2d_col_numel(const conv2d_geometry& g) {
   return g.pointwise() ? 0 : conv2d_images_per_pass<K>(g) * g.c * g.kh * g.kw * g.spatial();
 }
-template <class T, class K>
+template <class K>
 std::int64_t conv2d_padded_numel(const conv2d_geometry& g) {
-  if (!conv2d_generic<K>(g) || g.pointwise()) return 0;
+  if (!conv2d_generic<K>() || g.pointwise()) return 0;
   return conv2d_images_per_pass<K>(g) * g.c * (g.h + 2 * g.ph) * (g.w + 2 * g.pw);
 }
 
 /// Workspace bytes of conv2d_forward.
 template <class T, class K>
 std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
-  return workspace::bytes<T>(conv2d_col_numel<T, K>(g)) +
-         workspace::bytes<T>(conv2d_padded_numel<T, K>(g));
+  return workspace::bytes<T>(conv2d_col_numel<K>(g)) +
+         workspace::bytes<T>(conv2d_padded_numel<K>(g));
 }
 
 /// Workspace bytes of conv2d_backward for the gradients asked for.
@@ -205,8 +205,8 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
                                       bool bias) {
   std::size_t bytes = 0;
   if (input || weight) {
-    bytes += workspace::bytes<T>(conv2d_col_numel<T, K>(g));
-    bytes += workspace::bytes<T>(conv2d_padded_numel<T, K>(g));
+    bytes += workspace::bytes<T>(conv2d_col_numel<K>(g));
+    bytes += workspace::bytes<T>(conv2d_padded_numel<K>(g));
   }
   if (!tessera::detail::matmul_accumulates<T, K>()) {
     // Products added into a gradient go through a staging buffer.
@@ -215,7 +215,7 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
     if (input && g.pointwise()) staging = std::max(staging, g.in_per_group() * g.h * g.w);
     bytes += workspace::bytes<T>(staging);
   }
-  if (bias) bytes += 2 * workspace::bytes<T>(g.n * g.o);
+  if (bias) bytes += workspace::bytes<T>(g.n * g.o) + workspace::bytes<T>(g.o);
   return bytes;
 }
 
@@ -345,30 +345,13 @@ void col2im_add_generic(const conv2d_geometry& g, const Tensor<T, K>& col, Tenso
                           Strides{g.c * hp * wp, hp * wp, g.sh * wp, g.sw},
                           target.storage_offset() + i * g.dh * wp + j * g.dw);
       const Tensor<T, K> piece = col6.select(2, i).select(2, j);
-      tessera::detail::run_expression(
-          window, tessera::detail::make_binary<ops::add>(window, as_node(piece)));
+      tessera::detail::add_into(window, as_node(piece));
     }
   }
   if (pad) {
     Tensor<T, K> interior = padded.narrow(2, g.ph, g.h).narrow(3, g.pw, g.w);
-    tessera::detail::run_expression(
-        images, tessera::detail::make_binary<ops::add>(images, as_node(interior)));
+    tessera::detail::add_into(images, as_node(interior));
   }
-}
-
-/// target (+)= x @ y; `staging` holds the product when the GEMM cannot add in place.
-template <class T, class K>
-void product_into(Tensor<T, K> target, const Tensor<T, K>& x, const Tensor<T, K>& y,
-                  bool accumulate, const Tensor<T, K>& staging) {
-  if (!accumulate || tessera::detail::matmul_accumulates<T, K>()) {
-    tessera::detail::matmul_into(target, x, y, accumulate);
-    return;
-  }
-  Tensor<T, K> partial(staging.storage(), target.shape(), target.shape().contiguous_strides(),
-                       staging.storage_offset());
-  tessera::detail::matmul_into(partial, x, y);
-  tessera::detail::run_expression(
-      target, tessera::detail::make_binary<ops::add>(target, tessera::detail::as_node(partial)));
 }
 
 // ---- passes -----------------------------------------------------------------------------------
@@ -377,7 +360,7 @@ void product_into(Tensor<T, K> target, const Tensor<T, K>& x, const Tensor<T, K>
 template <class T, class K>
 void conv2d_im2col(const conv2d_geometry& g, const Tensor<T, K>& x, std::int64_t first,
                    std::int64_t b, Tensor<T, K>& col, Tensor<T, K>& padded) {
-  if (conv2d_generic<K>(g)) {
+  if (conv2d_generic<K>()) {
     const Tensor<T, K> images = x.narrow(0, first, b);
     Tensor<T, K> pad_b = padded.numel() > 0 ? padded.narrow(0, 0, b) : padded;
     Tensor<T, K> col_b = col.narrow(0, 0, b * g.c * g.kh * g.kw * g.spatial());
@@ -395,9 +378,9 @@ template <class T, class K>
 void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
                     const Tensor<T, K>* bias, Tensor<T, K>& y, workspace& ws) {
   const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
-  Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<T, K>(g)});
+  Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<K>(g)});
   Tensor<T, K> padded = ws.take<T, K>(
-      conv2d_padded_numel<T, K>(g) > 0
+      conv2d_padded_numel<K>(g) > 0
           ? Shape{per_pass, g.c, g.h + 2 * g.ph, g.w + 2 * g.pw}
           : Shape{0});
   const std::int64_t og = g.out_per_group(), k = g.patch(), cg = g.in_per_group();
@@ -422,9 +405,7 @@ void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tenso
   }
   if (bias != nullptr) {
     Tensor<T, K> y3 = y.view(Shape{g.n, g.o, g.spatial()});
-    tessera::detail::run_expression(
-        y3, tessera::detail::make_binary<ops::add>(
-                y3, tessera::detail::as_node(bias->view(Shape{1, g.o, 1}))));
+    tessera::detail::add_into(y3, tessera::detail::as_node(bias->view(Shape{1, g.o, 1})));
   }
 }
 
@@ -439,9 +420,9 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
   using tessera::detail::as_node;
   const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
   const bool need_col = dx != nullptr || dw != nullptr;
-  Tensor<T, K> col = ws.take<T, K>(Shape{need_col ? conv2d_col_numel<T, K>(g) : 0});
+  Tensor<T, K> col = ws.take<T, K>(Shape{need_col ? conv2d_col_numel<K>(g) : 0});
   Tensor<T, K> padded = ws.take<T, K>(
-      need_col && conv2d_padded_numel<T, K>(g) > 0
+      need_col && conv2d_padded_numel<K>(g) > 0
           ? Shape{per_pass, g.c, g.h + 2 * g.ph, g.w + 2 * g.pw}
           : Shape{0});
   Tensor<T, K> staging;
@@ -464,8 +445,7 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
       Tensor<T, K> partial = ws.take<T, K>(Shape{g.o});
       tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
           partial, as_node(per_image), 0, "sum");
-      tessera::detail::run_expression(
-          *db, tessera::detail::make_binary<ops::add>(*db, as_node(partial)));
+      tessera::detail::add_into(*db, as_node(partial));
     } else {
       tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
           *db, as_node(per_image), 0, "sum");
@@ -488,7 +468,7 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
         const std::int64_t rows = g.pointwise() ? cg : k;
         for (std::int64_t grp = 0; grp < g.groups; ++grp) {
           Tensor<T, K> dw_g = dw->view(Shape{g.o, k}).narrow(0, grp * og, og);
-          product_into(dw_g, gy2.narrow(0, grp * og, og), patches.narrow(0, grp * rows, rows).t(),
+          tessera::detail::matmul_add_into(dw_g, gy2.narrow(0, grp * og, og), patches.narrow(0, grp * rows, rows).t(),
                        dw_accumulate || image > 0, staging);
         }
       }
@@ -496,7 +476,7 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
       if (g.pointwise()) {
         Tensor<T, K> dx2 = dx->select(0, image).view(Shape{g.c, g.spatial()});
         for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-          product_into(dx2.narrow(0, grp * cg, cg), w2.narrow(0, grp * og, og).t(),
+          tessera::detail::matmul_add_into(dx2.narrow(0, grp * cg, cg), w2.narrow(0, grp * og, og).t(),
                        gy2.narrow(0, grp * og, og), dx_accumulate, staging);
         }
       } else {
@@ -507,14 +487,14 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
           tessera::detail::matmul_into(dcol_g, w2.narrow(0, grp * og, og).t(),
                                        gy2.narrow(0, grp * og, og));
         }
-        if (!conv2d_generic<K>(g)) {
+        if (!conv2d_generic<K>()) {
           if constexpr (std::is_same_v<K, cpu>) {
             col2im_add_cpu(g, dcol.data(), dx->data() + image * g.c * g.h * g.w);
           }
         }
       }
     }
-    if (dx != nullptr && !g.pointwise() && conv2d_generic<K>(g)) {
+    if (dx != nullptr && !g.pointwise() && conv2d_generic<K>()) {
       Tensor<T, K> images = dx->narrow(0, first, b);
       Tensor<T, K> pad_b = padded.numel() > 0 ? padded.narrow(0, 0, b) : padded;
       col2im_add_generic(g, col.narrow(0, 0, b * col_image), images, pad_b);

@@ -89,7 +89,7 @@ class conv2d_node final : public node {
     return conv2d_backward_workspace<T, K>(g_, needs_x_, needs_w_, needs_b_);
   }
   void backward(value_table& table, const std::vector<char>& accumulate) override {
-    const auto gy = contiguous_value<T, K>(table, table.grad_of[static_cast<std::size_t>(output)]);
+    const auto gy = table.template grad<T, K>(output);  // gradients are contiguous buffers
     Tensor<T, K> x, w, dx, dw, db;
     if (needs_w_) x = contiguous_value<T, K>(table, inputs[0]);
     w = table.template get<T, K>(inputs[1]);
@@ -220,7 +220,7 @@ class add_relu_node final : public node {
       if (i == 0 ? !needs_a_ : !needs_b_) continue;
       auto target = table.template grad<T, K>(inputs[static_cast<std::size_t>(i)]);
       if (accumulate[next++] != 0) {
-        tessera::detail::run_expression(target, target + where(y > 0.0, g, 0.0));
+        tessera::detail::add_into(target, where(y > 0.0, g, 0.0));
       } else {
         tessera::detail::run_expression(target, where(y > 0.0, g, 0.0));
       }

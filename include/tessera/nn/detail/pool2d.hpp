@@ -118,10 +118,21 @@ void pad_into(const pool2d_geometry& g, const Tensor<T, K>& x, Tensor<T, K>& pad
   tessera::detail::run_expression(interior, tessera::detail::as_node(x));
 }
 
-template <class T, class K>
-void add_view_into(Tensor<T, K> target, const Tensor<T, K>& source) {
-  tessera::detail::run_expression(
-      target, tessera::detail::make_binary<ops::add>(target, tessera::detail::as_node(source)));
+/// y = the first window of `padded`, then combine(y, window) with each further kernel offset's
+/// window in scan order (max or sum pooling's forward).
+template <class T, class K, class Combine>
+void fold_windows(const pool2d_geometry& g, const Tensor<T, K>& padded, Tensor<T, K>& y,
+                  Combine&& combine) {
+  for (std::int64_t i = 0; i < g.kh; ++i) {
+    for (std::int64_t j = 0; j < g.kw; ++j) {
+      const Tensor<T, K> window = window_view(g, padded, i, j);
+      if (i == 0 && j == 0) {
+        tessera::detail::run_expression(y, tessera::detail::as_node(window));
+      } else {
+        combine(y, window);
+      }
+    }
+  }
 }
 
 /// dx = (or += when `accumulate`) the interior of the padded gradient `padded`.
@@ -130,7 +141,7 @@ void store_interior(const pool2d_geometry& g, const Tensor<T, K>& padded, Tensor
                     bool accumulate) {
   const Tensor<T, K> interior = padded.narrow(2, g.ph, g.h).narrow(3, g.pw, g.w);
   if (accumulate) {
-    add_view_into(dx, interior);
+    tessera::detail::add_into(dx, tessera::detail::as_node(interior));
   } else {
     tessera::detail::run_expression(dx, tessera::detail::as_node(interior));
   }
@@ -153,16 +164,9 @@ void max_pool2d_forward(const pool2d_geometry& g, const Tensor<T, K>& x, Tensor<
                         workspace& ws) {
   Tensor<T, K> padded = ws.take<T, K>(g.padded_shape());
   pad_into(g, x, padded, -std::numeric_limits<T>::infinity());
-  for (std::int64_t i = 0; i < g.kh; ++i) {
-    for (std::int64_t j = 0; j < g.kw; ++j) {
-      const Tensor<T, K> window = window_view(g, padded, i, j);
-      if (i == 0 && j == 0) {
-        tessera::detail::run_expression(y, tessera::detail::as_node(window));
-      } else {
-        tessera::detail::run_expression(y, maximum(y, window));
-      }
-    }
-  }
+  fold_windows(g, padded, y, [](Tensor<T, K>& out, const Tensor<T, K>& window) {
+    tessera::detail::run_expression(out, maximum(out, window));
+  });
 }
 
 /// dx (+)= the gradient of max pooling: each output's gradient goes to the first element of its
@@ -237,16 +241,10 @@ void avg_pool2d_forward(const pool2d_geometry& g, const AvgPool2dArgs& a, const 
   Tensor<T, K> counts = ws.take<T, K>(Shape{1, 1, g.oh, g.ow});
   pad_into(g, x, padded, T(0));
   avg_pool2d_divisors(g, a, counts);
-  for (std::int64_t i = 0; i < g.kh; ++i) {
-    for (std::int64_t j = 0; j < g.kw; ++j) {
-      const Tensor<T, K> window = window_view(g, padded, i, j);
-      if (i == 0 && j == 0) {
-        tessera::detail::run_expression(y, tessera::detail::as_node(window));
-      } else {
-        add_view_into(y, window);
-      }
-    }
-  }
+  fold_windows(g, padded, y,
+               [](Tensor<T, K>& out, const Tensor<T, K>& window) {
+                 tessera::detail::add_into(out, tessera::detail::as_node(window));
+               });
   tessera::detail::run_expression(y, y / counts);
 }
 
