@@ -254,23 +254,29 @@ class batch_norm : public Module {
   bool track_running_stats() const noexcept { return track_running_stats_; }
 
  protected:
-  /// The shape of the per-channel statistics ([1, C], [1, C, 1] or [1, C, 1, 1]) for an input
-  /// of `shape`; throws shape_error naming the shape and C for any other input.
-  Shape statistics_shape(const Shape& shape) const {
+  /// The [N, C, L] view of an input of `shape` (L = 1 for [N, C], H * W for [N, C, H, W]) after
+  /// the checks: shape_error naming the shape and C for another shape; tessera::error for a
+  /// training batch with one value per channel (PyTorch's check).
+  Shape checked_view(const Shape& shape) const {
     const std::string c = std::to_string(num_features_);
     if constexpr (Rank4) {
       if (shape.size() != 4 || shape[1] != num_features_) {
         throw shape_error(std::string(layer) + "(" + c + "): expected an input of shape [N, " +
                           c + ", H, W], got " + shape.str());
       }
-      return Shape{1, num_features_, 1, 1};
     } else {
       if ((shape.size() != 2 && shape.size() != 3) || shape[1] != num_features_) {
         throw shape_error(std::string(layer) + "(" + c + "): expected an input of shape [N, " +
                           c + "] or [N, " + c + ", L], got " + shape.str());
       }
-      return shape.size() == 2 ? Shape{1, num_features_} : Shape{1, num_features_, 1};
     }
+    const Shape view = batch_norm_view(shape);
+    if (is_training() && view[0] * view[2] <= 1) {
+      throw error(std::string(layer) +
+                  ": expected more than 1 value per channel when training, got an input of "
+                  "shape " + shape.str());
+    }
+    return view;
   }
 
   template <class X>
@@ -282,9 +288,7 @@ class batch_norm : public Module {
     if constexpr (nn::detail::is_eager_v<X>) {
       const Tensor<T, K> input = nn::detail::materialize(x);
       const Shape& shape = input.shape();
-      statistics_shape(shape);
-      const Shape view = batch_norm_view(shape);
-      check_count(shape);
+      const Shape view = checked_view(shape);
       const Tensor<T, K> x3 = (input.is_contiguous() ? input : input.contiguous()).view(view);
       Tensor<T, K> stats = Tensor<T, K>::empty_on(Shape{3, num_features_}, input.device());
       workspace ws = eager_workspace(input.device(), batch_norm_stats_workspace<T>(view) +
@@ -308,9 +312,7 @@ class batch_norm : public Module {
       using V = autograd::Var<T, K>;
       const V input = contiguous_var(V(x));
       const Shape& shape = input.shape();
-      statistics_shape(shape);
-      const Shape view = batch_norm_view(shape);
-      check_count(shape);
+      const Shape view = checked_view(shape);
       autograd::detail::graph* g = input.graph();
       const Shape stats_shape{3, num_features_};
       const int stats_id = g->add_node(
@@ -336,16 +338,6 @@ class batch_norm : public Module {
                     std::make_unique<batch_norm_apply_node<T, K, batch_norm>>(
                         input.id(), stats_id, w, b, *this, view, relu_after),
                     shape);
-    }
-  }
-
-  /// PyTorch's check: training needs more than one value per channel.
-  void check_count(const Shape& shape) const {
-    const Shape view = batch_norm_view(shape);
-    if (is_training() && view[0] * view[2] <= 1) {
-      throw error(std::string(layer) +
-                  ": expected more than 1 value per channel when training, got an input of "
-                  "shape " + shape.str());
     }
   }
 
