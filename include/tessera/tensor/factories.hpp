@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/core/random.hpp"
@@ -99,9 +100,9 @@ namespace detail {
 // The numbers depend only on (seed, offset, element index), so a CPU and a CUDA tensor of the
 // same seed and shape hold the same numbers. They are drawn on the host and copied over.
 /// Fills `out` (contiguous) with fill(data, n, seed, offset), reserving the counter blocks from
-/// its device's generator.
+/// its device's generator. `out` is a handle: the storage it shares is what gets filled.
 template <Dtype T, DeviceKind K, class Fill>
-void fill_random_(const Tensor<T, K>& out, Fill&& fill) {
+void fill_random_(Tensor<T, K> out, Fill&& fill) {
   const std::int64_t n = out.numel();
   if (n == 0) return;
   Generator& generator = default_generator(out.device());
@@ -119,8 +120,8 @@ void fill_random_(const Tensor<T, K>& out, Fill&& fill) {
 
 /// `out` (contiguous) filled with uniform numbers in [0, 1) (what rand draws).
 template <Dtype T, DeviceKind K>
-void fill_uniform_(const Tensor<T, K>& out) {
-  fill_random_(out, [](T* data, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
+void fill_uniform_(Tensor<T, K> out) {
+  fill_random_(std::move(out), [](T* data, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
     fill_uniform(data, n, seed, offset, 0.0, 1.0);
   });
 }
