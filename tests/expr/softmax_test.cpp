@@ -12,6 +12,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "element_check.hpp"
 #include "tessera/expr.hpp"
 #include "tessera/memory/memory.hpp"
 #include "tessera/tensor/factories.hpp"
@@ -95,21 +96,22 @@ void check_softmax(const ts::Tensor<F>& got, const std::vector<double>& x, const
   const double compute = std::is_same_v<F, double> ? std::ldexp(1.0, -53) : std::ldexp(1.0, -24);
   // exp(x - m) amplifies the error of x - m by |x - m|.
   const double spread = 64.0;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    INFO("element " << i << ": got " << values[i] << ", want " << want[i] << " (dim " << dim
-                    << ", log " << log << ")");
-    if (std::isnan(want[i])) {
-      CHECK(std::isnan(values[i]));
-    } else if (std::isinf(want[i])) {
-      CHECK(values[i] == want[i]);
-    } else if (log) {
-      CHECK(std::abs(values[i] - want[i]) <= 2 * unit_roundoff<F>() * std::abs(want[i]) +
-                                                 spread * compute * (std::abs(want[i]) + 16));
-    } else {
-      CHECK(std::abs(values[i] - want[i]) <=
-            (2 * unit_roundoff<F>() + spread * compute) * std::abs(want[i]) + 1e-300);
-    }
-  }
+  tessera_test::check_each(
+      values.size(),
+      [&](std::size_t i) {
+        if (std::isnan(want[i])) return std::isnan(values[i]);
+        if (std::isinf(want[i])) return values[i] == want[i];
+        if (log) {
+          return std::abs(values[i] - want[i]) <= 2 * unit_roundoff<F>() * std::abs(want[i]) +
+                                                       spread * compute * (std::abs(want[i]) + 16);
+        }
+        return std::abs(values[i] - want[i]) <=
+               (2 * unit_roundoff<F>() + spread * compute) * std::abs(want[i]) + 1e-300;
+      },
+      [&](std::ostream& out, std::size_t i) {
+        out << "got " << values[i] << ", want " << want[i] << " (dim " << dim << ", log " << log
+            << ")";
+      });
 }
 
 // Both functions along every dimension (both spellings) of `x`, whose logical values are `values`.
