@@ -1,4 +1,4 @@
-// The main of every CUDA test executable: without a usable CUDA device (no driver, no GPU) the
+// The main of the CUDA test executable: without a usable CUDA device (no driver, no GPU) the
 // whole executable reports itself skipped to CTest (exit code 77, SKIP_RETURN_CODE), never passed.
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>

@@ -14,11 +14,11 @@
 #include "tessera/parallel.hpp"
 #include "tessera/tessera.hpp"
 
+namespace cuda_communicator_test {  // one namespace per test file: the CUDA tests are a unity build too
+
 namespace ts = tessera;
 using ts::parallel::Communicator;
 using ts::parallel::ReduceOp;
-
-namespace communicator_test {
 
 std::vector<int> members() {
   std::vector<int> ids;
@@ -55,10 +55,6 @@ std::vector<double> host_values(const ts::Tensor<T, ts::cuda>& t) {
 void synchronize_all(const std::vector<int>& ids) {
   for (int id : ids) ts::current_stream(ts::Device{ts::DeviceType::cuda, id}).synchronize();
 }
-
-}  // namespace communicator_test
-
-using namespace communicator_test;
 
 TEST_CASE("NCCL all_reduce matches a float64 reference", "[cuda][parallel]") {
   const std::vector<int> ids = members();
@@ -183,13 +179,11 @@ TEST_CASE("NCCL refuses int16 and checks members before any call", "[cuda][paral
   CHECK_THROWS_AS(comm.all_reduce(floats), std::invalid_argument);
 }
 
-namespace communicator_test {
 std::atomic<bool> gate{false};
 void CUDART_CB wait_for_gate(void*) {
   while (!gate.load()) {
   }
 }
-}  // namespace communicator_test
 
 TEST_CASE("record_stream keeps a freed block out of reuse until the stream's work is done",
           "[cuda][memory]") {
@@ -213,3 +207,5 @@ TEST_CASE("record_stream keeps a freed block out of reuse until the stream's wor
   auto v = ts::empty<float, ts::cuda>({1}, 0);  // polls the events: the block is free again
   CHECK(ts::memory::stats(d).active_bytes.current == active_before - (1 << 20) + 512);
 }
+
+}  // namespace cuda_communicator_test

@@ -13,12 +13,12 @@
 #include "tessera/models/resnet.hpp"
 #include "tessera/tessera.hpp"
 
+namespace cuda_conv_test {  // one namespace per test file: the CUDA tests are a unity build too
+
 namespace ts = tessera;
 namespace nn = tessera::nn;
 namespace ag = tessera::autograd;
 namespace F = tessera::nn::functional;
-
-namespace conv_cuda_test {
 
 template <class KA, class KB>
 void check_close(const ts::Tensor<double, KA>& actual, const ts::Tensor<double, KB>& expected,
@@ -132,4 +132,4 @@ TEST_CASE("a ResNet-18 training step on CUDA matches the CPU", "[cuda][resnet]")
   check_close(gpu_model(x.to<ts::cuda>(0)), cpu_model(x));
 }
 
-}  // namespace conv_cuda_test
+}  // namespace cuda_conv_test

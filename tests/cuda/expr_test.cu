@@ -16,6 +16,8 @@
 #include "expr/elementwise_reference.hpp"
 #include "tessera/tessera.hpp"
 
+namespace cuda_expr_test {  // one namespace per test file: the CUDA tests are a unity build too
+
 namespace ts = tessera;
 using expr_test::as_doubles;
 using expr_test::check_close;
@@ -218,3 +220,5 @@ TEST_CASE("cuda: assignment, aliasing, one kernel and one allocation per stateme
                 0);
   }
 }
+
+}  // namespace cuda_expr_test

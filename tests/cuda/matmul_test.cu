@@ -17,6 +17,8 @@
 #include "tessera/tensor/factories.hpp"
 #include "tessera/tensor/print.hpp"
 
+namespace cuda_matmul_test {  // one namespace per test file: the CUDA tests are a unity build too
+
 namespace ts = tessera;
 
 namespace {
@@ -284,3 +286,5 @@ TEST_CASE("cuda: the second device and concurrent callers", "[cuda][matmul][thre
   for (auto& thread : threads) thread.join();
   CHECK(wrong == std::array<int, 4>{});
 }
+
+}  // namespace cuda_matmul_test

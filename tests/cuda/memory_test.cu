@@ -21,6 +21,8 @@
 #include "tessera/memory/pinned_host_memory_resource.hpp"
 #include "tessera/memory/pool.hpp"
 
+namespace cuda_memory_test {  // one namespace per test file: the CUDA tests are a unity build too
+
 namespace mem = tessera::memory;
 using pool_suite::KiB;
 using pool_suite::MiB;
@@ -238,3 +240,5 @@ TEST_CASE("memory: a cudaMallocAsync pool can be installed for a CUDA device", "
                                        mem::cuda_memory_resource(1))));
   CHECK(mine != nullptr);
 }
+
+}  // namespace cuda_memory_test

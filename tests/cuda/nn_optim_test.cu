@@ -15,6 +15,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace cuda_nn_optim_test {  // one namespace per test file: the CUDA tests are a unity build too
+
 namespace ts = tessera;
 namespace nn = tessera::nn;
 
@@ -172,3 +174,5 @@ TEMPLATE_TEST_CASE("optimisers on cuda follow the cpu trajectory", "[cuda][optim
     check_close(device.value(), host.value(), rel, rel);
   }
 }
+
+}  // namespace cuda_nn_optim_test

@@ -16,6 +16,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace cuda_reduce_test {  // one namespace per test file: the CUDA tests are a unity build too
+
 namespace ts = tessera;
 
 namespace {
@@ -365,3 +367,5 @@ TEST_CASE("a cuda reduction allocates its output (and CUB's temporary) and count
   { auto s = ts::sum(a * b); }
   CHECK(ts::memory::stats(d).allocations.current == current);
 }
+
+}  // namespace cuda_reduce_test

@@ -8,6 +8,8 @@
 
 #include "tessera/tessera.hpp"
 
+namespace cuda_tensor_test {  // one namespace per test file: the CUDA tests are a unity build too
+
 namespace ts = tessera;
 
 TEST_CASE("cuda tensors round-trip through the host", "[cuda][tensor]") {
@@ -74,3 +76,5 @@ TEST_CASE("copies between CUDA ordinals", "[cuda][placement]") {
   CHECK(b.to_vector() == a.to_vector());
   CHECK_THROWS_AS(ts::cat({a, b}, 0), ts::device_mismatch_error);
 }
+
+}  // namespace cuda_tensor_test
