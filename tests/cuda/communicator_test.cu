@@ -14,7 +14,7 @@
 #include "tessera/parallel.hpp"
 #include "tessera/tessera.hpp"
 
-namespace cuda_communicator_test {  // one namespace per test file: the CUDA tests are a unity build too
+namespace cuda_communicator_test {  // one namespace per file: a unity build
 
 namespace ts = tessera;
 using ts::parallel::Communicator;

@@ -13,7 +13,7 @@
 #include "tessera/models/resnet.hpp"
 #include "tessera/tessera.hpp"
 
-namespace cuda_conv_test {  // one namespace per test file: the CUDA tests are a unity build too
+namespace cuda_conv_test {  // one namespace per file: a unity build
 
 namespace ts = tessera;
 namespace nn = tessera::nn;

@@ -16,7 +16,7 @@
 #include "expr/elementwise_reference.hpp"
 #include "tessera/tessera.hpp"
 
-namespace cuda_expr_test {  // one namespace per test file: the CUDA tests are a unity build too
+namespace cuda_expr_test {  // one namespace per file: a unity build
 
 namespace ts = tessera;
 using expr_test::as_doubles;

@@ -17,7 +17,7 @@
 #include "tessera/tensor/factories.hpp"
 #include "tessera/tensor/print.hpp"
 
-namespace cuda_matmul_test {  // one namespace per test file: the CUDA tests are a unity build too
+namespace cuda_matmul_test {  // one namespace per file: a unity build
 
 namespace ts = tessera;
 

@@ -21,7 +21,7 @@
 #include "tessera/memory/pinned_host_memory_resource.hpp"
 #include "tessera/memory/pool.hpp"
 
-namespace cuda_memory_test {  // one namespace per test file: the CUDA tests are a unity build too
+namespace cuda_memory_test {  // one namespace per file: a unity build
 
 namespace mem = tessera::memory;
 using pool_suite::KiB;

@@ -15,7 +15,7 @@
 
 #include "tessera/tessera.hpp"
 
-namespace cuda_nn_optim_test {  // one namespace per test file: the CUDA tests are a unity build too
+namespace cuda_nn_optim_test {  // one namespace per file: a unity build
 
 namespace ts = tessera;
 namespace nn = tessera::nn;

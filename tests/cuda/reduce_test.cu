@@ -16,7 +16,7 @@
 
 #include "tessera/tessera.hpp"
 
-namespace cuda_reduce_test {  // one namespace per test file: the CUDA tests are a unity build too
+namespace cuda_reduce_test {  // one namespace per file: a unity build
 
 namespace ts = tessera;
 

@@ -8,7 +8,7 @@
 
 #include "tessera/tessera.hpp"
 
-namespace cuda_tensor_test {  // one namespace per test file: the CUDA tests are a unity build too
+namespace cuda_tensor_test {  // one namespace per file: a unity build
 
 namespace ts = tessera;
 
