@@ -3,7 +3,8 @@
 # holds the expected text (PASS_REGULAR_EXPRESSION) and fails if the program compiles. Running
 # the compiler directly, not `cmake --build`, lets the failtests run in parallel: two builds in one
 # tree cannot overlap, so they used to run one at a time (a minute of every CPU and ASan stage).
-#   cmake -DNINJA=<ninja> -DBUILD_DIR=<build tree> -DTARGET=failtest_<name> -DSOURCE=<file> -P run.cmake
+#   cmake -DNINJA=<ninja> -DBUILD_DIR=<build tree> -DTARGET=failtest_<name> -DSOURCE=<file> \
+#         -P run.cmake
 execute_process(COMMAND ${NINJA} -C ${BUILD_DIR} -t commands ${TARGET}
                 OUTPUT_VARIABLE commands RESULT_VARIABLE status)
 if(NOT status EQUAL 0)
