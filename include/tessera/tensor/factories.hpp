@@ -118,12 +118,18 @@ void fill_random_(Tensor<T, K> out, Fill&& fill) {
   }
 }
 
-/// `out` (contiguous) filled with uniform numbers in [0, 1) (what rand draws).
+/// What rand draws: uniform numbers in [0, 1).
+struct uniform_numbers {
+  template <class T>
+  void operator()(T* data, std::int64_t n, std::uint64_t seed, std::uint64_t offset) const {
+    fill_uniform(data, n, seed, offset, 0.0, 1.0);
+  }
+};
+
+/// `out` (contiguous) filled as rand fills a new tensor.
 template <Dtype T, DeviceKind K>
 void fill_uniform_(Tensor<T, K> out) {
-  fill_random_(std::move(out), [](T* data, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
-    fill_uniform(data, n, seed, offset, 0.0, 1.0);
-  });
+  fill_random_(std::move(out), uniform_numbers{});
 }
 
 template <Dtype T, DeviceKind K, class Fill>
@@ -140,12 +146,7 @@ Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device
 /// Uniform numbers in [0, 1) from the device's Philox generator (see manual_seed).
 template <Dtype T, DeviceKind K = cpu>
 Tensor<T, K> rand(const Shape& shape, int device = -1) {
-  static_assert(is_floating_point(scalar_type_of<T>),
-                "rand/randn make floating-point tensors: use float, double, half or bfloat16");
-  shape.check_non_negative("rand");
-  auto out = Tensor<T, K>::empty_on(shape, resolve_device<K>(device));
-  detail::fill_uniform_(out);
-  return out;
+  return detail::random_tensor<T, K>("rand", shape, device, detail::uniform_numbers{});
 }
 
 /// Standard normal numbers from the device's Philox generator (Box-Muller).

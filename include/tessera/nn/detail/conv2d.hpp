@@ -186,10 +186,15 @@ template <class K>
 std::int64_t conv2d_col_numel(const conv2d_geometry& g) {
   return g.pointwise() ? 0 : conv2d_images_per_pass<K>(g) * g.c * g.kh * g.kw * g.spatial();
 }
+/// The zero-padded copy of a pass's images that the generic path reads ([0] when none is used).
+template <class K>
+Shape conv2d_padded_shape(const conv2d_geometry& g) {
+  if (!conv2d_generic<K>() || g.pointwise()) return Shape{0};
+  return Shape{conv2d_images_per_pass<K>(g), g.c, g.h + 2 * g.ph, g.w + 2 * g.pw};
+}
 template <class K>
 std::int64_t conv2d_padded_numel(const conv2d_geometry& g) {
-  if (!conv2d_generic<K>() || g.pointwise()) return 0;
-  return conv2d_images_per_pass<K>(g) * g.c * (g.h + 2 * g.ph) * (g.w + 2 * g.pw);
+  return conv2d_padded_shape<K>(g).numel();
 }
 
 /// Workspace bytes of conv2d_forward.
@@ -379,10 +384,7 @@ void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tenso
                     const Tensor<T, K>* bias, Tensor<T, K>& y, workspace& ws) {
   const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
   Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<K>(g)});
-  Tensor<T, K> padded = ws.take<T, K>(
-      conv2d_padded_numel<K>(g) > 0
-          ? Shape{per_pass, g.c, g.h + 2 * g.ph, g.w + 2 * g.pw}
-          : Shape{0});
+  Tensor<T, K> padded = ws.take<T, K>(conv2d_padded_shape<K>(g));
   const std::int64_t og = g.out_per_group(), k = g.patch(), cg = g.in_per_group();
   const Tensor<T, K> w2 = w.view(Shape{g.o, k});
   for (std::int64_t first = 0; first < g.n; first += per_pass) {
@@ -421,10 +423,7 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
   const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
   const bool need_col = dx != nullptr || dw != nullptr;
   Tensor<T, K> col = ws.take<T, K>(Shape{need_col ? conv2d_col_numel<K>(g) : 0});
-  Tensor<T, K> padded = ws.take<T, K>(
-      need_col && conv2d_padded_numel<K>(g) > 0
-          ? Shape{per_pass, g.c, g.h + 2 * g.ph, g.w + 2 * g.pw}
-          : Shape{0});
+  Tensor<T, K> padded = ws.take<T, K>(need_col ? conv2d_padded_shape<K>(g) : Shape{0});
   Tensor<T, K> staging;
   if (!tessera::detail::matmul_accumulates<T, K>()) {
     std::int64_t n = 0;
@@ -468,16 +467,18 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
         const std::int64_t rows = g.pointwise() ? cg : k;
         for (std::int64_t grp = 0; grp < g.groups; ++grp) {
           Tensor<T, K> dw_g = dw->view(Shape{g.o, k}).narrow(0, grp * og, og);
-          tessera::detail::matmul_add_into(dw_g, gy2.narrow(0, grp * og, og), patches.narrow(0, grp * rows, rows).t(),
-                       dw_accumulate || image > 0, staging);
+          tessera::detail::matmul_add_into(dw_g, gy2.narrow(0, grp * og, og),
+                                           patches.narrow(0, grp * rows, rows).t(),
+                                           dw_accumulate || image > 0, staging);
         }
       }
       if (dx == nullptr) continue;
       if (g.pointwise()) {
         Tensor<T, K> dx2 = dx->select(0, image).view(Shape{g.c, g.spatial()});
         for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-          tessera::detail::matmul_add_into(dx2.narrow(0, grp * cg, cg), w2.narrow(0, grp * og, og).t(),
-                       gy2.narrow(0, grp * og, og), dx_accumulate, staging);
+          tessera::detail::matmul_add_into(dx2.narrow(0, grp * cg, cg),
+                                           w2.narrow(0, grp * og, og).t(),
+                                           gy2.narrow(0, grp * og, og), dx_accumulate, staging);
         }
       } else {
         // dcol overwrites this image's col (its weight-gradient use is done).
