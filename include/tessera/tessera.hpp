@@ -28,3 +28,45 @@ TESSERA_INSTANTIATE(class tessera::memory::pool_resource<
                     tessera::memory::limit_resource_adaptor<tessera::memory::host_memory_resource>,
                     tessera::memory::pytorch_size_policy, tessera::memory::host_stream_policy>)
 TESSERA_INSTANTIATE(struct tessera::detail::safetensors::codec<0>)
+// The fixed-type templates a training program uses whatever its model: Linear, the GEMM paths,
+// the autograd nodes of matmul, softmax and views, and the factories behind cross_entropy.
+TESSERA_INSTANTIATE(class tessera::nn::Linear<float, tessera::cpu>)
+TESSERA_INSTANTIATE(void tessera::detail::matmul_into<float, tessera::cpu>(
+    tessera::Tensor<float, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::Tensor<float, tessera::cpu>&, bool))
+TESSERA_INSTANTIATE(void tessera::detail::matmul_add_into<float, tessera::cpu>(
+    tessera::Tensor<float, tessera::cpu>, const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::Tensor<float, tessera::cpu>&, bool, const tessera::Tensor<float, tessera::cpu>&))
+TESSERA_INSTANTIATE(class tessera::autograd::detail::matmul_node<float, tessera::cpu>)
+TESSERA_INSTANTIATE(class tessera::autograd::detail::softmax_node<float, tessera::cpu, true>)
+TESSERA_INSTANTIATE(class tessera::autograd::detail::softmax_node<float, tessera::cpu, false>)
+TESSERA_INSTANTIATE(class tessera::autograd::detail::view_node<float, tessera::cpu>)
+TESSERA_INSTANTIATE(class tessera::autograd::detail::view_node<std::int64_t, tessera::cpu>)
+TESSERA_INSTANTIATE(int tessera::autograd::detail::graph::add_parameter<float, tessera::cpu>(
+    const std::shared_ptr<tessera::autograd::parameter_slot<float, tessera::cpu>>&))
+TESSERA_INSTANTIATE(tessera::Tensor<std::int64_t, tessera::cpu>
+                        tessera::arange<std::int64_t, tessera::cpu>(double, double, double, int))
+TESSERA_INSTANTIATE(void tessera::Tensor<float, tessera::cpu>::copy_from<float, tessera::cpu>(
+    const tessera::Tensor<float, tessera::cpu>&))
+TESSERA_INSTANTIATE(void tessera::Tensor<std::int64_t, tessera::cpu>::copy_from<std::int64_t,
+                    tessera::cpu>(const tessera::Tensor<std::int64_t, tessera::cpu>&))
+TESSERA_INSTANTIATE(void tessera::detail::add_into<float, tessera::cpu, tessera::Tensor<float, tessera::cpu>>(
+    const tessera::Tensor<float, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&))
+TESSERA_INSTANTIATE(tessera::Tensor<float, tessera::cpu> tessera::AnyTensor::as<float, tessera::cpu>() const)
+TESSERA_INSTANTIATE(tessera::Tensor<float, tessera::cpu>
+                        tessera::autograd::detail::value_table::get<float, tessera::cpu>(int, const tessera::Shape&, bool) const)
+TESSERA_INSTANTIATE(tessera::Tensor<float, tessera::cpu>
+                        tessera::autograd::detail::value_table::scratch_tensor<float, tessera::cpu>(const tessera::Shape&))
+TESSERA_INSTANTIATE(void tessera::fill_normal<float>(float*, std::int64_t, std::uint64_t, std::uint64_t, double, double))
+TESSERA_INSTANTIATE(void tessera::fill_uniform<float>(float*, std::int64_t, std::uint64_t, std::uint64_t, double, double))
+// The layouts of the CPU loops, by operand count.
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::strided_layout<2>)
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::strided_layout<3>)
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::strided_layout<4>)
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::strided_layout<5>)
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::split_layout<1>)
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::split_layout<2>)
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::split_layout<3>)
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<1>)
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<2>)
+TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<3>)

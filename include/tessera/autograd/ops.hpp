@@ -27,7 +27,10 @@ using tessera::detail::as_node;
 
 /// The dims of `full` summed to reach `target` (NumPy broadcasting read backwards): leading dims
 /// `target` lacks, and dims where `target` has extent 1.
-inline std::vector<int> broadcast_dims(const Shape& full, const Shape& target) {
+TESSERA_API std::vector<int> broadcast_dims(const Shape& full, const Shape& target);
+
+#if TESSERA_DEFINITIONS
+TESSERA_API std::vector<int> broadcast_dims(const Shape& full, const Shape& target) {
   std::vector<int> dims;
   const int lead = full.size() - target.size();
   for (int d = 0; d < full.size(); ++d) {
@@ -35,6 +38,7 @@ inline std::vector<int> broadcast_dims(const Shape& full, const Shape& target) {
   }
   return dims;
 }
+#endif  // TESSERA_DEFINITIONS
 
 using tessera::detail::add_into;  // every planned buffer shares the arena's storage
 
@@ -209,21 +213,36 @@ std::vector<int> distinct_vars(const E& e) {
 /// A node whose backward is the gradient jobs of one expression (fused and reduce nodes).
 class expression_backward_node : public node {
  public:
-  void finalize(const std::vector<value_info>& values) override { gradients_.finalize(values); }
-  std::vector<int> contributions() const override { return gradients_.contributions(); }
-  std::vector<int> backward_reads() const override {
-    std::vector<int> values, grads;
-    gradients_.add_reads(values, grads);
-    return encode_reads(values, grads);
-  }
-  std::size_t backward_scratch() const override { return gradients_.scratch(); }
-  void backward(value_table& table, const std::vector<char>& accumulate) override {
-    gradients_.run(table, accumulate);
-  }
+  void finalize(const std::vector<value_info>& values) override;
+  std::vector<int> contributions() const override;
+  std::vector<int> backward_reads() const override;
+  std::size_t backward_scratch() const override;
+  void backward(value_table& table, const std::vector<char>& accumulate) override;
 
  protected:
   expression_gradients gradients_;
 };
+
+#if TESSERA_DEFINITIONS
+TESSERA_API void expression_backward_node::finalize(const std::vector<value_info>& values) {
+  gradients_.finalize(values);
+}
+TESSERA_API std::vector<int> expression_backward_node::contributions() const {
+  return gradients_.contributions();
+}
+TESSERA_API std::vector<int> expression_backward_node::backward_reads() const {
+  std::vector<int> values, grads;
+  gradients_.add_reads(values, grads);
+  return encode_reads(values, grads);
+}
+TESSERA_API std::size_t expression_backward_node::backward_scratch() const {
+  return gradients_.scratch();
+}
+TESSERA_API void expression_backward_node::backward(value_table& table,
+                                                    const std::vector<char>& accumulate) {
+  gradients_.run(table, accumulate);
+}
+#endif  // TESSERA_DEFINITIONS
 
 /// A fused elementwise expression: forward is one executor pass, each input's gradient another.
 template <class T, class K, class E>
@@ -305,20 +324,27 @@ class reduce_node final : public expression_backward_node {
 /// one, reading the output's gradient and the forward values saved() names.
 class single_input_node : public node {
  public:
-  void finalize(const std::vector<value_info>& values) override {
-    needs_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
-  }
-  std::vector<int> contributions() const override {
-    return needs_ ? std::vector<int>{inputs[0]} : std::vector<int>{};
-  }
-  std::vector<int> backward_reads() const override {
-    return needs_ ? encode_reads(saved(), {output}) : std::vector<int>{};
-  }
+  void finalize(const std::vector<value_info>& values) override;
+  std::vector<int> contributions() const override;
+  std::vector<int> backward_reads() const override;
 
  protected:
-  virtual std::vector<int> saved() const { return {}; }
+  virtual std::vector<int> saved() const;
   bool needs_ = false;
 };
+
+#if TESSERA_DEFINITIONS
+TESSERA_API void single_input_node::finalize(const std::vector<value_info>& values) {
+  needs_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
+}
+TESSERA_API std::vector<int> single_input_node::contributions() const {
+  return needs_ ? std::vector<int>{inputs[0]} : std::vector<int>{};
+}
+TESSERA_API std::vector<int> single_input_node::backward_reads() const {
+  return needs_ ? encode_reads(saved(), {output}) : std::vector<int>{};
+}
+TESSERA_API std::vector<int> single_input_node::saved() const { return {}; }
+#endif  // TESSERA_DEFINITIONS
 
 /// max or min of a value, over everything or along one dim. The gradient goes to the elements
 /// equal to the result, split evenly among ties (PyTorch's amax/amin rule).

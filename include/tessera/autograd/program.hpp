@@ -178,6 +178,14 @@ class program_state {
 
   std::string report() const;
 
+  /// Binds a forward's inputs (the tensors as given; non-contiguous ones are copied) and the
+  /// parameters' current values. Throws, naming the input and both values, for a count, dtype,
+  /// device or shape other than compiled, and for a parameter changed since compile; the table
+  /// is changed only once every input has been checked.
+  void bind(const AnyTensor* inputs, std::size_t count);
+
+  ~program_state();
+
  private:
   std::size_t arena_index(Device device) const;
 
@@ -717,6 +725,57 @@ TESSERA_API void program_state::place() {
     plan.inputs += round_block(g->values[static_cast<std::size_t>(id)].bytes());
   plan.peak_bytes = plan.inputs + plan.parameters + plan.gradients + arena_blocks;
 }
+
+TESSERA_API void program_state::bind(const AnyTensor* inputs, std::size_t count) {
+  if (count != input_ids.size()) {
+    throw error("Program::forward: expected " + std::to_string(input_ids.size()) +
+                " inputs, got " + std::to_string(count));
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    const AnyTensor& x = inputs[i];
+    const value_info& info = g->values[static_cast<std::size_t>(input_ids[i])];
+    const std::string which = "Program::forward: input " + std::to_string(i);
+    if (!x.defined()) throw error(which + " is undefined");
+    if (x.dtype() != info.dtype) {
+      throw dtype_error(which + " has dtype " + std::string(name(x.dtype())) + ", expected " +
+                        std::string(name(info.dtype)));
+    }
+    if (x.device() != info.device) {
+      throw device_mismatch_error(which + " is on " + x.device().str() + ", expected " +
+                                  info.device.str());
+    }
+    if (x.shape() != info.shape) {
+      throw shape_error(which + " has shape " + x.shape().str() + ", expected " + info.shape.str());
+    }
+  }
+  for (std::size_t p = 0; p < g->parameters.size(); ++p) {
+    const auto& binding = g->parameters[p];
+    const AnyTensor value = binding.value();
+    const value_info& info = g->values[static_cast<std::size_t>(binding.value_id)];
+    if (!value.defined() || value.shape() != info.shape || value.dtype() != info.dtype ||
+        value.device() != info.device || !value.is_contiguous()) {
+      throw error("Program::forward: parameter " + std::to_string(p) + " changed since compile: " +
+                  "traced as " + std::string(name(info.dtype)) + " " + info.shape.str() + " on " +
+                  info.device.str() + ", now " +
+                  (value.defined() ? std::string(name(value.dtype())) + " " + value.shape().str() +
+                                         " on " + value.device().str() +
+                                         (value.is_contiguous() ? "" : " (not contiguous)")
+                                   : std::string("undefined")) +
+                  "; compile again after moving or replacing parameters");
+    }
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    table.tensors[static_cast<std::size_t>(input_ids[i])] = inputs[i];
+  }
+  for (const auto& binding : g->parameters) {
+    table.tensors[static_cast<std::size_t>(binding.value_id)] = binding.value();
+  }
+  for (std::size_t v = 0; v < g->constants.size(); ++v) {
+    if (g->constants[v].defined()) table.tensors[v] = g->constants[v];
+  }
+}
+
+TESSERA_API program_state::~program_state() = default;
 #endif  // TESSERA_DEFINITIONS
 
 template <class X>
@@ -836,33 +895,13 @@ class Program {
  private:
   template <class... Ts>
   void bind(const Ts&... inputs) {
-    auto& s = *state_;
-    if (sizeof...(Ts) != s.input_ids.size()) {
-      throw error("Program::forward: expected " + std::to_string(s.input_ids.size()) +
-                  " inputs, got " + std::to_string(sizeof...(Ts)));
-    }
-    std::size_t i = 0;
-    (bind_input(i++, inputs), ...);
-    for (std::size_t p = 0; p < s.g->parameters.size(); ++p) {
-      const auto& binding = s.g->parameters[p];
-      const AnyTensor value = binding.value();
-      const detail::value_info& info = s.g->values[static_cast<std::size_t>(binding.value_id)];
-      if (!value.defined() || value.shape() != info.shape || value.dtype() != info.dtype ||
-          value.device() != info.device || !value.is_contiguous()) {
-        throw error("Program::forward: parameter " + std::to_string(p) +
-                    " changed since compile: " + "traced as " + std::string(name(info.dtype)) +
-                    " " + info.shape.str() + " on " + info.device.str() + ", now " +
-                    (value.defined() ? std::string(name(value.dtype())) + " " +
-                                           value.shape().str() + " on " + value.device().str() +
-                                           (value.is_contiguous() ? "" : " (not contiguous)")
-                                     : std::string("undefined")) +
-                    "; compile again after moving or replacing parameters");
-      }
-      s.table.tensors[static_cast<std::size_t>(binding.value_id)] = value;
-    }
-    for (std::size_t v = 0; v < s.g->constants.size(); ++v) {
-      if (s.g->constants[v].defined()) s.table.tensors[v] = s.g->constants[v];
-    }
+    static_assert((tessera::detail::is_tensor<Ts>::value && ...),
+                  "Program::forward: inputs are tensors");
+    // Made contiguous and type-erased here; checked and bound out of line, the same code for
+    // every program.
+    const AnyTensor erased[sizeof...(Ts) + 1] = {
+        AnyTensor(inputs.defined() ? inputs.contiguous() : inputs)...};
+    state_->bind(erased, sizeof...(Ts));
   }
 
  public:
@@ -883,27 +922,6 @@ class Program {
     } else {
       return 1;
     }
-  }
-  template <class X>
-  void bind_input(std::size_t i, const X& x) {
-    static_assert(tessera::detail::is_tensor<X>::value, "Program::forward: inputs are tensors");
-    auto& s = *state_;
-    const detail::value_info& info = s.g->values[static_cast<std::size_t>(s.input_ids[i])];
-    using T = typename X::value_type;
-    const std::string which = "Program::forward: input " + std::to_string(i);
-    if (!x.defined()) throw error(which + " is undefined");
-    if (scalar_type_of<T> != info.dtype) {
-      throw dtype_error(which + " has dtype " + std::string(name(scalar_type_of<T>)) +
-                        ", expected " + std::string(name(info.dtype)));
-    }
-    if (x.device() != info.device) {
-      throw device_mismatch_error(which + " is on " + x.device().str() + ", expected " +
-                                  info.device.str());
-    }
-    if (x.shape() != info.shape) {
-      throw shape_error(which + " has shape " + x.shape().str() + ", expected " + info.shape.str());
-    }
-    s.table.tensors[static_cast<std::size_t>(s.input_ids[i])] = x.contiguous();
   }
   template <std::size_t... I>
   Result results(std::index_sequence<I...>) const {

@@ -74,7 +74,7 @@ struct parameter_binding {
 /// A recorded operation. Nodes read their inputs from and write their output to a value_table.
 class node {
  public:
-  virtual ~node() = default;
+  virtual ~node();  // out of line in compiled mode: node's vtable is the library's
   virtual const char* name() const = 0;
   /// Computes the output from the inputs.
   virtual void forward(value_table& table) = 0;
@@ -175,48 +175,12 @@ class graph {
   std::vector<parameter_binding> parameters;
   std::vector<AnyTensor> constants;  // by value id (undefined for others)
 
-  int add_value(value_info info) {
-    values.push_back(std::move(info));
-    constants.emplace_back();
-    return static_cast<int>(values.size()) - 1;
-  }
+  int add_value(value_info info);
   /// Records `n` producing a new contiguous value of dtype `dtype` and `shape` on `device`.
-  int add_node(std::unique_ptr<node> n, const Shape& shape, ScalarType dtype, Device device) {
-    value_info info;
-    info.shape = shape;
-    info.strides = shape.contiguous_strides();
-    info.dtype = dtype;
-    info.device = device;
-    info.role = value_role::computed;
-    info.producer = static_cast<int>(nodes.size());
-    for (int input : n->inputs) {
-      if (values[static_cast<std::size_t>(input)].requires_grad) info.requires_grad = true;
-    }
-    if (!is_floating_point(dtype)) info.requires_grad = false;
-    const int id = add_value(std::move(info));
-    n->output = id;
-    nodes.push_back(std::move(n));
-    return id;
-  }
+  int add_node(std::unique_ptr<node> n, const Shape& shape, ScalarType dtype, Device device);
   /// Records a view node: its output shares the storage of inputs[0].
   int add_view(std::unique_ptr<node> n, const Shape& shape, const Strides& strides,
-               std::int64_t offset) {
-    const value_info& base = values[static_cast<std::size_t>(n->inputs[0])];
-    value_info info;
-    info.shape = shape;
-    info.strides = strides;
-    info.offset = base.offset + offset;
-    info.dtype = base.dtype;
-    info.device = base.device;
-    info.role = value_role::view;
-    info.producer = static_cast<int>(nodes.size());
-    info.base = n->inputs[0];
-    info.requires_grad = base.requires_grad;
-    const int id = add_value(std::move(info));
-    n->output = id;
-    nodes.push_back(std::move(n));
-    return id;
-  }
+               std::int64_t offset);
   /// A tensor captured while tracing, used by a node (not by an expression, which holds it).
   template <class T, class K>
   int add_constant(const Tensor<T, K>& tensor) {
@@ -271,6 +235,52 @@ template <class X>
 struct is_var : std::false_type {};
 template <class T, class K>
 struct is_var<Var<T, K>> : std::true_type {};
+
+#if TESSERA_DEFINITIONS
+TESSERA_API node::~node() = default;
+
+TESSERA_API int graph::add_value(value_info info) {
+  values.push_back(std::move(info));
+  constants.emplace_back();
+  return static_cast<int>(values.size()) - 1;
+}
+
+TESSERA_API int graph::add_node(std::unique_ptr<node> n, const Shape& shape, ScalarType dtype, Device device) {
+  value_info info;
+  info.shape = shape;
+  info.strides = shape.contiguous_strides();
+  info.dtype = dtype;
+  info.device = device;
+  info.role = value_role::computed;
+  info.producer = static_cast<int>(nodes.size());
+  for (int input : n->inputs) {
+    if (values[static_cast<std::size_t>(input)].requires_grad) info.requires_grad = true;
+  }
+  if (!is_floating_point(dtype)) info.requires_grad = false;
+  const int id = add_value(std::move(info));
+  n->output = id;
+  nodes.push_back(std::move(n));
+  return id;
+}
+
+TESSERA_API int graph::add_view(std::unique_ptr<node> n, const Shape& shape, const Strides& strides, std::int64_t offset) {
+  const value_info& base = values[static_cast<std::size_t>(n->inputs[0])];
+  value_info info;
+  info.shape = shape;
+  info.strides = strides;
+  info.offset = base.offset + offset;
+  info.dtype = base.dtype;
+  info.device = base.device;
+  info.role = value_role::view;
+  info.producer = static_cast<int>(nodes.size());
+  info.base = n->inputs[0];
+  info.requires_grad = base.requires_grad;
+  const int id = add_value(std::move(info));
+  n->output = id;
+  nodes.push_back(std::move(n));
+  return id;
+}
+#endif  // TESSERA_DEFINITIONS
 
 /// The graph of the first Var leaf of a symbolic expression.
 template <class E>

@@ -29,7 +29,14 @@ inline const char* to_string(DeviceType type) noexcept {
 
 namespace detail {
 /// Parses TESSERA_CPU_DEVICES; unset or empty means 1. Anything but an integer in [1, 1024] throws.
-inline int parse_cpu_device_count(const char* text) {
+TESSERA_API int parse_cpu_device_count(const char* text);
+
+inline int& current_cpu_device_slot() noexcept {
+  thread_local int current = 0;
+  return current;
+}
+#if TESSERA_DEFINITIONS
+TESSERA_API int parse_cpu_device_count(const char* text) {
   if (text == nullptr || *text == '\0') return 1;
   std::string_view view(text);
   int value = 0;
@@ -40,11 +47,8 @@ inline int parse_cpu_device_count(const char* text) {
   }
   return value;
 }
+#endif  // TESSERA_DEFINITIONS
 
-inline int& current_cpu_device_slot() noexcept {
-  thread_local int current = 0;
-  return current;
-}
 }  // namespace detail
 
 /// The CPU device kind. Virtual CPU devices share the host's memory but each has its own pool,
@@ -132,39 +136,11 @@ struct Device {
 
   constexpr bool is_cpu() const noexcept { return type == DeviceType::cpu; }
   constexpr bool is_cuda() const noexcept { return type == DeviceType::cuda; }
-  std::string str() const { return std::string(to_string(type)) + ":" + std::to_string(index); }
+  std::string str() const;
 
   /// Parses "cpu", "cpu:N", "cuda", "cuda:N" (bare kind = ordinal 0). Throws
   /// std::invalid_argument naming the text. Does not check that the ordinal exists.
-  static Device parse(std::string_view text) {
-    auto fail = [&]() -> Device {
-      throw std::invalid_argument("Device::parse: '" + std::string(text) +
-                                  "' is not a device (expected cpu, cpu:N, cuda or cuda:N)");
-    };
-    std::string_view kind = text;
-    std::string_view ordinal;
-    if (auto colon = text.find(':'); colon != std::string_view::npos) {
-      kind = text.substr(0, colon);
-      ordinal = text.substr(colon + 1);
-      if (ordinal.empty()) return fail();
-    }
-    Device device;
-    if (kind == "cpu") {
-      device.type = DeviceType::cpu;
-    } else if (kind == "cuda") {
-      device.type = DeviceType::cuda;
-    } else {
-      return fail();
-    }
-    if (!ordinal.empty()) {
-      auto [end, code] =
-          std::from_chars(ordinal.data(), ordinal.data() + ordinal.size(), device.index);
-      if (code != std::errc() || end != ordinal.data() + ordinal.size() || device.index < 0) {
-        return fail();
-      }
-    }
-    return device;
-  }
+  static Device parse(std::string_view text);
 
   friend constexpr bool operator==(const Device&, const Device&) = default;
   friend std::ostream& operator<<(std::ostream& os, const Device& d) { return os << d.str(); }
@@ -175,15 +151,53 @@ inline int device_count(DeviceType type) {
   return type == DeviceType::cpu ? cpu::device_count() : cuda::device_count();
 }
 
+#if TESSERA_DEFINITIONS
+TESSERA_API std::string Device::str() const { return std::string(to_string(type)) + ":" + std::to_string(index); }
+
+TESSERA_API Device Device::parse(std::string_view text) {
+  auto fail = [&]() -> Device {
+    throw std::invalid_argument("Device::parse: '" + std::string(text) +
+                                "' is not a device (expected cpu, cpu:N, cuda or cuda:N)");
+  };
+  std::string_view kind = text;
+  std::string_view ordinal;
+  if (auto colon = text.find(':'); colon != std::string_view::npos) {
+    kind = text.substr(0, colon);
+    ordinal = text.substr(colon + 1);
+    if (ordinal.empty()) return fail();
+  }
+  Device device;
+  if (kind == "cpu") {
+    device.type = DeviceType::cpu;
+  } else if (kind == "cuda") {
+    device.type = DeviceType::cuda;
+  } else {
+    return fail();
+  }
+  if (!ordinal.empty()) {
+    auto [end, code] =
+        std::from_chars(ordinal.data(), ordinal.data() + ordinal.size(), device.index);
+    if (code != std::errc() || end != ordinal.data() + ordinal.size() || device.index < 0) {
+      return fail();
+    }
+  }
+  return device;
+}
+#endif  // TESSERA_DEFINITIONS
+
 namespace detail {
 /// check_device's error, out of line so that the check itself inlines into every allocation.
-[[noreturn, gnu::cold, gnu::noinline]] inline void throw_no_such_device(Device device, int count) {
+[[noreturn, gnu::cold, gnu::noinline]] TESSERA_API void throw_no_such_device(Device device, int count);
+#if TESSERA_DEFINITIONS
+TESSERA_API void throw_no_such_device(Device device, int count) {
   throw device_error("device " + device.str() + " does not exist: " + std::to_string(count) + " " +
                      to_string(device.type) + (count == 1 ? " device is" : " devices are") +
                      " available" +
                      (device.is_cpu() ? " (set TESSERA_CPU_DEVICES for more virtual CPU devices)"
                                       : ""));
 }
+#endif  // TESSERA_DEFINITIONS
+
 }  // namespace detail
 
 /// Throws device_error naming the device when its ordinal does not exist on this machine.

@@ -473,7 +473,10 @@ inline generator_registry& generators() {
 /// The default generator of device d, created on first use with the global seed (see
 /// manual_seed). The reference stays valid for the program's life. Throws device_error naming
 /// the device (e.g. "cpu:5") when d does not exist on this machine.
-inline Generator& default_generator(Device device) {
+TESSERA_API Generator& default_generator(Device device);
+
+#if TESSERA_DEFINITIONS
+TESSERA_API Generator& default_generator(Device device) {
   check_device(device);
   auto& registry = detail::generators();
   std::lock_guard lock(registry.mutex);
@@ -483,6 +486,7 @@ inline Generator& default_generator(Device device) {
   if (!slots[index]) slots[index] = std::make_unique<Generator>(device, registry.seed);
   return *slots[index];
 }
+#endif  // TESSERA_DEFINITIONS
 
 /// Seeds every device's default generator, those that exist and those created later, and
 /// resets their offsets to 0: the same seed and shapes then give the same numbers on CPU and

@@ -76,79 +76,23 @@ class Shape {
     return normalize_dim(dim, rank_, operation);
   }
   static int normalize_dim(std::int64_t dim, int rank, const char* operation = "dim") {
-    if (dim < -rank || dim >= rank) {
-      throw shape_error(std::string(operation) + ": dimension " + std::to_string(dim) +
-                        " is out of range for a tensor of " + std::to_string(rank) +
-                        " dimensions (expected [" + std::to_string(-rank) + ", " +
-                        std::to_string(rank - 1) + "])");
-    }
+    if (dim < -rank || dim >= rank) throw_dim_out_of_range(dim, rank, operation);
     return static_cast<int>(dim < 0 ? dim + rank : dim);
   }
 
   /// Resolves one `-1` so that the product equals `numel`. Throws shape_error (naming the shape
   /// and the element count) for two -1, other negative extents, or a product that cannot match.
-  Shape infer(std::int64_t numel, const char* operation = "view") const {
-    Shape out = *this;
-    int unknown = -1;
-    std::int64_t known = 1;
-    for (int i = 0; i < rank_; ++i) {
-      if (extents_[i] == -1) {
-        if (unknown >= 0) {
-          throw shape_error(std::string(operation) + ": only one dimension can be inferred in " +
-                            str());
-        }
-        unknown = i;
-      } else if (extents_[i] < 0) {
-        throw shape_error(std::string(operation) + ": invalid extent " +
-                          std::to_string(extents_[i]) + " in " + str());
-      } else if (__builtin_mul_overflow(known, extents_[i], &known)) {
-        throw shape_error(std::string(operation) + ": shape " + str() +
-                          " is invalid for input of size " + std::to_string(numel) +
-                          " (its element count does not fit in a 64-bit integer)");
-      }
-    }
-    if (unknown >= 0) {
-      if (known == 0 || numel % known != 0) {
-        throw shape_error(std::string(operation) + ": shape " + str() +
-                          " is invalid for input of size " + std::to_string(numel));
-      }
-      out.extents_[unknown] = numel / known;
-    } else if (known != numel) {
-      throw shape_error(std::string(operation) + ": shape " + str() +
-                        " is invalid for input of size " + std::to_string(numel));
-    }
-    return out;
-  }
+  Shape infer(std::int64_t numel, const char* operation = "view") const;
 
   /// Throws shape_error naming the operation and the shape when an extent is negative, or when
   /// the shape is too large for 64-bit arithmetic: its element count, a row-major stride (the
   /// product of the extents, each counted as at least 1) or its size at `element_bytes` per
   /// element does not fit in int64. Every tensor Tessera makes passes this check, so numel(),
   /// strides and byte sizes computed later cannot overflow.
-  void check_size(const char* operation, std::size_t element_bytes = 1) const {
-    check_non_negative(operation);
-    std::int64_t product = static_cast<std::int64_t>(element_bytes);
-    for (int i = 0; i < rank_; ++i) {
-      if (__builtin_mul_overflow(product, std::max<std::int64_t>(extents_[i], 1), &product)) {
-        throw shape_error(std::string(operation) + ": shape " + str() +
-                          " is too large: its element count" +
-                          (element_bytes > 1 ? " or size in bytes (" +
-                                                   std::to_string(element_bytes) + " per element)"
-                                             : std::string()) +
-                          " does not fit in a 64-bit integer");
-      }
-    }
-  }
+  void check_size(const char* operation, std::size_t element_bytes = 1) const;
 
   /// Throws shape_error when an extent is negative (factories call this).
-  void check_non_negative(const char* operation) const {
-    for (int i = 0; i < rank_; ++i) {
-      if (extents_[i] < 0) {
-        throw shape_error(std::string(operation) + ": negative extent " +
-                          std::to_string(extents_[i]) + " in shape " + str());
-      }
-    }
-  }
+  void check_non_negative(const char* operation) const;
 
   /// Row-major (C-contiguous) strides of this shape, in elements.
   Shape contiguous_strides() const {
@@ -164,14 +108,7 @@ class Shape {
   std::vector<std::int64_t> to_vector() const { return {begin(), end()}; }
 
   /// "[2, 3]" (PyTorch prints torch.Size([2, 3]); the bare list reads better in messages).
-  std::string str() const {
-    std::string s = "[";
-    for (int i = 0; i < rank_; ++i) {
-      if (i) s += ", ";
-      s += std::to_string(extents_[i]);
-    }
-    return s + "]";
-  }
+  std::string str() const;
 
   friend bool operator==(const Shape& a, const Shape& b) noexcept {
     return a.rank_ == b.rank_ && std::equal(a.begin(), a.end(), b.begin());
@@ -187,11 +124,11 @@ class Shape {
     std::copy(first, last, extents_);
   }
   static void check_rank(int rank) {
-    if (rank > max_dims) {
-      throw shape_error("Shape: " + std::to_string(rank) + " dimensions requested; at most " +
-                        std::to_string(max_dims) + " are supported");
-    }
+    if (rank > max_dims) throw_too_many_dims(rank);
   }
+  [[noreturn, gnu::cold]] static void throw_dim_out_of_range(std::int64_t dim, int rank,
+                                                             const char* operation);
+  [[noreturn, gnu::cold]] static void throw_too_many_dims(int rank);
 
   std::int64_t extents_[max_dims] = {};
   int rank_ = 0;
@@ -203,7 +140,95 @@ using Strides = Shape;
 /// NumPy/PyTorch broadcasting: the shape both operands expand to (aligned at the last
 /// dimension; each pair of extents must be equal or contain a 1). Throws shape_error printing
 /// both shapes.
-inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* operation = "broadcast") {
+TESSERA_API Shape broadcast_shapes(const Shape& a, const Shape& b,
+                                   const char* operation = "broadcast");
+
+/// Strides that read a view of shape `from` (strides `strides`) as if it had the broadcast shape
+/// `to`: stride 0 where an extent is 1 or missing. Throws shape_error when `from` does not
+/// broadcast to `to`.
+TESSERA_API Strides expand_strides(const Shape& from, const Strides& strides, const Shape& to,
+                                   const char* operation = "expand");
+
+#if TESSERA_DEFINITIONS
+TESSERA_API void Shape::throw_dim_out_of_range(std::int64_t dim, int rank, const char* operation) {
+  throw shape_error(std::string(operation) + ": dimension " + std::to_string(dim) +
+                    " is out of range for a tensor of " + std::to_string(rank) +
+                    " dimensions (expected [" + std::to_string(-rank) + ", " +
+                    std::to_string(rank - 1) + "])");
+}
+
+TESSERA_API Shape Shape::infer(std::int64_t numel, const char* operation) const {
+  Shape out = *this;
+  int unknown = -1;
+  std::int64_t known = 1;
+  for (int i = 0; i < rank_; ++i) {
+    if (extents_[i] == -1) {
+      if (unknown >= 0) {
+        throw shape_error(std::string(operation) + ": only one dimension can be inferred in " +
+                          str());
+      }
+      unknown = i;
+    } else if (extents_[i] < 0) {
+      throw shape_error(std::string(operation) + ": invalid extent " + std::to_string(extents_[i]) +
+                        " in " + str());
+    } else if (__builtin_mul_overflow(known, extents_[i], &known)) {
+      throw shape_error(std::string(operation) + ": shape " + str() +
+                        " is invalid for input of size " + std::to_string(numel) +
+                        " (its element count does not fit in a 64-bit integer)");
+    }
+  }
+  if (unknown >= 0) {
+    if (known == 0 || numel % known != 0) {
+      throw shape_error(std::string(operation) + ": shape " + str() +
+                        " is invalid for input of size " + std::to_string(numel));
+    }
+    out.extents_[unknown] = numel / known;
+  } else if (known != numel) {
+    throw shape_error(std::string(operation) + ": shape " + str() +
+                      " is invalid for input of size " + std::to_string(numel));
+  }
+  return out;
+}
+
+TESSERA_API void Shape::check_size(const char* operation, std::size_t element_bytes) const {
+  check_non_negative(operation);
+  std::int64_t product = static_cast<std::int64_t>(element_bytes);
+  for (int i = 0; i < rank_; ++i) {
+    if (__builtin_mul_overflow(product, std::max<std::int64_t>(extents_[i], 1), &product)) {
+      throw shape_error(
+          std::string(operation) + ": shape " + str() + " is too large: its element count" +
+          (element_bytes > 1
+               ? " or size in bytes (" + std::to_string(element_bytes) + " per element)"
+               : std::string()) +
+          " does not fit in a 64-bit integer");
+    }
+  }
+}
+
+TESSERA_API void Shape::check_non_negative(const char* operation) const {
+  for (int i = 0; i < rank_; ++i) {
+    if (extents_[i] < 0) {
+      throw shape_error(std::string(operation) + ": negative extent " +
+                        std::to_string(extents_[i]) + " in shape " + str());
+    }
+  }
+}
+
+TESSERA_API std::string Shape::str() const {
+  std::string s = "[";
+  for (int i = 0; i < rank_; ++i) {
+    if (i) s += ", ";
+    s += std::to_string(extents_[i]);
+  }
+  return s + "]";
+}
+
+TESSERA_API void Shape::throw_too_many_dims(int rank) {
+  throw shape_error("Shape: " + std::to_string(rank) + " dimensions requested; at most " +
+                    std::to_string(max_dims) + " are supported");
+}
+
+TESSERA_API Shape broadcast_shapes(const Shape& a, const Shape& b, const char* operation) {
   const int rank = std::max(a.size(), b.size());
   Shape out = Shape::filled(rank, 1);
   for (int i = 0; i < rank; ++i) {
@@ -221,11 +246,8 @@ inline Shape broadcast_shapes(const Shape& a, const Shape& b, const char* operat
   return out;
 }
 
-/// Strides that read a view of shape `from` (strides `strides`) as if it had the broadcast shape
-/// `to`: stride 0 where an extent is 1 or missing. Throws shape_error when `from` does not
-/// broadcast to `to`.
-inline Strides expand_strides(const Shape& from, const Strides& strides, const Shape& to,
-                              const char* operation = "expand") {
+TESSERA_API Strides expand_strides(const Shape& from, const Strides& strides, const Shape& to,
+                                   const char* operation) {
   if (from.size() > to.size()) {
     throw shape_error(std::string(operation) + ": shape " + from.str() +
                       " cannot be broadcast to " + to.str());
@@ -238,12 +260,12 @@ inline Strides expand_strides(const Shape& from, const Strides& strides, const S
       out[i] = to[i] == 1 ? 0 : strides[j];
     } else if (from[j] != 1) {
       throw shape_error(std::string(operation) + ": shape " + from.str() +
-                        " cannot be broadcast to " + to.str() + " (dimension " +
-                        std::to_string(i) + ": " + std::to_string(from[j]) + " vs " +
-                        std::to_string(to[i]) + ")");
+                        " cannot be broadcast to " + to.str() + " (dimension " + std::to_string(i) +
+                        ": " + std::to_string(from[j]) + " vs " + std::to_string(to[i]) + ")");
     }
   }
   return out;
 }
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera

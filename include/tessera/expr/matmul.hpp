@@ -124,28 +124,7 @@ blas_plan plan_blas(matmul_operand<T, K>& lhs, matmul_operand<T, K>& rhs, std::i
 }
 
 /// Shape checks; returns the output shape. Throws before anything is allocated.
-inline Shape matmul_result_shape(const Shape& a, const Shape& b) {
-  const auto both = [&] { return a.str() + " and " + b.str(); };
-  if (a.size() < 2 || a.size() > 3 || b.size() < 2 || b.size() > 3) {
-    throw shape_error("matmul: expects 2-D or 3-D tensors, got shapes " + both());
-  }
-  const std::int64_t m = a[a.size() - 2], k = a[a.size() - 1];
-  const std::int64_t k2 = b[b.size() - 2], n = b[b.size() - 1];
-  if (k != k2) {
-    throw shape_error("matmul: shapes " + both() + " cannot be multiplied (" + std::to_string(k) +
-                      " != " + std::to_string(k2) + ")");
-  }
-  if (a.size() == 2 && b.size() == 2) return Shape{m, n};
-  const std::int64_t batch_a = a.size() == 3 ? a[0] : 1;
-  const std::int64_t batch_b = b.size() == 3 ? b[0] : 1;
-  if (a.size() == 3 && b.size() == 3 && batch_a != batch_b && batch_a != 1 && batch_b != 1) {
-    throw shape_error("matmul: batch sizes " + std::to_string(batch_a) + " and " +
-                      std::to_string(batch_b) + " do not match (shapes " + both() + ")");
-  }
-  // Broadcasting: a batch of 1 (or a 2-D operand) is used for every entry of the other's batch.
-  const std::int64_t batch = batch_a == 1 ? batch_b : batch_a;
-  return Shape{batch, m, n};
-}
+TESSERA_API Shape matmul_result_shape(const Shape& a, const Shape& b);
 
 /// True when matmul_into can add into its output in the same call (BLAS's beta = 1): the CBLAS
 /// path for float and double, cuBLAS on CUDA. The built-in kernel only overwrites.
@@ -234,6 +213,31 @@ void matmul_add_into(Tensor<T, K> target, const Tensor<T, K>& x, const Tensor<T,
   matmul_into(partial, x, y);
   add_into(target, as_node(partial));
 }
+
+#if TESSERA_DEFINITIONS
+TESSERA_API Shape matmul_result_shape(const Shape& a, const Shape& b) {
+  const auto both = [&] { return a.str() + " and " + b.str(); };
+  if (a.size() < 2 || a.size() > 3 || b.size() < 2 || b.size() > 3) {
+    throw shape_error("matmul: expects 2-D or 3-D tensors, got shapes " + both());
+  }
+  const std::int64_t m = a[a.size() - 2], k = a[a.size() - 1];
+  const std::int64_t k2 = b[b.size() - 2], n = b[b.size() - 1];
+  if (k != k2) {
+    throw shape_error("matmul: shapes " + both() + " cannot be multiplied (" + std::to_string(k) +
+                      " != " + std::to_string(k2) + ")");
+  }
+  if (a.size() == 2 && b.size() == 2) return Shape{m, n};
+  const std::int64_t batch_a = a.size() == 3 ? a[0] : 1;
+  const std::int64_t batch_b = b.size() == 3 ? b[0] : 1;
+  if (a.size() == 3 && b.size() == 3 && batch_a != batch_b && batch_a != 1 && batch_b != 1) {
+    throw shape_error("matmul: batch sizes " + std::to_string(batch_a) + " and " +
+                      std::to_string(batch_b) + " do not match (shapes " + both() + ")");
+  }
+  // Broadcasting: a batch of 1 (or a 2-D operand) is used for every entry of the other's batch.
+  const std::int64_t batch = batch_a == 1 ? batch_b : batch_a;
+  return Shape{batch, m, n};
+}
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace detail
 

@@ -58,14 +58,23 @@ struct common_kind<any_kind, any_kind> {
   using type = any_kind;
 };
 
+/// merge_device's error, out of line.
+[[noreturn, gnu::cold]] TESSERA_API void throw_devices_differ(Device first, Device second,
+                                                             const char* operation);
+#if TESSERA_DEFINITIONS
+TESSERA_API void throw_devices_differ(Device first, Device second, const char* operation) {
+  throw device_mismatch_error(std::string(operation) + ": operands are on different devices, " +
+                              first.str() + " and " + second.str());
+}
+#endif
+
 /// Records `mine` as the expression's device in `device`, or throws device_mismatch_error naming
 /// both when another leaf already put a different one there.
 inline void merge_device(std::optional<Device>& device, Device mine, const char* operation) {
   if (!device) {
     device = mine;
   } else if (*device != mine) {
-    throw device_mismatch_error(std::string(operation) + ": operands are on different devices, " +
-                                device->str() + " and " + mine.str());
+    throw_devices_differ(*device, mine, operation);
   }
 }
 

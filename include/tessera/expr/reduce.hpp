@@ -51,17 +51,7 @@ std::array<Strides, Node::leaf_count> leaf_strides_of(const Node& node) {
 
 /// Maps `dim` into [0, rank); a 0-dim input takes 0 and -1, as in PyTorch. Throws shape_error
 /// naming the dimension, the rank and the shape.
-inline int reduction_dim(const Shape& shape, std::int64_t dim, const char* operation) {
-  const int rank = shape.size();
-  const int span = rank == 0 ? 1 : rank;
-  if (dim < -span || dim >= span) {
-    throw shape_error(std::string(operation) + ": dimension " + std::to_string(dim) +
-                      " is out of range for a tensor of " + std::to_string(rank) +
-                      " dimensions (shape " + shape.str() + "; expected [" + std::to_string(-span) +
-                      ", " + std::to_string(span - 1) + "])");
-  }
-  return static_cast<int>(dim < 0 ? dim + span : dim);
-}
+TESSERA_API int reduction_dim(const Shape& shape, std::int64_t dim, const char* operation);
 
 /// The shape of a reduction along `dim`: that dimension removed, or kept with extent 1.
 inline Shape reduced_shape(const Shape& shape, int dim, bool keepdim) {
@@ -214,6 +204,20 @@ auto softmax_of(const Node& node, std::int64_t dim, const char* operation) {
   softmax_into<Log>(out, node, dim, operation);
   return out;
 }
+
+#if TESSERA_DEFINITIONS
+TESSERA_API int reduction_dim(const Shape& shape, std::int64_t dim, const char* operation) {
+  const int rank = shape.size();
+  const int span = rank == 0 ? 1 : rank;
+  if (dim < -span || dim >= span) {
+    throw shape_error(std::string(operation) + ": dimension " + std::to_string(dim) +
+                      " is out of range for a tensor of " + std::to_string(rank) +
+                      " dimensions (shape " + shape.str() + "; expected [" + std::to_string(-span) +
+                      ", " + std::to_string(span - 1) + "])");
+  }
+  return static_cast<int>(dim < 0 ? dim + span : dim);
+}
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace detail
 

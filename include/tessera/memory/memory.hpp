@@ -38,16 +38,7 @@ using cuda_pool_resource = pool_resource<limit_resource_adaptor<cuda_memory_reso
 namespace detail {
 
 /// The resource a device gets unless the user installs another.
-inline std::unique_ptr<device_memory_resource> make_default_device_resource(Device device) {
-  if (device.is_cpu()) return std::make_unique<device_resource_adaptor<host_pool_resource>>(device);
-#if TESSERA_CUDA
-  return std::make_unique<device_resource_adaptor<cuda_pool_resource>>(
-      device, limit_resource_adaptor<cuda_memory_resource>(cuda_memory_resource(device.index)));
-#else
-  throw device_error("no memory resource for " + device.str() +
-                     ": CUDA support is not compiled in");
-#endif
-}
+TESSERA_API std::unique_ptr<device_memory_resource> make_default_device_resource(Device device);
 
 /// One resource slot per device, read without locking on the hot path.
 class device_registry {
@@ -67,14 +58,7 @@ class device_registry {
   }
 
   /// get()'s first use of a device, out of line so that get() inlines into every allocation.
-  [[gnu::noinline]] device_memory_resource& create(Device device) {
-    std::lock_guard lock(mutex_);
-    device_memory_resource* resource = slot(device).load(std::memory_order_acquire);
-    if (resource != nullptr) return *resource;  // another thread created it meanwhile
-    std::unique_ptr<device_memory_resource> created = make_default_device_resource(device);
-    slot(device).store(created.get(), std::memory_order_release);
-    return *created.release();
-  }
+  [[gnu::noinline]] device_memory_resource& create(Device device);
 
   /// Installs `resource` for an existing device and returns the previous one (nullptr if none
   /// was created yet). Throws tessera::error if the previous one has live allocations.
@@ -112,15 +96,8 @@ class device_registry {
 };
 
 /// resource_of's error, out of line (the check itself inlines into every allocation).
-[[noreturn, gnu::cold, gnu::noinline]] inline void throw_no_such_device(Device device,
-                                                                       const char* operation) {
-  try {
-    check_device(device);
-  } catch (const device_error& e) {
-    throw device_error(std::string("memory::") + operation + ": " + e.what());
-  }
-  std::abort();  // unreachable: the device does not exist
-}
+[[noreturn, gnu::cold, gnu::noinline]] TESSERA_API void throw_no_such_device(Device device,
+                                                                       const char* operation);
 
 /// The resource of `device`; a device that does not exist is a device_error naming the operation
 /// and the device.
@@ -156,6 +133,39 @@ inline MemoryStats user_stats(Device device, const char* operation) {
   return stats;
 }
 
+#if TESSERA_DEFINITIONS
+TESSERA_API std::unique_ptr<device_memory_resource> make_default_device_resource(Device device) {
+  if (device.is_cpu()) return std::make_unique<device_resource_adaptor<host_pool_resource>>(device);
+#if TESSERA_CUDA
+  return std::make_unique<device_resource_adaptor<cuda_pool_resource>>(
+      device, limit_resource_adaptor<cuda_memory_resource>(cuda_memory_resource(device.index)));
+#else
+  throw device_error("no memory resource for " + device.str() +
+                     ": CUDA support is not compiled in");
+#endif
+}
+
+TESSERA_API void throw_no_such_device(Device device, const char* operation) {
+  try {
+    check_device(device);
+  } catch (const device_error& e) {
+    throw device_error(std::string("memory::") + operation + ": " + e.what());
+  }
+  std::abort();  // unreachable: the device does not exist
+}
+#endif  // TESSERA_DEFINITIONS
+
+#if TESSERA_DEFINITIONS
+TESSERA_API device_memory_resource& device_registry::create(Device device) {
+  std::lock_guard lock(mutex_);
+  device_memory_resource* resource = slot(device).load(std::memory_order_acquire);
+  if (resource != nullptr) return *resource;  // another thread created it meanwhile
+  std::unique_ptr<device_memory_resource> created = make_default_device_resource(device);
+  slot(device).store(created.get(), std::memory_order_release);
+  return *created.release();
+}
+#endif  // TESSERA_DEFINITIONS
+
 }  // namespace detail
 
 /// The resource serving `device` (its pool, unless set_device_resource installed another).
@@ -190,46 +200,13 @@ inline std::unique_ptr<device_memory_resource> set_device_resource(
 /// On CPU devices a small request is first served from the calling thread's cache of blocks it
 /// freed on its current device (no lock); a request the cache cannot serve returns the cached
 /// blocks to the pool first.
-inline void* allocate(Device device, std::size_t bytes, stream_ref stream = {}) {
-  device_memory_resource& resource = detail::resource_of(device, "allocate");
-  if (bytes == 0) return nullptr;
-  if (device.is_cpu()) {
-    if (detail::thread_cache* caches = detail::thread_cache::local()) {
-      if (detail::device_thread_cache* cache = caches->find(device.index)) {
-        if (const std::size_t rounded = resource.thread_cached_size(bytes)) {
-          if (void* pointer = cache->take(resource, bytes, rounded)) return pointer;
-        }
-        cache->flush();  // the pool then counts its peaks with this thread's memory as it is
-      }
-    }
-  }
-  return resource.allocate(bytes, stream);
-}
+TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream = {});
 
 /// Frees memory from allocate: `bytes` as passed to allocate, `stream` the stream it was last used
 /// on. nullptr is a no-op. A pointer or size that the device's pool did not hand out is a bug that
 /// terminates the program with a message naming the pointer and the device.
-inline void deallocate(Device device, void* pointer, std::size_t bytes,
-                       stream_ref stream = {}) noexcept {
-  if (pointer == nullptr) return;
-  device_memory_resource& resource = detail::resource_of(device, "deallocate");
-  // Only the device the thread drives (its current one) is cached: a block freed by another
-  // device's thread (a tensor handed from one pipeline stage to the next) goes back to the pool,
-  // where its own device's thread finds it, instead of waiting in a cache that device never
-  // allocates from (and counting in its peaks).
-  if (device.is_cpu() && device.index == tessera::detail::current_cpu_device_slot()) {
-    if (const std::size_t rounded = resource.thread_cached_size(bytes)) {
-      try {
-        detail::thread_cache* caches = detail::thread_cache::local();
-        if (caches != nullptr && caches->of(device.index).put(resource, pointer, bytes, rounded)) {
-          return;
-        }
-      } catch (const std::bad_alloc&) {  // no cache for this thread: the pool takes the block
-      }
-    }
-  }
-  resource.deallocate(pointer, bytes, stream);
-}
+TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
+                       stream_ref stream = {}) noexcept;
 
 /// Marks memory from allocate as used by work on `stream`, so that on free it rejoins the pool
 /// only after that work is done (PyTorch's Tensor.record_stream). On CPU devices, whose work is
@@ -299,5 +276,44 @@ inline void set_limit(Device device, std::size_t bytes) {
 
 /// The device's cap on reserved bytes, or no_limit (SIZE_MAX) when there is none.
 inline std::size_t limit(Device device) { return detail::resource_of(device, "limit").limit(); }
+
+#if TESSERA_DEFINITIONS
+TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream) {
+  device_memory_resource& resource = detail::resource_of(device, "allocate");
+  if (bytes == 0) return nullptr;
+  if (device.is_cpu()) {
+    if (detail::thread_cache* caches = detail::thread_cache::local()) {
+      if (detail::device_thread_cache* cache = caches->find(device.index)) {
+        if (const std::size_t rounded = resource.thread_cached_size(bytes)) {
+          if (void* pointer = cache->take(resource, bytes, rounded)) return pointer;
+        }
+        cache->flush();  // the pool then counts its peaks with this thread's memory as it is
+      }
+    }
+  }
+  return resource.allocate(bytes, stream);
+}
+
+TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes, stream_ref stream) noexcept {
+  if (pointer == nullptr) return;
+  device_memory_resource& resource = detail::resource_of(device, "deallocate");
+  // Only the device the thread drives (its current one) is cached: a block freed by another
+  // device's thread (a tensor handed from one pipeline stage to the next) goes back to the pool,
+  // where its own device's thread finds it, instead of waiting in a cache that device never
+  // allocates from (and counting in its peaks).
+  if (device.is_cpu() && device.index == tessera::detail::current_cpu_device_slot()) {
+    if (const std::size_t rounded = resource.thread_cached_size(bytes)) {
+      try {
+        detail::thread_cache* caches = detail::thread_cache::local();
+        if (caches != nullptr && caches->of(device.index).put(resource, pointer, bytes, rounded)) {
+          return;
+        }
+      } catch (const std::bad_alloc&) {  // no cache for this thread: the pool takes the block
+      }
+    }
+  }
+  resource.deallocate(pointer, bytes, stream);
+}
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera::memory

@@ -36,12 +36,7 @@ struct module_state {
   std::vector<std::pair<std::string, std::shared_ptr<module_state>>> children;
 };
 
-inline bool has_descendant(const module_state& root, const module_state* target) {
-  for (const auto& child : root.children) {
-    if (child.second.get() == target || has_descendant(*child.second, target)) return true;
-  }
-  return false;
-}
+TESSERA_API bool has_descendant(const module_state& root, const module_state* target);
 
 inline std::string join(const std::string& prefix, const std::string& name) {
   return prefix.empty() ? name : prefix + "." + name;
@@ -109,6 +104,15 @@ inline std::string quoted_list(const std::vector<std::string>& keys) {
   for (const auto& key : keys) out += (out.empty() ? "\"" : ", \"") + key + "\"";
   return out;
 }
+
+#if TESSERA_DEFINITIONS
+TESSERA_API bool has_descendant(const module_state& root, const module_state* target) {
+  for (const auto& child : root.children) {
+    if (child.second.get() == target || has_descendant(*child.second, target)) return true;
+  }
+  return false;
+}
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace detail
 

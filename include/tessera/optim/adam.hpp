@@ -111,6 +111,9 @@ class adam_base : public Optimizer {
   // Defined below the class, not inline: in compiled mode the library instantiates Adam's and
   // AdamW's (TESSERA_INSTANTIATE), and a user's unit compiles no update for any dtype.
   void step() override;
+  adam_base(adam_base&&) = default;
+  adam_base& operator=(adam_base&&) = default;
+  ~adam_base() override;
 
   /// Throws std::invalid_argument as PyTorch does: lr < 0, eps < 0, a beta outside [0, 1),
   /// weight_decay < 0.
@@ -187,6 +190,9 @@ void adam_base<Options, Decoupled>::step() {
 }
 
 template <class Options, bool Decoupled>
+adam_base<Options, Decoupled>::~adam_base() = default;
+
+template <class Options, bool Decoupled>
 void adam_base<Options, Decoupled>::validate(const Options& o, const std::string& name) {
   auto text = [](double v) { return std::to_string(v); };
   if (!(o.lr >= 0.0)) throw std::invalid_argument(name + ": invalid learning rate " + text(o.lr));
@@ -222,6 +228,9 @@ class Adam : public detail::adam_base<AdamOptions, false> {
   /// Throws std::invalid_argument for invalid options (see validate) or parameter lists.
   Adam(std::vector<nn::ParameterRef> parameters, AdamOptions options = {})
       : adam_base(std::move(parameters), options, "Adam") {}
+  Adam(Adam&&) = default;
+  Adam& operator=(Adam&&) = default;
+  ~Adam() override;
 };
 
 /// AdamW (torch.optim.AdamW): Adam with decoupled weight decay, p = p * (1 - lr * weight_decay)
@@ -230,6 +239,15 @@ class AdamW : public detail::adam_base<AdamWOptions, true> {
  public:
   AdamW(std::vector<nn::ParameterRef> parameters, AdamWOptions options = {})
       : adam_base(std::move(parameters), options, "AdamW") {}
+  AdamW(AdamW&&) = default;
+  AdamW& operator=(AdamW&&) = default;
+  ~AdamW() override;
 };
+
+// Out of line in compiled mode, so that the library holds the destructors and vtables.
+#if TESSERA_DEFINITIONS
+TESSERA_API Adam::~Adam() = default;
+TESSERA_API AdamW::~AdamW() = default;
+#endif
 
 }  // namespace tessera::optim

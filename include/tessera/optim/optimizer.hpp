@@ -107,28 +107,12 @@ class Optimizer {
  public:
   /// Throws std::invalid_argument for an empty list, an empty reference or a parameter listed
   /// twice (it would be updated twice per step), naming the optimiser and the position.
-  Optimizer(std::vector<nn::ParameterRef> parameters, std::string name)
-      : parameters_(std::move(parameters)), name_(std::move(name)) {
-    if (parameters_.empty()) {
-      throw std::invalid_argument(name_ + ": got an empty parameter list");
-    }
-    std::unordered_set<const void*> seen;
-    for (std::size_t i = 0; i < parameters_.size(); ++i) {
-      if (!parameters_[i].defined()) {
-        throw std::invalid_argument(name_ + ": parameter " + std::to_string(i) +
-                                    " is an empty reference");
-      }
-      if (!seen.insert(parameters_[i].id()).second) {
-        throw std::invalid_argument(name_ + ": parameter " + std::to_string(i) +
-                                    " appears more than once in the list");
-      }
-    }
-  }
+  Optimizer(std::vector<nn::ParameterRef> parameters, std::string name);
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
   Optimizer(Optimizer&&) = default;
   Optimizer& operator=(Optimizer&&) = default;
-  virtual ~Optimizer() = default;
+  virtual ~Optimizer();
 
   /// One update of every parameter that has a gradient; the others are skipped (their state,
   /// step count included, stays as it is).
@@ -220,6 +204,26 @@ class Optimizer {
 };
 
 #if TESSERA_DEFINITIONS
+TESSERA_API Optimizer::Optimizer(std::vector<nn::ParameterRef> parameters, std::string name)
+    : parameters_(std::move(parameters)), name_(std::move(name)) {
+  if (parameters_.empty()) {
+    throw std::invalid_argument(name_ + ": got an empty parameter list");
+  }
+  std::unordered_set<const void*> seen;
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    if (!parameters_[i].defined()) {
+      throw std::invalid_argument(name_ + ": parameter " + std::to_string(i) +
+                                  " is an empty reference");
+    }
+    if (!seen.insert(parameters_[i].id()).second) {
+      throw std::invalid_argument(name_ + ": parameter " + std::to_string(i) +
+                                  " appears more than once in the list");
+    }
+  }
+}
+
+TESSERA_API Optimizer::~Optimizer() = default;
+
 TESSERA_API void Optimizer::zero_grad() {
   for (const auto& parameter : parameters_) {
     const AnyTensor grad = parameter.grad();
