@@ -187,7 +187,7 @@ TESSERA_API Device Device::parse(std::string_view text) {
 
 namespace detail {
 /// check_device's error, out of line so that the check itself inlines into every allocation.
-[[noreturn, gnu::cold, gnu::noinline]] TESSERA_API void throw_no_such_device(Device device, int count);
+[[noreturn, gnu::cold]] TESSERA_API void throw_no_such_device(Device device, int count);
 #if TESSERA_DEFINITIONS
 TESSERA_API void throw_no_such_device(Device device, int count) {
   throw device_error("device " + device.str() + " does not exist: " + std::to_string(count) + " " +

@@ -58,7 +58,7 @@ class device_registry {
   }
 
   /// get()'s first use of a device, out of line so that get() inlines into every allocation.
-  [[gnu::noinline]] device_memory_resource& create(Device device);
+  device_memory_resource& create(Device device);
 
   /// Installs `resource` for an existing device and returns the previous one (nullptr if none
   /// was created yet). Throws tessera::error if the previous one has live allocations.
@@ -96,7 +96,7 @@ class device_registry {
 };
 
 /// resource_of's error, out of line (the check itself inlines into every allocation).
-[[noreturn, gnu::cold, gnu::noinline]] TESSERA_API void throw_no_such_device(Device device,
+[[noreturn, gnu::cold]] TESSERA_API void throw_no_such_device(Device device,
                                                                        const char* operation);
 
 /// The resource of `device`; a device that does not exist is a device_error naming the operation
@@ -156,7 +156,7 @@ TESSERA_API void throw_no_such_device(Device device, const char* operation) {
 #endif  // TESSERA_DEFINITIONS
 
 #if TESSERA_DEFINITIONS
-TESSERA_API device_memory_resource& device_registry::create(Device device) {
+[[gnu::noinline]] TESSERA_API device_memory_resource& device_registry::create(Device device) {
   std::lock_guard lock(mutex_);
   device_memory_resource* resource = slot(device).load(std::memory_order_acquire);
   if (resource != nullptr) return *resource;  // another thread created it meanwhile
