@@ -70,3 +70,19 @@ TESSERA_INSTANTIATE(struct tessera::backend::cpu::split_layout<3>)
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<1>)
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<2>)
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<3>)
+// Sums and means of a float tensor (a bias's gradient, a mean loss), whatever the program.
+TESSERA_INSTANTIATE(void tessera::detail::reduce_all_into<tessera::backend::sum_op<float>,
+                    tessera::backend::finish_value, float, tessera::detail::tensor_leaf<float, tessera::cpu>>(
+    const tessera::Tensor<float, tessera::cpu>&, const tessera::detail::tensor_leaf<float, tessera::cpu>&, const char*))
+TESSERA_INSTANTIATE(void tessera::detail::reduce_all_into<tessera::backend::sum_op<float>,
+                    tessera::backend::finish_mean, float, tessera::detail::tensor_leaf<float, tessera::cpu>>(
+    const tessera::Tensor<float, tessera::cpu>&, const tessera::detail::tensor_leaf<float, tessera::cpu>&, const char*))
+TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<tessera::backend::sum_op<float>,
+                    tessera::backend::finish_value, float, tessera::detail::tensor_leaf<float, tessera::cpu>>(
+    const tessera::Tensor<float, tessera::cpu>&, const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
+TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<tessera::backend::sum_op<float>,
+                    tessera::backend::finish_mean, float, tessera::detail::tensor_leaf<float, tessera::cpu>>(
+    const tessera::Tensor<float, tessera::cpu>&, const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
+TESSERA_INSTANTIATE(class tessera::nn::detail::cross_entropy_node<float, tessera::cpu>)
+TESSERA_INSTANTIATE(void tessera::nn::detail::check_targets<tessera::cpu>(
+    const tessera::Tensor<std::int64_t, tessera::cpu>&, std::int64_t))

@@ -60,6 +60,9 @@ struct matmul_operand {
 
   void describe(std::int64_t batch) {
     const int d = tensor.dim();
+    if (d < 2) {  // callers check shapes first; this tells the compiler that d - 2 is an index
+      throw shape_error("matmul: an operand of shape " + tensor.shape().str() + " is not a matrix");
+    }
     rows = tensor.size(d - 2);
     cols = tensor.size(d - 1);
     row_stride = tensor.strides()[d - 2];
