@@ -66,7 +66,7 @@ TESSERA_API void throw_devices_differ(Device first, Device second, const char* o
   throw device_mismatch_error(std::string(operation) + ": operands are on different devices, " +
                               first.str() + " and " + second.str());
 }
-#endif
+#endif  // TESSERA_DEFINITIONS
 
 /// Records `mine` as the expression's device in `device`, or throws device_mismatch_error naming
 /// both when another leaf already put a different one there.

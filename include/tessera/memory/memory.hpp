@@ -97,7 +97,7 @@ class device_registry {
 
 /// resource_of's error, out of line (the check itself inlines into every allocation).
 [[noreturn, gnu::cold]] TESSERA_API void throw_no_such_device(Device device,
-                                                                       const char* operation);
+                                                             const char* operation);
 
 /// The resource of `device`; a device that does not exist is a device_error naming the operation
 /// and the device.
@@ -153,9 +153,7 @@ TESSERA_API void throw_no_such_device(Device device, const char* operation) {
   }
   std::abort();  // unreachable: the device does not exist
 }
-#endif  // TESSERA_DEFINITIONS
 
-#if TESSERA_DEFINITIONS
 [[gnu::noinline]] TESSERA_API device_memory_resource& device_registry::create(Device device) {
   std::lock_guard lock(mutex_);
   device_memory_resource* resource = slot(device).load(std::memory_order_acquire);

@@ -248,6 +248,6 @@ class AdamW : public detail::adam_base<AdamWOptions, true> {
 #if TESSERA_DEFINITIONS
 TESSERA_API Adam::~Adam() = default;
 TESSERA_API AdamW::~AdamW() = default;
-#endif
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera::optim
