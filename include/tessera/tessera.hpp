@@ -48,17 +48,24 @@ TESSERA_INSTANTIATE(tessera::Tensor<std::int64_t, tessera::cpu>
                         tessera::arange<std::int64_t, tessera::cpu>(double, double, double, int))
 TESSERA_INSTANTIATE(void tessera::Tensor<float, tessera::cpu>::copy_from<float, tessera::cpu>(
     const tessera::Tensor<float, tessera::cpu>&))
-TESSERA_INSTANTIATE(void tessera::Tensor<std::int64_t, tessera::cpu>::copy_from<std::int64_t,
-                    tessera::cpu>(const tessera::Tensor<std::int64_t, tessera::cpu>&))
-TESSERA_INSTANTIATE(void tessera::detail::add_into<float, tessera::cpu, tessera::Tensor<float, tessera::cpu>>(
-    const tessera::Tensor<float, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&))
-TESSERA_INSTANTIATE(tessera::Tensor<float, tessera::cpu> tessera::AnyTensor::as<float, tessera::cpu>() const)
+TESSERA_INSTANTIATE(
+    void tessera::Tensor<std::int64_t, tessera::cpu>::copy_from<std::int64_t, tessera::cpu>(
+        const tessera::Tensor<std::int64_t, tessera::cpu>&))
+TESSERA_INSTANTIATE(
+    void tessera::detail::add_into<float, tessera::cpu, tessera::Tensor<float, tessera::cpu>>(
+        const tessera::Tensor<float, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&))
+TESSERA_INSTANTIATE(
+    tessera::Tensor<float, tessera::cpu> tessera::AnyTensor::as<float, tessera::cpu>() const)
 TESSERA_INSTANTIATE(tessera::Tensor<float, tessera::cpu>
-                        tessera::autograd::detail::value_table::get<float, tessera::cpu>(int, const tessera::Shape&, bool) const)
+                        tessera::autograd::detail::value_table::get<float, tessera::cpu>(
+                            int, const tessera::Shape&, bool) const)
 TESSERA_INSTANTIATE(tessera::Tensor<float, tessera::cpu>
-                        tessera::autograd::detail::value_table::scratch_tensor<float, tessera::cpu>(const tessera::Shape&))
-TESSERA_INSTANTIATE(void tessera::fill_normal<float>(float*, std::int64_t, std::uint64_t, std::uint64_t, double, double))
-TESSERA_INSTANTIATE(void tessera::fill_uniform<float>(float*, std::int64_t, std::uint64_t, std::uint64_t, double, double))
+                        tessera::autograd::detail::value_table::scratch_tensor<float, tessera::cpu>(
+                            const tessera::Shape&))
+TESSERA_INSTANTIATE(void tessera::fill_normal<float>(float*, std::int64_t, std::uint64_t,
+                                                     std::uint64_t, double, double))
+TESSERA_INSTANTIATE(void tessera::fill_uniform<float>(float*, std::int64_t, std::uint64_t,
+                                                      std::uint64_t, double, double))
 // The layouts of the CPU loops, by operand count.
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::strided_layout<2>)
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::strided_layout<3>)
@@ -71,18 +78,26 @@ TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<1>)
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<2>)
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<3>)
 // Sums and means of a float tensor (a bias's gradient, a mean loss), whatever the program.
-TESSERA_INSTANTIATE(void tessera::detail::reduce_all_into<tessera::backend::sum_op<float>,
-                    tessera::backend::finish_value, float, tessera::detail::tensor_leaf<float, tessera::cpu>>(
-    const tessera::Tensor<float, tessera::cpu>&, const tessera::detail::tensor_leaf<float, tessera::cpu>&, const char*))
-TESSERA_INSTANTIATE(void tessera::detail::reduce_all_into<tessera::backend::sum_op<float>,
-                    tessera::backend::finish_mean, float, tessera::detail::tensor_leaf<float, tessera::cpu>>(
-    const tessera::Tensor<float, tessera::cpu>&, const tessera::detail::tensor_leaf<float, tessera::cpu>&, const char*))
-TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<tessera::backend::sum_op<float>,
-                    tessera::backend::finish_value, float, tessera::detail::tensor_leaf<float, tessera::cpu>>(
-    const tessera::Tensor<float, tessera::cpu>&, const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
-TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<tessera::backend::sum_op<float>,
-                    tessera::backend::finish_mean, float, tessera::detail::tensor_leaf<float, tessera::cpu>>(
-    const tessera::Tensor<float, tessera::cpu>&, const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
+TESSERA_INSTANTIATE(void tessera::detail::reduce_all_into<
+                    tessera::backend::sum_op<float>, tessera::backend::finish_value, float,
+                    tessera::detail::tensor_leaf<float, tessera::cpu>>(
+    const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::detail::tensor_leaf<float, tessera::cpu>&, const char*))
+TESSERA_INSTANTIATE(void tessera::detail::reduce_all_into<
+                    tessera::backend::sum_op<float>, tessera::backend::finish_mean, float,
+                    tessera::detail::tensor_leaf<float, tessera::cpu>>(
+    const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::detail::tensor_leaf<float, tessera::cpu>&, const char*))
+TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<
+                    tessera::backend::sum_op<float>, tessera::backend::finish_value, float,
+                    tessera::detail::tensor_leaf<float, tessera::cpu>>(
+    const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
+TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<
+                    tessera::backend::sum_op<float>, tessera::backend::finish_mean, float,
+                    tessera::detail::tensor_leaf<float, tessera::cpu>>(
+    const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
 TESSERA_INSTANTIATE(class tessera::nn::detail::cross_entropy_node<float, tessera::cpu>)
 TESSERA_INSTANTIATE(void tessera::nn::detail::check_targets<tessera::cpu>(
     const tessera::Tensor<std::int64_t, tessera::cpu>&, std::int64_t))

@@ -13,7 +13,8 @@
 #include "tessera/nn.hpp"
 #include "tessera/tensor/factories.hpp"
 
-namespace cross_entropy_test {  // one namespace per test file: unity builds compile several together
+namespace cross_entropy_test {  // one namespace per test file: unity builds compile several
+                                // together
 
 namespace ts = tessera;
 namespace ag = tessera::autograd;
@@ -108,8 +109,8 @@ TEMPLATE_TEST_CASE("traced cross_entropy matches a float64 reference", "[autogra
     check_close(weights->grad, twice, rtol, 1e-12);
   }
   SECTION("targets captured as a constant tensor") {
-    auto program = ag::compile([&](ag::Var<T> x) { return nn::cross_entropy(x, targets); },
-                               logits_spec);
+    auto program =
+        ag::compile([&](ag::Var<T> x) { return nn::cross_entropy(x, targets); }, logits_spec);
     check_close(program.forward(logits).clone(), {expected.loss}, rtol, 1e-12);
     program.backward();
     check_close(program.input_grad(0).template as<T>(), expected.grad, rtol, 1e-12);
@@ -117,9 +118,9 @@ TEMPLATE_TEST_CASE("traced cross_entropy matches a float64 reference", "[autogra
 }
 
 TEST_CASE("traced cross_entropy checks its targets at every forward", "[autograd][loss]") {
-  auto program = ag::compile(
-      [](ag::Var<float> x, ag::Var<std::int64_t> y) { return nn::cross_entropy(x, y); },
-      ag::input_spec<float>{{3, 4}, 0, true}, ag::input<std::int64_t>({3}));
+  auto program =
+      ag::compile([](ag::Var<float> x, ag::Var<std::int64_t> y) { return nn::cross_entropy(x, y); },
+                  ag::input_spec<float>{{3, 4}, 0, true}, ag::input<std::int64_t>({3}));
   const auto logits = ts::zeros<float>({3, 4});
   // Uniform logits: every row's loss is log 4.
   CHECK(program.forward(logits, ts::from_vector<std::int64_t>({0, 1, 3}, {3})).item() ==
@@ -128,10 +129,11 @@ TEST_CASE("traced cross_entropy checks its targets at every forward", "[autograd
                     Catch::Contains("target 4 is out of range for 4 classes"));
   CHECK_THROWS_WITH(program.forward(logits, ts::from_vector<std::int64_t>({-1, 0, 1}, {3})),
                     Catch::Contains("target -1"));
-  CHECK_THROWS_WITH(ag::compile([](ag::Var<float> x) {
-                      return nn::cross_entropy(x, ts::zeros<std::int64_t>({2}));
-                    }, ag::input<float>({3, 4})),
-                    Catch::Contains("expected logits [N, C] and targets [N]"));
+  CHECK_THROWS_WITH(
+      ag::compile(
+          [](ag::Var<float> x) { return nn::cross_entropy(x, ts::zeros<std::int64_t>({2})); },
+          ag::input<float>({3, 4})),
+      Catch::Contains("expected logits [N, C] and targets [N]"));
 }
 
 }  // namespace cross_entropy_test

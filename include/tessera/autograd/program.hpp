@@ -728,8 +728,8 @@ TESSERA_API void program_state::place() {
 
 TESSERA_API void program_state::bind(const AnyTensor* inputs, std::size_t count) {
   if (count != input_ids.size()) {
-    throw error("Program::forward: expected " + std::to_string(input_ids.size()) +
-                " inputs, got " + std::to_string(count));
+    throw error("Program::forward: expected " + std::to_string(input_ids.size()) + " inputs, got " +
+                std::to_string(count));
   }
   for (std::size_t i = 0; i < count; ++i) {
     const AnyTensor& x = inputs[i];
@@ -754,9 +754,9 @@ TESSERA_API void program_state::bind(const AnyTensor* inputs, std::size_t count)
     const value_info& info = g->values[static_cast<std::size_t>(binding.value_id)];
     if (!value.defined() || value.shape() != info.shape || value.dtype() != info.dtype ||
         value.device() != info.device || !value.is_contiguous()) {
-      throw error("Program::forward: parameter " + std::to_string(p) + " changed since compile: " +
-                  "traced as " + std::string(name(info.dtype)) + " " + info.shape.str() + " on " +
-                  info.device.str() + ", now " +
+      throw error("Program::forward: parameter " + std::to_string(p) +
+                  " changed since compile: " + "traced as " + std::string(name(info.dtype)) + " " +
+                  info.shape.str() + " on " + info.device.str() + ", now " +
                   (value.defined() ? std::string(name(value.dtype())) + " " + value.shape().str() +
                                          " on " + value.device().str() +
                                          (value.is_contiguous() ? "" : " (not contiguous)")

@@ -245,7 +245,8 @@ TESSERA_API int graph::add_value(value_info info) {
   return static_cast<int>(values.size()) - 1;
 }
 
-TESSERA_API int graph::add_node(std::unique_ptr<node> n, const Shape& shape, ScalarType dtype, Device device) {
+TESSERA_API int graph::add_node(std::unique_ptr<node> n, const Shape& shape, ScalarType dtype,
+                                Device device) {
   value_info info;
   info.shape = shape;
   info.strides = shape.contiguous_strides();
@@ -263,7 +264,8 @@ TESSERA_API int graph::add_node(std::unique_ptr<node> n, const Shape& shape, Sca
   return id;
 }
 
-TESSERA_API int graph::add_view(std::unique_ptr<node> n, const Shape& shape, const Strides& strides, std::int64_t offset) {
+TESSERA_API int graph::add_view(std::unique_ptr<node> n, const Shape& shape, const Strides& strides,
+                                std::int64_t offset) {
   const value_info& base = values[static_cast<std::size_t>(n->inputs[0])];
   value_info info;
   info.shape = shape;

@@ -152,7 +152,9 @@ inline int device_count(DeviceType type) {
 }
 
 #if TESSERA_DEFINITIONS
-TESSERA_API std::string Device::str() const { return std::string(to_string(type)) + ":" + std::to_string(index); }
+TESSERA_API std::string Device::str() const {
+  return std::string(to_string(type)) + ":" + std::to_string(index);
+}
 
 TESSERA_API Device Device::parse(std::string_view text) {
   auto fail = [&]() -> Device {

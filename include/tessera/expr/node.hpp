@@ -60,7 +60,7 @@ struct common_kind<any_kind, any_kind> {
 
 /// merge_device's error, out of line.
 [[noreturn, gnu::cold]] TESSERA_API void throw_devices_differ(Device first, Device second,
-                                                             const char* operation);
+                                                              const char* operation);
 #if TESSERA_DEFINITIONS
 TESSERA_API void throw_devices_differ(Device first, Device second, const char* operation) {
   throw device_mismatch_error(std::string(operation) + ": operands are on different devices, " +

@@ -96,8 +96,7 @@ class device_registry {
 };
 
 /// resource_of's error, out of line (the check itself inlines into every allocation).
-[[noreturn, gnu::cold]] TESSERA_API void throw_no_such_device(Device device,
-                                                             const char* operation);
+[[noreturn, gnu::cold]] TESSERA_API void throw_no_such_device(Device device, const char* operation);
 
 /// The resource of `device`; a device that does not exist is a device_error naming the operation
 /// and the device.
@@ -204,7 +203,7 @@ TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream =
 /// on. nullptr is a no-op. A pointer or size that the device's pool did not hand out is a bug that
 /// terminates the program with a message naming the pointer and the device.
 TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
-                       stream_ref stream = {}) noexcept;
+                            stream_ref stream = {}) noexcept;
 
 /// Marks memory from allocate as used by work on `stream`, so that on free it rejoins the pool
 /// only after that work is done (PyTorch's Tensor.record_stream). On CPU devices, whose work is
@@ -292,7 +291,8 @@ TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream) 
   return resource.allocate(bytes, stream);
 }
 
-TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes, stream_ref stream) noexcept {
+TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
+                            stream_ref stream) noexcept {
   if (pointer == nullptr) return;
   device_memory_resource& resource = detail::resource_of(device, "deallocate");
   // Only the device the thread drives (its current one) is cached: a block freed by another

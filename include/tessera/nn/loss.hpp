@@ -104,7 +104,8 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   std::size_t backward_scratch() const override {
     return autograd::detail::scratch_bytes<T>(Shape{batch_, classes_});
   }
-  void backward(autograd::detail::value_table& table, const std::vector<char>& accumulate) override {
+  void backward(autograd::detail::value_table& table,
+                const std::vector<char>& accumulate) override {
     if (!needs_) return;
     table.scratch_offset = table.scratch_begin;
     const auto x = table.template get<T, K>(inputs[0]);

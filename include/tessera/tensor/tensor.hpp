@@ -33,7 +33,7 @@ struct is_tensor<Tensor<T, K>> : std::true_type {};
 /// PyTorch's view stride computation: strides for `shape` over the same elements as
 /// (old_shape, old_strides), or nothing when no such strides exist without a copy.
 TESSERA_API std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_strides,
-                                           const Shape& shape);
+                                                const Shape& shape);
 
 /// Throws shape_error unless `count` values fill `shape` exactly. Called before anything is
 /// allocated, so a bad call changes no statistic.
@@ -49,20 +49,24 @@ inline void check_value_count(std::size_t count, const Shape& shape, const char*
 /// Throws tessera::error naming the operation when writing through a view of `shape` and
 /// `strides` would store several elements into one memory location (an expanded view: stride 0
 /// over an extent above 1), as PyTorch refuses; nothing has been written then.
-TESSERA_API void check_not_expanded(const Shape& shape, const Strides& strides, const char* operation);
+TESSERA_API void check_not_expanded(const Shape& shape, const Strides& strides,
+                                    const char* operation);
 
 /// A lazy expression node (expr/node.hpp) over tensors, as opposed to a tensor or a number.
 /// Declared here so Tensor can be constructed from and assigned an expression; expr/assign.hpp
 /// defines how. Symbolic expressions (over autograd Vars) are not: they are traced, not run.
 template <class E>
-concept expression_node =
-    requires { typename E::expression_node_tag; } && !E::is_scalar && !E::is_symbolic;
+concept expression_node = requires {
+  typename E::expression_node_tag;
+}
+&&!E::is_scalar && !E::is_symbolic;
 
 [[noreturn]] inline void throw_undefined(const char* operation) {
   throw error(std::string(operation) + ": the tensor is undefined (default-constructed)");
 }
 #if TESSERA_DEFINITIONS
-TESSERA_API std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_strides, const Shape& shape) {
+TESSERA_API std::optional<Strides> view_strides(const Shape& old_shape, const Strides& old_strides,
+                                                const Shape& shape) {
   Strides strides = Shape::filled(shape.size(), 0);
   if (old_shape.numel() == 0 || old_shape.size() == 0) {
     if (old_shape == shape) return old_strides;
@@ -94,7 +98,8 @@ TESSERA_API std::optional<Strides> view_strides(const Shape& old_shape, const St
   return strides;
 }
 
-TESSERA_API void check_not_expanded(const Shape& shape, const Strides& strides, const char* operation) {
+TESSERA_API void check_not_expanded(const Shape& shape, const Strides& strides,
+                                    const char* operation) {
   if (shape.numel() == 0) return;
   for (int d = 0; d < shape.size(); ++d) {
     if (strides[d] == 0 && shape[d] > 1) {
