@@ -213,11 +213,11 @@ std::vector<int> distinct_vars(const E& e) {
 /// A node whose backward is the gradient jobs of one expression (fused and reduce nodes).
 class expression_backward_node : public node {
  public:
-  void finalize(const std::vector<value_info>& values) override;
-  std::vector<int> contributions() const override;
-  std::vector<int> backward_reads() const override;
-  std::size_t backward_scratch() const override;
-  void backward(value_table& table, const std::vector<char>& accumulate) override;
+  TESSERA_API void finalize(const std::vector<value_info>& values) override;
+  TESSERA_API std::vector<int> contributions() const override;
+  TESSERA_API std::vector<int> backward_reads() const override;
+  TESSERA_API std::size_t backward_scratch() const override;
+  TESSERA_API void backward(value_table& table, const std::vector<char>& accumulate) override;
 
  protected:
   expression_gradients gradients_;
@@ -324,12 +324,12 @@ class reduce_node final : public expression_backward_node {
 /// one, reading the output's gradient and the forward values saved() names.
 class single_input_node : public node {
  public:
-  void finalize(const std::vector<value_info>& values) override;
-  std::vector<int> contributions() const override;
-  std::vector<int> backward_reads() const override;
+  TESSERA_API void finalize(const std::vector<value_info>& values) override;
+  TESSERA_API std::vector<int> contributions() const override;
+  TESSERA_API std::vector<int> backward_reads() const override;
 
  protected:
-  virtual std::vector<int> saved() const;
+  TESSERA_API virtual std::vector<int> saved() const;
   bool needs_ = false;
 };
 

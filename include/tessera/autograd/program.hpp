@@ -184,7 +184,7 @@ class program_state {
   /// is changed only once every input has been checked.
   void bind(const AnyTensor* inputs, std::size_t count);
 
-  ~program_state();
+  TESSERA_API ~program_state();
 
  private:
   std::size_t arena_index(Device device) const;

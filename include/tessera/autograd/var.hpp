@@ -74,7 +74,9 @@ struct parameter_binding {
 /// A recorded operation. Nodes read their inputs from and write their output to a value_table.
 class node {
  public:
-  virtual ~node();  // out of line in compiled mode: node's vtable is the library's
+  // TESSERA_API (inline) header-only, so that no unit takes the destructor as node's key function
+  // and emits the vtable; in compiled mode the library holds both.
+  TESSERA_API virtual ~node();
   virtual const char* name() const = 0;
   /// Computes the output from the inputs.
   virtual void forward(value_table& table) = 0;

@@ -230,7 +230,7 @@ class Adam : public detail::adam_base<AdamOptions, false> {
       : adam_base(std::move(parameters), options, "Adam") {}
   Adam(Adam&&) = default;
   Adam& operator=(Adam&&) = default;
-  ~Adam() override;
+  TESSERA_API ~Adam() override;
 };
 
 /// AdamW (torch.optim.AdamW): Adam with decoupled weight decay, p = p * (1 - lr * weight_decay)
@@ -241,7 +241,7 @@ class AdamW : public detail::adam_base<AdamWOptions, true> {
       : adam_base(std::move(parameters), options, "AdamW") {}
   AdamW(AdamW&&) = default;
   AdamW& operator=(AdamW&&) = default;
-  ~AdamW() override;
+  TESSERA_API ~AdamW() override;
 };
 
 // Out of line in compiled mode, so that the library holds the destructors and vtables.

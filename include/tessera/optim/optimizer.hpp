@@ -112,7 +112,7 @@ class Optimizer {
   Optimizer& operator=(const Optimizer&) = delete;
   Optimizer(Optimizer&&) = default;
   Optimizer& operator=(Optimizer&&) = default;
-  virtual ~Optimizer();
+  TESSERA_API virtual ~Optimizer();
 
   /// One update of every parameter that has a gradient; the others are skipped (their state,
   /// step count included, stays as it is).
