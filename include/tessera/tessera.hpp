@@ -28,8 +28,8 @@ TESSERA_INSTANTIATE(class tessera::memory::pool_resource<
                     tessera::memory::limit_resource_adaptor<tessera::memory::host_memory_resource>,
                     tessera::memory::pytorch_size_policy, tessera::memory::host_stream_policy>)
 TESSERA_INSTANTIATE(struct tessera::detail::safetensors::codec<0>)
-// The fixed-type templates a training program uses whatever its model: Linear, the GEMM paths,
-// the autograd nodes of matmul, softmax and views, and the factories behind cross_entropy.
+// The fixed-type templates a float training program on CPU uses whatever its model: Linear, the
+// GEMM paths, the autograd nodes of matmul, softmax and views, and the copies and fills they use.
 TESSERA_INSTANTIATE(class tessera::nn::Linear<float, tessera::cpu>)
 TESSERA_INSTANTIATE(void tessera::detail::matmul_into<float, tessera::cpu>(
     tessera::Tensor<float, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&,
@@ -98,6 +98,7 @@ TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<
                     tessera::detail::tensor_leaf<float, tessera::cpu>>(
     const tessera::Tensor<float, tessera::cpu>&,
     const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
+// Traced cross_entropy (one node) and its targets' check.
 TESSERA_INSTANTIATE(class tessera::nn::detail::cross_entropy_node<float, tessera::cpu>)
 TESSERA_INSTANTIATE(void tessera::nn::detail::check_targets<tessera::cpu>(
     const tessera::Tensor<std::int64_t, tessera::cpu>&, std::int64_t))
