@@ -178,6 +178,59 @@ TEST_CASE("checkpointing lowers the planned peak of a deep MLP and keeps the gra
   CHECK(grad_plain == grad_checkpointed);  // recomputation is deterministic: bit-identical
 }
 
+TEST_CASE("an elementwise node's input gradient takes over its upstream gradient's buffer",
+          "[autograd][program][memory]") {
+  // loss = sum(tanh(x @ W) @ v), v a constant column. At tanh's backward step its upstream
+  // gradient g ([64, 64], from the second matmul) dies, and the gradient of x @ W is written from
+  // it elementwise. Sharing g's buffer, that step holds two [64, 64] buffers (x @ W, which tanh's
+  // derivative reads, and g) instead of three; every other step holds at most two.
+  const std::int64_t n = 64;
+  auto w = std::make_shared<ag::parameter_slot<double, ts::cpu>>();
+  w->value = random_tensor<double>({n, n}, 21);
+  const auto v = random_tensor<double>({n, 1}, 23);
+  auto program = ag::compile(
+      [&](ag::Var<double> x) {
+        return ts::sum(ts::matmul(ts::tanh(ts::matmul(x, ag::parameter(w, x))), v));
+      },
+      ag::input<double>({n, n}));
+  const std::size_t buffer = static_cast<std::size_t>(n * n) * sizeof(double);
+  INFO(program.memory_report());
+  CHECK(program.plan().in_place >= 1);
+  CHECK(program.plan().planned_bytes >= 2 * buffer);
+  CHECK(program.plan().planned_bytes < 3 * buffer);
+  // The gradient is still right: dW = x^T ((1 v^T) * (1 - tanh(x W)^2)), in double here.
+  const auto x = random_tensor<double>({n, n}, 22);
+  program.forward(x);
+  program.backward();
+  const auto xs = x.to_vector();
+  const auto ws = w->value.to_vector();
+  const auto vs = v.to_vector();
+  std::vector<double> y(static_cast<std::size_t>(n * n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      double m = 0;
+      for (std::int64_t k = 0; k < n; ++k) {
+        m += xs[static_cast<std::size_t>(i * n + k)] * ws[static_cast<std::size_t>(k * n + j)];
+      }
+      y[static_cast<std::size_t>(i * n + j)] = std::tanh(m);
+    }
+  }
+  const auto dw = w->grad.to_vector();
+  double worst = 0;
+  for (std::int64_t k = 0; k < n; ++k) {
+    for (std::int64_t j = 0; j < n; ++j) {
+      double expected = 0;
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double t = y[static_cast<std::size_t>(i * n + j)];
+        expected += xs[static_cast<std::size_t>(i * n + k)] * vs[static_cast<std::size_t>(j)] *
+                    (1 - t * t);
+      }
+      worst = std::max(worst, std::abs(dw[static_cast<std::size_t>(k * n + j)] - expected));
+    }
+  }
+  CHECK(worst < 1e-10);
+}
+
 TEST_CASE("max_batch_size agrees with the peak measured while running at that batch",
           "[autograd][program][memory]") {
   const ts::Device device{ts::DeviceType::cpu, 1};

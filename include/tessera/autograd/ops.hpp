@@ -118,6 +118,7 @@ struct gradient_job {
   int target = -1;  // the value whose gradient this writes
   Shape full_shape;
   Shape target_shape;
+  std::size_t element_size = 0;  // of the target's dtype
   std::vector<int> value_reads;  // forward values the gradient expression reads
   std::vector<int> grad_reads;   // values whose gradients it reads
   virtual ~gradient_job() = default;
@@ -128,7 +129,7 @@ struct gradient_job {
 template <class T, class K, class G>
 struct gradient_job_of final : gradient_job {
   G expression;
-  explicit gradient_job_of(G g) : expression(std::move(g)) {}
+  explicit gradient_job_of(G g) : expression(std::move(g)) { element_size = sizeof(T); }
   void run(value_table& table, bool accumulate) override {
     store_gradient(table.template grad<T, K>(target), rebind(expression, table), accumulate, table);
   }
@@ -161,6 +162,27 @@ class expression_gradients {
     std::erase_if(jobs_, [&](const auto& job) {
       return !values[static_cast<std::size_t>(job->target)].requires_grad;
     });
+  }
+  /// Moves last a job that writes its whole target elementwise from an upstream gradient of
+  /// `upstream_shape` and `upstream_element_size` (no broadcast, the only job of its target), so
+  /// that it runs after every other read of the upstream gradient. True when there is one: its
+  /// target's gradient may then share the upstream gradient's buffer (node::backward_in_place).
+  bool move_in_place_job_last(const Shape& upstream_shape, std::size_t upstream_element_size) {
+    for (std::size_t i = jobs_.size(); i-- > 0;) {
+      const gradient_job& job = *jobs_[i];
+      if (job.full_shape != upstream_shape || job.target_shape != upstream_shape ||
+          job.element_size != upstream_element_size) {
+        continue;
+      }
+      const auto same_target = std::count_if(jobs_.begin(), jobs_.end(), [&](const auto& other) {
+        return other->target == job.target;
+      });
+      if (same_target != 1) continue;
+      std::rotate(jobs_.begin() + static_cast<std::ptrdiff_t>(i),
+                  jobs_.begin() + static_cast<std::ptrdiff_t>(i) + 1, jobs_.end());
+      return true;
+    }
+    return false;
   }
   std::vector<int> contributions() const {
     std::vector<int> out;
@@ -269,9 +291,16 @@ class fused_node final : public expression_backward_node {
     });
     return ids;
   }
+  void finalize(const std::vector<value_info>& values) override {
+    expression_backward_node::finalize(values);
+    // Each job is one elementwise pass reading the upstream gradient at the output's index.
+    in_place_ = gradients_.move_in_place_job_last(expression_.shape(), sizeof(T));
+  }
+  bool backward_in_place() const override { return in_place_; }
 
  private:
   E expression_;
+  bool in_place_ = false;
 };
 
 /// sum or mean of an expression, over everything or along one dim: reads the expression without

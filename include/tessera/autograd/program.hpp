@@ -56,7 +56,7 @@ struct MemoryPlan {
   int forward_steps = 0;
   int backward_steps = 0;
   int recomputed_steps = 0;
-  int in_place = 0;  // outputs that took over a dying input's buffer
+  int in_place = 0;  // outputs and gradients that took over a dying buffer (input / upstream)
 };
 
 /// What a gradient-ready hook receives: the parameter's index in the program (first use order),
@@ -642,9 +642,39 @@ TESSERA_API void program_state::place() {
     return x;
   };
   std::vector<int> current(g->values.size(), -1);
+  // A gradient value has one instance (simulate creates it at its first write).
+  std::vector<int> gradient_instance(g->values.size(), -1);
+  for (std::size_t k = 0; k < instances.size(); ++k) {
+    const instance& inst = instances[k];
+    if (!inst.scratch && g->values[static_cast<std::size_t>(inst.value)].role == value_role::gradient) {
+      gradient_instance[static_cast<std::size_t>(inst.value)] = static_cast<int>(k);
+    }
+  }
   plan.in_place = 0;
   for (int i = 0; i < static_cast<int>(schedule.size()); ++i) {
     const step& s = schedule[static_cast<std::size_t>(i)];
+    if (s.kind == step::backward) {
+      // The last contribution's gradient, first written here, takes over the output gradient's
+      // buffer when that dies here (node::backward_in_place).
+      const node& n = *g->nodes[static_cast<std::size_t>(s.node)];
+      if (!n.backward_in_place()) continue;
+      const std::vector<int> targets = n.contributions();
+      if (targets.empty()) continue;
+      const int upstream = g->values[static_cast<std::size_t>(n.output)].grad;
+      const int written = g->values[static_cast<std::size_t>(targets.back())].grad;
+      if (upstream < 0 || written < 0) continue;
+      const int from = gradient_instance[static_cast<std::size_t>(upstream)];
+      const int to = gradient_instance[static_cast<std::size_t>(written)];
+      if (from < 0 || to < 0) continue;
+      const instance& in = instances[static_cast<std::size_t>(from)];
+      const instance& out = instances[static_cast<std::size_t>(to)];
+      if (in.end != i || out.start != i || in.bytes != out.bytes || in.device != out.device) {
+        continue;
+      }
+      parent[static_cast<std::size_t>(to)] = find(from);
+      ++plan.in_place;
+      continue;
+    }
     if (s.kind != step::forward && s.kind != step::recompute) continue;
     node& n = *g->nodes[static_cast<std::size_t>(s.node)];
     if (s.out_instance >= 0) {

@@ -100,6 +100,10 @@ class node {
   }
   /// An input whose buffer the output may take over when it dies here (elementwise, same shape).
   virtual std::vector<int> inplace_candidates() const { return {}; }
+  /// True when backward writes its last contribution's gradient elementwise from the output's
+  /// gradient (same shape, same element size, read at the same index) after every other read of
+  /// it: that gradient may then take over the output gradient's buffer when it dies here.
+  virtual bool backward_in_place() const { return false; }
   /// The value on whose device the scratch lives.
   virtual int scratch_value() const { return output; }
   /// False for nodes that must run once per forward (random numbers, side effects): checkpointing
