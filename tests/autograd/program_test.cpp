@@ -222,8 +222,8 @@ TEST_CASE("an elementwise node's input gradient takes over its upstream gradient
       double expected = 0;
       for (std::int64_t i = 0; i < n; ++i) {
         const double t = y[static_cast<std::size_t>(i * n + j)];
-        expected += xs[static_cast<std::size_t>(i * n + k)] * vs[static_cast<std::size_t>(j)] *
-                    (1 - t * t);
+        expected +=
+            xs[static_cast<std::size_t>(i * n + k)] * vs[static_cast<std::size_t>(j)] * (1 - t * t);
       }
       worst = std::max(worst, std::abs(dw[static_cast<std::size_t>(k * n + j)] - expected));
     }

@@ -646,7 +646,8 @@ TESSERA_API void program_state::place() {
   std::vector<int> gradient_instance(g->values.size(), -1);
   for (std::size_t k = 0; k < instances.size(); ++k) {
     const instance& inst = instances[k];
-    if (!inst.scratch && g->values[static_cast<std::size_t>(inst.value)].role == value_role::gradient) {
+    if (!inst.scratch &&
+        g->values[static_cast<std::size_t>(inst.value)].role == value_role::gradient) {
       gradient_instance[static_cast<std::size_t>(inst.value)] = static_cast<int>(k);
     }
   }
