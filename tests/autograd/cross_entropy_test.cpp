@@ -6,15 +6,16 @@
 #include <cmath>
 #include <cstdint>
 #include <memory>
+#include <ostream>
 #include <random>
 #include <vector>
 
+#include "element_check.hpp"
 #include "tessera/autograd.hpp"
 #include "tessera/nn.hpp"
 #include "tessera/tensor/factories.hpp"
 
-namespace cross_entropy_test {  // one namespace per test file: unity builds compile several
-                                // together
+namespace cross_entropy_test {  // one namespace per file: a unity build
 
 namespace ts = tessera;
 namespace ag = tessera::autograd;
@@ -50,17 +51,15 @@ void check_close(const ts::Tensor<T>& actual, const std::vector<double>& expecte
                  double atol) {
   const auto a = actual.contiguous();
   REQUIRE(static_cast<std::size_t>(a.numel()) == expected.size());
-  int failures = 0;
-  std::size_t first = 0;
-  for (std::size_t i = 0; i < expected.size(); ++i) {
-    const double v = static_cast<double>(a.data()[i]);
-    if (!(std::abs(v - expected[i]) <= atol + rtol * std::abs(expected[i]))) {
-      if (failures++ == 0) first = i;
-    }
-  }
-  INFO("element " << first << ": " << static_cast<double>(a.data()[first]) << " vs "
-                  << expected[first]);
-  CHECK(failures == 0);
+  tessera_test::check_each(
+      expected.size(),
+      [&](std::size_t i) {
+        return std::abs(static_cast<double>(a.data()[i]) - expected[i]) <=
+               atol + rtol * std::abs(expected[i]);
+      },
+      [&](std::ostream& out, std::size_t i) {
+        out << static_cast<double>(a.data()[i]) << " vs " << expected[i];
+      });
 }
 
 TEMPLATE_TEST_CASE("traced cross_entropy matches a float64 reference", "[autograd][loss]", float,

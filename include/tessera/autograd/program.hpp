@@ -180,8 +180,8 @@ class program_state {
 
   /// Binds a forward's inputs (the tensors as given; non-contiguous ones are copied) and the
   /// parameters' current values. Throws, naming the input and both values, for a count, dtype,
-  /// device or shape other than compiled, and for a parameter changed since compile; the table
-  /// is changed only once every input has been checked.
+  /// device or shape other than compiled, and for a parameter changed since compile; the inputs
+  /// are bound only once every input and parameter has been checked.
   void bind(const AnyTensor* inputs, std::size_t count);
 
   TESSERA_API ~program_state();
@@ -202,6 +202,9 @@ class program_state {
   void make_schedule();
 
   bool is_output(int value) const;
+
+  /// True for the instance of an arena gradient (simulate makes one per gradient value).
+  bool is_gradient_instance(const instance& inst) const;
 
   /// The instance a value reads from now (views read their base's), or -1 (outside the arena).
   int root_instance(int value, const std::vector<int>& current) const;
@@ -272,8 +275,7 @@ TESSERA_API void program_state::allocate() {
   // Gradients have one instance each: bind them for good.
   for (std::size_t i = 0; i < instances.size(); ++i) {
     const instance& inst = instances[i];
-    if (!inst.scratch &&
-        g->values[static_cast<std::size_t>(inst.value)].role == value_role::gradient) {
+    if (is_gradient_instance(inst)) {
       table.tensors[static_cast<std::size_t>(inst.value)] = instance_tensors[i];
     }
   }
@@ -536,6 +538,11 @@ TESSERA_API bool program_state::is_output(int value) const {
   return std::find(output_ids.begin(), output_ids.end(), value) != output_ids.end();
 }
 
+TESSERA_API bool program_state::is_gradient_instance(const instance& inst) const {
+  return !inst.scratch &&
+         g->values[static_cast<std::size_t>(inst.value)].role == value_role::gradient;
+}
+
 TESSERA_API int program_state::root_instance(int value, const std::vector<int>& current) const {
   int v = value;
   while (g->values[static_cast<std::size_t>(v)].role == value_role::view) {
@@ -646,8 +653,7 @@ TESSERA_API void program_state::place() {
   std::vector<int> gradient_instance(g->values.size(), -1);
   for (std::size_t k = 0; k < instances.size(); ++k) {
     const instance& inst = instances[k];
-    if (!inst.scratch &&
-        g->values[static_cast<std::size_t>(inst.value)].role == value_role::gradient) {
+    if (is_gradient_instance(inst)) {
       gradient_instance[static_cast<std::size_t>(inst.value)] = static_cast<int>(k);
     }
   }
@@ -779,9 +785,10 @@ TESSERA_API void program_state::bind(const AnyTensor* inputs, std::size_t count)
       throw shape_error(which + " has shape " + x.shape().str() + ", expected " + info.shape.str());
     }
   }
+  // Each parameter's current value is read once (a call through its binding), checked and bound.
   for (std::size_t p = 0; p < g->parameters.size(); ++p) {
     const auto& binding = g->parameters[p];
-    const AnyTensor value = binding.value();
+    AnyTensor value = binding.value();
     const value_info& info = g->values[static_cast<std::size_t>(binding.value_id)];
     if (!value.defined() || value.shape() != info.shape || value.dtype() != info.dtype ||
         value.device() != info.device || !value.is_contiguous()) {
@@ -794,12 +801,10 @@ TESSERA_API void program_state::bind(const AnyTensor* inputs, std::size_t count)
                                    : std::string("undefined")) +
                   "; compile again after moving or replacing parameters");
     }
+    table.tensors[static_cast<std::size_t>(binding.value_id)] = std::move(value);
   }
   for (std::size_t i = 0; i < count; ++i) {
     table.tensors[static_cast<std::size_t>(input_ids[i])] = inputs[i];
-  }
-  for (const auto& binding : g->parameters) {
-    table.tensors[static_cast<std::size_t>(binding.value_id)] = binding.value();
   }
   for (std::size_t v = 0; v < g->constants.size(); ++v) {
     if (g->constants[v].defined()) table.tensors[v] = g->constants[v];

@@ -89,7 +89,6 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
     const auto x = table.template get<T, K>(inputs[0]);
     const auto targets = table.template get<std::int64_t, K>(inputs[1]);
     check_targets(targets, classes_);
-    table.scratch_offset = table.scratch_begin;
     auto log_probabilities = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
     auto rows = table.template scratch_tensor<T, K>(Shape{batch_});
     tessera::detail::softmax_into<true>(log_probabilities, tessera::detail::as_node(x), 1,
@@ -107,7 +106,6 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   void backward(autograd::detail::value_table& table,
                 const std::vector<char>& accumulate) override {
     if (!needs_) return;
-    table.scratch_offset = table.scratch_begin;
     const auto x = table.template get<T, K>(inputs[0]);
     const auto targets = table.template get<std::int64_t, K>(inputs[1]);
     const auto g = table.template grad<T, K>(output);
