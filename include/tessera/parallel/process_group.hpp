@@ -1,0 +1,826 @@
+// One process per device (DESIGN §3.7): ts::distributed::init() starts MPI under mpirun and binds
+// the process to its device, and a ProcessGroup runs the collectives of the in-process
+// Communicator across processes, plus send/recv and barrier, on CPU tensors through MPI. Every
+// operation has an async form returning a Work; a timeout (default 5 minutes) turns a rank that
+// never joins into a timeout_error naming it, not a hang. The transport is MPI's own collectives
+// (OpenMPI picks shared memory or the network); Tessera adds the ordering, the timeout and the
+// dtypes MPI lacks (half and bfloat16 are reduced in float).
+#pragma once
+
+#include <chrono>
+#include <climits>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "tessera/core/device.hpp"
+#include "tessera/core/dtype.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/half.hpp"
+#include "tessera/parallel/communicator.hpp"
+#include "tessera/parallel/detail/mpi_engine.hpp"
+#include "tessera/tensor/any_tensor.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera::distributed {
+
+using parallel::ReduceOp;
+
+namespace detail {
+
+/// The process's distributed state: set by init(), cleared by finalize().
+struct runtime {
+  std::mutex mutex;
+  bool active = false;
+  bool finalized = false;       // MPI cannot start again after MPI_Finalize
+  bool started_mpi = false;     // init() called MPI_Init_thread (else the user did: leave it)
+  int rank = 0;
+  int size = 1;
+  int local_rank = 0;
+  int local_size = 1;
+  std::unique_ptr<mpi_engine> engine;
+  std::shared_ptr<group_state> world;
+  MPI_Op nan_max = MPI_OP_NULL;  // max / min that propagate NaN, as Communicator's (MPI's do not)
+  MPI_Op nan_min = MPI_OP_NULL;
+};
+
+inline runtime& state() {
+  static runtime r;
+  return r;
+}
+
+template <class F, bool Max>
+void nan_extremum(const void* in, void* inout, int count) {
+  const F* a = static_cast<const F*>(in);
+  F* b = static_cast<F*>(inout);
+  for (int i = 0; i < count; ++i) {
+    const bool take = a[i] != a[i] || (Max ? a[i] > b[i] : a[i] < b[i]);
+    if (take) b[i] = a[i];
+  }
+}
+template <bool Max>
+void nan_extremum_op(void* in, void* inout, int* count, MPI_Datatype* type) {
+  if (*type == MPI_FLOAT) {
+    nan_extremum<float, Max>(in, inout, *count);
+  } else {
+    nan_extremum<double, Max>(in, inout, *count);
+  }
+}
+
+/// The MPI type a dtype travels as. `reducing`: half and bfloat16 are reduced as float (staged);
+/// otherwise they move as their 16 bits.
+inline MPI_Datatype mpi_type(ScalarType dtype, bool reducing) {
+  switch (dtype) {
+    case ScalarType::float32: return MPI_FLOAT;
+    case ScalarType::float64: return MPI_DOUBLE;
+    case ScalarType::float16:
+    case ScalarType::bfloat16: return reducing ? MPI_FLOAT : MPI_UINT16_T;
+    case ScalarType::int8: return MPI_INT8_T;
+    case ScalarType::uint8: return MPI_UINT8_T;
+    case ScalarType::int16: return MPI_INT16_T;
+    case ScalarType::int32: return MPI_INT32_T;
+    case ScalarType::int64: return MPI_INT64_T;
+    case ScalarType::boolean: return MPI_C_BOOL;
+  }
+  return MPI_BYTE;
+}
+
+/// The MPI operator for `op` on `dtype` (avg is a sum, divided afterwards). On bool, sum and max
+/// are "or", product and min "and", as Communicator's.
+inline MPI_Op mpi_op(ReduceOp op, ScalarType dtype) {
+  if (dtype == ScalarType::boolean) {
+    return (op == ReduceOp::sum || op == ReduceOp::max) ? MPI_LOR : MPI_LAND;
+  }
+  const bool floating = dtype == ScalarType::float32 || dtype == ScalarType::float64 ||
+                        dtype == ScalarType::float16 || dtype == ScalarType::bfloat16;
+  switch (op) {
+    case ReduceOp::sum:
+    case ReduceOp::avg: return MPI_SUM;
+    case ReduceOp::product: return MPI_PROD;
+    case ReduceOp::max: return floating ? state().nan_max : MPI_MAX;
+    case ReduceOp::min: return floating ? state().nan_min : MPI_MIN;
+  }
+  return MPI_SUM;
+}
+
+inline bool is_16bit_float(ScalarType dtype) {
+  return dtype == ScalarType::float16 || dtype == ScalarType::bfloat16;
+}
+inline bool is_floating(ScalarType dtype) {
+  return dtype == ScalarType::float32 || dtype == ScalarType::float64 || is_16bit_float(dtype);
+}
+
+/// `n` half or bfloat16 values (`dtype`) as float, and back.
+inline void widen(ScalarType dtype, const void* in, std::int64_t n, float* out) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    out[i] = dtype == ScalarType::float16 ? static_cast<float>(static_cast<const half*>(in)[i])
+                                          : static_cast<float>(static_cast<const bfloat16*>(in)[i]);
+  }
+}
+inline void narrow_into(const float* in, std::int64_t n, ScalarType dtype, void* out) {
+  for (std::int64_t i = 0; i < n; ++i) {
+    if (dtype == ScalarType::float16) {
+      static_cast<half*>(out)[i] = half(in[i]);
+    } else {
+      static_cast<bfloat16*>(out)[i] = bfloat16(in[i]);
+    }
+  }
+}
+
+/// Divides `count` values of MPI type `type` (float or double) at `data` by `by`.
+inline void divide(void* data, std::int64_t count, MPI_Datatype type, int by) {
+  if (type == MPI_FLOAT) {
+    float* p = static_cast<float*>(data);
+    for (std::int64_t i = 0; i < count; ++i) p[i] /= static_cast<float>(by);
+  } else {
+    double* p = static_cast<double*>(data);
+    for (std::int64_t i = 0; i < count; ++i) p[i] /= static_cast<double>(by);
+  }
+}
+
+inline int mpi_type_size(MPI_Datatype type) {
+  int bytes = 0;
+  MPI_Type_size(type, &bytes);
+  return bytes;
+}
+
+// MPI counts are int: elementwise operations go in pieces of at most this many elements.
+inline constexpr std::int64_t max_piece = std::int64_t{1} << 30;
+
+inline int checked_count(std::int64_t n, const char* what) {
+  if (n > INT_MAX) {
+    throw communication_error(std::string("ProcessGroup::") + what + ": " + std::to_string(n) +
+                              " elements; MPI counts stop at " + std::to_string(INT_MAX));
+  }
+  return static_cast<int>(n);
+}
+
+}  // namespace detail
+
+/// Starts the distributed runtime: MPI (with thread support; a program that already called
+/// MPI_Init keeps its MPI and finalizes it itself), the rank, the world size and the local rank
+/// (ranks on this node, by MPI's shared-memory split). Binds the calling thread to its device:
+/// CPU ordinal local_rank % cpu::device_count() (and CUDA ordinal local_rank %
+/// cuda::device_count() when GPUs are present), and, unless set_num_threads gave a count, gives
+/// each process its share of the cores (cores / processes on the node). Without mpirun: a world
+/// of one. A second call does nothing; a call after finalize() throws (MPI cannot restart).
+inline void init() {
+  detail::runtime& r = detail::state();
+  std::lock_guard lock(r.mutex);
+  if (r.active) return;
+  if (r.finalized) {
+    throw communication_error(
+        "ts::distributed::init: finalize() was called already, and MPI cannot start twice in a "
+        "process");
+  }
+  int initialized = 0;
+  TESSERA_MPI_CHECK(MPI_Initialized(&initialized));
+  if (!initialized) {
+    int provided = 0;
+    TESSERA_MPI_CHECK(MPI_Init_thread(nullptr, nullptr, MPI_THREAD_MULTIPLE, &provided));
+    r.started_mpi = true;
+    if (provided < MPI_THREAD_SERIALIZED) {
+      MPI_Finalize();
+      r.finalized = true;
+      throw communication_error(
+          "ts::distributed::init: this MPI gives thread level " + std::to_string(provided) +
+          "; Tessera's progress thread needs MPI_THREAD_SERIALIZED or more");
+    }
+  }
+  TESSERA_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &r.rank));
+  TESSERA_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &r.size));
+  MPI_Comm node = MPI_COMM_NULL;
+  TESSERA_MPI_CHECK(
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, r.rank, MPI_INFO_NULL, &node));
+  TESSERA_MPI_CHECK(MPI_Comm_rank(node, &r.local_rank));
+  TESSERA_MPI_CHECK(MPI_Comm_size(node, &r.local_size));
+  TESSERA_MPI_CHECK(MPI_Comm_free(&node));
+  TESSERA_MPI_CHECK(MPI_Op_create(&detail::nan_extremum_op<true>, 1, &r.nan_max));
+  TESSERA_MPI_CHECK(MPI_Op_create(&detail::nan_extremum_op<false>, 1, &r.nan_min));
+
+  auto world = std::make_shared<detail::group_state>();
+  TESSERA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world->comm));
+  TESSERA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world->control));
+  // Errors come back as codes (named in exceptions) instead of aborting every rank.
+  TESSERA_MPI_CHECK(MPI_Comm_set_errhandler(world->comm, MPI_ERRORS_RETURN));
+  TESSERA_MPI_CHECK(MPI_Comm_set_errhandler(world->control, MPI_ERRORS_RETURN));
+  world->rank = r.rank;
+  world->size = r.size;
+  r.engine = std::make_unique<detail::mpi_engine>();
+  r.engine->call([&] { r.engine->add_group(world); });
+  r.world = std::move(world);
+  r.active = true;
+
+  cpu::set_device(r.local_rank % cpu::device_count());
+  if (cuda::device_count() > 0) cuda::set_device(r.local_rank % cuda::device_count());
+  if (tessera::detail::cpu_threads().process.load() == 0) {
+    cpu::set_num_threads(std::max(1, cpu::core_count() / std::max(1, r.local_size)));
+  }
+}
+
+/// Ends the distributed runtime: operations still queued or in flight fail with
+/// communication_error, the progress thread stops, and MPI is finalized (when init() started
+/// it). Does nothing when init() was not called. After a timeout the ranks that are still alive
+/// finalize as usual.
+inline void finalize() {
+  detail::runtime& r = detail::state();
+  std::lock_guard lock(r.mutex);
+  if (!r.active) return;
+  r.engine->stop();
+  r.engine.reset();
+  if (r.world->broken.empty()) {
+    MPI_Comm_free(&r.world->comm);
+    MPI_Comm_free(&r.world->control);
+  }
+  r.world.reset();
+  MPI_Op_free(&r.nan_max);
+  MPI_Op_free(&r.nan_min);
+  r.active = false;
+  if (r.started_mpi) {
+    MPI_Finalize();
+    r.finalized = true;
+  }
+}
+
+/// True between init() and finalize().
+inline bool is_initialized() {
+  detail::runtime& r = detail::state();
+  std::lock_guard lock(r.mutex);
+  return r.active;
+}
+/// This process's rank in the world (0 before init()).
+inline int rank() { return detail::state().rank; }
+/// Number of processes (1 before init()).
+inline int world_size() { return detail::state().size; }
+/// This process's rank among those on its node (0 before init()).
+inline int local_rank() { return detail::state().local_rank; }
+/// Number of processes on this node (1 before init()).
+inline int local_size() { return detail::state().local_size; }
+
+/// RAII form: init() on construction, finalize() on destruction.
+class Session {
+ public:
+  Session() { init(); }
+  ~Session() { finalize(); }
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
+};
+
+/// An operation in flight (from a ProcessGroup's *_async call). wait() blocks until it completed
+/// and rethrows its error (timeout_error, communication_error, shape_error...); the tensors it
+/// writes hold the result after wait(). Dropping a Work without waiting is allowed: the operation
+/// still completes (its tensors stay alive until then).
+class Work {
+ public:
+  Work() = default;
+  /// Blocks until the operation completed; throws its error. Waiting twice is fine.
+  void wait() const {
+    if (!state_) throw communication_error("Work::wait: this Work holds no operation");
+    detail::runtime& r = detail::state();
+    if (!r.engine) {
+      std::lock_guard lock(state_->mutex);
+      if (!state_->done) throw communication_error("Work::wait: finalize() was called");
+    } else {
+      r.engine->wait(*state_);
+    }
+    std::lock_guard lock(state_->mutex);
+    if (state_->failure) std::rethrow_exception(state_->failure);
+  }
+  /// True when the operation completed (successfully or not); does not block.
+  bool is_completed() const {
+    if (!state_) return false;
+    std::lock_guard lock(state_->mutex);
+    return state_->done;
+  }
+  bool defined() const noexcept { return static_cast<bool>(state_); }
+
+ private:
+  friend class ProcessGroup;
+  explicit Work(std::shared_ptr<detail::work_state> s) : state_(std::move(s)) {}
+  std::shared_ptr<detail::work_state> state_;
+};
+
+/// Collectives across the processes of the world (rank i is member i), on CPU tensors through
+/// MPI. The collective calls have the meanings of Communicator's, with one tensor per process:
+/// every rank calls the same collectives in the same order, with tensors of the same shape and
+/// dtype unless the call says otherwise (MPI reports counts that differ). Tensors written in
+/// place are contiguous. Each call checks its arguments before anything is sent (std::
+/// invalid_argument, shape_error, dtype_error, naming the values) and then runs on the progress
+/// thread: the *_async form returns at once with a Work; the plain form waits. A collective that
+/// does not complete within timeout() throws timeout_error on the ranks that wait, naming the
+/// ranks that did not join, and the group then refuses further work (finalize() still works).
+/// Handles share one group: a copy is the same group. Thread-safe; collectives are ordered as
+/// submitted (from one thread, or ordered by the caller).
+class ProcessGroup {
+ public:
+  /// The world's group. Throws communication_error before init().
+  ProcessGroup() {
+    detail::runtime& r = detail::state();
+    std::lock_guard lock(r.mutex);
+    if (!r.active) {
+      throw communication_error(
+          "ProcessGroup: ts::distributed::init() has not been called (or finalize() has)");
+    }
+    group_ = r.world;
+  }
+
+  int rank() const noexcept { return group_->rank; }
+  int size() const noexcept { return group_->size; }
+  /// How long a collective, send or receive may take before it throws timeout_error (default 5
+  /// minutes). Applies to operations started afterwards. std::invalid_argument below 1 ms.
+  void set_timeout(std::chrono::milliseconds timeout) {
+    if (timeout.count() < 1) {
+      throw std::invalid_argument("ProcessGroup::set_timeout: " +
+                                  std::to_string(timeout.count()) + " ms; at least 1 ms");
+    }
+    group_->timeout_ms.store(static_cast<std::int64_t>(timeout.count()));
+  }
+  std::chrono::milliseconds timeout() const {
+    return std::chrono::milliseconds(group_->timeout_ms.load());
+  }
+
+  /// In place: t becomes op over every rank's t. `avg` needs a floating dtype (dtype_error).
+  template <Dtype T>
+  Work all_reduce_async(const Tensor<T, cpu>& t, ReduceOp op = ReduceOp::sum) {
+    return all_reduce_any(AnyTensor(t), op);
+  }
+  template <Dtype T>
+  void all_reduce(const Tensor<T, cpu>& t, ReduceOp op = ReduceOp::sum) {
+    all_reduce_async(t, op).wait();
+  }
+
+  /// Every rank's t becomes a copy of rank root's t.
+  template <Dtype T>
+  Work broadcast_async(const Tensor<T, cpu>& t, int root = 0) {
+    return broadcast_any(AnyTensor(t), root);
+  }
+  template <Dtype T>
+  void broadcast(const Tensor<T, cpu>& t, int root = 0) {
+    broadcast_async(t, root).wait();
+  }
+
+  /// Rank root's t becomes op over every rank's t; the others' are unchanged.
+  template <Dtype T>
+  Work reduce_async(const Tensor<T, cpu>& t, int root = 0, ReduceOp op = ReduceOp::sum) {
+    return reduce_any(AnyTensor(t), root, op);
+  }
+  template <Dtype T>
+  void reduce(const Tensor<T, cpu>& t, int root = 0, ReduceOp op = ReduceOp::sum) {
+    reduce_async(t, root, op).wait();
+  }
+
+  /// out = cat(every rank's in, dim), in rank order, on every rank. The ranks' inputs may differ
+  /// in size along dim (the other extents agree); out has in's extents but their total along dim
+  /// (shape_error otherwise, on every rank whose out does not fit).
+  template <Dtype T>
+  Work all_gather_async(const Tensor<T, cpu>& in, const Tensor<T, cpu>& out, int dim = 0) {
+    return all_gather_any(AnyTensor(in), AnyTensor(out), dim);
+  }
+  template <Dtype T>
+  void all_gather(const Tensor<T, cpu>& in, const Tensor<T, cpu>& out, int dim = 0) {
+    all_gather_async(in, out, dim).wait();
+  }
+
+  /// out = slice `rank` of (op over every rank's in), along dim: the slices are consecutive in
+  /// rank order and each rank's out is as long along dim as its slice; the lengths add up to in's
+  /// extent (shape_error on every rank otherwise). in has one shape on every rank.
+  template <Dtype T>
+  Work reduce_scatter_async(const Tensor<T, cpu>& in, const Tensor<T, cpu>& out,
+                            ReduceOp op = ReduceOp::sum, int dim = 0) {
+    return reduce_scatter_any(AnyTensor(in), AnyTensor(out), op, dim);
+  }
+  template <Dtype T>
+  void reduce_scatter(const Tensor<T, cpu>& in, const Tensor<T, cpu>& out,
+                      ReduceOp op = ReduceOp::sum, int dim = 0) {
+    reduce_scatter_async(in, out, op, dim).wait();
+  }
+
+  /// Sends t to rank `to`, whose recv receives it (sends from one rank to another arrive in
+  /// order). The async form lets the caller go on; t must not change until wait().
+  template <Dtype T>
+  Work send_async(const Tensor<T, cpu>& t, int to) {
+    return send_any(AnyTensor(t), to);
+  }
+  template <Dtype T>
+  void send(const Tensor<T, cpu>& t, int to) {
+    send_async(t, to).wait();
+  }
+
+  /// Receives into t what rank `from` sends: the same dtype and element count (shape_error
+  /// naming both counts otherwise; a longer message is an MPI truncation error).
+  template <Dtype T>
+  Work recv_async(const Tensor<T, cpu>& t, int from) {
+    return recv_any(AnyTensor(t), from);
+  }
+  template <Dtype T>
+  void recv(const Tensor<T, cpu>& t, int from) {
+    recv_async(t, from).wait();
+  }
+
+  /// Returns when every rank has called barrier.
+  Work barrier_async() {
+    auto op = make("barrier", true);
+    auto group = group_;
+    op->step = [group, posted = false](MPI_Request& request, const MPI_Status&) mutable {
+      if (posted) return false;
+      posted = true;
+      TESSERA_MPI_CHECK(MPI_Ibarrier(group->comm, &request));
+      return true;
+    };
+    return submit(std::move(op));
+  }
+  void barrier() { barrier_async().wait(); }
+
+ private:
+  std::shared_ptr<detail::operation> make(const char* name, bool collective) const {
+    auto op = std::make_shared<detail::operation>();
+    op->name = name;
+    op->collective = collective;
+    return op;
+  }
+  Work submit(std::shared_ptr<detail::operation> op) {
+    detail::runtime& r = detail::state();
+    std::shared_ptr<detail::work_state> work = op->work;
+    {
+      std::lock_guard lock(r.mutex);
+      if (!r.engine) {
+        throw communication_error("ProcessGroup::" + op->name +
+                                  ": ts::distributed::finalize() has been called");
+      }
+      r.engine->submit(group_, std::move(op));
+    }
+    return Work(std::move(work));
+  }
+
+  void check_tensor(const AnyTensor& t, const char* what, const char* role,
+                    bool written) const {
+    if (!t.defined()) {
+      throw std::invalid_argument(std::string("ProcessGroup::") + what + ": the " + role +
+                                  " is undefined");
+    }
+    if (written && !t.is_contiguous()) {
+      throw std::invalid_argument(std::string("ProcessGroup::") + what + ": the " + role +
+                                  " (shape " + t.shape().str() +
+                                  ") is not contiguous; it is written in place");
+    }
+  }
+  void check_rank(int r, const char* what, const char* role) const {
+    if (r < 0 || r >= size()) {
+      throw std::invalid_argument(std::string("ProcessGroup::") + what + ": " + role + " " +
+                                  std::to_string(r) + " is not a rank of this group (size " +
+                                  std::to_string(size()) + ")");
+    }
+  }
+  void check_op(ReduceOp op, ScalarType dtype, const char* what) const {
+    if (op == ReduceOp::avg && !detail::is_floating(dtype)) {
+      throw dtype_error(std::string("ProcessGroup::") + what + ": avg needs a floating dtype, not " +
+                        name(dtype));
+    }
+  }
+
+  // An elementwise reduction or broadcast of `t` in pieces of at most max_piece elements:
+  // `post(send, receive, count, type, request)` posts one piece. Half and bfloat16 are staged in
+  // float when `reducing`; `divide_by` > 1 divides the result (avg) where `written`.
+  template <class Post>
+  Work elementwise(const char* name, AnyTensor t, bool reducing, bool written, int divide_by,
+                   Post post) {
+    auto op = make(name, true);
+    struct progress {
+      std::vector<float> staging;
+      std::int64_t offset = 0;
+      bool started = false;
+    };
+    op->step = [t, reducing, written, divide_by, post, p = progress{}](
+                   MPI_Request& request, const MPI_Status&) mutable {
+      const bool staged = reducing && detail::is_16bit_float(t.dtype());
+      const MPI_Datatype type = detail::mpi_type(t.dtype(), reducing);
+      const std::int64_t n = t.numel();
+      char* base = staged ? nullptr : static_cast<char*>(t.data_ptr());
+      if (!p.started) {
+        p.started = true;
+        if (staged) {
+          p.staging.resize(static_cast<std::size_t>(n));
+          detail::widen(t.dtype(), t.data_ptr(), n, p.staging.data());
+        }
+      }
+      if (staged) base = reinterpret_cast<char*>(p.staging.data());
+      if (p.offset < n) {
+        const std::int64_t count = std::min(detail::max_piece, n - p.offset);
+        post(base + p.offset * detail::mpi_type_size(type), static_cast<int>(count), type,
+             request);
+        p.offset += count;
+        return true;
+      }
+      if (written && divide_by > 1) detail::divide(base, n, type, divide_by);
+      if (written && staged) detail::narrow_into(p.staging.data(), n, t.dtype(), t.data_ptr());
+      return false;
+    };
+    return submit(std::move(op));
+  }
+
+  Work all_reduce_any(const AnyTensor& t, ReduceOp op) {
+    check_tensor(t, "all_reduce", "tensor", true);
+    check_op(op, t.dtype(), "all_reduce");
+    const MPI_Op mpi = detail::mpi_op(op, t.dtype());
+    auto group = group_;
+    return elementwise("all_reduce", t, true, true, op == ReduceOp::avg ? size() : 1,
+                       [group, mpi](char* data, int count, MPI_Datatype type, MPI_Request& r) {
+                         TESSERA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi,
+                                                          group->comm, &r));
+                       });
+  }
+
+  Work broadcast_any(const AnyTensor& t, int root) {
+    check_tensor(t, "broadcast", "tensor", true);
+    check_rank(root, "broadcast", "root");
+    auto group = group_;
+    return elementwise("broadcast", t, false, true, 1,
+                       [group, root](char* data, int count, MPI_Datatype type, MPI_Request& r) {
+                         TESSERA_MPI_CHECK(MPI_Ibcast(data, count, type, root, group->comm, &r));
+                       });
+  }
+
+  Work reduce_any(const AnyTensor& t, int root, ReduceOp op) {
+    check_tensor(t, "reduce", "tensor", true);
+    check_rank(root, "reduce", "root");
+    check_op(op, t.dtype(), "reduce");
+    const MPI_Op mpi = detail::mpi_op(op, t.dtype());
+    auto group = group_;
+    const bool is_root = rank() == root;
+    return elementwise(
+        "reduce", t, true, is_root, op == ReduceOp::avg ? size() : 1,
+        [group, mpi, root, is_root](char* data, int count, MPI_Datatype type, MPI_Request& r) {
+          TESSERA_MPI_CHECK(MPI_Ireduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr,
+                                        count, type, mpi, root, group->comm, &r));
+        });
+  }
+
+  Work all_gather_any(const AnyTensor& in, const AnyTensor& out, int dim) {
+    check_tensor(in, "all_gather", "input", false);
+    check_tensor(out, "all_gather", "output", true);
+    if (in.dtype() != out.dtype()) {
+      throw dtype_error(std::string("ProcessGroup::all_gather: the input is ") + name(in.dtype()) +
+                        ", the output " + name(out.dtype()));
+    }
+    const int d = in.shape().normalize_dim(dim, "ProcessGroup::all_gather");
+    bool fits = out.dim() == in.dim();
+    for (int k = 0; fits && k < in.dim(); ++k) fits = k == d || out.shape()[k] == in.shape()[k];
+    if (!fits) {
+      throw shape_error("ProcessGroup::all_gather: the output's shape " + out.shape().str() +
+                        " must match the input's " + in.shape().str() + " in every dim but " +
+                        std::to_string(d));
+    }
+    auto op = make("all_gather", true);
+    auto group = group_;
+    struct progress {
+      int stage = 0;
+      std::int64_t length = 0;
+      std::vector<std::int64_t> lengths;  // [rank]: extent along d
+      std::vector<int> counts, displacements;
+      Tensor<std::uint8_t, cpu> staging;
+      AnyTensor source;
+    };
+    const int n = size();
+    op->step = [group, in, out, d, n, p = progress{}](MPI_Request& request,
+                                                      const MPI_Status&) mutable {
+      const auto [outer, inner] = parallel::detail::outer_inner(in.shape(), d);
+      const std::size_t element = element_size(in.dtype());
+      const MPI_Datatype type = detail::mpi_type(in.dtype(), false);
+      switch (p.stage++) {
+        case 0:  // every rank's extent along d
+          p.length = in.shape()[d];
+          p.lengths.assign(static_cast<std::size_t>(n), 0);
+          TESSERA_MPI_CHECK(MPI_Iallgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
+                                           MPI_INT64_T, group->comm, &request));
+          return true;
+        case 1: {
+          // Each rank sends its piece as one block of outer * length * inner elements (made
+          // contiguous), received into a staging buffer in rank order, then laid out along d.
+          p.counts.resize(static_cast<std::size_t>(n));
+          p.displacements.resize(static_cast<std::size_t>(n));
+          std::int64_t offset = 0;
+          for (int r = 0; r < n; ++r) {
+            const std::int64_t count = outer * p.lengths[static_cast<std::size_t>(r)] * inner;
+            p.counts[static_cast<std::size_t>(r)] = detail::checked_count(count, "all_gather");
+            p.displacements[static_cast<std::size_t>(r)] =
+                detail::checked_count(offset, "all_gather");
+            offset += count;
+          }
+          p.staging = Tensor<std::uint8_t, cpu>::empty_on(
+              {offset * static_cast<std::int64_t>(element)}, in.device());
+          p.source = in.is_contiguous() ? in : contiguous_copy(in);
+          const int own = p.counts[static_cast<std::size_t>(group->rank)];
+          TESSERA_MPI_CHECK(MPI_Iallgatherv(p.source.data_ptr(), own, type, p.staging.data(),
+                                            p.counts.data(), p.displacements.data(), type,
+                                            group->comm, &request));
+          return true;
+        }
+        default: {
+          std::int64_t total = 0;
+          for (std::int64_t l : p.lengths) total += l;
+          if (out.shape()[d] != total) {
+            std::string lengths;
+            for (std::size_t r = 0; r < p.lengths.size(); ++r) {
+              lengths += (r ? ", " : "") + std::to_string(p.lengths[r]);
+            }
+            throw shape_error("ProcessGroup::all_gather: the ranks' inputs have lengths {" +
+                              lengths + "} along dim " + std::to_string(d) + ", total " +
+                              std::to_string(total) + "; this rank's output has shape " +
+                              out.shape().str());
+          }
+          // Rank r's block is [outer, length_r, inner]: row o goes to out[o, offset_r.., :].
+          const char* from = reinterpret_cast<const char*>(p.staging.data());
+          char* to = static_cast<char*>(out.data_ptr());
+          std::int64_t along = 0;
+          for (int r = 0; r < n; ++r) {
+            const std::int64_t row = p.lengths[static_cast<std::size_t>(r)] * inner;
+            const char* block =
+                from + static_cast<std::int64_t>(p.displacements[static_cast<std::size_t>(r)]) *
+                           static_cast<std::int64_t>(element);
+            for (std::int64_t o = 0; o < outer; ++o) {
+              std::memcpy(to + (o * total + along) * inner * static_cast<std::int64_t>(element),
+                          block + o * row * static_cast<std::int64_t>(element),
+                          static_cast<std::size_t>(row) * element);
+            }
+            along += p.lengths[static_cast<std::size_t>(r)];
+          }
+          return false;
+        }
+      }
+    };
+    return submit(std::move(op));
+  }
+
+  Work reduce_scatter_any(const AnyTensor& in, const AnyTensor& out, ReduceOp op, int dim) {
+    check_tensor(in, "reduce_scatter", "input", false);
+    check_tensor(out, "reduce_scatter", "output", true);
+    check_op(op, in.dtype(), "reduce_scatter");
+    if (in.dtype() != out.dtype()) {
+      throw dtype_error(std::string("ProcessGroup::reduce_scatter: the input is ") +
+                        name(in.dtype()) + ", the output " + name(out.dtype()));
+    }
+    const int d = in.shape().normalize_dim(dim, "ProcessGroup::reduce_scatter");
+    bool fits = out.dim() == in.dim();
+    for (int k = 0; fits && k < in.dim(); ++k) fits = k == d || out.shape()[k] == in.shape()[k];
+    if (!fits) {
+      throw shape_error("ProcessGroup::reduce_scatter: the output's shape " + out.shape().str() +
+                        " must match the input's " + in.shape().str() + " in every dim but " +
+                        std::to_string(d));
+    }
+    auto operation = make("reduce_scatter", true);
+    auto group = group_;
+    const MPI_Op mpi = detail::mpi_op(op, in.dtype());
+    const int divide_by = op == ReduceOp::avg ? size() : 1;
+    struct progress {
+      int stage = 0;
+      std::int64_t length = 0;
+      std::vector<std::int64_t> lengths;
+      std::vector<int> counts;
+      std::vector<float> packed_float, result_float;  // half / bfloat16
+      Tensor<std::uint8_t, cpu> packed;
+    };
+    const int n = size();
+    operation->step = [group, in, out, d, n, mpi, divide_by, p = progress{}](
+                          MPI_Request& request, const MPI_Status&) mutable {
+      const auto [outer, inner] = parallel::detail::outer_inner(in.shape(), d);
+      const bool staged = detail::is_16bit_float(in.dtype());
+      const MPI_Datatype type = detail::mpi_type(in.dtype(), true);
+      const std::size_t element = element_size(in.dtype());
+      switch (p.stage++) {
+        case 0:
+          p.length = out.shape()[d];
+          p.lengths.assign(static_cast<std::size_t>(n), 0);
+          TESSERA_MPI_CHECK(MPI_Iallgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
+                                           MPI_INT64_T, group->comm, &request));
+          return true;
+        case 1: {
+          std::int64_t total = 0;
+          for (std::int64_t l : p.lengths) total += l;
+          if (total != in.shape()[d]) {  // every rank sees the same lengths: all throw
+            std::string lengths;
+            for (std::size_t r = 0; r < p.lengths.size(); ++r) {
+              lengths += (r ? ", " : "") + std::to_string(p.lengths[r]);
+            }
+            throw shape_error("ProcessGroup::reduce_scatter: the ranks' outputs have lengths {" +
+                              lengths + "} along dim " + std::to_string(d) + ", total " +
+                              std::to_string(total) + "; the input shape " + in.shape().str() +
+                              " has " + std::to_string(in.shape()[d]));
+          }
+          // The input packed rank by rank: rank r's slice [outer, length_r, inner] contiguous.
+          const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
+          p.packed = Tensor<std::uint8_t, cpu>::empty_on(
+              {in.numel() * static_cast<std::int64_t>(element)}, in.device());
+          const char* from = static_cast<const char*>(source.data_ptr());
+          char* to = reinterpret_cast<char*>(p.packed.data());
+          p.counts.resize(static_cast<std::size_t>(n));
+          std::int64_t along = 0, written = 0;
+          for (int r = 0; r < n; ++r) {
+            const std::int64_t row = p.lengths[static_cast<std::size_t>(r)] * inner;
+            p.counts[static_cast<std::size_t>(r)] =
+                detail::checked_count(outer * row, "reduce_scatter");
+            for (std::int64_t o = 0; o < outer; ++o) {
+              std::memcpy(to + written * static_cast<std::int64_t>(element),
+                          from + (o * total + along) * inner * static_cast<std::int64_t>(element),
+                          static_cast<std::size_t>(row) * element);
+              written += row;
+            }
+            along += p.lengths[static_cast<std::size_t>(r)];
+          }
+          void* send = p.packed.data();
+          void* receive = out.data_ptr();
+          if (staged) {
+            p.packed_float.resize(static_cast<std::size_t>(in.numel()));
+            detail::widen(in.dtype(), p.packed.data(), in.numel(), p.packed_float.data());
+            p.result_float.resize(static_cast<std::size_t>(out.numel()));
+            send = p.packed_float.data();
+            receive = p.result_float.data();
+          }
+          TESSERA_MPI_CHECK(MPI_Ireduce_scatter(send, receive, p.counts.data(), type, mpi,
+                                                group->comm, &request));
+          return true;
+        }
+        default: {
+          void* result = staged ? static_cast<void*>(p.result_float.data()) : out.data_ptr();
+          if (divide_by > 1) detail::divide(result, out.numel(), type, divide_by);
+          if (staged) detail::narrow_into(p.result_float.data(), out.numel(), out.dtype(), out.data_ptr());
+          return false;
+        }
+      }
+    };
+    return submit(std::move(operation));
+  }
+
+  Work send_any(const AnyTensor& t, int to) {
+    check_tensor(t, "send", "tensor", false);
+    check_rank(to, "send", "destination");
+    if (to == rank()) {
+      throw std::invalid_argument("ProcessGroup::send: rank " + std::to_string(to) +
+                                  " cannot send to itself");
+    }
+    auto op = make("send", false);
+    op->peer = to;
+    auto group = group_;
+    const AnyTensor source = t.is_contiguous() ? t : contiguous_copy(t);
+    op->step = [group, source, to, posted = false](MPI_Request& request,
+                                                   const MPI_Status&) mutable {
+      if (posted) return false;
+      posted = true;
+      TESSERA_MPI_CHECK(MPI_Isend(source.data_ptr(),
+                                  detail::checked_count(source.numel(), "send"),
+                                  detail::mpi_type(source.dtype(), false), to, point_to_point_tag,
+                                  group->comm, &request));
+      return true;
+    };
+    return submit(std::move(op));
+  }
+
+  Work recv_any(const AnyTensor& t, int from) {
+    check_tensor(t, "recv", "tensor", true);
+    check_rank(from, "recv", "source");
+    if (from == rank()) {
+      throw std::invalid_argument("ProcessGroup::recv: rank " + std::to_string(from) +
+                                  " cannot receive from itself");
+    }
+    auto op = make("recv", false);
+    op->peer = from;
+    auto group = group_;
+    op->step = [group, t, from, posted = false](MPI_Request& request,
+                                                const MPI_Status& status) mutable {
+      const MPI_Datatype type = detail::mpi_type(t.dtype(), false);
+      if (!posted) {
+        posted = true;
+        TESSERA_MPI_CHECK(MPI_Irecv(t.data_ptr(), detail::checked_count(t.numel(), "recv"), type,
+                                    from, point_to_point_tag, group->comm, &request));
+        return true;
+      }
+      int received = 0;
+      TESSERA_MPI_CHECK(MPI_Get_count(&status, type, &received));
+      if (received != t.numel()) {
+        throw shape_error("ProcessGroup::recv: rank " + std::to_string(from) + " sent " +
+                          std::to_string(received) + " elements; the tensor (shape " +
+                          t.shape().str() + ") has " + std::to_string(t.numel()));
+      }
+      return false;
+    };
+    return submit(std::move(op));
+  }
+
+  // A contiguous copy of t, type-erased (for inputs that are only read).
+  static AnyTensor contiguous_copy(const AnyTensor& t) {
+    AnyTensor copy;
+    visit_dtype(t.dtype(), [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      copy = t.template as<T, cpu>().contiguous();
+    });
+    return copy;
+  }
+  static constexpr int point_to_point_tag = 11;
+  std::shared_ptr<detail::group_state> group_;
+};
+
+}  // namespace tessera::distributed
