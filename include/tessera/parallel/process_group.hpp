@@ -47,6 +47,10 @@ struct runtime {
   std::shared_ptr<group_state> world;
   MPI_Op nan_max = MPI_OP_NULL;  // max / min that propagate NaN, as Communicator's (MPI's do not)
   MPI_Op nan_min = MPI_OP_NULL;
+  // Sum and product of 8- and 16-bit integers modulo 2^bits: OpenMPI 4.1's vectorised ops
+  // saturate them (found by process_group_test), Communicator's and PyTorch's wrap.
+  MPI_Op wrapping_sum = MPI_OP_NULL;
+  MPI_Op wrapping_product = MPI_OP_NULL;
 };
 
 inline runtime& state() {
@@ -69,6 +73,26 @@ void nan_extremum_op(void* in, void* inout, int* count, MPI_Datatype* type) {
     nan_extremum<float, Max>(in, inout, *count);
   } else {
     nan_extremum<double, Max>(in, inout, *count);
+  }
+}
+
+template <class I, bool Sum>
+void wrapping(const void* in, void* inout, int count) {
+  const I* a = static_cast<const I*>(in);
+  I* b = static_cast<I*>(inout);
+  for (int i = 0; i < count; ++i) {
+    const auto x = static_cast<std::uint64_t>(a[i]), y = static_cast<std::uint64_t>(b[i]);
+    b[i] = static_cast<I>(Sum ? x + y : x * y);  // keeps the low bits (C++20): wraps
+  }
+}
+template <bool Sum>
+void wrapping_op(void* in, void* inout, int* count, MPI_Datatype* type) {
+  if (*type == MPI_INT8_T) {
+    wrapping<std::int8_t, Sum>(in, inout, *count);
+  } else if (*type == MPI_UINT8_T) {
+    wrapping<std::uint8_t, Sum>(in, inout, *count);
+  } else {
+    wrapping<std::int16_t, Sum>(in, inout, *count);
   }
 }
 
@@ -98,10 +122,12 @@ inline MPI_Op mpi_op(ReduceOp op, ScalarType dtype) {
   }
   const bool floating = dtype == ScalarType::float32 || dtype == ScalarType::float64 ||
                         dtype == ScalarType::float16 || dtype == ScalarType::bfloat16;
+  const bool narrow_integer = dtype == ScalarType::int8 || dtype == ScalarType::uint8 ||
+                              dtype == ScalarType::int16;
   switch (op) {
     case ReduceOp::sum:
-    case ReduceOp::avg: return MPI_SUM;
-    case ReduceOp::product: return MPI_PROD;
+    case ReduceOp::avg: return narrow_integer ? state().wrapping_sum : MPI_SUM;
+    case ReduceOp::product: return narrow_integer ? state().wrapping_product : MPI_PROD;
     case ReduceOp::max: return floating ? state().nan_max : MPI_MAX;
     case ReduceOp::min: return floating ? state().nan_min : MPI_MIN;
   }
@@ -149,8 +175,12 @@ inline int mpi_type_size(MPI_Datatype type) {
   return bytes;
 }
 
-// MPI counts are int: elementwise operations go in pieces of at most this many elements.
-inline constexpr std::int64_t max_piece = std::int64_t{1} << 30;
+/// MPI counts are int: elementwise operations go in pieces of at most this many elements (2^30;
+/// tests lower it to check the pieces).
+inline std::int64_t& piece_limit() {
+  static std::int64_t limit = std::int64_t{1} << 30;
+  return limit;
+}
 
 inline int checked_count(std::int64_t n, const char* what) {
   if (n > INT_MAX) {
@@ -202,6 +232,8 @@ inline void init() {
   TESSERA_MPI_CHECK(MPI_Comm_free(&node));
   TESSERA_MPI_CHECK(MPI_Op_create(&detail::nan_extremum_op<true>, 1, &r.nan_max));
   TESSERA_MPI_CHECK(MPI_Op_create(&detail::nan_extremum_op<false>, 1, &r.nan_min));
+  TESSERA_MPI_CHECK(MPI_Op_create(&detail::wrapping_op<true>, 1, &r.wrapping_sum));
+  TESSERA_MPI_CHECK(MPI_Op_create(&detail::wrapping_op<false>, 1, &r.wrapping_product));
 
   auto world = std::make_shared<detail::group_state>();
   TESSERA_MPI_CHECK(MPI_Comm_dup(MPI_COMM_WORLD, &world->comm));
@@ -240,6 +272,8 @@ inline void finalize() {
   r.world.reset();
   MPI_Op_free(&r.nan_max);
   MPI_Op_free(&r.nan_min);
+  MPI_Op_free(&r.wrapping_sum);
+  MPI_Op_free(&r.wrapping_product);
   r.active = false;
   if (r.started_mpi) {
     MPI_Finalize();
@@ -483,7 +517,7 @@ class ProcessGroup {
     }
   }
 
-  // An elementwise reduction or broadcast of `t` in pieces of at most max_piece elements:
+  // An elementwise reduction or broadcast of `t` in pieces of at most piece_limit() elements:
   // `post(send, receive, count, type, request)` posts one piece. Half and bfloat16 are staged in
   // float when `reducing`; `divide_by` > 1 divides the result (avg) where `written`.
   template <class Post>
@@ -510,7 +544,7 @@ class ProcessGroup {
       }
       if (staged) base = reinterpret_cast<char*>(p.staging.data());
       if (p.offset < n) {
-        const std::int64_t count = std::min(detail::max_piece, n - p.offset);
+        const std::int64_t count = std::min(detail::piece_limit(), n - p.offset);
         post(base + p.offset * detail::mpi_type_size(type), static_cast<int>(count), type,
              request);
         p.offset += count;
