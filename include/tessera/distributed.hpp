@@ -3,4 +3,5 @@
 // tessera.hpp: it needs MPI (CMake: TESSERA_WITH_MPI, target tessera::distributed).
 #pragma once
 
+#include "tessera/parallel/distributed_data_parallel.hpp"
 #include "tessera/parallel/process_group.hpp"

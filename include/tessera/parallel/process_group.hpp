@@ -388,6 +388,11 @@ class ProcessGroup {
     all_reduce_async(t, op).wait();
   }
 
+  /// The type-erased form (a CPU tensor of any dtype, e.g. a module's state).
+  Work all_reduce_async(const AnyTensor& t, ReduceOp op = ReduceOp::sum) {
+    return all_reduce_any(t, op);
+  }
+
   /// Every rank's t becomes a copy of rank root's t.
   template <Dtype T>
   Work broadcast_async(const Tensor<T, cpu>& t, int root = 0) {
@@ -397,6 +402,9 @@ class ProcessGroup {
   void broadcast(const Tensor<T, cpu>& t, int root = 0) {
     broadcast_async(t, root).wait();
   }
+
+  /// The type-erased form (a CPU tensor of any dtype, e.g. a module's state).
+  Work broadcast_async(const AnyTensor& t, int root = 0) { return broadcast_any(t, root); }
 
   /// Rank root's t becomes op over every rank's t; the others' are unchanged.
   template <Dtype T>
@@ -496,6 +504,12 @@ class ProcessGroup {
     if (!t.defined()) {
       throw std::invalid_argument(std::string("ProcessGroup::") + what + ": the " + role +
                                   " is undefined");
+    }
+    if (t.device().type != DeviceType::cpu) {
+      throw device_error(std::string("ProcessGroup::") + what + ": the " + role + " is on " +
+                         t.device().str() +
+                         "; ProcessGroup carries CPU tensors (MPI); CUDA tensors (NCCL) are not "
+                         "supported yet: copy to the CPU first");
     }
     if (written && !t.is_contiguous()) {
       throw std::invalid_argument(std::string("ProcessGroup::") + what + ": the " + role +
