@@ -158,14 +158,20 @@ inline void narrow_into(const float* in, std::int64_t n, ScalarType dtype, void*
   }
 }
 
-/// Divides `count` values of MPI type `type` (float or double) at `data` by `by`.
+/// Divides `count` values of MPI type `type` (float or double) at `data` by `by`. Vectorised at
+/// -O2 too (omp simd): scalar division of 7.5 MB took 2.3 ms, more than the all-reduce itself.
+template <class F>
+void divide_values(F* p, std::int64_t count, F by) {
+#if defined(_OPENMP)
+#pragma omp simd
+#endif
+  for (std::int64_t i = 0; i < count; ++i) p[i] /= by;
+}
 inline void divide(void* data, std::int64_t count, MPI_Datatype type, int by) {
   if (type == MPI_FLOAT) {
-    float* p = static_cast<float*>(data);
-    for (std::int64_t i = 0; i < count; ++i) p[i] /= static_cast<float>(by);
+    divide_values(static_cast<float*>(data), count, static_cast<float>(by));
   } else {
-    double* p = static_cast<double*>(data);
-    for (std::int64_t i = 0; i < count; ++i) p[i] /= static_cast<double>(by);
+    divide_values(static_cast<double*>(data), count, static_cast<double>(by));
   }
 }
 
@@ -468,12 +474,8 @@ class ProcessGroup {
   Work barrier_async() {
     auto op = make("barrier", true);
     auto group = group_;
-    op->step = [group, posted = false](MPI_Request& request, const MPI_Status&) mutable {
-      if (posted) return false;
-      posted = true;
-      TESSERA_MPI_CHECK(MPI_Ibarrier(group->comm, &request));
-      return true;
-    };
+    // Every rank has reached it once the engine lets it start (the arrival gate): done.
+    op->step = [](MPI_Request&, const MPI_Status&) { return false; };
     return submit(std::move(op));
   }
   void barrier() { barrier_async().wait(); }
@@ -532,7 +534,8 @@ class ProcessGroup {
   }
 
   // An elementwise reduction or broadcast of `t` in pieces of at most piece_limit() elements:
-  // `post(send, receive, count, type, request)` posts one piece. Half and bfloat16 are staged in
+  // `post(data, count, type)` runs one piece (a blocking collective: the engine starts a
+  // collective only once every rank has reached it). Half and bfloat16 are staged in
   // float when `reducing`; `divide_by` > 1 divides the result (avg) where `written`.
   template <class Post>
   Work elementwise(const char* name, AnyTensor t, bool reducing, bool written, int divide_by,
@@ -544,7 +547,7 @@ class ProcessGroup {
       bool started = false;
     };
     op->step = [t, reducing, written, divide_by, post, p = progress{}](
-                   MPI_Request& request, const MPI_Status&) mutable {
+                   MPI_Request&, const MPI_Status&) mutable {
       const bool staged = reducing && detail::is_16bit_float(t.dtype());
       const MPI_Datatype type = detail::mpi_type(t.dtype(), reducing);
       const std::int64_t n = t.numel();
@@ -559,8 +562,7 @@ class ProcessGroup {
       if (staged) base = reinterpret_cast<char*>(p.staging.data());
       if (p.offset < n) {
         const std::int64_t count = std::min(detail::piece_limit(), n - p.offset);
-        post(base + p.offset * detail::mpi_type_size(type), static_cast<int>(count), type,
-             request);
+        post(base + p.offset * detail::mpi_type_size(type), static_cast<int>(count), type);
         p.offset += count;
         return true;
       }
@@ -577,9 +579,9 @@ class ProcessGroup {
     const MPI_Op mpi = detail::mpi_op(op, t.dtype());
     auto group = group_;
     return elementwise("all_reduce", t, true, true, op == ReduceOp::avg ? size() : 1,
-                       [group, mpi](char* data, int count, MPI_Datatype type, MPI_Request& r) {
-                         TESSERA_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, data, count, type, mpi,
-                                                          group->comm, &r));
+                       [group, mpi](char* data, int count, MPI_Datatype type) {
+                         TESSERA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi,
+                                                         group->comm));
                        });
   }
 
@@ -588,8 +590,8 @@ class ProcessGroup {
     check_rank(root, "broadcast", "root");
     auto group = group_;
     return elementwise("broadcast", t, false, true, 1,
-                       [group, root](char* data, int count, MPI_Datatype type, MPI_Request& r) {
-                         TESSERA_MPI_CHECK(MPI_Ibcast(data, count, type, root, group->comm, &r));
+                       [group, root](char* data, int count, MPI_Datatype type) {
+                         TESSERA_MPI_CHECK(MPI_Bcast(data, count, type, root, group->comm));
                        });
   }
 
@@ -602,9 +604,9 @@ class ProcessGroup {
     const bool is_root = rank() == root;
     return elementwise(
         "reduce", t, true, is_root, op == ReduceOp::avg ? size() : 1,
-        [group, mpi, root, is_root](char* data, int count, MPI_Datatype type, MPI_Request& r) {
-          TESSERA_MPI_CHECK(MPI_Ireduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr,
-                                        count, type, mpi, root, group->comm, &r));
+        [group, mpi, root, is_root](char* data, int count, MPI_Datatype type) {
+          TESSERA_MPI_CHECK(MPI_Reduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr,
+                                       count, type, mpi, root, group->comm));
         });
   }
 
@@ -634,8 +636,7 @@ class ProcessGroup {
       AnyTensor source;
     };
     const int n = size();
-    op->step = [group, in, out, d, n, p = progress{}](MPI_Request& request,
-                                                      const MPI_Status&) mutable {
+    op->step = [group, in, out, d, n, p = progress{}](MPI_Request&, const MPI_Status&) mutable {
       const auto [outer, inner] = parallel::detail::outer_inner(in.shape(), d);
       const std::size_t element = element_size(in.dtype());
       const MPI_Datatype type = detail::mpi_type(in.dtype(), false);
@@ -643,8 +644,8 @@ class ProcessGroup {
         case 0:  // every rank's extent along d
           p.length = in.shape()[d];
           p.lengths.assign(static_cast<std::size_t>(n), 0);
-          TESSERA_MPI_CHECK(MPI_Iallgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
-                                           MPI_INT64_T, group->comm, &request));
+          TESSERA_MPI_CHECK(MPI_Allgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
+                                          MPI_INT64_T, group->comm));
           return true;
         case 1: {
           // Each rank sends its piece as one block of outer * length * inner elements (made
@@ -663,9 +664,9 @@ class ProcessGroup {
               {offset * static_cast<std::int64_t>(element)}, in.device());
           p.source = in.is_contiguous() ? in : contiguous_copy(in);
           const int own = p.counts[static_cast<std::size_t>(group->rank)];
-          TESSERA_MPI_CHECK(MPI_Iallgatherv(p.source.data_ptr(), own, type, p.staging.data(),
-                                            p.counts.data(), p.displacements.data(), type,
-                                            group->comm, &request));
+          TESSERA_MPI_CHECK(MPI_Allgatherv(p.source.data_ptr(), own, type, p.staging.data(),
+                                           p.counts.data(), p.displacements.data(), type,
+                                           group->comm));
           return true;
         }
         default: {
@@ -734,7 +735,7 @@ class ProcessGroup {
     };
     const int n = size();
     operation->step = [group, in, out, d, n, mpi, divide_by, p = progress{}](
-                          MPI_Request& request, const MPI_Status&) mutable {
+                          MPI_Request&, const MPI_Status&) mutable {
       const auto [outer, inner] = parallel::detail::outer_inner(in.shape(), d);
       const bool staged = detail::is_16bit_float(in.dtype());
       const MPI_Datatype type = detail::mpi_type(in.dtype(), true);
@@ -743,8 +744,8 @@ class ProcessGroup {
         case 0:
           p.length = out.shape()[d];
           p.lengths.assign(static_cast<std::size_t>(n), 0);
-          TESSERA_MPI_CHECK(MPI_Iallgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
-                                           MPI_INT64_T, group->comm, &request));
+          TESSERA_MPI_CHECK(MPI_Allgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
+                                          MPI_INT64_T, group->comm));
           return true;
         case 1: {
           std::int64_t total = 0;
@@ -788,8 +789,8 @@ class ProcessGroup {
             send = p.packed_float.data();
             receive = p.result_float.data();
           }
-          TESSERA_MPI_CHECK(MPI_Ireduce_scatter(send, receive, p.counts.data(), type, mpi,
-                                                group->comm, &request));
+          TESSERA_MPI_CHECK(
+              MPI_Reduce_scatter(send, receive, p.counts.data(), type, mpi, group->comm));
           return true;
         }
         default: {
