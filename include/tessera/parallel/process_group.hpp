@@ -329,7 +329,7 @@ class Work {
       r.engine->wait(*state_);
     }
     std::lock_guard lock(state_->mutex);
-    if (state_->failure) std::rethrow_exception(state_->failure);
+    state_->throw_failure();
   }
   /// True when the operation completed (successfully or not); does not block.
   bool is_completed() const {

@@ -30,6 +30,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
@@ -81,20 +82,74 @@ namespace tessera::distributed::detail {
 
 using clock = std::chrono::steady_clock;
 
-/// What a caller waits on: set once by the engine, with the operation's error if it failed.
+/// What a caller waits on: set once by the engine, with the operation's error if it failed. The
+/// error is kept as its kind and message and thrown anew in each waiting thread: an exception
+/// object shared between threads is released by whichever thread drops it last, and
+/// ThreadSanitizer cannot see that order (the count lives in the uninstrumented libstdc++).
 struct work_state {
+  enum class error_kind { none, communication, timeout, shape, dtype, device, invalid_argument, other };
+
   std::mutex mutex;
   std::condition_variable changed;
   bool done = false;
-  std::exception_ptr failure;
+  error_kind kind = error_kind::none;
+  std::string message;
 
+  work_state() = default;
+  work_state(const work_state&) = delete;
+  work_state& operator=(const work_state&) = delete;
+  // The last owner is either the waiter or the engine. Taking the lock orders the destruction
+  // after the other thread's last use (always under the lock) for ThreadSanitizer, which does
+  // not see the reference count when the linker keeps an uninstrumented copy of shared_ptr's
+  // release.
+  ~work_state() { std::lock_guard lock(mutex); }
+
+  /// Completes the work: `e` is null (success) or the operation's exception, recorded by kind.
   void finish(std::exception_ptr e) {
-    {
-      std::lock_guard lock(mutex);
-      failure = std::move(e);
-      done = true;
+    error_kind k = error_kind::none;
+    std::string text;
+    if (e) {
+      try {
+        std::rethrow_exception(e);
+      } catch (const timeout_error& x) {
+        k = error_kind::timeout, text = x.what();
+      } catch (const communication_error& x) {
+        k = error_kind::communication, text = x.what();
+      } catch (const shape_error& x) {
+        k = error_kind::shape, text = x.what();
+      } catch (const dtype_error& x) {
+        k = error_kind::dtype, text = x.what();
+      } catch (const device_error& x) {
+        k = error_kind::device, text = x.what();
+      } catch (const std::invalid_argument& x) {
+        k = error_kind::invalid_argument, text = x.what();
+      } catch (const std::exception& x) {
+        k = error_kind::other, text = x.what();
+      } catch (...) {
+        k = error_kind::other, text = "unknown exception";
+      }
     }
+    // Notified under the lock: a waiter that sees `done` may destroy this at once, so the
+    // notification must be over before it can.
+    std::lock_guard lock(mutex);
+    kind = k;
+    message = std::move(text);
+    done = true;
     changed.notify_all();
+  }
+
+  /// Throws the recorded error (call with the lock held, once done); nothing on success.
+  void throw_failure() const {
+    switch (kind) {
+      case error_kind::none: return;
+      case error_kind::timeout: throw timeout_error(message);
+      case error_kind::communication: throw communication_error(message);
+      case error_kind::shape: throw shape_error(message);
+      case error_kind::dtype: throw dtype_error(message);
+      case error_kind::device: throw device_error(message);
+      case error_kind::invalid_argument: throw std::invalid_argument(message);
+      case error_kind::other: throw tessera::error(message);
+    }
   }
 };
 
@@ -176,7 +231,7 @@ class mpi_engine {
     std::unique_lock lock(work.mutex);
     work.changed.wait(lock, [&] { return work.done; });
     waiters_.fetch_sub(1, std::memory_order_relaxed);
-    if (work.failure) std::rethrow_exception(work.failure);
+    work.throw_failure();
   }
 
   /// Fails whatever has not completed, cancels the arrival receives and joins the thread.
