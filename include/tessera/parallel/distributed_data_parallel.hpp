@@ -92,17 +92,10 @@ class gradient_reducer {
       visit_dtype(b.info.dtype, [&](auto tag) {
         using T = typename decltype(tag)::type;
         if constexpr (is_floating_point_v<T>) {
-          auto buffer = Tensor<T, cpu>::empty_on({b.info.numel}, device);
-          buffer.zero_();
-          b.buffer = buffer;
-          for (std::size_t s : b.slots) {
-            slot& sl = slots_[s];
-            Tensor<T, cpu> view = buffer.narrow(0, sl.offset, sl.numel).view(sl.parameter.shape());
-            const AnyTensor old = sl.parameter.grad();
-            if (old.defined()) view.copy_(old.template as<T, cpu>());
-            sl.view = view;
-            sl.parameter.set_grad(view);
-          }
+#if TESSERA_CUDA
+          if (device.type == DeviceType::cuda) return make_views<T, cuda>(b, device);
+#endif
+          make_views<T, cpu>(b, device);
         } else {
           throw dtype_error(std::string("DistributedDataParallel: parameter ") +
                             slots_[b.slots.front()].name + " has dtype " + name(b.info.dtype) +
@@ -201,9 +194,30 @@ class gradient_reducer {
     distributed::Work work;
   };
 
+  template <Dtype T, DeviceKind K>
+  void make_views(bucket& b, Device device) {
+    auto buffer = Tensor<T, K>::empty_on({b.info.numel}, device);
+    buffer.zero_();
+    b.buffer = buffer;
+    for (std::size_t s : b.slots) {
+      slot& sl = slots_[s];
+      Tensor<T, K> view = buffer.narrow(0, sl.offset, sl.numel).view(sl.parameter.shape());
+      const AnyTensor old = sl.parameter.grad();
+      if (old.defined()) view.copy_(old.template as<T, K>());
+      sl.view = view;
+      sl.parameter.set_grad(view);
+    }
+  }
+
   static void copy(const AnyTensor& from, const AnyTensor& to) {
     visit_dtype(to.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
+#if TESSERA_CUDA
+      if (to.device().type == DeviceType::cuda) {
+        to.template as<T, cuda>().copy_(from.template as<T, cuda>());
+        return;
+      }
+#endif
       to.template as<T, cpu>().copy_(from.template as<T, cpu>());
     });
   }
@@ -365,7 +379,7 @@ class DistributedDataParallel {
       return text + "]";
     };
     const auto count = static_cast<std::int64_t>(entries.size());
-    auto counts = from_vector<std::int64_t>({count, -count}, {2}, module_device().index);
+    auto counts = from_vector<std::int64_t>({count, -count}, {2});  // on the CPU
     group_.all_reduce(counts, ReduceOp::max);
     const std::vector<std::int64_t> extremes = counts.to_vector();
     if (extremes[0] != -extremes[1]) {
@@ -374,8 +388,9 @@ class DistributedDataParallel {
                         " parameters and buffers (rank " + std::to_string(group_.rank()) +
                         " has " + std::to_string(count) + ")");
     }
+    const Device host{DeviceType::cpu, cpu::current_device()};
     auto mine = Tensor<std::int64_t, cpu>::empty_on({count * static_cast<std::int64_t>(width)},
-                                                    module_device());
+                                                    host);
     for (std::size_t i = 0; i < entries.size(); ++i) {
       signature(entries[i].second, mine.data() + i * width);
     }
@@ -391,14 +406,13 @@ class DistributedDataParallel {
         }
       }
     }
-    auto earliest = from_vector<std::int64_t>({first}, {1}, module_device().index);
+    auto earliest = from_vector<std::int64_t>({first}, {1});
     group_.all_reduce(earliest, ReduceOp::min);
     const std::int64_t bad = earliest.item();
     if (bad == count) return;
     // Everyone's entry `bad`, so that every rank names the same rank and shapes.
     auto theirs = Tensor<std::int64_t, cpu>::empty_on(
-        {static_cast<std::int64_t>(group_.size()) * static_cast<std::int64_t>(width)},
-        module_device());
+        {static_cast<std::int64_t>(group_.size()) * static_cast<std::int64_t>(width)}, host);
     auto own = mine.narrow(0, bad * static_cast<std::int64_t>(width),
                            static_cast<std::int64_t>(width));
     group_.all_gather(own, theirs);
@@ -420,7 +434,8 @@ class DistributedDataParallel {
                       " (every rank must build the same module)");
   }
 
-  // Where the signature tensors live: the module's first parameter's device.
+  // Where the module lives: its first parameter's device (the current CPU device if it has
+  // none).
   Device module_device() const {
     const auto parameters = module_.parameters();
     return parameters.empty() ? Device{DeviceType::cpu, cpu::current_device()}

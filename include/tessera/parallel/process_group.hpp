@@ -24,6 +24,7 @@
 #include "tessera/core/half.hpp"
 #include "tessera/parallel/communicator.hpp"
 #include "tessera/parallel/detail/mpi_engine.hpp"
+#include "tessera/parallel/detail/nccl_process_group.hpp"
 #include "tessera/tensor/any_tensor.hpp"
 #include "tessera/tensor/tensor.hpp"
 
@@ -202,7 +203,9 @@ inline int checked_count(std::int64_t n, const char* what) {
 /// MPI_Init keeps its MPI and finalizes it itself), the rank, the world size and the local rank
 /// (ranks on this node, by MPI's shared-memory split). Binds the calling thread to its device:
 /// CPU ordinal local_rank % cpu::device_count() (and CUDA ordinal local_rank %
-/// cuda::device_count() when GPUs are present), and, unless set_num_threads gave a count, gives
+/// cuda::device_count() when GPUs are present; when every rank has a GPU of its own, the NCCL
+/// communicator for CUDA tensors is made there, its id sent from rank 0 over MPI), and, unless
+/// set_num_threads gave a count, gives
 /// each process its share of the cores (cores / processes on the node). Without mpirun: a world
 /// of one. A second call does nothing; a call after finalize() throws (MPI cannot restart).
 inline void init() {
@@ -249,13 +252,22 @@ inline void init() {
   TESSERA_MPI_CHECK(MPI_Comm_set_errhandler(world->control, MPI_ERRORS_RETURN));
   world->rank = r.rank;
   world->size = r.size;
+  // A GPU of its own for each rank of the node (NCCL refuses two ranks on one GPU); with fewer
+  // GPUs than ranks, CUDA tensors have no communicator (ProcessGroup says so).
+  const int gpus = cuda::device_count();
   r.engine = std::make_unique<detail::mpi_engine>();
-  r.engine->call([&] { r.engine->add_group(world); });
+  r.engine->call([&] {
+    r.engine->add_group(world);
+#if TESSERA_CUDA && TESSERA_NCCL
+    // When every rank has a GPU of its own.
+    detail::create_nccl_communicator(*world, gpus >= r.local_size ? r.local_rank : -1);
+#endif
+  });
   r.world = std::move(world);
   r.active = true;
 
   cpu::set_device(r.local_rank % cpu::device_count());
-  if (cuda::device_count() > 0) cuda::set_device(r.local_rank % cuda::device_count());
+  if (gpus > 0) cuda::set_device(r.local_rank % gpus);
   if (tessera::detail::cpu_threads().process.load() == 0) {
     cpu::set_num_threads(std::max(1, cpu::core_count() / std::max(1, r.local_size)));
   }
@@ -385,12 +397,12 @@ class ProcessGroup {
   }
 
   /// In place: t becomes op over every rank's t. `avg` needs a floating dtype (dtype_error).
-  template <Dtype T>
-  Work all_reduce_async(const Tensor<T, cpu>& t, ReduceOp op = ReduceOp::sum) {
+  template <Dtype T, DeviceKind K>
+  Work all_reduce_async(const Tensor<T, K>& t, ReduceOp op = ReduceOp::sum) {
     return all_reduce_any(AnyTensor(t), op);
   }
-  template <Dtype T>
-  void all_reduce(const Tensor<T, cpu>& t, ReduceOp op = ReduceOp::sum) {
+  template <Dtype T, DeviceKind K>
+  void all_reduce(const Tensor<T, K>& t, ReduceOp op = ReduceOp::sum) {
     all_reduce_async(t, op).wait();
   }
 
@@ -400,12 +412,12 @@ class ProcessGroup {
   }
 
   /// Every rank's t becomes a copy of rank root's t.
-  template <Dtype T>
-  Work broadcast_async(const Tensor<T, cpu>& t, int root = 0) {
+  template <Dtype T, DeviceKind K>
+  Work broadcast_async(const Tensor<T, K>& t, int root = 0) {
     return broadcast_any(AnyTensor(t), root);
   }
-  template <Dtype T>
-  void broadcast(const Tensor<T, cpu>& t, int root = 0) {
+  template <Dtype T, DeviceKind K>
+  void broadcast(const Tensor<T, K>& t, int root = 0) {
     broadcast_async(t, root).wait();
   }
 
@@ -413,60 +425,60 @@ class ProcessGroup {
   Work broadcast_async(const AnyTensor& t, int root = 0) { return broadcast_any(t, root); }
 
   /// Rank root's t becomes op over every rank's t; the others' are unchanged.
-  template <Dtype T>
-  Work reduce_async(const Tensor<T, cpu>& t, int root = 0, ReduceOp op = ReduceOp::sum) {
+  template <Dtype T, DeviceKind K>
+  Work reduce_async(const Tensor<T, K>& t, int root = 0, ReduceOp op = ReduceOp::sum) {
     return reduce_any(AnyTensor(t), root, op);
   }
-  template <Dtype T>
-  void reduce(const Tensor<T, cpu>& t, int root = 0, ReduceOp op = ReduceOp::sum) {
+  template <Dtype T, DeviceKind K>
+  void reduce(const Tensor<T, K>& t, int root = 0, ReduceOp op = ReduceOp::sum) {
     reduce_async(t, root, op).wait();
   }
 
   /// out = cat(every rank's in, dim), in rank order, on every rank. The ranks' inputs may differ
   /// in size along dim (the other extents agree); out has in's extents but their total along dim
   /// (shape_error otherwise, on every rank whose out does not fit).
-  template <Dtype T>
-  Work all_gather_async(const Tensor<T, cpu>& in, const Tensor<T, cpu>& out, int dim = 0) {
+  template <Dtype T, DeviceKind K>
+  Work all_gather_async(const Tensor<T, K>& in, const Tensor<T, K>& out, int dim = 0) {
     return all_gather_any(AnyTensor(in), AnyTensor(out), dim);
   }
-  template <Dtype T>
-  void all_gather(const Tensor<T, cpu>& in, const Tensor<T, cpu>& out, int dim = 0) {
+  template <Dtype T, DeviceKind K>
+  void all_gather(const Tensor<T, K>& in, const Tensor<T, K>& out, int dim = 0) {
     all_gather_async(in, out, dim).wait();
   }
 
   /// out = slice `rank` of (op over every rank's in), along dim: the slices are consecutive in
   /// rank order and each rank's out is as long along dim as its slice; the lengths add up to in's
   /// extent (shape_error on every rank otherwise). in has one shape on every rank.
-  template <Dtype T>
-  Work reduce_scatter_async(const Tensor<T, cpu>& in, const Tensor<T, cpu>& out,
+  template <Dtype T, DeviceKind K>
+  Work reduce_scatter_async(const Tensor<T, K>& in, const Tensor<T, K>& out,
                             ReduceOp op = ReduceOp::sum, int dim = 0) {
     return reduce_scatter_any(AnyTensor(in), AnyTensor(out), op, dim);
   }
-  template <Dtype T>
-  void reduce_scatter(const Tensor<T, cpu>& in, const Tensor<T, cpu>& out,
+  template <Dtype T, DeviceKind K>
+  void reduce_scatter(const Tensor<T, K>& in, const Tensor<T, K>& out,
                       ReduceOp op = ReduceOp::sum, int dim = 0) {
     reduce_scatter_async(in, out, op, dim).wait();
   }
 
   /// Sends t to rank `to`, whose recv receives it (sends from one rank to another arrive in
   /// order). The async form lets the caller go on; t must not change until wait().
-  template <Dtype T>
-  Work send_async(const Tensor<T, cpu>& t, int to) {
+  template <Dtype T, DeviceKind K>
+  Work send_async(const Tensor<T, K>& t, int to) {
     return send_any(AnyTensor(t), to);
   }
-  template <Dtype T>
-  void send(const Tensor<T, cpu>& t, int to) {
+  template <Dtype T, DeviceKind K>
+  void send(const Tensor<T, K>& t, int to) {
     send_async(t, to).wait();
   }
 
   /// Receives into t what rank `from` sends: the same dtype and element count (shape_error
   /// naming both counts otherwise; a longer message is an MPI truncation error).
-  template <Dtype T>
-  Work recv_async(const Tensor<T, cpu>& t, int from) {
+  template <Dtype T, DeviceKind K>
+  Work recv_async(const Tensor<T, K>& t, int from) {
     return recv_any(AnyTensor(t), from);
   }
-  template <Dtype T>
-  void recv(const Tensor<T, cpu>& t, int from) {
+  template <Dtype T, DeviceKind K>
+  void recv(const Tensor<T, K>& t, int from) {
     recv_async(t, from).wait();
   }
 
@@ -507,11 +519,15 @@ class ProcessGroup {
       throw std::invalid_argument(std::string("ProcessGroup::") + what + ": the " + role +
                                   " is undefined");
     }
-    if (t.device().type != DeviceType::cpu) {
+    if (t.device().type == DeviceType::cuda) {
+#if TESSERA_CUDA && TESSERA_NCCL
+      detail::check_nccl_device(*group_, t.device(), what);
+#else
       throw device_error(std::string("ProcessGroup::") + what + ": the " + role + " is on " +
                          t.device().str() +
-                         "; ProcessGroup carries CPU tensors (MPI); CUDA tensors (NCCL) are not "
-                         "supported yet: copy to the CPU first");
+                         "; CUDA tensors travel through NCCL, which this build does not have "
+                         "(CMake: TESSERA_WITH_CUDA and TESSERA_WITH_NCCL)");
+#endif
     }
     if (written && !t.is_contiguous()) {
       throw std::invalid_argument(std::string("ProcessGroup::") + what + ": the " + role +
@@ -576,6 +592,17 @@ class ProcessGroup {
   Work all_reduce_any(const AnyTensor& t, ReduceOp op) {
     check_tensor(t, "all_reduce", "tensor", true);
     check_op(op, t.dtype(), "all_reduce");
+#if TESSERA_CUDA && TESSERA_NCCL
+    if (t.device().type == DeviceType::cuda) {
+      const ncclDataType_t type = detail::nccl_type(t.dtype(), "all_reduce");
+      const ncclRedOp_t reduce = detail::nccl_reduce_op(op, t.dtype());
+      return nccl_collective("all_reduce", t, [t, type, reduce](ncclComm_t comm, cudaStream_t s) {
+        TESSERA_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(),
+                                         static_cast<std::size_t>(t.numel()), type, reduce, comm,
+                                         s));
+      });
+    }
+#endif
     const MPI_Op mpi = detail::mpi_op(op, t.dtype());
     auto group = group_;
     return elementwise("all_reduce", t, true, true, op == ReduceOp::avg ? size() : 1,
@@ -588,6 +615,14 @@ class ProcessGroup {
   Work broadcast_any(const AnyTensor& t, int root) {
     check_tensor(t, "broadcast", "tensor", true);
     check_rank(root, "broadcast", "root");
+#if TESSERA_CUDA && TESSERA_NCCL
+    if (t.device().type == DeviceType::cuda) {  // bytes: every dtype, int16 too
+      return nccl_collective("broadcast", t, [t, root](ncclComm_t comm, cudaStream_t s) {
+        TESSERA_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root,
+                                         comm, s));
+      });
+    }
+#endif
     auto group = group_;
     return elementwise("broadcast", t, false, true, 1,
                        [group, root](char* data, int count, MPI_Datatype type) {
@@ -599,6 +634,17 @@ class ProcessGroup {
     check_tensor(t, "reduce", "tensor", true);
     check_rank(root, "reduce", "root");
     check_op(op, t.dtype(), "reduce");
+#if TESSERA_CUDA && TESSERA_NCCL
+    if (t.device().type == DeviceType::cuda) {
+      const ncclDataType_t type = detail::nccl_type(t.dtype(), "reduce");
+      const ncclRedOp_t reduce = detail::nccl_reduce_op(op, t.dtype());
+      return nccl_collective("reduce", t, [t, type, reduce, root](ncclComm_t comm, cudaStream_t s) {
+        TESSERA_NCCL_CHECK(ncclReduce(t.data_ptr(), t.data_ptr(),
+                                      static_cast<std::size_t>(t.numel()), type, reduce, root,
+                                      comm, s));
+      });
+    }
+#endif
     const MPI_Op mpi = detail::mpi_op(op, t.dtype());
     auto group = group_;
     const bool is_root = rank() == root;
@@ -625,6 +671,9 @@ class ProcessGroup {
                         " must match the input's " + in.shape().str() + " in every dim but " +
                         std::to_string(d));
     }
+#if TESSERA_CUDA && TESSERA_NCCL
+    if (in.device().type == DeviceType::cuda) return nccl_all_gather(in, out, d);
+#endif
     auto op = make("all_gather", true);
     auto group = group_;
     struct progress {
@@ -721,6 +770,9 @@ class ProcessGroup {
                         " must match the input's " + in.shape().str() + " in every dim but " +
                         std::to_string(d));
     }
+#if TESSERA_CUDA && TESSERA_NCCL
+    if (in.device().type == DeviceType::cuda) return nccl_reduce_scatter(in, out, op, d);
+#endif
     auto operation = make("reduce_scatter", true);
     auto group = group_;
     const MPI_Op mpi = detail::mpi_op(op, in.dtype());
@@ -815,6 +867,13 @@ class ProcessGroup {
     op->peer = to;
     auto group = group_;
     const AnyTensor source = t.is_contiguous() ? t : contiguous_copy(t);
+#if TESSERA_CUDA && TESSERA_NCCL
+    if (t.device().type == DeviceType::cuda) {
+      return nccl_point_to_point(std::move(op), source, [source, to](ncclComm_t comm, cudaStream_t s) {
+        TESSERA_NCCL_CHECK(ncclSend(source.data_ptr(), source.nbytes(), ncclUint8, to, comm, s));
+      });
+    }
+#endif
     op->step = [group, source, to, posted = false](MPI_Request& request,
                                                    const MPI_Status&) mutable {
       if (posted) return false;
@@ -838,6 +897,13 @@ class ProcessGroup {
     auto op = make("recv", false);
     op->peer = from;
     auto group = group_;
+#if TESSERA_CUDA && TESSERA_NCCL
+    if (t.device().type == DeviceType::cuda) {  // NCCL cannot tell a shorter message: sizes match
+      return nccl_point_to_point(std::move(op), t, [t, from](ncclComm_t comm, cudaStream_t s) {
+        TESSERA_NCCL_CHECK(ncclRecv(t.data_ptr(), t.nbytes(), ncclUint8, from, comm, s));
+      });
+    }
+#endif
     op->step = [group, t, from, posted = false](MPI_Request& request,
                                                 const MPI_Status& status) mutable {
       const MPI_Datatype type = detail::mpi_type(t.dtype(), false);
@@ -859,15 +925,194 @@ class ProcessGroup {
     return submit(std::move(op));
   }
 
-  // A contiguous copy of t, type-erased (for inputs that are only read).
+  // A contiguous copy of t, type-erased (for inputs that are only read), on t's device (for a
+  // CUDA tensor, on the calling thread's current stream: before the operation's NCCL calls).
   static AnyTensor contiguous_copy(const AnyTensor& t) {
     AnyTensor copy;
     visit_dtype(t.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
+#if TESSERA_CUDA
+      if (t.device().type == DeviceType::cuda) {
+        copy = t.template as<T, cuda>().contiguous();
+        return;
+      }
+#endif
       copy = t.template as<T, cpu>().contiguous();
     });
     return copy;
   }
+
+#if TESSERA_CUDA && TESSERA_NCCL
+  // A collective of NCCL calls on the caller's current stream of `t`'s device, issued once every
+  // rank has arrived; complete when the GPU has run them.
+  template <class Issue>
+  Work nccl_collective(const char* name, const AnyTensor& t, Issue issue) {
+    auto op = make(name, true);
+    op->step = [group = group_, self = op.get(), stream = current_stream(t.device()), issue,
+                posted = false](MPI_Request&, const MPI_Status&) mutable {
+      if (posted) return false;
+      posted = true;
+      detail::enqueue_nccl(*group, *self, stream, issue);
+      return true;
+    };
+    return submit(std::move(op));
+  }
+
+  // ncclSend / ncclRecv (bytes) on the caller's current stream, posted at once like MPI's.
+  template <class Issue>
+  Work nccl_point_to_point(std::shared_ptr<detail::operation> op, const AnyTensor& t,
+                           Issue issue) {
+    op->step = [group = group_, self = op.get(), stream = current_stream(t.device()), issue,
+                posted = false](MPI_Request&, const MPI_Status&) mutable {
+      if (posted) return false;
+      posted = true;
+      detail::enqueue_nccl(*group, *self, stream, issue);
+      return true;
+    };
+    return submit(std::move(op));
+  }
+
+  // all_gather on CUDA: the lengths along d over MPI, then every rank's piece broadcast (bytes,
+  // uneven lengths allowed) into a staging buffer in rank order, then laid out into `out` along d.
+  Work nccl_all_gather(const AnyTensor& in, const AnyTensor& out, int d) {
+    auto op = make("all_gather", true);
+    const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
+    struct progress {
+      int stage = 0;
+      std::int64_t length = 0;
+      std::vector<std::int64_t> lengths;
+      Tensor<std::uint8_t, cuda> staging;
+    };
+    op->step = [group = group_, self = op.get(), stream = current_stream(in.device()), source, out,
+                d, p = progress{}](MPI_Request&, const MPI_Status&) mutable {
+      const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
+      const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
+      const int n = group->size;
+      switch (p.stage++) {
+        case 0:
+          p.length = source.shape()[d];
+          p.lengths.assign(static_cast<std::size_t>(n), 0);
+          TESSERA_MPI_CHECK(MPI_Allgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
+                                          MPI_INT64_T, group->comm));
+          return true;
+        case 1: {
+          std::int64_t total = 0;
+          for (std::int64_t l : p.lengths) total += l;
+          p.staging = Tensor<std::uint8_t, cuda>::empty_on({outer * total * inner * element},
+                                                           source.device());
+          const bool fits = out.shape()[d] == total;
+          char* staging = reinterpret_cast<char*>(p.staging.data());
+          auto issue = [&](ncclComm_t comm, cudaStream_t s) {
+            std::int64_t offset = 0;  // bytes
+            for (int r = 0; r < n; ++r) {
+              const std::int64_t bytes = outer * p.lengths[static_cast<std::size_t>(r)] * inner * element;
+              const void* send = r == group->rank ? source.data_ptr() : staging + offset;
+              TESSERA_NCCL_CHECK(ncclBroadcast(send, staging + offset, static_cast<std::size_t>(bytes),
+                                               ncclUint8, r, comm, s));
+              offset += bytes;
+            }
+          };
+          auto lay_out = [&](const Stream& s) {
+            if (!fits) return;  // every rank took part; this one throws at the next stage
+            std::int64_t offset = 0, along = 0;
+            for (int r = 0; r < n; ++r) {
+              const std::int64_t row = p.lengths[static_cast<std::size_t>(r)] * inner * element;
+              detail::copy_rows(static_cast<char*>(out.data_ptr()) + along * inner * element,
+                                static_cast<std::size_t>(total * inner * element), staging + offset,
+                                static_cast<std::size_t>(row), static_cast<std::size_t>(row),
+                                static_cast<std::size_t>(outer), s);
+              offset += outer * row;
+              along += p.lengths[static_cast<std::size_t>(r)];
+            }
+          };
+          detail::enqueue_nccl(*group, *self, stream, [](const Stream&) {}, issue, lay_out);
+          return true;
+        }
+        default: {
+          std::int64_t total = 0;
+          for (std::int64_t l : p.lengths) total += l;
+          if (out.shape()[d] != total) {
+            throw shape_error("ProcessGroup::all_gather: the inputs add up to " +
+                              std::to_string(total) + " along dim " + std::to_string(d) +
+                              "; this rank's output has shape " + out.shape().str());
+          }
+          return false;
+        }
+      }
+    };
+    return submit(std::move(op));
+  }
+
+  // reduce_scatter on CUDA: the outputs' lengths over MPI (all ranks check the total), the input
+  // packed rank by rank on the GPU, then one ncclReduce per rank's slice, rooted at that rank.
+  Work nccl_reduce_scatter(const AnyTensor& in, const AnyTensor& out, ReduceOp reduce_op, int d) {
+    auto op = make("reduce_scatter", true);
+    const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
+    const ncclDataType_t type = detail::nccl_type(in.dtype(), "reduce_scatter");
+    const ncclRedOp_t reduce = detail::nccl_reduce_op(reduce_op, in.dtype());
+    struct progress {
+      int stage = 0;
+      std::int64_t length = 0;
+      std::vector<std::int64_t> lengths;
+      Tensor<std::uint8_t, cuda> packed;
+    };
+    op->step = [group = group_, self = op.get(), stream = current_stream(in.device()), source, out,
+                d, type, reduce, p = progress{}](MPI_Request&, const MPI_Status&) mutable {
+      const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
+      const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
+      const int n = group->size;
+      switch (p.stage++) {
+        case 0:
+          p.length = out.shape()[d];
+          p.lengths.assign(static_cast<std::size_t>(n), 0);
+          TESSERA_MPI_CHECK(MPI_Allgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
+                                          MPI_INT64_T, group->comm));
+          return true;
+        case 1: {
+          std::int64_t total = 0;
+          for (std::int64_t l : p.lengths) total += l;
+          if (total != source.shape()[d]) {  // every rank sees the same lengths: all throw
+            throw shape_error("ProcessGroup::reduce_scatter: the ranks' outputs add up to " +
+                              std::to_string(total) + " along dim " + std::to_string(d) +
+                              "; the input shape " + source.shape().str() + " has " +
+                              std::to_string(source.shape()[d]));
+          }
+          p.packed = Tensor<std::uint8_t, cuda>::empty_on({source.numel() * element},
+                                                          source.device());
+          char* packed = reinterpret_cast<char*>(p.packed.data());
+          auto pack = [&](const Stream& s) {
+            std::int64_t offset = 0, along = 0;
+            for (int r = 0; r < n; ++r) {
+              const std::int64_t row = p.lengths[static_cast<std::size_t>(r)] * inner * element;
+              detail::copy_rows(packed + offset, static_cast<std::size_t>(row),
+                                static_cast<const char*>(source.data_ptr()) + along * inner * element,
+                                static_cast<std::size_t>(total * inner * element),
+                                static_cast<std::size_t>(row), static_cast<std::size_t>(outer), s);
+              offset += outer * row;
+              along += p.lengths[static_cast<std::size_t>(r)];
+            }
+          };
+          auto issue = [&](ncclComm_t comm, cudaStream_t s) {
+            std::int64_t offset = 0;  // bytes
+            for (int r = 0; r < n; ++r) {
+              const std::int64_t count = outer * p.lengths[static_cast<std::size_t>(r)] * inner;
+              void* slice = packed + offset;
+              void* receive = r == group->rank ? out.data_ptr() : slice;  // used on the root only
+              TESSERA_NCCL_CHECK(ncclReduce(slice, receive, static_cast<std::size_t>(count), type,
+                                            reduce, r, comm, s));
+              offset += count * element;
+            }
+          };
+          detail::enqueue_nccl(*group, *self, stream, pack, issue, [](const Stream&) {});
+          return true;
+        }
+        default:
+          return false;
+      }
+    };
+    return submit(std::move(op));
+  }
+#endif
   static constexpr int point_to_point_tag = 11;
   std::shared_ptr<detail::group_state> group_;
 };

@@ -153,14 +153,17 @@ struct work_state {
   }
 };
 
-/// One operation: `step` posts its next nonblocking MPI call into `request` (or does local work
-/// and leaves it MPI_REQUEST_NULL) and returns true, or returns false when the operation is
-/// complete. It runs on the engine thread only; an exception from it fails the operation.
+/// One operation: `step` posts its next nonblocking MPI call into `request`, or queues GPU work
+/// and sets `device_done` (true once that work has finished), or does blocking or local work and
+/// sets neither, and returns true; or returns false when the operation is complete. It runs on
+/// the engine thread only; an exception from it fails the operation.
 struct operation {
   std::string name;     // "all_reduce", for messages
   bool collective = true;
   int peer = -1;        // send / recv: the other rank
   std::function<bool(MPI_Request&, const MPI_Status&)> step;
+  std::function<bool()> device_done;  // GPU work in flight: polled instead of `request`
+  std::function<void()> on_timeout;   // e.g. abort the NCCL communicator the GPU waits on
   std::shared_ptr<work_state> work = std::make_shared<work_state>();
   // Engine bookkeeping.
   std::uint64_t sequence = 0;  // collectives: the group's count, the same on every rank
@@ -186,6 +189,7 @@ struct group_state {
   std::vector<std::uint64_t> arrival_buffer;       // [rank]: the posted receive's buffer
   std::vector<MPI_Request> arrival_requests;       // [rank]
   std::string broken;                              // why the group cannot be used, once it cannot
+  std::shared_ptr<void> nccl;                      // NCCL communicators per GPU (CUDA tensors)
 };
 
 /// The progress thread and its queues. One per process, made by ts::distributed::init.
@@ -338,11 +342,12 @@ class mpi_engine {
       MPI_Status none{};
       while (true) {
         op.request = MPI_REQUEST_NULL;
+        op.device_done = nullptr;
         if (!op.step(op.request, status ? *status : none)) {
           op.work->finish(nullptr);
           return false;
         }
-        if (op.request != MPI_REQUEST_NULL) return true;
+        if (op.request != MPI_REQUEST_NULL || op.device_done) return true;
         status = nullptr;  // a local step: go straight on
       }
     } catch (...) {
@@ -351,8 +356,18 @@ class mpi_engine {
     }
   }
 
-  // Tests op's request; false when op is finished.
+  // Tests op's request (or its GPU work); false when op is finished.
   bool poll(operation& op, bool& progress) {
+    if (op.device_done) {
+      try {
+        if (!op.device_done()) return true;
+      } catch (...) {
+        fail(op, std::current_exception());
+        return false;
+      }
+      progress = true;
+      return advance(op, nullptr);
+    }
     int flag = 0;
     MPI_Status status{};
     const int code = MPI_Test(&op.request, &flag, &status);
@@ -392,6 +407,12 @@ class mpi_engine {
     // A late rank would now find the others gone, and a send's request may still match later
     // (it is left to MPI_Finalize): the group refuses further work, which could only wait.
     if (group.broken.empty()) group.broken = message;
+    if (op.on_timeout) {
+      try {
+        op.on_timeout();
+      } catch (...) {  // the timeout is the error to report
+      }
+    }
     fail(op, std::make_exception_ptr(timeout_error(message)));
   }
 
