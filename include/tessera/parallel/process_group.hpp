@@ -189,6 +189,36 @@ inline std::int64_t& piece_limit() {
   return limit;
 }
 
+/// Every rank's `value`, in rank order (a blocking MPI all-gather: the engine runs a collective
+/// only once every rank has arrived).
+inline std::vector<std::int64_t> every_rank(const group_state& group, std::int64_t value) {
+  std::vector<std::int64_t> values(static_cast<std::size_t>(group.size));
+  TESSERA_MPI_CHECK(
+      MPI_Allgather(&value, 1, MPI_INT64_T, values.data(), 1, MPI_INT64_T, group.comm));
+  return values;
+}
+
+/// The sum of the ranks' `lengths` along dim d, checked against `expected`; else shape_error
+/// naming them and `shape` (the output's for all_gather, the input's for reduce_scatter, whose
+/// every rank sees the same lengths and so throws alike).
+inline std::int64_t check_total(const std::vector<std::int64_t>& lengths, std::int64_t expected,
+                                int d, const Shape& shape, const char* what, bool of_input) {
+  std::int64_t total = 0;
+  std::string list;
+  for (std::size_t r = 0; r < lengths.size(); ++r) {
+    total += lengths[r];
+    list += (r ? ", " : "") + std::to_string(lengths[r]);
+  }
+  if (total != expected) {
+    throw shape_error(std::string("ProcessGroup::") + what + ": the ranks' " +
+                      (of_input ? "outputs" : "inputs") + " have lengths {" + list +
+                      "} along dim " + std::to_string(d) + ", total " + std::to_string(total) +
+                      "; " + (of_input ? "the input shape " : "this rank's output has shape ") +
+                      shape.str() + (of_input ? " has " + std::to_string(expected) : ""));
+  }
+  return total;
+}
+
 inline int checked_count(std::int64_t n, const char* what) {
   if (n > INT_MAX) {
     throw communication_error(std::string("ProcessGroup::") + what + ": " + std::to_string(n) +
@@ -542,6 +572,14 @@ class ProcessGroup {
                                   std::to_string(size()) + ")");
     }
   }
+  // The other end of a send or receive: a rank of the group, not this one.
+  void check_peer(int r, const char* what, const char* role) const {
+    check_rank(r, what, role);
+    if (r == rank()) {
+      throw std::invalid_argument(std::string("ProcessGroup::") + what + ": rank " +
+                                  std::to_string(r) + " is this rank; it cannot be the " + role);
+    }
+  }
   void check_op(ReduceOp op, ScalarType dtype, const char* what) const {
     if (op == ReduceOp::avg && !detail::is_floating(dtype)) {
       throw dtype_error(std::string("ProcessGroup::") + what + ": avg needs a floating dtype, not " +
@@ -656,220 +694,138 @@ class ProcessGroup {
         });
   }
 
-  Work all_gather_any(const AnyTensor& in, const AnyTensor& out, int dim) {
-    check_tensor(in, "all_gather", "input", false);
-    check_tensor(out, "all_gather", "output", true);
+  // Checks what every rank can check alone: dtypes, and out's extents against in's but along d.
+  int check_concatenation(const AnyTensor& in, const AnyTensor& out, int dim, const char* what,
+                          ReduceOp op = ReduceOp::sum) const {
+    check_tensor(in, what, "input", false);
+    check_tensor(out, what, "output", true);
+    check_op(op, in.dtype(), what);
     if (in.dtype() != out.dtype()) {
-      throw dtype_error(std::string("ProcessGroup::all_gather: the input is ") + name(in.dtype()) +
-                        ", the output " + name(out.dtype()));
+      throw dtype_error(std::string("ProcessGroup::") + what + ": the input is " +
+                        name(in.dtype()) + ", the output " + name(out.dtype()));
     }
-    const int d = in.shape().normalize_dim(dim, "ProcessGroup::all_gather");
+    const int d = in.shape().normalize_dim(dim, (std::string("ProcessGroup::") + what).c_str());
     bool fits = out.dim() == in.dim();
     for (int k = 0; fits && k < in.dim(); ++k) fits = k == d || out.shape()[k] == in.shape()[k];
     if (!fits) {
-      throw shape_error("ProcessGroup::all_gather: the output's shape " + out.shape().str() +
-                        " must match the input's " + in.shape().str() + " in every dim but " +
-                        std::to_string(d));
+      throw shape_error(std::string("ProcessGroup::") + what + ": the output's shape " +
+                        out.shape().str() + " must match the input's " + in.shape().str() +
+                        " in every dim but " + std::to_string(d));
     }
+    return d;
+  }
+
+  Work all_gather_any(const AnyTensor& in, const AnyTensor& out, int dim) {
+    const int d = check_concatenation(in, out, dim, "all_gather");
+    const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
 #if TESSERA_CUDA && TESSERA_NCCL
-    if (in.device().type == DeviceType::cuda) return nccl_all_gather(in, out, d);
+    if (in.device().type == DeviceType::cuda) return nccl_all_gather(source, out, d);
 #endif
     auto op = make("all_gather", true);
-    auto group = group_;
-    struct progress {
-      int stage = 0;
-      std::int64_t length = 0;
-      std::vector<std::int64_t> lengths;  // [rank]: extent along d
+    // Each rank's piece as one block of outer * length * inner elements, gathered into a staging
+    // buffer in rank order (MPI_Allgatherv), then laid out along d. Every rank takes part before
+    // one whose output does not fit throws.
+    op->step = [group = group_, source, out, d](MPI_Request&, const MPI_Status&) {
+      const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
+      const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
+      const MPI_Datatype type = detail::mpi_type(source.dtype(), false);
+      const auto lengths = detail::every_rank(*group, source.shape()[d]);
       std::vector<int> counts, displacements;
-      Tensor<std::uint8_t, cpu> staging;
-      AnyTensor source;
-    };
-    const int n = size();
-    op->step = [group, in, out, d, n, p = progress{}](MPI_Request&, const MPI_Status&) mutable {
-      const auto [outer, inner] = parallel::detail::outer_inner(in.shape(), d);
-      const std::size_t element = element_size(in.dtype());
-      const MPI_Datatype type = detail::mpi_type(in.dtype(), false);
-      switch (p.stage++) {
-        case 0:  // every rank's extent along d
-          p.length = in.shape()[d];
-          p.lengths.assign(static_cast<std::size_t>(n), 0);
-          TESSERA_MPI_CHECK(MPI_Allgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
-                                          MPI_INT64_T, group->comm));
-          return true;
-        case 1: {
-          // Each rank sends its piece as one block of outer * length * inner elements (made
-          // contiguous), received into a staging buffer in rank order, then laid out along d.
-          p.counts.resize(static_cast<std::size_t>(n));
-          p.displacements.resize(static_cast<std::size_t>(n));
-          std::int64_t offset = 0;
-          for (int r = 0; r < n; ++r) {
-            const std::int64_t count = outer * p.lengths[static_cast<std::size_t>(r)] * inner;
-            p.counts[static_cast<std::size_t>(r)] = detail::checked_count(count, "all_gather");
-            p.displacements[static_cast<std::size_t>(r)] =
-                detail::checked_count(offset, "all_gather");
-            offset += count;
-          }
-          p.staging = Tensor<std::uint8_t, cpu>::empty_on(
-              {offset * static_cast<std::int64_t>(element)}, in.device());
-          p.source = in.is_contiguous() ? in : contiguous_copy(in);
-          const int own = p.counts[static_cast<std::size_t>(group->rank)];
-          TESSERA_MPI_CHECK(MPI_Allgatherv(p.source.data_ptr(), own, type, p.staging.data(),
-                                           p.counts.data(), p.displacements.data(), type,
-                                           group->comm));
-          return true;
-        }
-        default: {
-          std::int64_t total = 0;
-          for (std::int64_t l : p.lengths) total += l;
-          if (out.shape()[d] != total) {
-            std::string lengths;
-            for (std::size_t r = 0; r < p.lengths.size(); ++r) {
-              lengths += (r ? ", " : "") + std::to_string(p.lengths[r]);
-            }
-            throw shape_error("ProcessGroup::all_gather: the ranks' inputs have lengths {" +
-                              lengths + "} along dim " + std::to_string(d) + ", total " +
-                              std::to_string(total) + "; this rank's output has shape " +
-                              out.shape().str());
-          }
-          // Rank r's block is [outer, length_r, inner]: row o goes to out[o, offset_r.., :].
-          const char* from = reinterpret_cast<const char*>(p.staging.data());
-          char* to = static_cast<char*>(out.data_ptr());
-          std::int64_t along = 0;
-          for (int r = 0; r < n; ++r) {
-            const std::int64_t row = p.lengths[static_cast<std::size_t>(r)] * inner;
-            const char* block =
-                from + static_cast<std::int64_t>(p.displacements[static_cast<std::size_t>(r)]) *
-                           static_cast<std::int64_t>(element);
-            for (std::int64_t o = 0; o < outer; ++o) {
-              std::memcpy(to + (o * total + along) * inner * static_cast<std::int64_t>(element),
-                          block + o * row * static_cast<std::int64_t>(element),
-                          static_cast<std::size_t>(row) * element);
-            }
-            along += p.lengths[static_cast<std::size_t>(r)];
-          }
-          return false;
-        }
+      std::int64_t offset = 0;
+      for (std::int64_t length : lengths) {
+        counts.push_back(detail::checked_count(outer * length * inner, "all_gather"));
+        displacements.push_back(detail::checked_count(offset, "all_gather"));
+        offset += outer * length * inner;
       }
+      auto staging = Tensor<std::uint8_t, cpu>::empty_on({offset * element}, source.device());
+      TESSERA_MPI_CHECK(MPI_Allgatherv(source.data_ptr(), counts[static_cast<std::size_t>(group->rank)],
+                                       type, staging.data(), counts.data(), displacements.data(),
+                                       type, group->comm));
+      const std::int64_t total = detail::check_total(lengths, out.shape()[d], d, out.shape(),
+                                                     "all_gather", false);
+      const char* from = reinterpret_cast<const char*>(staging.data());
+      char* to = static_cast<char*>(out.data_ptr());
+      std::int64_t along = 0;
+      for (std::size_t r = 0; r < lengths.size(); ++r) {
+        // Rank r's block is [outer, length_r, inner]: row o goes to out[o, along.., :].
+        const std::int64_t row = lengths[r] * inner * element;
+        const char* block = from + displacements[r] * element;
+        for (std::int64_t o = 0; o < outer; ++o) {
+          std::memcpy(to + (o * total + along) * inner * element, block + o * row,
+                      static_cast<std::size_t>(row));
+        }
+        along += lengths[r];
+      }
+      return false;
     };
     return submit(std::move(op));
   }
 
   Work reduce_scatter_any(const AnyTensor& in, const AnyTensor& out, ReduceOp op, int dim) {
-    check_tensor(in, "reduce_scatter", "input", false);
-    check_tensor(out, "reduce_scatter", "output", true);
-    check_op(op, in.dtype(), "reduce_scatter");
-    if (in.dtype() != out.dtype()) {
-      throw dtype_error(std::string("ProcessGroup::reduce_scatter: the input is ") +
-                        name(in.dtype()) + ", the output " + name(out.dtype()));
-    }
-    const int d = in.shape().normalize_dim(dim, "ProcessGroup::reduce_scatter");
-    bool fits = out.dim() == in.dim();
-    for (int k = 0; fits && k < in.dim(); ++k) fits = k == d || out.shape()[k] == in.shape()[k];
-    if (!fits) {
-      throw shape_error("ProcessGroup::reduce_scatter: the output's shape " + out.shape().str() +
-                        " must match the input's " + in.shape().str() + " in every dim but " +
-                        std::to_string(d));
-    }
+    const int d = check_concatenation(in, out, dim, "reduce_scatter", op);
+    const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
 #if TESSERA_CUDA && TESSERA_NCCL
-    if (in.device().type == DeviceType::cuda) return nccl_reduce_scatter(in, out, op, d);
+    if (in.device().type == DeviceType::cuda) return nccl_reduce_scatter(source, out, op, d);
 #endif
     auto operation = make("reduce_scatter", true);
-    auto group = group_;
-    const MPI_Op mpi = detail::mpi_op(op, in.dtype());
-    const int divide_by = op == ReduceOp::avg ? size() : 1;
-    struct progress {
-      int stage = 0;
-      std::int64_t length = 0;
-      std::vector<std::int64_t> lengths;
+    // The input packed rank by rank (rank r's slice [outer, length_r, inner] contiguous), then
+    // MPI_Reduce_scatter; half and bfloat16 in float.
+    operation->step = [group = group_, source, out, d, mpi = detail::mpi_op(op, in.dtype()),
+                       divide_by = op == ReduceOp::avg ? size() : 1](MPI_Request&,
+                                                                     const MPI_Status&) {
+      const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
+      const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
+      const bool staged = detail::is_16bit_float(source.dtype());
+      const MPI_Datatype type = detail::mpi_type(source.dtype(), true);
+      const auto lengths = detail::every_rank(*group, out.shape()[d]);
+      const std::int64_t total = detail::check_total(lengths, source.shape()[d], d,
+                                                     source.shape(), "reduce_scatter", true);
+      auto packed = Tensor<std::uint8_t, cpu>::empty_on({source.numel() * element},
+                                                        source.device());
+      const char* from = static_cast<const char*>(source.data_ptr());
+      char* to = reinterpret_cast<char*>(packed.data());
       std::vector<int> counts;
-      std::vector<float> packed_float, result_float;  // half / bfloat16
-      Tensor<std::uint8_t, cpu> packed;
-    };
-    const int n = size();
-    operation->step = [group, in, out, d, n, mpi, divide_by, p = progress{}](
-                          MPI_Request&, const MPI_Status&) mutable {
-      const auto [outer, inner] = parallel::detail::outer_inner(in.shape(), d);
-      const bool staged = detail::is_16bit_float(in.dtype());
-      const MPI_Datatype type = detail::mpi_type(in.dtype(), true);
-      const std::size_t element = element_size(in.dtype());
-      switch (p.stage++) {
-        case 0:
-          p.length = out.shape()[d];
-          p.lengths.assign(static_cast<std::size_t>(n), 0);
-          TESSERA_MPI_CHECK(MPI_Allgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
-                                          MPI_INT64_T, group->comm));
-          return true;
-        case 1: {
-          std::int64_t total = 0;
-          for (std::int64_t l : p.lengths) total += l;
-          if (total != in.shape()[d]) {  // every rank sees the same lengths: all throw
-            std::string lengths;
-            for (std::size_t r = 0; r < p.lengths.size(); ++r) {
-              lengths += (r ? ", " : "") + std::to_string(p.lengths[r]);
-            }
-            throw shape_error("ProcessGroup::reduce_scatter: the ranks' outputs have lengths {" +
-                              lengths + "} along dim " + std::to_string(d) + ", total " +
-                              std::to_string(total) + "; the input shape " + in.shape().str() +
-                              " has " + std::to_string(in.shape()[d]));
-          }
-          // The input packed rank by rank: rank r's slice [outer, length_r, inner] contiguous.
-          const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
-          p.packed = Tensor<std::uint8_t, cpu>::empty_on(
-              {in.numel() * static_cast<std::int64_t>(element)}, in.device());
-          const char* from = static_cast<const char*>(source.data_ptr());
-          char* to = reinterpret_cast<char*>(p.packed.data());
-          p.counts.resize(static_cast<std::size_t>(n));
-          std::int64_t along = 0, written = 0;
-          for (int r = 0; r < n; ++r) {
-            const std::int64_t row = p.lengths[static_cast<std::size_t>(r)] * inner;
-            p.counts[static_cast<std::size_t>(r)] =
-                detail::checked_count(outer * row, "reduce_scatter");
-            for (std::int64_t o = 0; o < outer; ++o) {
-              std::memcpy(to + written * static_cast<std::int64_t>(element),
-                          from + (o * total + along) * inner * static_cast<std::int64_t>(element),
-                          static_cast<std::size_t>(row) * element);
-              written += row;
-            }
-            along += p.lengths[static_cast<std::size_t>(r)];
-          }
-          void* send = p.packed.data();
-          void* receive = out.data_ptr();
-          if (staged) {
-            p.packed_float.resize(static_cast<std::size_t>(in.numel()));
-            detail::widen(in.dtype(), p.packed.data(), in.numel(), p.packed_float.data());
-            p.result_float.resize(static_cast<std::size_t>(out.numel()));
-            send = p.packed_float.data();
-            receive = p.result_float.data();
-          }
-          TESSERA_MPI_CHECK(
-              MPI_Reduce_scatter(send, receive, p.counts.data(), type, mpi, group->comm));
-          return true;
+      std::int64_t along = 0;
+      for (std::int64_t length : lengths) {
+        const std::int64_t row = length * inner * element;
+        counts.push_back(detail::checked_count(outer * length * inner, "reduce_scatter"));
+        for (std::int64_t o = 0; o < outer; ++o) {
+          std::memcpy(to, from + (o * total + along) * inner * element,
+                      static_cast<std::size_t>(row));
+          to += row;
         }
-        default: {
-          void* result = staged ? static_cast<void*>(p.result_float.data()) : out.data_ptr();
-          if (divide_by > 1) detail::divide(result, out.numel(), type, divide_by);
-          if (staged) detail::narrow_into(p.result_float.data(), out.numel(), out.dtype(), out.data_ptr());
-          return false;
-        }
+        along += length;
       }
+      void* send = packed.data();
+      void* receive = out.data_ptr();
+      std::vector<float> packed_float, result_float;
+      if (staged) {
+        packed_float.resize(static_cast<std::size_t>(source.numel()));
+        detail::widen(source.dtype(), packed.data(), source.numel(), packed_float.data());
+        result_float.resize(static_cast<std::size_t>(out.numel()));
+        send = packed_float.data();
+        receive = result_float.data();
+      }
+      TESSERA_MPI_CHECK(MPI_Reduce_scatter(send, receive, counts.data(), type, mpi, group->comm));
+      if (divide_by > 1) detail::divide(receive, out.numel(), type, divide_by);
+      if (staged) {
+        detail::narrow_into(result_float.data(), out.numel(), out.dtype(), out.data_ptr());
+      }
+      return false;
     };
     return submit(std::move(operation));
   }
 
   Work send_any(const AnyTensor& t, int to) {
     check_tensor(t, "send", "tensor", false);
-    check_rank(to, "send", "destination");
-    if (to == rank()) {
-      throw std::invalid_argument("ProcessGroup::send: rank " + std::to_string(to) +
-                                  " cannot send to itself");
-    }
+    check_peer(to, "send", "destination");
     auto op = make("send", false);
     op->peer = to;
     auto group = group_;
     const AnyTensor source = t.is_contiguous() ? t : contiguous_copy(t);
 #if TESSERA_CUDA && TESSERA_NCCL
     if (t.device().type == DeviceType::cuda) {
-      return nccl_point_to_point(std::move(op), source, [source, to](ncclComm_t comm, cudaStream_t s) {
+      return nccl_operation(std::move(op), source, [source, to](ncclComm_t comm, cudaStream_t s) {
         TESSERA_NCCL_CHECK(ncclSend(source.data_ptr(), source.nbytes(), ncclUint8, to, comm, s));
       });
     }
@@ -889,17 +845,13 @@ class ProcessGroup {
 
   Work recv_any(const AnyTensor& t, int from) {
     check_tensor(t, "recv", "tensor", true);
-    check_rank(from, "recv", "source");
-    if (from == rank()) {
-      throw std::invalid_argument("ProcessGroup::recv: rank " + std::to_string(from) +
-                                  " cannot receive from itself");
-    }
+    check_peer(from, "recv", "source");
     auto op = make("recv", false);
     op->peer = from;
     auto group = group_;
 #if TESSERA_CUDA && TESSERA_NCCL
     if (t.device().type == DeviceType::cuda) {  // NCCL cannot tell a shorter message: sizes match
-      return nccl_point_to_point(std::move(op), t, [t, from](ncclComm_t comm, cudaStream_t s) {
+      return nccl_operation(std::move(op), t, [t, from](ncclComm_t comm, cudaStream_t s) {
         TESSERA_NCCL_CHECK(ncclRecv(t.data_ptr(), t.nbytes(), ncclUint8, from, comm, s));
       });
     }
@@ -943,172 +895,114 @@ class ProcessGroup {
   }
 
 #if TESSERA_CUDA && TESSERA_NCCL
-  // A collective of NCCL calls on the caller's current stream of `t`'s device, issued once every
-  // rank has arrived; complete when the GPU has run them.
+  // NCCL calls on the caller's current stream of `t`'s device (collectives once every rank has
+  // arrived, sends and receives at once); complete when the GPU has run them.
+  template <class Issue>
+  Work nccl_operation(std::shared_ptr<detail::operation> op, const AnyTensor& t, Issue issue) {
+    op->step = [group = group_, self = op.get(), stream = current_stream(t.device()), issue,
+                posted = false](MPI_Request&, const MPI_Status&) mutable {
+      if (posted) return false;
+      posted = true;
+      detail::enqueue_nccl(*group, *self, stream, issue);
+      return true;
+    };
+    return submit(std::move(op));
+  }
   template <class Issue>
   Work nccl_collective(const char* name, const AnyTensor& t, Issue issue) {
-    auto op = make(name, true);
-    op->step = [group = group_, self = op.get(), stream = current_stream(t.device()), issue,
-                posted = false](MPI_Request&, const MPI_Status&) mutable {
-      if (posted) return false;
-      posted = true;
-      detail::enqueue_nccl(*group, *self, stream, issue);
-      return true;
-    };
-    return submit(std::move(op));
+    return nccl_operation(make(name, true), t, issue);
   }
 
-  // ncclSend / ncclRecv (bytes) on the caller's current stream, posted at once like MPI's.
-  template <class Issue>
-  Work nccl_point_to_point(std::shared_ptr<detail::operation> op, const AnyTensor& t,
-                           Issue issue) {
-    op->step = [group = group_, self = op.get(), stream = current_stream(t.device()), issue,
-                posted = false](MPI_Request&, const MPI_Status&) mutable {
-      if (posted) return false;
-      posted = true;
-      detail::enqueue_nccl(*group, *self, stream, issue);
-      return true;
-    };
-    return submit(std::move(op));
-  }
-
-  // all_gather on CUDA: the lengths along d over MPI, then every rank's piece broadcast (bytes,
-  // uneven lengths allowed) into a staging buffer in rank order, then laid out into `out` along d.
-  Work nccl_all_gather(const AnyTensor& in, const AnyTensor& out, int d) {
+  // all_gather on CUDA: the lengths along d over MPI, every rank's piece broadcast (bytes, uneven
+  // lengths allowed) into a staging buffer in rank order, then laid out into `out` along d.
+  Work nccl_all_gather(const AnyTensor& source, const AnyTensor& out, int d) {
     auto op = make("all_gather", true);
-    const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
-    struct progress {
-      int stage = 0;
-      std::int64_t length = 0;
-      std::vector<std::int64_t> lengths;
-      Tensor<std::uint8_t, cuda> staging;
-    };
-    op->step = [group = group_, self = op.get(), stream = current_stream(in.device()), source, out,
-                d, p = progress{}](MPI_Request&, const MPI_Status&) mutable {
+    op->step = [group = group_, self = op.get(), stream = current_stream(source.device()), source,
+                out, d, staging = Tensor<std::uint8_t, cuda>(), lengths = std::vector<std::int64_t>()](
+                   MPI_Request&, const MPI_Status&) mutable {
+      if (staging.defined()) {  // the GPU work is done: every rank took part, now the check
+        detail::check_total(lengths, out.shape()[d], d, out.shape(), "all_gather", false);
+        return false;
+      }
       const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
       const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
-      const int n = group->size;
-      switch (p.stage++) {
-        case 0:
-          p.length = source.shape()[d];
-          p.lengths.assign(static_cast<std::size_t>(n), 0);
-          TESSERA_MPI_CHECK(MPI_Allgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
-                                          MPI_INT64_T, group->comm));
-          return true;
-        case 1: {
-          std::int64_t total = 0;
-          for (std::int64_t l : p.lengths) total += l;
-          p.staging = Tensor<std::uint8_t, cuda>::empty_on({outer * total * inner * element},
-                                                           source.device());
-          const bool fits = out.shape()[d] == total;
-          char* staging = reinterpret_cast<char*>(p.staging.data());
-          auto issue = [&](ncclComm_t comm, cudaStream_t s) {
-            std::int64_t offset = 0;  // bytes
-            for (int r = 0; r < n; ++r) {
-              const std::int64_t bytes = outer * p.lengths[static_cast<std::size_t>(r)] * inner * element;
-              const void* send = r == group->rank ? source.data_ptr() : staging + offset;
-              TESSERA_NCCL_CHECK(ncclBroadcast(send, staging + offset, static_cast<std::size_t>(bytes),
-                                               ncclUint8, r, comm, s));
-              offset += bytes;
-            }
-          };
-          auto lay_out = [&](const Stream& s) {
-            if (!fits) return;  // every rank took part; this one throws at the next stage
-            std::int64_t offset = 0, along = 0;
-            for (int r = 0; r < n; ++r) {
-              const std::int64_t row = p.lengths[static_cast<std::size_t>(r)] * inner * element;
-              detail::copy_rows(static_cast<char*>(out.data_ptr()) + along * inner * element,
-                                static_cast<std::size_t>(total * inner * element), staging + offset,
-                                static_cast<std::size_t>(row), static_cast<std::size_t>(row),
-                                static_cast<std::size_t>(outer), s);
-              offset += outer * row;
-              along += p.lengths[static_cast<std::size_t>(r)];
-            }
-          };
-          detail::enqueue_nccl(*group, *self, stream, [](const Stream&) {}, issue, lay_out);
-          return true;
+      lengths = detail::every_rank(*group, source.shape()[d]);
+      std::int64_t total = 0;
+      for (std::int64_t length : lengths) total += length;
+      staging = Tensor<std::uint8_t, cuda>::empty_on({outer * total * inner * element},
+                                                     source.device());
+      char* base = reinterpret_cast<char*>(staging.data());
+      auto issue = [&](ncclComm_t comm, cudaStream_t s) {
+        std::int64_t offset = 0;  // bytes
+        for (int r = 0; r < group->size; ++r) {
+          const std::int64_t bytes = outer * lengths[static_cast<std::size_t>(r)] * inner * element;
+          const void* send = r == group->rank ? source.data_ptr() : base + offset;
+          TESSERA_NCCL_CHECK(ncclBroadcast(send, base + offset, static_cast<std::size_t>(bytes),
+                                           ncclUint8, r, comm, s));
+          offset += bytes;
         }
-        default: {
-          std::int64_t total = 0;
-          for (std::int64_t l : p.lengths) total += l;
-          if (out.shape()[d] != total) {
-            throw shape_error("ProcessGroup::all_gather: the inputs add up to " +
-                              std::to_string(total) + " along dim " + std::to_string(d) +
-                              "; this rank's output has shape " + out.shape().str());
-          }
-          return false;
+      };
+      auto lay_out = [&](const Stream& s) {
+        if (out.shape()[d] != total) return;  // this rank throws once the GPU is done
+        std::int64_t offset = 0, along = 0;
+        for (std::int64_t length : lengths) {
+          const std::int64_t row = length * inner * element;
+          detail::copy_rows(static_cast<char*>(out.data_ptr()) + along * inner * element,
+                            static_cast<std::size_t>(total * inner * element), base + offset,
+                            static_cast<std::size_t>(row), static_cast<std::size_t>(row),
+                            static_cast<std::size_t>(outer), s);
+          offset += outer * row;
+          along += length;
         }
-      }
+      };
+      detail::enqueue_nccl(*group, *self, stream, [](const Stream&) {}, issue, lay_out);
+      return true;
     };
     return submit(std::move(op));
   }
 
-  // reduce_scatter on CUDA: the outputs' lengths over MPI (all ranks check the total), the input
-  // packed rank by rank on the GPU, then one ncclReduce per rank's slice, rooted at that rank.
-  Work nccl_reduce_scatter(const AnyTensor& in, const AnyTensor& out, ReduceOp reduce_op, int d) {
+  // reduce_scatter on CUDA: the outputs' lengths over MPI (every rank checks the total), the
+  // input packed rank by rank on the GPU, then one ncclReduce per rank's slice, rooted there.
+  Work nccl_reduce_scatter(const AnyTensor& source, const AnyTensor& out, ReduceOp reduce_op,
+                           int d) {
     auto op = make("reduce_scatter", true);
-    const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
-    const ncclDataType_t type = detail::nccl_type(in.dtype(), "reduce_scatter");
-    const ncclRedOp_t reduce = detail::nccl_reduce_op(reduce_op, in.dtype());
-    struct progress {
-      int stage = 0;
-      std::int64_t length = 0;
-      std::vector<std::int64_t> lengths;
-      Tensor<std::uint8_t, cuda> packed;
-    };
-    op->step = [group = group_, self = op.get(), stream = current_stream(in.device()), source, out,
-                d, type, reduce, p = progress{}](MPI_Request&, const MPI_Status&) mutable {
+    op->step = [group = group_, self = op.get(), stream = current_stream(source.device()), source,
+                out, d, type = detail::nccl_type(source.dtype(), "reduce_scatter"),
+                reduce = detail::nccl_reduce_op(reduce_op, source.dtype()),
+                packed = Tensor<std::uint8_t, cuda>()](MPI_Request&, const MPI_Status&) mutable {
+      if (packed.defined()) return false;  // the GPU work is done
       const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
       const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
-      const int n = group->size;
-      switch (p.stage++) {
-        case 0:
-          p.length = out.shape()[d];
-          p.lengths.assign(static_cast<std::size_t>(n), 0);
-          TESSERA_MPI_CHECK(MPI_Allgather(&p.length, 1, MPI_INT64_T, p.lengths.data(), 1,
-                                          MPI_INT64_T, group->comm));
-          return true;
-        case 1: {
-          std::int64_t total = 0;
-          for (std::int64_t l : p.lengths) total += l;
-          if (total != source.shape()[d]) {  // every rank sees the same lengths: all throw
-            throw shape_error("ProcessGroup::reduce_scatter: the ranks' outputs add up to " +
-                              std::to_string(total) + " along dim " + std::to_string(d) +
-                              "; the input shape " + source.shape().str() + " has " +
-                              std::to_string(source.shape()[d]));
-          }
-          p.packed = Tensor<std::uint8_t, cuda>::empty_on({source.numel() * element},
-                                                          source.device());
-          char* packed = reinterpret_cast<char*>(p.packed.data());
-          auto pack = [&](const Stream& s) {
-            std::int64_t offset = 0, along = 0;
-            for (int r = 0; r < n; ++r) {
-              const std::int64_t row = p.lengths[static_cast<std::size_t>(r)] * inner * element;
-              detail::copy_rows(packed + offset, static_cast<std::size_t>(row),
-                                static_cast<const char*>(source.data_ptr()) + along * inner * element,
-                                static_cast<std::size_t>(total * inner * element),
-                                static_cast<std::size_t>(row), static_cast<std::size_t>(outer), s);
-              offset += outer * row;
-              along += p.lengths[static_cast<std::size_t>(r)];
-            }
-          };
-          auto issue = [&](ncclComm_t comm, cudaStream_t s) {
-            std::int64_t offset = 0;  // bytes
-            for (int r = 0; r < n; ++r) {
-              const std::int64_t count = outer * p.lengths[static_cast<std::size_t>(r)] * inner;
-              void* slice = packed + offset;
-              void* receive = r == group->rank ? out.data_ptr() : slice;  // used on the root only
-              TESSERA_NCCL_CHECK(ncclReduce(slice, receive, static_cast<std::size_t>(count), type,
-                                            reduce, r, comm, s));
-              offset += count * element;
-            }
-          };
-          detail::enqueue_nccl(*group, *self, stream, pack, issue, [](const Stream&) {});
-          return true;
+      const auto lengths = detail::every_rank(*group, out.shape()[d]);
+      const std::int64_t total = detail::check_total(lengths, source.shape()[d], d,
+                                                     source.shape(), "reduce_scatter", true);
+      packed = Tensor<std::uint8_t, cuda>::empty_on({source.numel() * element}, source.device());
+      char* base = reinterpret_cast<char*>(packed.data());
+      auto pack = [&](const Stream& s) {
+        std::int64_t offset = 0, along = 0;
+        for (std::int64_t length : lengths) {
+          const std::int64_t row = length * inner * element;
+          detail::copy_rows(base + offset, static_cast<std::size_t>(row),
+                            static_cast<const char*>(source.data_ptr()) + along * inner * element,
+                            static_cast<std::size_t>(total * inner * element),
+                            static_cast<std::size_t>(row), static_cast<std::size_t>(outer), s);
+          offset += outer * row;
+          along += length;
         }
-        default:
-          return false;
-      }
+      };
+      auto issue = [&](ncclComm_t comm, cudaStream_t s) {
+        std::int64_t offset = 0;  // bytes
+        for (int r = 0; r < group->size; ++r) {
+          const std::int64_t count = outer * lengths[static_cast<std::size_t>(r)] * inner;
+          void* slice = base + offset;
+          void* receive = r == group->rank ? out.data_ptr() : slice;  // used on the root only
+          TESSERA_NCCL_CHECK(ncclReduce(slice, receive, static_cast<std::size_t>(count), type,
+                                        reduce, r, comm, s));
+          offset += count * element;
+        }
+      };
+      detail::enqueue_nccl(*group, *self, stream, pack, issue, [](const Stream&) {});
+      return true;
     };
     return submit(std::move(op));
   }
