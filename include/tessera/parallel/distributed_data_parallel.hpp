@@ -66,13 +66,14 @@ class gradient_reducer {
       if (!parameter.requires_grad()) continue;
       const AnyTensor value = parameter.value();
       const std::size_t bytes = value.nbytes();
-      bool fits = !buckets_.empty() && buckets_.back().info.dtype == value.dtype();
+      // A bucket holds one dtype on one device; a parameter larger than the cap has its own.
+      bool fits = !buckets_.empty() && buckets_.back().info.dtype == value.dtype() &&
+                  slots_[buckets_.back().slots.front()].parameter.device() == value.device();
       if (fits) {
         const double limit = buckets_.size() == 1 ? first_cap : cap;
-        const double used =
-            static_cast<double>(buckets_.back().info.numel) *
-            static_cast<double>(element_size(value.dtype()));
-        fits = used + static_cast<double>(bytes) <= limit || buckets_.back().slots.empty();
+        const double used = static_cast<double>(buckets_.back().info.numel) *
+                            static_cast<double>(element_size(value.dtype()));
+        fits = used + static_cast<double>(bytes) <= limit;
       }
       if (!fits) {
         buckets_.emplace_back();

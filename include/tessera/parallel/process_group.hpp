@@ -1,10 +1,12 @@
 // One process per device (DESIGN §3.7): ts::distributed::init() starts MPI under mpirun and binds
 // the process to its device, and a ProcessGroup runs the collectives of the in-process
-// Communicator across processes, plus send/recv and barrier, on CPU tensors through MPI. Every
-// operation has an async form returning a Work; a timeout (default 5 minutes) turns a rank that
-// never joins into a timeout_error naming it, not a hang. The transport is MPI's own collectives
-// (OpenMPI picks shared memory or the network); Tessera adds the ordering, the timeout and the
-// dtypes MPI lacks (half and bfloat16 are reduced in float).
+// Communicator across processes, plus send/recv and barrier: CPU tensors through MPI, CUDA
+// tensors through NCCL (detail/nccl_process_group.hpp). Every operation has an async form
+// returning a Work; a timeout (default 5 minutes) turns a rank that never joins into a
+// timeout_error naming it, not a hang. The transports are MPI's own collectives (OpenMPI picks
+// shared memory or the network) and NCCL's; Tessera adds the ordering, the timeout, and the dtypes
+// and operators MPI lacks (half and bfloat16 reduced in float, NaN-propagating max and min,
+// wrapping small-integer sums).
 #pragma once
 
 #include <chrono>
