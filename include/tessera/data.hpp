@@ -1,0 +1,5 @@
+// Data loading (DESIGN §3.8): Dataset, TensorDataset, DataLoader. Not part of tessera.hpp: it
+// brings <thread> (its workers), which every user would pay for.
+#pragma once
+
+#include "tessera/data/data_loader.hpp"
