@@ -387,13 +387,39 @@ def resnet(w, path):
         w.put(tag + ".eval_y", block(x))
 
 
+def schedulers(w):
+    """The learning rate after construction and after each of 30 steps of StepLR,
+    CosineAnnealingLR (past T_max, where torch's recursion turns back up) and LinearLR, over SGD
+    and Adam, for tests/optim/lr_scheduler_test.cpp."""
+    cases = {
+        "step": (lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=3, gamma=0.5), "sgd"),
+        "cosine": (lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=7, eta_min=0.001),
+                   "sgd"),
+        "linear": (lambda o: torch.optim.lr_scheduler.LinearLR(o, start_factor=0.25,
+                                                               end_factor=1.0, total_iters=6),
+                   "sgd"),
+        "linear_default": (lambda o: torch.optim.lr_scheduler.LinearLR(o), "adam"),
+    }
+    for name, (make, kind) in cases.items():
+        p = torch.nn.Parameter(torch.zeros(2, dtype=torch.float64))
+        opt = (torch.optim.SGD([p], lr=0.1) if kind == "sgd" else torch.optim.Adam([p], lr=0.01))
+        sched = make(opt)
+        rates = [sched.get_last_lr()[0]]
+        for _ in range(30):
+            p.grad = torch.ones(2, dtype=torch.float64)
+            opt.step()
+            sched.step()
+            rates.append(sched.get_last_lr()[0])
+        w.put("%s.lr" % name, torch.tensor(rates, dtype=torch.float64))
+
+
 SECTIONS = {"layers": layers, "optim": optim, "autograd": autograd, "conv": conv,
-            "resnet": resnet}
+            "resnet": resnet, "schedulers": schedulers}
 
 
 def main():
     if len(sys.argv) != 3 or sys.argv[1] not in SECTIONS:
-        sys.stderr.write("usage: nn_torch.py layers|optim|autograd|conv|resnet FILE\n")
+        sys.stderr.write("usage: nn_torch.py layers|optim|autograd|conv|resnet|schedulers FILE\n")
         sys.exit(2)
     w = Writer(sys.argv[2])
     if sys.argv[1] == "resnet":

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "tessera/optim/optimizer.hpp"
+#include "tessera/tensor/factories.hpp"
 
 namespace tessera::optim {
 
@@ -107,6 +108,65 @@ class adam_base : public Optimizer {
   const AnyTensor& exp_avg(std::size_t i) const { return state_.at(i).exp_avg; }
   const AnyTensor& exp_avg_sq(std::size_t i) const { return state_.at(i).exp_avg_sq; }
   const AnyTensor& max_exp_avg_sq(std::size_t i) const { return state_.at(i).max_exp_avg_sq; }
+
+  /// PyTorch's optimizer state, flattened for ts::save: "state.<i>.step" (0-d float64),
+  /// ".exp_avg", ".exp_avg_sq", ".max_exp_avg_sq" (shared, not copied) for each parameter that
+  /// has stepped, and "param_groups.0.lr", ".betas" ([2]), ".eps", ".weight_decay",
+  /// ".amsgrad", ".maximize".
+  StateDict state_dict() const {
+    StateDict out;
+    for (std::size_t i = 0; i < state_.size(); ++i) {
+      const parameter_state& s = state_[i];
+      if (!s.exp_avg.defined()) continue;
+      out.insert(state_key(i, "step"), scalar(static_cast<double>(s.step)));
+      out.insert(state_key(i, "exp_avg"), s.exp_avg);
+      out.insert(state_key(i, "exp_avg_sq"), s.exp_avg_sq);
+      if (s.max_exp_avg_sq.defined()) out.insert(state_key(i, "max_exp_avg_sq"), s.max_exp_avg_sq);
+    }
+    out.insert("param_groups.0.lr", scalar(options_.lr));
+    out.insert("param_groups.0.betas",
+               from_vector<double>({options_.betas[0], options_.betas[1]}, {2}, 0));
+    out.insert("param_groups.0.eps", scalar(options_.eps));
+    out.insert("param_groups.0.weight_decay", scalar(options_.weight_decay));
+    out.insert("param_groups.0.amsgrad", scalar(options_.amsgrad ? 1 : 0));
+    out.insert("param_groups.0.maximize", scalar(options_.maximize ? 1 : 0));
+    return out;
+  }
+  /// Restores what state_dict saved (moments copied to the parameters' devices). Checks all of
+  /// it first and changes nothing when something does not fit (tessera::error, shape_error,
+  /// dtype_error naming the entry; std::invalid_argument for invalid options).
+  void load_state_dict(const StateDict& state_dict) {
+    check_state_indices(state_dict);
+    Options options = options_;
+    options.lr = scalar_of(state_dict, "param_groups.0.lr");
+    if (!state_dict.contains("param_groups.0.betas") ||
+        state_dict.at("param_groups.0.betas").numel() != 2 ||
+        state_dict.at("param_groups.0.betas").dtype() != ScalarType::float64) {
+      throw error(name_ + "::load_state_dict: param_groups.0.betas must be two float64 numbers");
+    }
+    const auto betas = state_dict.at("param_groups.0.betas").as<double>().to_vector();
+    options.betas = {betas[0], betas[1]};
+    options.eps = scalar_of(state_dict, "param_groups.0.eps");
+    options.weight_decay = scalar_of(state_dict, "param_groups.0.weight_decay");
+    options.amsgrad = scalar_of(state_dict, "param_groups.0.amsgrad") != 0;
+    options.maximize = scalar_of(state_dict, "param_groups.0.maximize") != 0;
+    validate(options, name_);
+    std::vector<parameter_state> state(parameters_.size());
+    for (std::size_t i = 0; i < state.size(); ++i) {
+      parameter_state& s = state[i];
+      s.exp_avg = loaded_state(state_dict, i, "exp_avg");
+      if (!s.exp_avg.defined()) continue;  // not stepped yet
+      s.exp_avg_sq = loaded_state(state_dict, i, "exp_avg_sq");
+      s.max_exp_avg_sq = loaded_state(state_dict, i, "max_exp_avg_sq");
+      if (!s.exp_avg_sq.defined() || (options.amsgrad && !s.max_exp_avg_sq.defined())) {
+        throw error(name_ + "::load_state_dict: parameter " + std::to_string(i) +
+                    " has exp_avg but not all of its other moments");
+      }
+      s.step = static_cast<std::int64_t>(scalar_of(state_dict, state_key(i, "step")));
+    }
+    options_ = options;
+    state_ = std::move(state);
+  }
 
   // Defined below the class, not inline: in compiled mode the library instantiates Adam's and
   // AdamW's (TESSERA_INSTANTIATE), and a user's unit compiles no update for any dtype.
