@@ -197,83 +197,18 @@ class Optimizer {
   static std::string state_key(std::size_t i, const char* buffer) {
     return "state." + std::to_string(i) + "." + buffer;
   }
-  static AnyTensor scalar(double value) {
-    Tensor<double, cpu> t = Tensor<double, cpu>::empty_on(Shape{}, Device{DeviceType::cpu, 0});
-    t.fill_(value);
-    return t;
-  }
-  /// The number under `key` (one element, any floating or integer dtype, on the CPU); throws
-  /// tessera::error naming the key when it is missing or not one number.
-  double scalar_of(const StateDict& state_dict, const std::string& key) const {
-    if (!state_dict.contains(key)) {
-      throw error(name_ + "::load_state_dict: no entry " + key + " (not a state_dict of " +
-                  name_ + "?)");
-    }
-    const AnyTensor& t = state_dict.at(key);
-    if (t.numel() != 1 || t.device().type != DeviceType::cpu) {
-      throw error(name_ + "::load_state_dict: " + key + " must be one number on the CPU, not " +
-                  t.shape().str() + " on " + t.device().str());
-    }
-    double value = 0;
-    visit_dtype(t.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      value = static_cast<double>(t.as<T, tessera::cpu>().contiguous().data()[0]);
-    });
-    return value;
-  }
+  /// A 0-d float64 tensor on cpu:0 holding `value`.
+  TESSERA_API static AnyTensor scalar(double value);
+  /// The number under `key` (one element, any dtype, on the CPU); throws tessera::error naming
+  /// the key when it is missing or not one number.
+  TESSERA_API double scalar_of(const StateDict& state_dict, const std::string& key) const;
   /// Parameter i's buffer `buffer` from `state_dict` (undefined when absent), copied to the
   /// parameter's device; shape_error / dtype_error naming the key when it does not match the
   /// parameter.
-  AnyTensor loaded_state(const StateDict& state_dict, std::size_t i, const char* buffer) const {
-    const std::string key = state_key(i, buffer);
-    if (!state_dict.contains(key)) return {};
-    const AnyTensor& loaded = state_dict.at(key);
-    const AnyTensor value = parameters_[i].value();
-    if (loaded.dtype() != value.dtype()) {
-      throw dtype_error(name_ + "::load_state_dict: " + key + " has dtype " +
-                        tessera::name(loaded.dtype()) + ", parameter " + std::to_string(i) +
-                        " " + tessera::name(value.dtype()));
-    }
-    if (loaded.shape() != value.shape()) {
-      throw shape_error(name_ + "::load_state_dict: " + key + " has shape " +
-                        loaded.shape().str() + ", parameter " + std::to_string(i) + " " +
-                        value.shape().str());
-    }
-    AnyTensor copy;
-    auto copy_as = [&]<Dtype T, DeviceKind K>() {
-      auto fresh = Tensor<T, K>::empty_on(value.shape(), value.device());
-      if (loaded.device().is_cuda()) {
-        fresh.copy_(loaded.as<T, tessera::cuda>());
-      } else {
-        fresh.copy_(loaded.as<T, tessera::cpu>());
-      }
-      copy = fresh;
-    };
-    visit_dtype(value.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-      if constexpr (is_floating_point_v<T>) {  // optimisers have floating parameters
-        if (value.device().is_cuda()) {
-          copy_as.template operator()<T, tessera::cuda>();
-        } else {
-          copy_as.template operator()<T, tessera::cpu>();
-        }
-      }
-    });
-    return copy;
-  }
+  TESSERA_API AnyTensor loaded_state(const StateDict& state_dict, std::size_t i,
+                                     const char* buffer) const;
   /// Throws tessera::error naming the first "state.<i>." entry whose i is not a parameter.
-  void check_state_indices(const StateDict& state_dict) const {
-    for (const std::string& key : state_dict.keys()) {
-      if (key.rfind("state.", 0) != 0) continue;
-      const std::size_t end = key.find('.', 6);
-      const std::string index = key.substr(6, end == std::string::npos ? end : end - 6);
-      if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos ||
-          std::stoull(index) >= parameters_.size()) {
-        throw error(name_ + "::load_state_dict: entry " + key + " names no parameter (this " +
-                    name_ + " has " + std::to_string(parameters_.size()) + ")");
-      }
-    }
-  }
+  TESSERA_API void check_state_indices(const StateDict& state_dict) const;
 
   std::vector<nn::ParameterRef> parameters_;
   std::string name_;
@@ -309,6 +244,81 @@ TESSERA_API Optimizer::Optimizer(std::vector<nn::ParameterRef> parameters, std::
 }
 
 TESSERA_API Optimizer::~Optimizer() = default;
+
+TESSERA_API AnyTensor Optimizer::scalar(double value) {
+  Tensor<double, cpu> t = Tensor<double, cpu>::empty_on(Shape{}, Device{DeviceType::cpu, 0});
+  t.fill_(value);
+  return t;
+}
+TESSERA_API double Optimizer::scalar_of(const StateDict& state_dict,
+                                       const std::string& key) const {
+  if (!state_dict.contains(key)) {
+    throw error(name_ + "::load_state_dict: no entry " + key + " (not a state_dict of " +
+                name_ + "?)");
+  }
+  const AnyTensor& t = state_dict.at(key);
+  if (t.numel() != 1 || t.device().type != DeviceType::cpu) {
+    throw error(name_ + "::load_state_dict: " + key + " must be one number on the CPU, not " +
+                t.shape().str() + " on " + t.device().str());
+  }
+  double value = 0;
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    value = static_cast<double>(t.as<T, tessera::cpu>().contiguous().data()[0]);
+  });
+  return value;
+}
+TESSERA_API AnyTensor Optimizer::loaded_state(const StateDict& state_dict, std::size_t i,
+                                           const char* buffer) const {
+  const std::string key = state_key(i, buffer);
+  if (!state_dict.contains(key)) return {};
+  const AnyTensor& loaded = state_dict.at(key);
+  const AnyTensor value = parameters_[i].value();
+  if (loaded.dtype() != value.dtype()) {
+    throw dtype_error(name_ + "::load_state_dict: " + key + " has dtype " +
+                      tessera::name(loaded.dtype()) + ", parameter " + std::to_string(i) +
+                      " " + tessera::name(value.dtype()));
+  }
+  if (loaded.shape() != value.shape()) {
+    throw shape_error(name_ + "::load_state_dict: " + key + " has shape " +
+                      loaded.shape().str() + ", parameter " + std::to_string(i) + " " +
+                      value.shape().str());
+  }
+  AnyTensor copy;
+  auto copy_as = [&]<Dtype T, DeviceKind K>() {
+    auto fresh = Tensor<T, K>::empty_on(value.shape(), value.device());
+    if (loaded.device().is_cuda()) {
+      fresh.copy_(loaded.as<T, tessera::cuda>());
+    } else {
+      fresh.copy_(loaded.as<T, tessera::cpu>());
+    }
+    copy = fresh;
+  };
+  visit_dtype(value.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (is_floating_point_v<T>) {  // optimisers have floating parameters
+      if (value.device().is_cuda()) {
+        copy_as.template operator()<T, tessera::cuda>();
+      } else {
+        copy_as.template operator()<T, tessera::cpu>();
+      }
+    }
+  });
+  return copy;
+}
+TESSERA_API void Optimizer::check_state_indices(const StateDict& state_dict) const {
+  for (const std::string& key : state_dict.keys()) {
+    if (key.rfind("state.", 0) != 0) continue;
+    const std::size_t end = key.find('.', 6);
+    const std::string index = key.substr(6, end == std::string::npos ? end : end - 6);
+    if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoull(index) >= parameters_.size()) {
+      throw error(name_ + "::load_state_dict: entry " + key + " names no parameter (this " +
+                  name_ + " has " + std::to_string(parameters_.size()) + ")");
+    }
+  }
+}
+
 
 TESSERA_API void Optimizer::zero_grad() {
   for (const auto& parameter : parameters_) {

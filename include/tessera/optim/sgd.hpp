@@ -134,42 +134,15 @@ class SGD : public Optimizer {
   /// PyTorch's optimizer state, flattened for ts::save: "state.<i>.momentum_buffer" (shared,
   /// not copied) and "param_groups.0.lr", ".momentum", ".dampening", ".weight_decay",
   /// ".nesterov", ".maximize" (0-d float64).
-  StateDict state_dict() const {
-    StateDict out;
-    for (std::size_t i = 0; i < momentum_buffers_.size(); ++i) {
-      if (momentum_buffers_[i].defined()) {
-        out.insert(state_key(i, "momentum_buffer"), momentum_buffers_[i]);
-      }
-    }
-    out.insert("param_groups.0.lr", scalar(options_.lr));
-    out.insert("param_groups.0.momentum", scalar(options_.momentum));
-    out.insert("param_groups.0.dampening", scalar(options_.dampening));
-    out.insert("param_groups.0.weight_decay", scalar(options_.weight_decay));
-    out.insert("param_groups.0.nesterov", scalar(options_.nesterov ? 1 : 0));
-    out.insert("param_groups.0.maximize", scalar(options_.maximize ? 1 : 0));
-    return out;
-  }
+  /// PyTorch's optimizer state, flattened for ts::save: "state.<i>.momentum_buffer" (shared,
+  /// not copied) and "param_groups.0.lr", ".momentum", ".dampening", ".weight_decay",
+  /// ".nesterov", ".maximize" (0-d float64).
+  TESSERA_API StateDict state_dict() const;
   /// Restores what state_dict saved (buffers copied to the parameters' devices). Checks all of
   /// it first (a missing hyperparameter, invalid options, a buffer of another shape or dtype, an
   /// index that names no parameter: tessera::error, shape_error, dtype_error naming the entry)
   /// and changes nothing when something does not fit.
-  void load_state_dict(const StateDict& state_dict) {
-    check_state_indices(state_dict);
-    SGDOptions options = options_;
-    options.lr = scalar_of(state_dict, "param_groups.0.lr");
-    options.momentum = scalar_of(state_dict, "param_groups.0.momentum");
-    options.dampening = scalar_of(state_dict, "param_groups.0.dampening");
-    options.weight_decay = scalar_of(state_dict, "param_groups.0.weight_decay");
-    options.nesterov = scalar_of(state_dict, "param_groups.0.nesterov") != 0;
-    options.maximize = scalar_of(state_dict, "param_groups.0.maximize") != 0;
-    validate(options);
-    std::vector<AnyTensor> buffers(parameters_.size());
-    for (std::size_t i = 0; i < buffers.size(); ++i) {
-      buffers[i] = loaded_state(state_dict, i, "momentum_buffer");
-    }
-    options_ = options;
-    momentum_buffers_ = std::move(buffers);
-  }
+  TESSERA_API void load_state_dict(const StateDict& state_dict);
 
   // TESSERA_API (inline) header-only: a virtual function declared without it would be SGD's key
   // function, and every unit would then emit SGD's vtable and the update of every dtype.
@@ -216,6 +189,39 @@ TESSERA_API void SGD::step() {
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     with_typed(i, [&](auto value, auto grad) { update(i, value, grad); });
   }
+}
+
+TESSERA_API StateDict SGD::state_dict() const {
+  StateDict out;
+  for (std::size_t i = 0; i < momentum_buffers_.size(); ++i) {
+    if (momentum_buffers_[i].defined()) {
+      out.insert(state_key(i, "momentum_buffer"), momentum_buffers_[i]);
+    }
+  }
+  out.insert("param_groups.0.lr", scalar(options_.lr));
+  out.insert("param_groups.0.momentum", scalar(options_.momentum));
+  out.insert("param_groups.0.dampening", scalar(options_.dampening));
+  out.insert("param_groups.0.weight_decay", scalar(options_.weight_decay));
+  out.insert("param_groups.0.nesterov", scalar(options_.nesterov ? 1 : 0));
+  out.insert("param_groups.0.maximize", scalar(options_.maximize ? 1 : 0));
+  return out;
+}
+TESSERA_API void SGD::load_state_dict(const StateDict& state_dict) {
+  check_state_indices(state_dict);
+  SGDOptions options = options_;
+  options.lr = scalar_of(state_dict, "param_groups.0.lr");
+  options.momentum = scalar_of(state_dict, "param_groups.0.momentum");
+  options.dampening = scalar_of(state_dict, "param_groups.0.dampening");
+  options.weight_decay = scalar_of(state_dict, "param_groups.0.weight_decay");
+  options.nesterov = scalar_of(state_dict, "param_groups.0.nesterov") != 0;
+  options.maximize = scalar_of(state_dict, "param_groups.0.maximize") != 0;
+  validate(options);
+  std::vector<AnyTensor> buffers(parameters_.size());
+  for (std::size_t i = 0; i < buffers.size(); ++i) {
+    buffers[i] = loaded_state(state_dict, i, "momentum_buffer");
+  }
+  options_ = options;
+  momentum_buffers_ = std::move(buffers);
 }
 
 TESSERA_API void SGD::validate(const SGDOptions& o) {
