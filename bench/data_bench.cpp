@@ -1,0 +1,113 @@
+// The DataLoader against the training step it feeds, in one run:
+// - BM_step: one training step (forward, backward, SGD) of an MLP 784-1024-10 at batch 256 on a
+//   batch already in memory (the step alone);
+// - BM_step_with_loader: the same step on the next batch of a DataLoader (TensorDataset of 8192
+//   examples, shuffled, 2 workers): the time over BM_step is what the step waits for data
+//   (stall share = 1 - T(step) / T(step with loader), goal <= 2 %);
+// - BM_loader: the loader alone (batches per second it can deliver), and BM_loader_0_workers.
+// Default environment: the step's loops and BLAS use every core; the workers share them.
+#include <benchmark/benchmark.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <optional>
+#include <utility>
+#include <vector>
+
+#include "bench_report.hpp"
+#include "tessera/data.hpp"
+#include "tessera/tessera.hpp"
+
+namespace ts = tessera;
+namespace ag = tessera::autograd;
+namespace nn = tessera::nn;
+
+namespace {
+
+constexpr std::int64_t examples = 8192, batch = 256;
+
+ts::data::TensorDataset<float, std::int64_t> make_dataset() {
+  std::vector<std::int64_t> labels(examples);
+  for (std::int64_t i = 0; i < examples; ++i) labels[static_cast<std::size_t>(i)] = i % 10;
+  return ts::data::TensorDataset<float, std::int64_t>(
+      ts::bench::random_tensor({examples, 784}, 3),
+      ts::from_vector<std::int64_t>(labels, {examples}));
+}
+
+auto make_mlp() {
+  return nn::Sequential(nn::Linear<float>(784, 1024), nn::ReLU{}, nn::Linear<float>(1024, 10));
+}
+using Model = decltype(make_mlp());
+auto compile_step(Model& model) {
+  return ag::compile(
+      [&model](ag::Var<float> x, ag::Var<std::int64_t> y) {
+        return nn::cross_entropy(model.forward(x), y);
+      },
+      ag::input<float>({batch, 784}), ag::input<std::int64_t>({batch}));
+}
+
+struct training {
+  Model model = make_mlp();
+  decltype(compile_step(std::declval<Model&>())) step = compile_step(model);
+  ts::optim::SGD sgd{model.parameters(), {.lr = 0.01, .momentum = 0.9}};
+
+  void run(const ts::Tensor<float>& x, const ts::Tensor<std::int64_t>& y) {
+    sgd.zero_grad();
+    benchmark::DoNotOptimize(step.forward(x, y).item());
+    step.backward();
+    sgd.step();
+  }
+};
+
+void BM_step(benchmark::State& state) {
+  training t;
+  const auto dataset = make_dataset();
+  const auto [x, y] = dataset.tensors();
+  const auto xb = x.narrow(0, 0, batch).contiguous();
+  const auto yb = y.narrow(0, 0, batch).contiguous();
+  for (auto _ : state) t.run(xb, yb);
+}
+
+// Batches forever: a new epoch when one ends (drop_last keeps every batch full).
+template <class Fn>
+void over_batches(benchmark::State& state, int workers, Fn fn) {
+  ts::data::DataLoader loader(make_dataset(), {.batch_size = batch, .shuffle = true,
+                                               .drop_last = true, .num_workers = workers});
+  std::optional<decltype(loader.begin())> it;
+  for (auto _ : state) {
+    if (!it || *it == loader.end()) it.emplace(loader.begin());
+    auto [x, y] = **it;
+    fn(x, y);
+    ++*it;
+  }
+}
+
+void BM_step_with_loader(benchmark::State& state) {
+  training t;
+  over_batches(state, 2, [&](const auto& x, const auto& y) { t.run(x, y); });
+}
+
+void BM_loader(benchmark::State& state) {
+  over_batches(state, static_cast<int>(state.range(0)),
+               [](const auto& x, const auto&) { benchmark::DoNotOptimize(x.data()); });
+}
+
+}  // namespace
+
+BENCHMARK(BM_step)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_step_with_loader)->UseRealTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_loader)->Arg(0)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  ts::bench::recording_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  const auto& r = reporter.results;
+  const auto step = r.find("BM_step"), fed = r.find("BM_step_with_loader");
+  if (step != r.end() && fed != r.end() && fed->second > 0) {
+    const double stall = 1.0 - step->second / fed->second;
+    std::printf("stall share of a step fed by 2 loader workers: %.1f%% (goal <= 2%%: %s)\n",
+                100.0 * stall, stall <= 0.02 ? "met" : "MISSED");
+  }
+  return 0;
+}
