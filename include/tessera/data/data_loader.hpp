@@ -5,6 +5,7 @@
 #pragma once
 
 #include <condition_variable>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <mutex>
@@ -308,7 +309,14 @@ class DataLoader {
                             row.shape().str() + ", the batch's examples " +
                             buffer[j].shape().str());
         }
-        buffer[j].copy_(row);
+        auto slot = buffer[j];
+        if (row.is_contiguous()) {  // the common case (TensorDataset's rows): one memcpy
+          using T = typename std::remove_cvref_t<decltype(row)>::value_type;
+          std::memcpy(static_cast<void*>(slot.data()), row.data(),
+                      static_cast<std::size_t>(row.numel()) * sizeof(T));
+        } else {
+          slot.copy_(row);
+        }
       };
       if constexpr (tessera::detail::is_tensor<batch_type>::value) {
         copy(batch, example);
