@@ -189,7 +189,7 @@ struct group_state {
   std::vector<std::uint64_t> arrival_buffer;       // [rank]: the posted receive's buffer
   std::vector<MPI_Request> arrival_requests;       // [rank]
   std::string broken;                              // why the group cannot be used, once it cannot
-  std::shared_ptr<void> nccl;                      // NCCL communicators per GPU (CUDA tensors)
+  std::shared_ptr<void> nccl;                      // the NCCL communicator (CUDA tensors)
 };
 
 /// The progress thread and its queues. One per process, made by ts::distributed::init.
