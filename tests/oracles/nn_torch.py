@@ -413,13 +413,46 @@ def schedulers(w):
         w.put("%s.lr" % name, torch.tensor(rates, dtype=torch.float64))
 
 
+def losses(w):
+    """l1_loss, smooth_l1_loss (beta 1, 0.5 and 0) and binary_cross_entropy_with_logits (logits
+    up to +-40, soft targets): the loss and its gradient with respect to the input, for
+    tests/nn/loss_test.cpp."""
+    for dname, dtype in DTYPES.items():
+        g = torch.Generator().manual_seed(5)
+        a = torch.randn(6, 5, generator=g, dtype=torch.float64) * 2
+        b = torch.randn(6, 5, generator=g, dtype=torch.float64) * 2
+        b[0, :3] = a[0, :3] + torch.tensor([0.25, -0.4, 0.0], dtype=torch.float64)  # |d| < beta
+        logits = torch.randn(6, 5, generator=g, dtype=torch.float64) * 3
+        logits[1, 0], logits[1, 1] = 40.0, -40.0
+        soft = torch.rand(6, 5, generator=g, dtype=torch.float64)
+        a, b, logits, soft = a.to(dtype), b.to(dtype), logits.to(dtype), soft.to(dtype)
+        w.put("loss.%s.a" % dname, a)
+        w.put("loss.%s.b" % dname, b)
+        w.put("loss.%s.logits" % dname, logits)
+        w.put("loss.%s.soft" % dname, soft)
+        cases = {
+            "l1": (lambda x: torch.nn.functional.l1_loss(x, b), a),
+            "smooth1": (lambda x: torch.nn.functional.smooth_l1_loss(x, b, beta=1.0), a),
+            "smooth05": (lambda x: torch.nn.functional.smooth_l1_loss(x, b, beta=0.5), a),
+            "smooth0": (lambda x: torch.nn.functional.smooth_l1_loss(x, b, beta=0.0), a),
+            "bce": (lambda x: torch.nn.functional.binary_cross_entropy_with_logits(x, soft),
+                    logits),
+        }
+        for name, (fn, x0) in cases.items():
+            x = x0.clone().requires_grad_(True)
+            loss = fn(x)
+            loss.backward()
+            w.put("loss.%s.%s" % (dname, name), loss)
+            w.put("loss.%s.%s.grad" % (dname, name), x.grad)
+
+
 SECTIONS = {"layers": layers, "optim": optim, "autograd": autograd, "conv": conv,
-            "resnet": resnet, "schedulers": schedulers}
+            "resnet": resnet, "schedulers": schedulers, "losses": losses}
 
 
 def main():
     if len(sys.argv) != 3 or sys.argv[1] not in SECTIONS:
-        sys.stderr.write("usage: nn_torch.py layers|optim|autograd|conv|resnet|schedulers FILE\n")
+        sys.stderr.write("usage: nn_torch.py layers|optim|autograd|conv|resnet|schedulers|losses FILE\n")
         sys.exit(2)
     w = Writer(sys.argv[2])
     if sys.argv[1] == "resnet":

@@ -1,6 +1,7 @@
-// Losses: mse_loss and cross_entropy (torch.nn.functional), mean-reduced. Both are written with
-// the expression functions only (no loops over data), so they run eagerly on tensors and fuse
-// their elementwise parts into their reductions. mse_loss traces unchanged on autograd Vars;
+// Losses: mse_loss, l1_loss, smooth_l1_loss, binary_cross_entropy_with_logits and cross_entropy
+// (torch.nn.functional), mean-reduced. They are written with the expression functions only (no
+// loops over data), so they run eagerly on tensors and fuse their elementwise parts into their
+// reductions. All but cross_entropy trace unchanged on autograd Vars;
 // traced cross_entropy is one node (its expressions and their gradients would otherwise be
 // compiled in every training program's unit).
 #pragma once
@@ -8,6 +9,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <memory>
+#include <stdexcept>
 #include <string>
 #include <type_traits>
 
@@ -37,6 +39,61 @@ auto mse_loss(const A& input, const B& target) {
   }
   const auto difference = input - target;
   return mean(difference * difference);
+}
+
+namespace detail {
+
+// Throws shape_error naming the loss and both shapes when input and target differ.
+template <class A, class B>
+void check_same_shape(const A& input, const B& target, const char* loss) {
+  if constexpr (requires {
+                  input.shape();
+                  target.shape();
+                }) {
+    if (input.shape() != target.shape()) {
+      throw shape_error(std::string(loss) + ": the input has shape " + input.shape().str() +
+                        " and the target " + target.shape().str() + "; they must be equal");
+    }
+  }
+}
+
+}  // namespace detail
+
+/// mean(|input - target|) (torch.nn.functional.l1_loss, reduction "mean"), in one pass; eager on
+/// tensors and expressions, traced on Vars (the gradient is sign(input - target) / n, 0 where
+/// they are equal, as PyTorch's). shape_error naming both shapes when they differ.
+template <class A, class B>
+auto l1_loss(const A& input, const B& target) {
+  detail::check_same_shape(input, target, "l1_loss");
+  return mean(abs(input - target));
+}
+
+/// torch.nn.functional.smooth_l1_loss (reduction "mean"): per element 0.5 d^2 / beta where
+/// |d| < beta, else |d| - 0.5 beta, with d = input - target; beta = 0 is l1_loss, its gradient
+/// included (0 where input == target, as torch's l1_loss; torch's smooth_l1 kernel gives -1/n
+/// there). std::invalid_argument for beta < 0 (PyTorch's error), shape_error for different
+/// shapes.
+template <class A, class B>
+auto smooth_l1_loss(const A& input, const B& target, double beta = 1.0) {
+  detail::check_same_shape(input, target, "smooth_l1_loss");
+  if (!(beta >= 0)) {
+    throw std::invalid_argument("smooth_l1_loss: beta " + std::to_string(beta) +
+                                " must be non-negative");
+  }
+  const auto d = input - target;
+  const auto a = abs(d);
+  // beta = 0: the first branch never holds (|d| < 0), and the second is |d|: l1_loss.
+  return mean(where(a < beta, d * d * (0.5 / (beta > 0 ? beta : 1.0)), a - 0.5 * beta));
+}
+
+/// torch.nn.functional.binary_cross_entropy_with_logits (reduction "mean"): per element
+/// max(x, 0) - x y + log(1 + exp(-|x|)), the form that neither overflows for large |x| nor
+/// loses the small term; its gradient is sigmoid(x) - y (over n). Targets may be any value in
+/// [0, 1] (soft labels). shape_error for different shapes.
+template <class A, class B>
+auto binary_cross_entropy_with_logits(const A& input, const B& target) {
+  detail::check_same_shape(input, target, "binary_cross_entropy_with_logits");
+  return mean(maximum(input, 0.0) - input * target + log(1.0 + exp(-abs(input))));
 }
 
 namespace detail {
