@@ -126,10 +126,19 @@ TEST_CASE("DDP's default buckets: one first bucket of at most 1 MiB, reverse ord
   CHECK(buckets[0].parameters == std::vector<std::string>{"2.bias", "2.weight", "0.bias"});
   CHECK(buckets[1].parameters == std::vector<std::string>{"0.weight"});
   CHECK(buckets[1].numel == 784 * 1024);
-  // Each gradient is a view into its bucket.
-  const auto parameters = model.parameters();
-  CHECK(parameters[0].grad().defined());
-  CHECK(ts::AnyTensor(parameters[0].grad()).numel() == 784 * 1024);
+  // Each gradient is a view into its bucket: the three of bucket 0 share one buffer, at their
+  // offsets in bucket order (2.bias first), and 0.weight has a buffer of its own.
+  const auto parameters = model.parameters();  // 0.weight, 0.bias, 2.weight, 2.bias
+  const ts::AnyTensor w0 = parameters[0].grad(), b0 = parameters[1].grad(),
+                      w2 = parameters[2].grad(), b2 = parameters[3].grad();
+  REQUIRE((w0.defined() && b0.defined() && w2.defined() && b2.defined()));
+  CHECK(b2.storage().is_same(w2.storage()));
+  CHECK(b2.storage().is_same(b0.storage()));
+  CHECK_FALSE(w0.storage().is_same(b0.storage()));
+  CHECK(w0.numel() == 784 * 1024);
+  const auto* first = static_cast<const float*>(b2.data_ptr());
+  CHECK(static_cast<const float*>(w2.data_ptr()) == first + 10);
+  CHECK(static_cast<const float*>(b0.data_ptr()) == first + 10 + 10 * 1024);
 }
 
 TEST_CASE("no_sync accumulates locally; the next backward reduces the sum", "[ddp]") {

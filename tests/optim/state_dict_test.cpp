@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/tessera.hpp"
@@ -28,57 +29,70 @@ std::vector<std::vector<float>> values(const nn::Module& m) {
   return out;
 }
 
+using Model = decltype(make_mlp());
+
+auto compile_loss(Model& model) {
+  return ag::compile(
+      [&model](ag::Var<float> in, ag::Var<std::int64_t> labels) {
+        return nn::cross_entropy(model.forward(in), labels);
+      },
+      ag::input<float>({8, 5}), ag::input<std::int64_t>({8}));
+}
+
+// A model made from `seed`, its training program, an optimiser and a StepLR over it.
+template <class Opt>
+struct training_run {
+  template <class Options>
+  training_run(std::uint64_t seed, const Options& options)
+      : model((ts::manual_seed(seed), make_mlp())),
+        program(compile_loss(model)),
+        opt(model.parameters(), options),
+        schedule(opt, 2, 0.5) {}
+  training_run(const training_run&) = delete;  // the program holds a reference to `model`
+
+  void train(int steps, const ts::Tensor<float>& x, const ts::Tensor<std::int64_t>& y) {
+    for (int i = 0; i < steps; ++i) {
+      opt.zero_grad();
+      program.forward(x, y);
+      program.backward();
+      opt.step();
+      schedule.step();
+    }
+  }
+
+  Model model;
+  decltype(compile_loss(std::declval<Model&>())) program;
+  Opt opt;
+  optim::StepLR<Opt> schedule;
+};
+
 template <class Opt, class Options>
 void resume_is_bit_identical(Options options, const char* name) {
   INFO(name);
   const ts::Tensor<float> x = ts::eval(ts::arange<float>(0, 40).view({8, 5}) / 40.0f);
   const auto y = ts::from_vector<std::int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
-  auto loss = [&](auto& model) {
-    return ag::compile([&](ag::Var<float> in) { return nn::cross_entropy(model.forward(in), y); },
-                       ag::input<float>({8, 5}));
-  };
-  auto train = [&](auto& program, Opt& opt, auto& scheduler, int steps) {
-    for (int i = 0; i < steps; ++i) {
-      opt.zero_grad();
-      program.forward(x);
-      program.backward();
-      opt.step();
-      scheduler.step();
-    }
-  };
 
-  ts::manual_seed(4);
-  auto straight = make_mlp();
-  auto straight_program = loss(straight);
-  Opt straight_opt(straight.parameters(), options);
-  optim::StepLR straight_schedule(straight_opt, 2, 0.5);
-  train(straight_program, straight_opt, straight_schedule, 6);
+  training_run<Opt> straight(4, options);
+  straight.train(6, x, y);
 
-  ts::manual_seed(4);
-  auto first = make_mlp();
-  auto first_program = loss(first);
-  Opt first_opt(first.parameters(), options);
-  optim::StepLR first_schedule(first_opt, 2, 0.5);
-  train(first_program, first_opt, first_schedule, 3);
+  training_run<Opt> first(4, options);
+  first.train(3, x, y);
   const auto dir = std::filesystem::temp_directory_path();
   const std::string tag = std::string("tessera_resume_") + name;
-  ts::save(first.state_dict(), (dir / (tag + "_model.safetensors")).string());
-  ts::save(first_opt.state_dict(), (dir / (tag + "_optim.safetensors")).string());
-  ts::save(first_schedule.state_dict(), (dir / (tag + "_sched.safetensors")).string());
+  const auto path = [&](const char* what) { return (dir / (tag + what)).string(); };
+  ts::save(first.model.state_dict(), path("_model.safetensors"));
+  ts::save(first.opt.state_dict(), path("_optim.safetensors"));
+  ts::save(first.schedule.state_dict(), path("_sched.safetensors"));
 
-  ts::manual_seed(99);  // other initial values: everything must come from the files
-  auto resumed = make_mlp();
-  auto resumed_program = loss(resumed);
-  Opt resumed_opt(resumed.parameters(), options);
-  optim::StepLR resumed_schedule(resumed_opt, 2, 0.5);
-  resumed.load_state_dict(ts::load((dir / (tag + "_model.safetensors")).string()));
-  resumed_opt.load_state_dict(ts::load((dir / (tag + "_optim.safetensors")).string()));
-  resumed_schedule.load_state_dict(ts::load((dir / (tag + "_sched.safetensors")).string()));
-  train(resumed_program, resumed_opt, resumed_schedule, 3);
-  CHECK(values(resumed) == values(straight));  // bit for bit
-  CHECK(resumed_opt.options().lr == straight_opt.options().lr);
-  for (const char* suffix : {"_model", "_optim", "_sched"}) {
-    std::filesystem::remove(dir / (tag + suffix + ".safetensors"));
+  training_run<Opt> resumed(99, options);  // other initial values: all must come from the files
+  resumed.model.load_state_dict(ts::load(path("_model.safetensors")));
+  resumed.opt.load_state_dict(ts::load(path("_optim.safetensors")));
+  resumed.schedule.load_state_dict(ts::load(path("_sched.safetensors")));
+  resumed.train(3, x, y);
+  CHECK(values(resumed.model) == values(straight.model));  // bit for bit
+  CHECK(resumed.opt.options().lr == straight.opt.options().lr);
+  for (const char* what : {"_model.safetensors", "_optim.safetensors", "_sched.safetensors"}) {
+    std::filesystem::remove(path(what));
   }
 }
 

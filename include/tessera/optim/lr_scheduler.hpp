@@ -12,7 +12,7 @@
 #include <string>
 
 #include "tessera/core/error.hpp"
-#include "tessera/tensor/factories.hpp"
+#include "tessera/optim/optimizer.hpp"
 #include "tessera/tensor/state_dict.hpp"
 
 namespace tessera::optim {
@@ -38,17 +38,17 @@ class lr_scheduler {
   /// state_dict, as in PyTorch.
   StateDict state_dict() const {
     StateDict out;
-    out.insert("last_epoch", from_vector<double>({static_cast<double>(last_epoch_)}, {}, 0));
-    out.insert("base_lr", from_vector<double>({base_lr_}, {}, 0));
-    out.insert("last_lr", from_vector<double>({last_lr_}, {}, 0));
+    out.insert("last_epoch", state_scalar(static_cast<double>(last_epoch_)));
+    out.insert("base_lr", state_scalar(base_lr_));
+    out.insert("last_lr", state_scalar(last_lr_));
     return out;
   }
   /// Restores what state_dict saved; tessera::error naming a missing or malformed entry, with
   /// nothing changed.
   void load_state_dict(const StateDict& state_dict) {
-    const double epoch = number(state_dict, "last_epoch");
-    const double base = number(state_dict, "base_lr");
-    const double last = number(state_dict, "last_lr");
+    const double epoch = state_number(state_dict, "last_epoch", "LRScheduler");
+    const double base = state_number(state_dict, "base_lr", "LRScheduler");
+    const double last = state_number(state_dict, "last_lr", "LRScheduler");
     last_epoch_ = static_cast<std::int64_t>(epoch);
     base_lr_ = base;
     last_lr_ = last;
@@ -65,16 +65,6 @@ class lr_scheduler {
   double base_lr_;
   double last_lr_;
   std::int64_t last_epoch_ = -1;
-
- private:
-  static double number(const StateDict& state_dict, const char* key) {
-    if (!state_dict.contains(key) || state_dict.at(key).numel() != 1 ||
-        state_dict.at(key).dtype() != ScalarType::float64) {
-      throw error(std::string("lr scheduler load_state_dict: ") + key +
-                  " is missing or not one float64 number");
-    }
-    return state_dict.at(key).as<double>().contiguous().data()[0];
-  }
 };
 
 }  // namespace detail

@@ -103,6 +103,15 @@ TESSERA_HOST_DEVICE C maximum(C a, C b) {
 
 }  // namespace detail
 
+namespace detail {
+/// For state dicts (optimisers and schedulers): a 0-d float64 tensor on cpu:0 holding `value`,
+/// and the number under `key` (one element, any dtype, on the CPU; tessera::error naming `who`
+/// and the key when it is missing or not one number).
+TESSERA_API AnyTensor state_scalar(double value);
+TESSERA_API double state_number(const StateDict& state_dict, const std::string& key,
+                                const std::string& who);
+}  // namespace detail
+
 /// The base of the optimisers: the parameter list, zero_grad, and the typed dispatch of a step.
 class Optimizer {
  public:
@@ -197,11 +206,10 @@ class Optimizer {
   static std::string state_key(std::size_t i, const char* buffer) {
     return "state." + std::to_string(i) + "." + buffer;
   }
-  /// A 0-d float64 tensor on cpu:0 holding `value`.
-  TESSERA_API static AnyTensor scalar(double value);
-  /// The number under `key` (one element, any dtype, on the CPU); throws tessera::error naming
-  /// the key when it is missing or not one number.
-  TESSERA_API double scalar_of(const StateDict& state_dict, const std::string& key) const;
+  static AnyTensor scalar(double value) { return detail::state_scalar(value); }
+  double scalar_of(const StateDict& state_dict, const std::string& key) const {
+    return detail::state_number(state_dict, key, name_);
+  }
   /// Parameter i's buffer `buffer` from `state_dict` (undefined when absent), copied to the
   /// parameter's device; shape_error / dtype_error naming the key when it does not match the
   /// parameter.
@@ -245,20 +253,21 @@ TESSERA_API Optimizer::Optimizer(std::vector<nn::ParameterRef> parameters, std::
 
 TESSERA_API Optimizer::~Optimizer() = default;
 
-TESSERA_API AnyTensor Optimizer::scalar(double value) {
+namespace detail {
+TESSERA_API AnyTensor state_scalar(double value) {
   Tensor<double, cpu> t = Tensor<double, cpu>::empty_on(Shape{}, Device{DeviceType::cpu, 0});
   t.fill_(value);
   return t;
 }
-TESSERA_API double Optimizer::scalar_of(const StateDict& state_dict,
-                                       const std::string& key) const {
+TESSERA_API double state_number(const StateDict& state_dict, const std::string& key,
+                                const std::string& who) {
   if (!state_dict.contains(key)) {
-    throw error(name_ + "::load_state_dict: no entry " + key + " (not a state_dict of " +
-                name_ + "?)");
+    throw error(who + "::load_state_dict: no entry " + key + " (not a state_dict of " + who +
+                "?)");
   }
   const AnyTensor& t = state_dict.at(key);
   if (t.numel() != 1 || t.device().type != DeviceType::cpu) {
-    throw error(name_ + "::load_state_dict: " + key + " must be one number on the CPU, not " +
+    throw error(who + "::load_state_dict: " + key + " must be one number on the CPU, not " +
                 t.shape().str() + " on " + t.device().str());
   }
   double value = 0;
@@ -268,6 +277,7 @@ TESSERA_API double Optimizer::scalar_of(const StateDict& state_dict,
   });
   return value;
 }
+}  // namespace detail
 TESSERA_API AnyTensor Optimizer::loaded_state(const StateDict& state_dict, std::size_t i,
                                            const char* buffer) const {
   const std::string key = state_key(i, buffer);
@@ -284,26 +294,9 @@ TESSERA_API AnyTensor Optimizer::loaded_state(const StateDict& state_dict, std::
                       loaded.shape().str() + ", parameter " + std::to_string(i) + " " +
                       value.shape().str());
   }
-  AnyTensor copy;
-  auto copy_as = [&]<Dtype T, DeviceKind K>() {
-    auto fresh = Tensor<T, K>::empty_on(value.shape(), value.device());
-    if (loaded.device().is_cuda()) {
-      fresh.copy_(loaded.as<T, tessera::cuda>());
-    } else {
-      fresh.copy_(loaded.as<T, tessera::cpu>());
-    }
-    copy = fresh;
-  };
-  visit_dtype(value.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (is_floating_point_v<T>) {  // optimisers have floating parameters
-      if (value.device().is_cuda()) {
-        copy_as.template operator()<T, tessera::cuda>();
-      } else {
-        copy_as.template operator()<T, tessera::cpu>();
-      }
-    }
-  });
+  AnyTensor copy = value.visit(
+      [&](const auto& typed) -> AnyTensor { return typed.empty_on(value.shape(), value.device()); });
+  copy.copy_(loaded);  // to the parameter's device
   return copy;
 }
 TESSERA_API void Optimizer::check_state_indices(const StateDict& state_dict) const {

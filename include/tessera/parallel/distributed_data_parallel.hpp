@@ -139,7 +139,7 @@ class gradient_reducer {
     slot& sl = slots_[s];
     if (r.grad.data_ptr() != sl.view.data_ptr()) {
       // The gradient was replaced (set_grad) since the buckets were made: through the bucket.
-      copy(r.grad, sl.view);
+      sl.view.copy_(r.grad);
       copied_.push_back({r.grad, sl.view});
     }
     --buckets_[sl.bucket].pending;
@@ -163,7 +163,7 @@ class gradient_reducer {
     }
     start_ready();
     wait_started();
-    for (const auto& [gradient, view] : copied_) copy(view, gradient);
+    for (const auto& [gradient, view] : copied_) gradient.copy_(view);
     copied_.clear();
   }
 
@@ -208,19 +208,6 @@ class gradient_reducer {
       sl.view = view;
       sl.parameter.set_grad(view);
     }
-  }
-
-  static void copy(const AnyTensor& from, const AnyTensor& to) {
-    visit_dtype(to.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-#if TESSERA_CUDA
-      if (to.device().type == DeviceType::cuda) {
-        to.template as<T, cuda>().copy_(from.template as<T, cuda>());
-        return;
-      }
-#endif
-      to.template as<T, cpu>().copy_(from.template as<T, cpu>());
-    });
   }
 
   // Starts the all-reduce of every complete bucket, in bucket order.

@@ -123,8 +123,7 @@ inline MPI_Op mpi_op(ReduceOp op, ScalarType dtype) {
   if (dtype == ScalarType::boolean) {
     return (op == ReduceOp::sum || op == ReduceOp::max) ? MPI_LOR : MPI_LAND;
   }
-  const bool floating = dtype == ScalarType::float32 || dtype == ScalarType::float64 ||
-                        dtype == ScalarType::float16 || dtype == ScalarType::bfloat16;
+  const bool floating = is_floating_point(dtype);
   const bool narrow_integer = dtype == ScalarType::int8 || dtype == ScalarType::uint8 ||
                               dtype == ScalarType::int16;
   switch (op) {
@@ -140,24 +139,18 @@ inline MPI_Op mpi_op(ReduceOp op, ScalarType dtype) {
 inline bool is_16bit_float(ScalarType dtype) {
   return dtype == ScalarType::float16 || dtype == ScalarType::bfloat16;
 }
-inline bool is_floating(ScalarType dtype) {
-  return dtype == ScalarType::float32 || dtype == ScalarType::float64 || is_16bit_float(dtype);
-}
 
-/// `n` half or bfloat16 values (`dtype`) as float, and back.
-inline void widen(ScalarType dtype, const void* in, std::int64_t n, float* out) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    out[i] = dtype == ScalarType::float16 ? static_cast<float>(static_cast<const half*>(in)[i])
-                                          : static_cast<float>(static_cast<const bfloat16*>(in)[i]);
-  }
+/// A half or bfloat16 CPU tensor as float, and float values written back into one (Tensor's own
+/// conversions): MPI has no 16-bit floating type, so these are reduced in float.
+inline Tensor<float, cpu> to_float(const AnyTensor& t) {
+  if (t.dtype() == ScalarType::float16) return t.as<half, cpu>().to<float>();
+  return t.as<bfloat16, cpu>().to<float>();
 }
-inline void narrow_into(const float* in, std::int64_t n, ScalarType dtype, void* out) {
-  for (std::int64_t i = 0; i < n; ++i) {
-    if (dtype == ScalarType::float16) {
-      static_cast<half*>(out)[i] = half(in[i]);
-    } else {
-      static_cast<bfloat16*>(out)[i] = bfloat16(in[i]);
-    }
+inline void copy_from_float(const AnyTensor& to, const Tensor<float, cpu>& from) {
+  if (to.dtype() == ScalarType::float16) {
+    to.as<half, cpu>().copy_(from);
+  } else {
+    to.as<bfloat16, cpu>().copy_(from);
   }
 }
 
@@ -366,13 +359,9 @@ class Work {
   void wait() const {
     if (!state_) throw communication_error("Work::wait: this Work holds no operation");
     detail::runtime& r = detail::state();
-    if (!r.engine) {
-      std::lock_guard lock(state_->mutex);
-      if (!state_->done) throw communication_error("Work::wait: finalize() was called");
-    } else {
-      r.engine->wait(*state_);
-    }
-    std::lock_guard lock(state_->mutex);
+    if (r.engine) return r.engine->wait(*state_);  // throws the operation's error
+    std::lock_guard lock(state_->mutex);  // after finalize(): done (failed if cut short)
+    if (!state_->done) throw communication_error("Work::wait: finalize() was called");
     state_->throw_failure();
   }
   /// True when the operation completed (successfully or not); does not block.
@@ -583,7 +572,7 @@ class ProcessGroup {
     }
   }
   void check_op(ReduceOp op, ScalarType dtype, const char* what) const {
-    if (op == ReduceOp::avg && !detail::is_floating(dtype)) {
+    if (op == ReduceOp::avg && !is_floating_point(dtype)) {
       throw dtype_error(std::string("ProcessGroup::") + what + ": avg needs a floating dtype, not " +
                         name(dtype));
     }
@@ -598,7 +587,7 @@ class ProcessGroup {
                    Post post) {
     auto op = make(name, true);
     struct progress {
-      std::vector<float> staging;
+      Tensor<float, cpu> staging;  // half / bfloat16 reduced in float
       std::int64_t offset = 0;
       bool started = false;
     };
@@ -607,15 +596,11 @@ class ProcessGroup {
       const bool staged = reducing && detail::is_16bit_float(t.dtype());
       const MPI_Datatype type = detail::mpi_type(t.dtype(), reducing);
       const std::int64_t n = t.numel();
-      char* base = staged ? nullptr : static_cast<char*>(t.data_ptr());
       if (!p.started) {
         p.started = true;
-        if (staged) {
-          p.staging.resize(static_cast<std::size_t>(n));
-          detail::widen(t.dtype(), t.data_ptr(), n, p.staging.data());
-        }
+        if (staged) p.staging = detail::to_float(t);
       }
-      if (staged) base = reinterpret_cast<char*>(p.staging.data());
+      char* base = static_cast<char*>(staged ? p.staging.data() : t.data_ptr());
       if (p.offset < n) {
         const std::int64_t count = std::min(detail::piece_limit(), n - p.offset);
         post(base + p.offset * detail::mpi_type_size(type), static_cast<int>(count), type);
@@ -623,7 +608,7 @@ class ProcessGroup {
         return true;
       }
       if (written && divide_by > 1) detail::divide(base, n, type, divide_by);
-      if (written && staged) detail::narrow_into(p.staging.data(), n, t.dtype(), t.data_ptr());
+      if (written && staged) detail::copy_from_float(t, p.staging);
       return false;
     };
     return submit(std::move(op));
@@ -719,7 +704,7 @@ class ProcessGroup {
 
   Work all_gather_any(const AnyTensor& in, const AnyTensor& out, int dim) {
     const int d = check_concatenation(in, out, dim, "all_gather");
-    const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
+    const AnyTensor source = contiguous(in);
 #if TESSERA_CUDA && TESSERA_NCCL
     if (in.device().type == DeviceType::cuda) return nccl_all_gather(source, out, d);
 #endif
@@ -765,7 +750,7 @@ class ProcessGroup {
 
   Work reduce_scatter_any(const AnyTensor& in, const AnyTensor& out, ReduceOp op, int dim) {
     const int d = check_concatenation(in, out, dim, "reduce_scatter", op);
-    const AnyTensor source = in.is_contiguous() ? in : contiguous_copy(in);
+    const AnyTensor source = contiguous(in);
 #if TESSERA_CUDA && TESSERA_NCCL
     if (in.device().type == DeviceType::cuda) return nccl_reduce_scatter(source, out, op, d);
 #endif
@@ -776,15 +761,17 @@ class ProcessGroup {
                        divide_by = op == ReduceOp::avg ? size() : 1](MPI_Request&,
                                                                      const MPI_Status&) {
       const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
-      const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
+      // Half and bfloat16 are packed and reduced in float.
       const bool staged = detail::is_16bit_float(source.dtype());
+      const AnyTensor input = staged ? AnyTensor(detail::to_float(source)) : source;
       const MPI_Datatype type = detail::mpi_type(source.dtype(), true);
+      const auto element = static_cast<std::int64_t>(element_size(input.dtype()));
       const auto lengths = detail::every_rank(*group, out.shape()[d]);
       const std::int64_t total = detail::check_total(lengths, source.shape()[d], d,
                                                      source.shape(), "reduce_scatter", true);
-      auto packed = Tensor<std::uint8_t, cpu>::empty_on({source.numel() * element},
-                                                        source.device());
-      const char* from = static_cast<const char*>(source.data_ptr());
+      auto packed = Tensor<std::uint8_t, cpu>::empty_on({input.numel() * element},
+                                                        input.device());
+      const char* from = static_cast<const char*>(input.data_ptr());
       char* to = reinterpret_cast<char*>(packed.data());
       std::vector<int> counts;
       std::int64_t along = 0;
@@ -798,21 +785,13 @@ class ProcessGroup {
         }
         along += length;
       }
-      void* send = packed.data();
-      void* receive = out.data_ptr();
-      std::vector<float> packed_float, result_float;
-      if (staged) {
-        packed_float.resize(static_cast<std::size_t>(source.numel()));
-        detail::widen(source.dtype(), packed.data(), source.numel(), packed_float.data());
-        result_float.resize(static_cast<std::size_t>(out.numel()));
-        send = packed_float.data();
-        receive = result_float.data();
-      }
-      TESSERA_MPI_CHECK(MPI_Reduce_scatter(send, receive, counts.data(), type, mpi, group->comm));
+      const Tensor<float, cpu> result =
+          staged ? Tensor<float, cpu>::empty_on(out.shape(), out.device()) : Tensor<float, cpu>();
+      void* receive = staged ? static_cast<void*>(result.data()) : out.data_ptr();
+      TESSERA_MPI_CHECK(
+          MPI_Reduce_scatter(packed.data(), receive, counts.data(), type, mpi, group->comm));
       if (divide_by > 1) detail::divide(receive, out.numel(), type, divide_by);
-      if (staged) {
-        detail::narrow_into(result_float.data(), out.numel(), out.dtype(), out.data_ptr());
-      }
+      if (staged) detail::copy_from_float(out, result);
       return false;
     };
     return submit(std::move(operation));
@@ -824,7 +803,7 @@ class ProcessGroup {
     auto op = make("send", false);
     op->peer = to;
     auto group = group_;
-    const AnyTensor source = t.is_contiguous() ? t : contiguous_copy(t);
+    const AnyTensor source = contiguous(t);
 #if TESSERA_CUDA && TESSERA_NCCL
     if (t.device().type == DeviceType::cuda) {
       return nccl_operation(std::move(op), source, [source, to](ncclComm_t comm, cudaStream_t s) {
@@ -879,21 +858,10 @@ class ProcessGroup {
     return submit(std::move(op));
   }
 
-  // A contiguous copy of t, type-erased (for inputs that are only read), on t's device (for a
-  // CUDA tensor, on the calling thread's current stream: before the operation's NCCL calls).
-  static AnyTensor contiguous_copy(const AnyTensor& t) {
-    AnyTensor copy;
-    visit_dtype(t.dtype(), [&](auto tag) {
-      using T = typename decltype(tag)::type;
-#if TESSERA_CUDA
-      if (t.device().type == DeviceType::cuda) {
-        copy = t.template as<T, cuda>().contiguous();
-        return;
-      }
-#endif
-      copy = t.template as<T, cpu>().contiguous();
-    });
-    return copy;
+  // t itself when contiguous, else a contiguous copy on t's device (for a CUDA tensor, on the
+  // calling thread's current stream: before the operation's NCCL calls). For inputs only read.
+  static AnyTensor contiguous(const AnyTensor& t) {
+    return t.visit([](const auto& typed) -> AnyTensor { return typed.contiguous(); });
   }
 
 #if TESSERA_CUDA && TESSERA_NCCL

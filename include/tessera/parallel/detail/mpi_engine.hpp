@@ -98,11 +98,6 @@ struct work_state {
   work_state() = default;
   work_state(const work_state&) = delete;
   work_state& operator=(const work_state&) = delete;
-  // The last owner is either the waiter or the engine. Taking the lock orders the destruction
-  // after the other thread's last use (always under the lock) for ThreadSanitizer, which does
-  // not see the reference count when the linker keeps an uninstrumented copy of shared_ptr's
-  // release.
-  ~work_state() { std::lock_guard lock(mutex); }
 
   /// Completes the work: `e` is null (success) or the operation's exception, recorded by kind.
   void finish(std::exception_ptr e) {
