@@ -255,7 +255,6 @@ struct torch_resnet {
     return loss.item<float>();
   }
 };
-#endif
 
 void check_close(const char* what, float mine, float theirs, float tolerance) {
   if (!(std::abs(mine - theirs) <= tolerance * (1 + std::abs(theirs)))) {
@@ -264,6 +263,7 @@ void check_close(const char* what, float mine, float theirs, float tolerance) {
     std::abort();
   }
 }
+#endif
 
 void register_benchmarks() {
   for (const layer& l : layers()) {

@@ -131,7 +131,6 @@ struct torch_trainer {
     return loss.item<float>();
   }
 };
-#endif
 
 void check_same_loss(const char* what, float mine, float theirs) {
   if (!(std::abs(mine - theirs) <= 1e-4f * (1 + std::abs(theirs)))) {
@@ -140,6 +139,7 @@ void check_same_loss(const char* what, float mine, float theirs) {
     std::abort();
   }
 }
+#endif
 
 void register_benchmarks() {
   for (const config& c : configs()) {

@@ -16,6 +16,13 @@ namespace tessera {
 
 namespace detail {
 
+/// The body of operator<<: `values` row-major over `shape` (any dtype, as double), laid out as
+/// PyTorch prints them. Out of line: it is the same for every tensor type.
+TESSERA_API std::string format_tensor(const std::vector<double>& values, ScalarType type,
+                                      const Shape& shape, Device device);
+
+#if TESSERA_DEFINITIONS
+
 struct print_options {
   int precision = 4;
   std::int64_t threshold = 1000;  // summarise above this many elements (PyTorch's default)
@@ -115,9 +122,9 @@ inline void print_dimension(std::string& out, const std::vector<std::string>& it
       ++on_line;
     }
   } else {
-    const std::string separator =
-        "," + std::string(static_cast<std::size_t>(shape.size() - dim - 1), '\n') +
-        std::string(static_cast<std::size_t>(indent + 1), ' ');
+    std::string separator(1, ',');
+    separator.append(static_cast<std::size_t>(shape.size() - dim - 1), '\n');
+    separator.append(static_cast<std::size_t>(indent + 1), ' ');
     bool first = true;
     for (std::int64_t i = 0; i < extent; ++i) {
       if (!visible(i)) {
@@ -136,14 +143,52 @@ inline void print_dimension(std::string& out, const std::vector<std::string>& it
   out += ']';
 }
 
+TESSERA_API std::string format_tensor(const std::vector<double>& values, ScalarType type,
+                                      const Shape& shape, Device device) {
+  const print_options options;
+  const auto numel = static_cast<std::int64_t>(values.size());
+  const bool summarise = numel > options.threshold;
+  std::vector<std::string> items(values.size());
+  element_formatter format(values, type, options);
+  std::size_t width = 0;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    items[i] = format(values[i]);
+    width = std::max(width, items[i].size());
+  }
+
+  std::string body = "tensor(";
+  if (shape.size() == 0) {
+    body += items.front();
+  } else if (numel == 0) {
+    body += "[]";
+    if (shape.size() > 1) {
+      body += ", size=(";
+      for (int d = 0; d < shape.size(); ++d) {
+        if (d) body += ", ";
+        body += std::to_string(shape[d]);
+      }
+      body += ')';
+    }
+  } else {
+    print_dimension(body, items, shape, 0, 0, 7, width, summarise, options);
+  }
+  // PyTorch omits the default dtypes of float, integer and bool literals.
+  if (type != ScalarType::float32 && type != ScalarType::int64 && type != ScalarType::boolean) {
+    body += ", dtype=";
+    body += name(type);
+  }
+  if (device != Device{}) body += ", device='" + device.str() + "'";
+  body += ')';
+  return body;
+}
+#endif  // TESSERA_DEFINITIONS
+
 }  // namespace detail
 
 /// Prints like PyTorch: `tensor([1., 2.])`, `tensor([1, 2], dtype=int32, device='cpu:1')`.
 template <Dtype T, DeviceKind K>
 std::ostream& operator<<(std::ostream& os, const Tensor<T, K>& tensor) {
   if (!tensor.defined()) return os << "tensor(undefined)";
-  const detail::print_options options;
-  const ScalarType type = scalar_type_of<T>;
   std::vector<T> host = tensor.to_vector();
   std::vector<double> values(host.size());
   std::transform(host.begin(), host.end(), values.begin(), [](const T& v) {
@@ -153,39 +198,7 @@ std::ostream& operator<<(std::ostream& os, const Tensor<T, K>& tensor) {
       return static_cast<double>(static_cast<float>(v));  // half, bfloat16
     }
   });
-  const bool summarise = tensor.numel() > options.threshold;
-  std::vector<std::string> items(values.size());
-  detail::element_formatter format(values, type, options);
-  std::size_t width = 0;
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    items[i] = format(values[i]);
-    width = std::max(width, items[i].size());
-  }
-
-  std::string body = "tensor(";
-  if (tensor.dim() == 0) {
-    body += items.front();
-  } else if (tensor.numel() == 0) {
-    body += "[]";
-    if (tensor.dim() > 1) {
-      body += ", size=(";
-      for (int d = 0; d < tensor.dim(); ++d) {
-        if (d) body += ", ";
-        body += std::to_string(tensor.shape()[d]);
-      }
-      body += ')';
-    }
-  } else {
-    detail::print_dimension(body, items, tensor.shape(), 0, 0, 7, width, summarise, options);
-  }
-  // PyTorch omits the default dtypes of float, integer and bool literals.
-  if (type != ScalarType::float32 && type != ScalarType::int64 && type != ScalarType::boolean) {
-    body += ", dtype=";
-    body += name(type);
-  }
-  if (tensor.device() != Device{}) body += ", device='" + tensor.device().str() + "'";
-  body += ')';
-  return os << body;
+  return os << detail::format_tensor(values, scalar_type_of<T>, tensor.shape(), tensor.device());
 }
 
 }  // namespace tessera
