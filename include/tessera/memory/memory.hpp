@@ -132,6 +132,17 @@ inline MemoryStats user_stats(Device device, const char* operation) {
   return stats;
 }
 
+/// How many devices record their history (memory::record_history). allocate and deallocate read
+/// it with one relaxed load and take the recording path only when it is not 0.
+inline std::atomic<int> devices_recording{0};
+
+/// allocate, deallocate and empty_cache while some device records its history; they record only
+/// for a device that does (memory/detail/history.hpp).
+TESSERA_API void* recorded_allocate(Device device, std::size_t bytes, stream_ref stream);
+TESSERA_API void recorded_deallocate(Device device, void* pointer, std::size_t bytes,
+                                     stream_ref stream) noexcept;
+TESSERA_API void record_empty_cache(Device device);
+
 #if TESSERA_DEFINITIONS
 TESSERA_API std::unique_ptr<device_memory_resource> make_default_device_resource(Device device) {
   if (device.is_cpu()) return std::make_unique<device_resource_adaptor<host_pool_resource>>(device);
@@ -254,6 +265,9 @@ inline void reset_accumulated(Device device) {
 /// a request their cache cannot serve, call a memory:: function on the device, or exit.
 inline void empty_cache(Device device) {
   detail::flushed_resource_of(device, "empty_cache").empty_cache();
+  if (detail::devices_recording.load(std::memory_order_relaxed) != 0) {
+    detail::record_empty_cache(device);
+  }
 }
 
 /// All statistics of the device's pool (memory_stats).
@@ -274,13 +288,34 @@ inline void set_limit(Device device, std::size_t bytes) {
 /// The device's cap on reserved bytes, or no_limit (SIZE_MAX) when there is none.
 inline std::size_t limit(Device device) { return detail::resource_of(device, "limit").limit(); }
 
+/// Starts (`on`) or stops recording the memory history of `device`: while it is on, every
+/// allocate and deallocate on the device (every tensor's storage, workspaces, copies' staging) and
+/// every refused request and empty_cache is recorded with its time (steady clock), size, address
+/// and the device's allocated and reserved bytes after it (PyTorch's _record_memory_history).
+/// Starting discards the previous history; stopping keeps it for export_timeline. At most
+/// `max_events` events are kept (the oldest are dropped, and counted). While on, the device's
+/// allocations and frees pass one at a time through the history's lock. Throws device_error for
+/// a device that does not exist, std::invalid_argument for max_events == 0 when starting.
+TESSERA_API void record_history(Device device, bool on, std::size_t max_events = 1 << 20);
+
+/// Writes the memory history of `device` to `path` as Chrome trace-event JSON, which
+/// ui.perfetto.dev and chrome://tracing open: two counter tracks, "<device> allocated" and
+/// "<device> reserved" (bytes), and an instant event per allocation, free, refused request and
+/// empty_cache with its size, address and the bytes after it. Times are steady-clock
+/// microseconds. Recording may still be on. Throws device_error for a device that does not exist,
+/// tessera::error if record_history was never started on it, io_error if `path` cannot be
+/// written.
+TESSERA_API void export_timeline(Device device, const std::string& path);
+
 #if TESSERA_DEFINITIONS
-TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream) {
-  device_memory_resource& resource = detail::resource_of(device, "allocate");
+namespace detail {
+/// allocate without the history (the allocation path itself).
+inline void* allocate_unrecorded(Device device, std::size_t bytes, stream_ref stream) {
+  device_memory_resource& resource = resource_of(device, "allocate");
   if (bytes == 0) return nullptr;
   if (device.is_cpu()) {
-    if (detail::thread_cache* caches = detail::thread_cache::local()) {
-      if (detail::device_thread_cache* cache = caches->find(device.index)) {
+    if (thread_cache* caches = thread_cache::local()) {
+      if (device_thread_cache* cache = caches->find(device.index)) {
         if (const std::size_t rounded = resource.thread_cached_size(bytes)) {
           if (void* pointer = cache->take(resource, bytes, rounded)) return pointer;
         }
@@ -291,10 +326,11 @@ TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream) 
   return resource.allocate(bytes, stream);
 }
 
-TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
-                            stream_ref stream) noexcept {
+/// deallocate without the history.
+inline void deallocate_unrecorded(Device device, void* pointer, std::size_t bytes,
+                                  stream_ref stream) noexcept {
   if (pointer == nullptr) return;
-  device_memory_resource& resource = detail::resource_of(device, "deallocate");
+  device_memory_resource& resource = resource_of(device, "deallocate");
   // Only the device the thread drives (its current one) is cached: a block freed by another
   // device's thread (a tensor handed from one pipeline stage to the next) goes back to the pool,
   // where its own device's thread finds it, instead of waiting in a cache that device never
@@ -302,7 +338,7 @@ TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
   if (device.is_cpu() && device.index == tessera::detail::current_cpu_device_slot()) {
     if (const std::size_t rounded = resource.thread_cached_size(bytes)) {
       try {
-        detail::thread_cache* caches = detail::thread_cache::local();
+        thread_cache* caches = thread_cache::local();
         if (caches != nullptr && caches->of(device.index).put(resource, pointer, bytes, rounded)) {
           return;
         }
@@ -312,6 +348,26 @@ TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
   }
   resource.deallocate(pointer, bytes, stream);
 }
+}  // namespace detail
+
+TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream) {
+  if (detail::devices_recording.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    return detail::recorded_allocate(device, bytes, stream);
+  }
+  return detail::allocate_unrecorded(device, bytes, stream);
+}
+
+TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
+                            stream_ref stream) noexcept {
+  if (detail::devices_recording.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    detail::recorded_deallocate(device, pointer, bytes, stream);
+    return;
+  }
+  detail::deallocate_unrecorded(device, pointer, bytes, stream);
+}
 #endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera::memory
+
+// The history's recorder and export (their definitions, where TESSERA_DEFINITIONS is 1).
+#include "tessera/memory/detail/history.hpp"
