@@ -16,6 +16,7 @@
 #include "tessera/nn.hpp"
 #include "tessera/optim.hpp"
 #include "tessera/tensor.hpp"
+#include "tessera/tools.hpp"
 
 // Compiled mode (core/config.hpp): the class templates every program instantiates for the same
 // arguments are compiled once, in tessera::compiled, and only declared to its users' units. Here,
