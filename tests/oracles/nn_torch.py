@@ -446,13 +446,120 @@ def losses(w):
             w.put("loss.%s.%s.grad" % (dname, name), x.grad)
 
 
+def grad_scaler(w):
+    """torch.cuda.amp.GradScaler's own control flow (unscale, skip, update, state) over SGD with
+    momentum, 12 steps with injected inf, NaN and an overflow of the scaled gradient, for
+    tests/optim/grad_scaler_test.cpp. Torch 1.13's CPU build has no kernels for the scaler's two
+    ops and refuses CPU tensors, so the kernels are their CPU definitions (ATen's
+    AmpGradScalerKernels: unscale multiplies by the float reciprocal and flags inf/NaN; update
+    multiplies the float scale by a double factor and rounds to float) and the CUDA-only asserts
+    are lifted; everything else is torch's GradScaler as shipped."""
+    import torch.cuda.amp.grad_scaler as gs
+
+    def unscale(grads, found_inf, inv_scale):
+        for grad in grads:
+            if not bool(torch.isfinite(grad).all()):
+                found_inf.fill_(1.0)
+            grad.mul_(inv_scale)
+
+    def update_scale(scale, tracker, found_inf, growth, backoff, interval):
+        if found_inf.item():
+            scale.fill_(scale.item() * backoff)
+            tracker.fill_(0)
+        else:
+            successful = tracker.item() + 1
+            if successful == interval:
+                grown = torch.tensor(scale.item() * growth, dtype=torch.float32)
+                if bool(torch.isfinite(grown)):
+                    scale.copy_(grown)
+                tracker.fill_(0)
+            else:
+                tracker.fill_(successful)
+        return scale
+
+    class Replicator(gs._MultiDeviceReplicator):
+        def __init__(self, master_tensor):
+            self.master = master_tensor
+            self._per_device_tensors = {}
+
+    torch._amp_foreach_non_finite_check_and_unscale_ = unscale
+    torch._amp_update_scale_ = update_scale
+    gs._MultiDeviceReplicator = Replicator
+    available = torch.cuda.is_available
+    torch.cuda.is_available = lambda: True
+    scaler = gs.GradScaler(init_scale=1024.0, growth_factor=2.0, backoff_factor=0.5,
+                           growth_interval=3)
+    torch.cuda.is_available = available
+    scaler._lazy_init_scale_growth_tracker(torch.device("cpu"))
+
+    g = torch.Generator().manual_seed(17)
+    params = [torch.nn.Parameter(torch.randn(*s, generator=g, dtype=torch.float32))
+              for s in ((3, 4), (5,))]
+    for i, p in enumerate(params):
+        w.put("scaler.p%d.init" % i, p)
+    opt = torch.optim.SGD(params, lr=0.1, momentum=0.9)
+    scales, trackers, stepped = [], [], []
+    for step in range(12):
+        for i, p in enumerate(params):
+            grad = torch.randn(*p.shape, generator=g, dtype=torch.float32) * scaler._scale
+            if (i, step) == (0, 3):
+                grad[0, 1] = float("inf")
+            if (i, step) == (1, 4):
+                grad[2] = float("nan")
+            if (i, step) == (0, 8):
+                grad[1, 1] = float("-inf")
+            if (i, step) == (1, 10):
+                grad[0] = torch.tensor(1e36) * scaler._scale  # overflows float32 when scaled
+            p.grad = grad
+            w.put("scaler.p%d.grad%d" % (i, step), grad)
+        before = [p.detach().clone() for p in params]
+        scaler.step(opt)
+        stepped.append(0.0 if all(torch.equal(a, p) for a, p in zip(before, params)) else 1.0)
+        scaler.update()
+        scales.append(scaler.get_scale())
+        trackers.append(float(scaler._get_growth_tracker()))
+        for i, p in enumerate(params):
+            w.put("scaler.p%d.step%d" % (i, step), p)
+    w.put("scaler.scale", torch.tensor(scales, dtype=torch.float64))
+    w.put("scaler.tracker", torch.tensor(trackers, dtype=torch.float64))
+    w.put("scaler.stepped", torch.tensor(stepped, dtype=torch.float64))
+    state = scaler.state_dict()
+    w.put("scaler.state", torch.tensor([state["scale"], state["growth_factor"],
+                                        state["backoff_factor"], state["growth_interval"],
+                                        state["_growth_tracker"]], dtype=torch.float64))
+
+
+def master_weights(w):
+    """fp32 master weights of half parameters: torch's SGD (momentum) and Adam on float32
+    masters made from the half-rounded initial values, fed the half gradients converted to
+    float; the master and its half rounding after each of 5 steps."""
+    for oname, make in (("sgd", lambda ps: torch.optim.SGD(ps, lr=0.05, momentum=0.9)),
+                        ("adam", lambda ps: torch.optim.Adam(ps, lr=0.01))):
+        g = torch.Generator().manual_seed(23)
+        low = [torch.randn(*s, generator=g, dtype=torch.float32).half() for s in ((3, 4), (5,))]
+        masters = [torch.nn.Parameter(p.float()) for p in low]
+        for i, p in enumerate(low):
+            w.put("master.%s.p%d.init" % (oname, i), p.float())
+        opt = make(masters)
+        for step in range(5):
+            for i, m in enumerate(masters):
+                grad = torch.randn(*m.shape, generator=g, dtype=torch.float32).half()
+                w.put("master.%s.p%d.grad%d" % (oname, i, step), grad.float())
+                m.grad = grad.float()
+            opt.step()
+            for i, m in enumerate(masters):
+                w.put("master.%s.p%d.master%d" % (oname, i, step), m)
+                w.put("master.%s.p%d.low%d" % (oname, i, step), m.detach().half().float())
+
+
 SECTIONS = {"layers": layers, "optim": optim, "autograd": autograd, "conv": conv,
-            "resnet": resnet, "schedulers": schedulers, "losses": losses}
+            "resnet": resnet, "schedulers": schedulers, "losses": losses,
+            "grad_scaler": grad_scaler, "master_weights": master_weights}
 
 
 def main():
     if len(sys.argv) != 3 or sys.argv[1] not in SECTIONS:
-        sys.stderr.write("usage: nn_torch.py layers|optim|autograd|conv|resnet|schedulers|losses FILE\n")
+        sys.stderr.write("usage: nn_torch.py %s FILE\n" % "|".join(SECTIONS))
         sys.exit(2)
     w = Writer(sys.argv[2])
     if sys.argv[1] == "resnet":

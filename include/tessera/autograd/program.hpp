@@ -21,6 +21,10 @@
 #include "tessera/autograd/ops.hpp"
 #include "tessera/memory/size_policy.hpp"
 
+namespace tessera::optim {
+class GradScaler;
+}  // namespace tessera::optim
+
 namespace tessera::autograd {
 
 /// Recomputation: split the forward into `segments` pieces of about equal node count; backward
@@ -169,8 +173,9 @@ class program_state {
   /// (running statistics) have already run and are skipped.
   void run_forward(bool replay = false);
 
-  /// Runs the backward; `seed`: the first result's gradient (seed_gradient programs), else ones.
-  void run_backward(const AnyTensor* seed = nullptr);
+  /// Runs the backward; `seed`: the first result's gradient (seed_gradient programs), else
+  /// `seed_value` (1, or a GradScaler's loss scale).
+  void run_backward(const AnyTensor* seed = nullptr, double seed_value = 1.0);
 
   /// Frees the arenas and drops every tensor the table holds (inputs included); the next forward
   /// allocates the arenas again.
@@ -194,7 +199,7 @@ class program_state {
   /// Points the table's scratch at the step's planned scratch bytes (none when it has none).
   void bind_scratch(const step& s);
 
-  static void fill_ones(const AnyTensor& t);
+  static void fill_value(const AnyTensor& t, double value);
 
   /// Gradient values for every value whose gradient some live node writes.
   void make_gradients();
@@ -302,7 +307,7 @@ TESSERA_API void program_state::release() {
   forwarded = false;
 }
 
-TESSERA_API void program_state::run_backward(const AnyTensor* seed) {
+TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_value) {
   if (mode == Mode::inference) {
     throw error(
         "Program::backward: the program was compiled with Mode::inference, which keeps "
@@ -332,7 +337,7 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed) {
         if (seed) {
           table.gradient(output_ids[0]).copy_(*seed);
         } else {
-          fill_ones(table.gradient(output_ids[0]));
+          fill_value(table.gradient(output_ids[0]), seed_value);
         }
         break;
       case step::backward: {
@@ -413,14 +418,14 @@ TESSERA_API void program_state::run_node_forward(const step& s) {
   n.forward(table);
 }
 
-TESSERA_API void program_state::fill_ones(const AnyTensor& t) {
+TESSERA_API void program_state::fill_value(const AnyTensor& t, double value) {
   visit_dtype(t.dtype(), [&](auto tag) {
     using T = typename decltype(tag)::type;
     if constexpr (is_floating_point_v<T>) {
       if (t.device().is_cuda()) {
-        Tensor<T, cuda>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(1));
+        Tensor<T, cuda>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(value));
       } else {
-        Tensor<T, cpu>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(1));
+        Tensor<T, cpu>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(value));
       }
     }
   });
@@ -880,6 +885,13 @@ class Program {
     }
     state_->run_backward();
   }
+
+  /// backward() seeded with `scaler`'s loss scale (mixed precision: PyTorch's
+  /// scaler.scale(loss).backward()), so every gradient is the scale times the true one until
+  /// scaler.step(optimizer) unscales it. The seed is the scale in the loss's dtype: compute the
+  /// loss in float (a half loss would overflow at the default scale 65536; the scaler would then
+  /// skip that step and halve the scale). Defined in tessera/optim/grad_scaler.hpp.
+  void backward(const optim::GradScaler& scaler);
 
   /// backward with the first result's gradient given (Options::seed_gradient; PyTorch's
   /// y.backward(grad)): `grad` has the result's dtype, shape and device kind, on any ordinal.

@@ -43,10 +43,10 @@ namespace detail {
 
 /// One element of Adam / AdamW. At the first step the moments are written without being read
 /// (they start at zero, so m = (1 - beta1) g and v = (1 - beta2) g^2 exactly).
-template <class T, class C>
+template <class T, class C, class G = T, class L = T>
 struct adam_update {
   T* parameter;
-  const T* grad;
+  const G* grad;
   T* exp_avg;
   T* exp_avg_sq;
   T* max_exp_avg_sq;  // null without amsgrad
@@ -57,9 +57,10 @@ struct adam_update {
   C bias_correction2_sqrt;  // sqrt(1 - beta2^t)
   C eps;
   bool decoupled, first_step, maximize;
+  L* low = nullptr;  // the 16-bit parameter of an fp32 master (L != T; see sgd_update)
 
   TESSERA_HOST_DEVICE void operator()(std::int64_t i) const {
-    C p = static_cast<C>(parameter[i]);
+    C p = start_value<C>(parameter, low, i);
     C g = static_cast<C>(grad[i]);
     if (maximize) g = -g;
     if (decoupled) {
@@ -84,7 +85,7 @@ struct adam_update {
       second = static_cast<C>(T(second));
     }
     const C denominator = square_root(second) / bias_correction2_sqrt + eps;
-    parameter[i] = T(p + negative_step_size * m / denominator);
+    store_value<C>(parameter, low, i, p + negative_step_size * m / denominator);
   }
 };
 
@@ -111,7 +112,7 @@ class adam_base : public Optimizer {
 
   /// PyTorch's optimizer state, flattened for ts::save: "state.<i>.step" (0-d float64),
   /// ".exp_avg", ".exp_avg_sq", ".max_exp_avg_sq" (shared, not copied) for each parameter that
-  /// has stepped, and "param_groups.0.lr", ".betas" ([2]), ".eps", ".weight_decay",
+  /// has stepped, ".master_weight" for a 16-bit one (its fp32 master), and "param_groups.0.lr", ".betas" ([2]), ".eps", ".weight_decay",
   /// ".amsgrad", ".maximize".
   StateDict state_dict() const {
     StateDict out;
@@ -123,6 +124,7 @@ class adam_base : public Optimizer {
       out.insert(state_key(i, "exp_avg_sq"), s.exp_avg_sq);
       if (s.max_exp_avg_sq.defined()) out.insert(state_key(i, "max_exp_avg_sq"), s.max_exp_avg_sq);
     }
+    save_masters(out);
     out.insert("param_groups.0.lr", scalar(options_.lr));
     out.insert("param_groups.0.betas",
                from_vector<double>({options_.betas[0], options_.betas[1]}, {2}, 0));
@@ -164,8 +166,10 @@ class adam_base : public Optimizer {
       }
       s.step = static_cast<std::int64_t>(scalar_of(state_dict, state_key(i, "step")));
     }
+    std::vector<AnyTensor> masters = loaded_masters(state_dict);
     options_ = options;
     state_ = std::move(state);
+    masters_ = std::move(masters);
   }
 
   // Defined below the class, not inline: in compiled mode the library instantiates Adam's and
@@ -185,8 +189,10 @@ class adam_base : public Optimizer {
     AnyTensor exp_avg, exp_avg_sq, max_exp_avg_sq;
   };
 
-  template <Dtype T, DeviceKind K>
-  void update(std::size_t i, const Tensor<T, K>& value, const Tensor<T, K>& grad) {
+  /// `value` is the parameter, or the fp32 master of the 16-bit parameter `low`.
+  template <Dtype T, DeviceKind K, Dtype G = T, Dtype L = T>
+  void update(std::size_t i, const Tensor<T, K>& value, const Tensor<G, K>& grad,
+              const Tensor<L, K>& low = {}) {
     using C = opmath_t<T>;
     parameter_state& state = state_[i];
     const bool first_step = !state.exp_avg.defined();
@@ -211,7 +217,9 @@ class adam_base : public Optimizer {
     const double step = static_cast<double>(state.step + 1);
     const double bias_correction1 = 1.0 - std::pow(options_.betas[0], step);
     const double bias_correction2 = 1.0 - std::pow(options_.betas[1], step);
-    const detail::adam_update<T, C> rule{value.data(),
+    L* low_data = nullptr;
+    if constexpr (!std::is_same_v<L, T>) low_data = low.data();
+    const detail::adam_update<T, C, G, L> rule{value.data(),
                                          grad.data(),
                                          exp_avg.data(),
                                          exp_avg_sq.data(),
@@ -227,7 +235,8 @@ class adam_base : public Optimizer {
                                          static_cast<C>(options_.eps),
                                          Decoupled,
                                          first_step,
-                                         options_.maximize};
+                                         options_.maximize,
+                                         low_data};
     detail::for_each_element<K>(name_.c_str(), value.device(), value.numel(), rule);
     state.step += 1;
     if (first_step) {
@@ -245,7 +254,7 @@ template <class Options, bool Decoupled>
 void adam_base<Options, Decoupled>::step() {
   validate(options_, name_);
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    with_typed(i, [&](auto value, auto grad) { update(i, value, grad); });
+    with_typed(i, [&](auto value, auto grad, auto... low) { update(i, value, grad, low...); });
   }
 }
 
@@ -281,8 +290,9 @@ TESSERA_INSTANTIATE(class adam_base<AdamWOptions, true>)
 ///     v_hat = max(v_hat, v) with amsgrad, else v
 ///     p = p - lr / (1 - beta1^t) * m / (sqrt(v_hat) / sqrt(1 - beta2^t) + eps)
 ///
-/// in the parameter's dtype (float for half and bfloat16), one pass per parameter. The first step
-/// of a parameter makes its two moments (three with amsgrad).
+/// in the parameter's dtype, one pass per parameter; a half or bfloat16 parameter through its
+/// fp32 master (Optimizer::master_weight), with float moments. The first step of a parameter
+/// makes its two moments (three with amsgrad).
 class Adam : public detail::adam_base<AdamOptions, false> {
  public:
   /// Throws std::invalid_argument for invalid options (see validate) or parameter lists.

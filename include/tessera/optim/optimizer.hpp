@@ -3,6 +3,9 @@
 // are seen at the next step), dispatches each one to its dtype and device kind at run time, and
 // runs each parameter's update as one fused elementwise pass (a threaded CPU loop, or a
 // grid-stride CUDA kernel in nvcc-compiled units) that writes the parameter and its state.
+// A half or bfloat16 parameter is updated through an fp32 master copy (mixed precision): the
+// pass reads the 16-bit gradient, updates the float master and float state, and writes the
+// master rounded to the 16-bit parameter.
 #pragma once
 
 #include <cmath>
@@ -101,6 +104,30 @@ TESSERA_HOST_DEVICE C maximum(C a, C b) {
   return (a != a || a > b) ? a : b;
 }
 
+/// The value an update starts from, in the compute type C: the parameter itself, or with an fp32
+/// master (T float, L the 16-bit parameter) the master, unless the 16-bit parameter was written
+/// since the last step (it is then not the master's rounding: load_state_dict, a user's copy_),
+/// in which case that new value is taken.
+template <class C, class T, class L>
+TESSERA_HOST_DEVICE C start_value(const T* parameter, const L* low, std::int64_t i) {
+  if constexpr (std::is_same_v<L, T>) {
+    (void)low;
+    return static_cast<C>(parameter[i]);
+  } else {
+    const T master = parameter[i];
+    const L rounded = static_cast<L>(master);
+    return static_cast<float>(rounded) == static_cast<float>(low[i]) ? static_cast<C>(master)
+                                                                     : static_cast<C>(low[i]);
+  }
+}
+
+/// Stores an update's result: the parameter (or master), and with a master its 16-bit rounding.
+template <class C, class T, class L>
+TESSERA_HOST_DEVICE void store_value(T* parameter, L* low, std::int64_t i, C value) {
+  parameter[i] = T(value);
+  if constexpr (!std::is_same_v<L, T>) low[i] = L(static_cast<float>(parameter[i]));
+}
+
 }  // namespace detail
 
 namespace detail {
@@ -135,6 +162,13 @@ class Optimizer {
   const std::vector<nn::ParameterRef>& parameters() const noexcept { return parameters_; }
   const std::string& name() const noexcept { return name_; }
 
+  /// Parameter i's fp32 master copy when it is half or bfloat16 (mixed precision): made from the
+  /// parameter at its first step, updated by each step, and rounded into the parameter. Undefined
+  /// before the first step and for float and double parameters. A step sees what was written
+  /// into the 16-bit parameter in between (an element that is not the master's rounding is taken
+  /// from the parameter).
+  const AnyTensor& master_weight(std::size_t i) const { return masters_.at(i); }
+
  protected:
   /// Calls fn(value, grad) with parameter i's value and gradient as contiguous typed tensors
   /// (float, double, half or bfloat16, on cpu or cuda), or does nothing when it has no
@@ -142,8 +176,12 @@ class Optimizer {
   /// parameter: dtype_error for an integer parameter or a gradient of another dtype,
   /// device_mismatch_error for a gradient on another device, shape_error for another shape,
   /// tessera::error for a non-contiguous parameter.
+  ///
+  /// A half or bfloat16 parameter is given as fn(master, grad, parameter): its fp32 master
+  /// (made at its first step, moved with the parameter), the 16-bit gradient and the 16-bit
+  /// parameter, which the update writes as well (detail::start_value / store_value).
   template <class Fn>
-  void with_typed(std::size_t i, Fn&& fn) const {
+  void with_typed(std::size_t i, Fn&& fn) {
     const nn::ParameterRef& parameter = parameters_[i];
     const AnyTensor grad = parameter.grad();
     if (!grad.defined()) return;
@@ -172,9 +210,9 @@ class Optimizer {
       case ScalarType::float64:
         return typed<double>(value, grad, fn);
       case ScalarType::float16:
-        return typed<half>(value, grad, fn);
+        return with_master<half>(i, value, grad, fn);
       case ScalarType::bfloat16:
-        return typed<bfloat16>(value, grad, fn);
+        return with_master<bfloat16>(i, value, grad, fn);
       default:
         throw dtype_error(which + " has dtype " + tessera::name(value.dtype()) +
                           "; optimisers update floating-point parameters only");
@@ -212,16 +250,46 @@ class Optimizer {
   }
   /// Parameter i's buffer `buffer` from `state_dict` (undefined when absent), copied to the
   /// parameter's device; shape_error / dtype_error naming the key when it does not match the
-  /// parameter.
+  /// parameter (float32 for a 16-bit parameter, whose state is kept in float).
   TESSERA_API AnyTensor loaded_state(const StateDict& state_dict, std::size_t i,
                                      const char* buffer) const;
+  /// The masters as state entries "state.<i>.master_weight" (float32, shared), and back: the
+  /// loaded masters (checked like loaded_state), to be assigned with the rest of the state once
+  /// everything has been checked.
+  TESSERA_API void save_masters(StateDict& out) const;
+  TESSERA_API std::vector<AnyTensor> loaded_masters(const StateDict& state_dict) const;
   /// Throws tessera::error naming the first "state.<i>." entry whose i is not a parameter.
   TESSERA_API void check_state_indices(const StateDict& state_dict) const;
 
   std::vector<nn::ParameterRef> parameters_;
   std::string name_;
+  std::vector<AnyTensor> masters_;  // fp32 copies of the 16-bit parameters
 
  private:
+  /// A 16-bit parameter: fn(master, grad, value) with the fp32 master on value's device (made
+  /// from the parameter at its first step; remade if the parameter's shape changed, moved if
+  /// the parameter was).
+  template <Dtype L, class Fn>
+  void with_master(std::size_t i, const AnyTensor& value, const AnyTensor& grad, Fn& fn) {
+    if (value.device().is_cuda()) {
+      typed_master<L, tessera::cuda>(i, value, grad, fn);
+    } else {
+      typed_master<L, tessera::cpu>(i, value, grad, fn);
+    }
+  }
+  template <Dtype L, DeviceKind K, class Fn>
+  void typed_master(std::size_t i, const AnyTensor& value, const AnyTensor& grad, Fn& fn) {
+    const Tensor<L, K> low = value.as<L, K>();
+    AnyTensor& master = masters_[i];
+    if (!master.defined() || master.shape() != value.shape() ||
+        master.device().type != value.device().type) {
+      master = low.template to<float>();
+    } else if (master.device() != value.device()) {
+      master = master.as<float, K>().template to<K>(value.device().index);
+    }
+    fn(master.as<float, K>(), grad.as<L, K>().contiguous(), low);
+  }
+
   template <Dtype T, class Fn>
   static void typed(const AnyTensor& value, const AnyTensor& grad, Fn& fn) {
     if (value.device().is_cuda()) {
@@ -234,7 +302,7 @@ class Optimizer {
 
 #if TESSERA_DEFINITIONS
 TESSERA_API Optimizer::Optimizer(std::vector<nn::ParameterRef> parameters, std::string name)
-    : parameters_(std::move(parameters)), name_(std::move(name)) {
+    : parameters_(std::move(parameters)), name_(std::move(name)), masters_(parameters_.size()) {
   if (parameters_.empty()) {
     throw std::invalid_argument(name_ + ": got an empty parameter list");
   }
@@ -284,20 +352,49 @@ TESSERA_API AnyTensor Optimizer::loaded_state(const StateDict& state_dict, std::
   if (!state_dict.contains(key)) return {};
   const AnyTensor& loaded = state_dict.at(key);
   const AnyTensor value = parameters_[i].value();
-  if (loaded.dtype() != value.dtype()) {
+  const bool master = value.dtype() == ScalarType::float16 || value.dtype() == ScalarType::bfloat16;
+  const ScalarType want = master ? ScalarType::float32 : value.dtype();
+  if (loaded.dtype() != want) {
     throw dtype_error(name_ + "::load_state_dict: " + key + " has dtype " +
-                      tessera::name(loaded.dtype()) + ", parameter " + std::to_string(i) +
-                      " " + tessera::name(value.dtype()));
+                      tessera::name(loaded.dtype()) + ", expected " + tessera::name(want) +
+                      " for parameter " + std::to_string(i) + " (" +
+                      tessera::name(value.dtype()) +
+                      (master ? ", whose state is kept in float32)" : ")"));
   }
   if (loaded.shape() != value.shape()) {
     throw shape_error(name_ + "::load_state_dict: " + key + " has shape " +
                       loaded.shape().str() + ", parameter " + std::to_string(i) + " " +
                       value.shape().str());
   }
-  AnyTensor copy = value.visit(
-      [&](const auto& typed) -> AnyTensor { return typed.empty_on(value.shape(), value.device()); });
-  copy.copy_(loaded);  // to the parameter's device
+  AnyTensor copy = visit_dtype(want, [&](auto tag) -> AnyTensor {  // on the parameter's device
+    using T = typename decltype(tag)::type;
+    if (value.device().is_cuda()) return Tensor<T, cuda>::empty_on(value.shape(), value.device());
+    return Tensor<T, cpu>::empty_on(value.shape(), value.device());
+  });
+  copy.copy_(loaded);
   return copy;
+}
+TESSERA_API void Optimizer::save_masters(StateDict& out) const {
+  for (std::size_t i = 0; i < masters_.size(); ++i) {
+    if (masters_[i].defined()) out.insert(state_key(i, "master_weight"), masters_[i]);
+  }
+}
+TESSERA_API std::vector<AnyTensor> Optimizer::loaded_masters(const StateDict& state_dict) const {
+  std::vector<AnyTensor> masters(parameters_.size());
+  for (std::size_t i = 0; i < masters.size(); ++i) {
+    const ScalarType dtype = parameters_[i].value().dtype();
+    const bool sixteen_bit = dtype == ScalarType::float16 || dtype == ScalarType::bfloat16;
+    if (!sixteen_bit) {
+      if (state_dict.contains(state_key(i, "master_weight"))) {
+        throw error(name_ + "::load_state_dict: " + state_key(i, "master_weight") +
+                    " is for a 16-bit parameter, but parameter " + std::to_string(i) + " is " +
+                    tessera::name(dtype));
+      }
+      continue;
+    }
+    masters[i] = loaded_state(state_dict, i, "master_weight");
+  }
+  return masters;
 }
 TESSERA_API void Optimizer::check_state_indices(const StateDict& state_dict) const {
   for (const std::string& key : state_dict.keys()) {

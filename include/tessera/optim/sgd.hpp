@@ -29,17 +29,20 @@ struct SGDOptions {
 namespace detail {
 
 /// One element of SGD. With momentum, the first step sets the buffer to the (decayed) gradient
-/// itself, without dampening, as PyTorch does.
-template <class T, class C>
+/// itself, without dampening, as PyTorch does. T is the parameter's dtype, or float for the
+/// fp32 master of a 16-bit parameter L (then G, the gradient's dtype, is L too, and `low` the
+/// 16-bit parameter the pass writes as well).
+template <class T, class C, class G = T, class L = T>
 struct sgd_update {
   T* parameter;
-  const T* grad;
+  const G* grad;
   T* momentum_buffer;  // null without momentum
   C lr, momentum, dampening_complement, weight_decay;
   bool nesterov, first_step, maximize;
+  L* low = nullptr;  // the 16-bit parameter of a master (L != T)
 
   TESSERA_HOST_DEVICE void operator()(std::int64_t i) const {
-    const C p = static_cast<C>(parameter[i]);
+    const C p = start_value<C>(parameter, low, i);
     C d = static_cast<C>(grad[i]);
     if (maximize) d = -d;
     if (weight_decay != C(0)) d = d + weight_decay * p;
@@ -50,7 +53,7 @@ struct sgd_update {
       b = static_cast<C>(T(b));  // the stored value is what PyTorch reads back
       d = nesterov ? d + momentum * b : b;
     }
-    parameter[i] = T(p + (-lr) * d);
+    store_value<C>(parameter, low, i, p + (-lr) * d);
   }
 
   /// Elements [first, last) on the host: the rule's flags chosen once, outside the loop, so
@@ -74,12 +77,13 @@ struct sgd_update {
   template <bool Decay, bool Momentum, bool First, bool Nesterov>
   void loop(std::int64_t first, std::int64_t last) const {
     T* __restrict p_out = parameter;
-    const T* __restrict g_in = grad;
+    const G* __restrict g_in = grad;
     T* __restrict buffer = momentum_buffer;
+    L* __restrict l_out = low;
     const C sign = maximize ? C(-1) : C(1);
     const C decay = weight_decay, mu = momentum, damp = dampening_complement, step = -lr;
     for (std::int64_t i = first; i < last; ++i) {
-      const C p = static_cast<C>(p_out[i]);
+      const C p = start_value<C>(p_out, l_out, i);
       C d = sign * static_cast<C>(g_in[i]);
       if constexpr (Decay) d = d + decay * p;
       if constexpr (Momentum) {
@@ -93,7 +97,7 @@ struct sgd_update {
         b = static_cast<C>(T(b));
         d = Nesterov ? d + mu * b : b;
       }
-      p_out[i] = T(p + step * d);
+      store_value<C>(p_out, l_out, i, p + step * d);
     }
   }
 };
@@ -107,7 +111,8 @@ struct sgd_update {
 ///     g = g + momentum * buf if nesterov, else buf    (if momentum != 0)
 ///     p = p - lr * g
 ///
-/// computed in the parameter's dtype (float for half and bfloat16) in one pass per parameter.
+/// computed in the parameter's dtype in one pass per parameter; a half or bfloat16 parameter
+/// through its fp32 master (Optimizer::master_weight), with a float momentum buffer.
 /// With momentum, step() makes one buffer per parameter the first time it sees its gradient.
 class SGD : public Optimizer {
  public:
@@ -132,11 +137,9 @@ class SGD : public Optimizer {
   const AnyTensor& momentum_buffer(std::size_t i) const { return momentum_buffers_.at(i); }
 
   /// PyTorch's optimizer state, flattened for ts::save: "state.<i>.momentum_buffer" (shared,
-  /// not copied) and "param_groups.0.lr", ".momentum", ".dampening", ".weight_decay",
-  /// ".nesterov", ".maximize" (0-d float64).
-  /// PyTorch's optimizer state, flattened for ts::save: "state.<i>.momentum_buffer" (shared,
-  /// not copied) and "param_groups.0.lr", ".momentum", ".dampening", ".weight_decay",
-  /// ".nesterov", ".maximize" (0-d float64).
+  /// not copied), "state.<i>.master_weight" for a 16-bit parameter that has stepped, and
+  /// "param_groups.0.lr", ".momentum", ".dampening", ".weight_decay", ".nesterov", ".maximize"
+  /// (0-d float64).
   TESSERA_API StateDict state_dict() const;
   /// Restores what state_dict saved (buffers copied to the parameters' devices). Checks all of
   /// it first (a missing hyperparameter, invalid options, a buffer of another shape or dtype, an
@@ -153,8 +156,10 @@ class SGD : public Optimizer {
  private:
   static std::string str(double v) { return std::to_string(v); }
 
-  template <Dtype T, DeviceKind K>
-  void update(std::size_t i, const Tensor<T, K>& value, const Tensor<T, K>& grad) {
+  /// `value` is the parameter, or the fp32 master of the 16-bit parameter `low`.
+  template <Dtype T, DeviceKind K, Dtype G = T, Dtype L = T>
+  void update(std::size_t i, const Tensor<T, K>& value, const Tensor<G, K>& grad,
+              const Tensor<L, K>& low = {}) {
     using C = opmath_t<T>;
     const bool has_momentum = options_.momentum != 0.0;
     AnyTensor& buffer_state = momentum_buffers_[i];
@@ -165,16 +170,19 @@ class SGD : public Optimizer {
       buffer = first_step ? Tensor<T, K>::empty_on(value.shape(), value.device())
                           : state_like(buffer_state, value, "momentum buffer", i);
     }
-    const detail::sgd_update<T, C> rule{value.data(),
-                                        grad.data(),
-                                        has_momentum ? buffer.data() : nullptr,
-                                        static_cast<C>(options_.lr),
-                                        static_cast<C>(options_.momentum),
-                                        static_cast<C>(1.0 - options_.dampening),
-                                        static_cast<C>(options_.weight_decay),
-                                        options_.nesterov,
-                                        first_step,
-                                        options_.maximize};
+    L* low_data = nullptr;
+    if constexpr (!std::is_same_v<L, T>) low_data = low.data();
+    const detail::sgd_update<T, C, G, L> rule{value.data(),
+                                              grad.data(),
+                                              has_momentum ? buffer.data() : nullptr,
+                                              static_cast<C>(options_.lr),
+                                              static_cast<C>(options_.momentum),
+                                              static_cast<C>(1.0 - options_.dampening),
+                                              static_cast<C>(options_.weight_decay),
+                                              options_.nesterov,
+                                              first_step,
+                                              options_.maximize,
+                                              low_data};
     detail::for_each_element<K>("SGD", value.device(), value.numel(), rule);
     if (first_step) buffer_state = buffer;
   }
@@ -187,7 +195,7 @@ class SGD : public Optimizer {
 TESSERA_API void SGD::step() {
   validate(options_);
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    with_typed(i, [&](auto value, auto grad) { update(i, value, grad); });
+    with_typed(i, [&](auto value, auto grad, auto... low) { update(i, value, grad, low...); });
   }
 }
 
@@ -198,6 +206,7 @@ TESSERA_API StateDict SGD::state_dict() const {
       out.insert(state_key(i, "momentum_buffer"), momentum_buffers_[i]);
     }
   }
+  save_masters(out);
   out.insert("param_groups.0.lr", scalar(options_.lr));
   out.insert("param_groups.0.momentum", scalar(options_.momentum));
   out.insert("param_groups.0.dampening", scalar(options_.dampening));
@@ -220,8 +229,10 @@ TESSERA_API void SGD::load_state_dict(const StateDict& state_dict) {
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     buffers[i] = loaded_state(state_dict, i, "momentum_buffer");
   }
+  std::vector<AnyTensor> masters = loaded_masters(state_dict);
   options_ = options;
   momentum_buffers_ = std::move(buffers);
+  masters_ = std::move(masters);
 }
 
 TESSERA_API void SGD::validate(const SGDOptions& o) {
