@@ -256,7 +256,8 @@ TEST_CASE("options are checked as PyTorch checks them", "[optim]") {
   CHECK_NOTHROW(Adam(params, {.betas = {0.0, 0.0}}));
 
   // Parameter lists.
-  CHECK_THROWS_WITH(Adam({}), Catch::Contains("empty parameter list"));
+  CHECK_THROWS_WITH(Adam(std::vector<nn::ParameterRef>{}), Catch::Contains("empty parameter list"));
+  CHECK_THROWS_WITH(Adam(std::vector<optim::ParamGroup>{}), Catch::Contains("empty parameter list"));
   CHECK_THROWS_WITH(Adam({p, p}), Catch::Contains("parameter 1 appears more than once"));
   CHECK_THROWS_WITH(Adam({nn::ParameterRef()}), Catch::Contains("empty reference"));
 
@@ -369,6 +370,66 @@ TEST_CASE("half and bfloat16 parameters update in float", "[optim]") {
     CHECK(std::abs(static_cast<double>(actual_bf[i]) - expected_bf[i]) <=
           4 * 0x1p-8 * std::abs(expected_bf[i]) + 1e-2);
   }
+}
+
+TEST_CASE("parameter groups with their own lr and weight_decay follow torch, schedulers too",
+          "[optim][groups]") {
+  static const torch_oracle::file groups_oracle("param_groups");
+  for (const std::string name : {"sgd", "adam"}) {
+    INFO(name);
+    const std::string tag = "groups." + name;
+    std::vector<nn::Parameter<float>> p;
+    for (int i = 0; i < 3; ++i) {
+      p.emplace_back(groups_oracle.tensor<float>(tag + ".p" + std::to_string(i) + ".init"));
+    }
+    const std::vector<optim::ParamGroup> groups{{.params = {p[0], p[1]}, .lr = 0.01},
+                                                {.params = {p[2]}, .weight_decay = 0.1}};
+    auto run = [&](auto& opt, auto& schedule) {
+      REQUIRE(opt.param_group_count() == 2);
+      CHECK(opt.group_of(1) == 0);
+      CHECK(opt.group_of(2) == 1);
+      for (int step = 0; step < 6; ++step) {
+        INFO("step " << step);
+        const std::string s = std::to_string(step);
+        for (int i = 0; i < 3; ++i) {
+          p[static_cast<std::size_t>(i)].grad() =
+              groups_oracle.tensor<float>(tag + ".p" + std::to_string(i) + ".grad" + s);
+        }
+        opt.step();
+        schedule.step();
+        for (int i = 0; i < 3; ++i) {
+          torch_oracle::check_close(p[static_cast<std::size_t>(i)].value(),
+                                    groups_oracle.at(tag + ".p" + std::to_string(i) + ".step" + s),
+                                    1e-6, 1e-7);
+        }
+        const auto& rates = groups_oracle.at(tag + ".lr" + s).values;
+        CHECK(schedule.get_last_lrs() == rates);  // bit for bit
+        CHECK(opt.group_lr(0) == rates[0]);
+        CHECK(opt.group_lr(1) == rates[1]);
+      }
+    };
+    if (name == "sgd") {
+      optim::SGD sgd(groups, {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-3});
+      CHECK(sgd.group_options(0).lr == 0.01);
+      CHECK(sgd.group_options(0).weight_decay == 1e-3);
+      CHECK(sgd.group_options(1).lr == 0.1);
+      CHECK(sgd.group_options(1).weight_decay == 0.1);
+      optim::StepLR schedule(sgd, 2, 0.5);
+      run(sgd, schedule);
+      CHECK(sgd.options().lr == schedule.get_last_lrs()[1]);  // group 1 follows options().lr
+    } else {
+      optim::Adam adam(groups, {.lr = 0.02, .weight_decay = 1e-3});
+      optim::CosineAnnealingLR schedule(adam, 4, 1e-3);
+      run(adam, schedule);
+    }
+  }
+  nn::Parameter<float> a(ts::ones<float>({2})), b(ts::ones<float>({2}));
+  CHECK_THROWS_WITH(optim::SGD({{.params = {a}}, {.params = {}}}, {.lr = 0.1}),
+                    Catch::Contains("parameter group 1 has no parameters"));
+  CHECK_THROWS_WITH(optim::Adam({{.params = {a}, .lr = -1.0}}),
+                    Catch::Contains("parameter group 0") && Catch::Contains("-1"));
+  CHECK_THROWS_WITH(optim::SGD({{.params = {a, b}}, {.params = {a}}}, {.lr = 0.1}),
+                    Catch::Contains("parameter 2 appears more than once"));
 }
 
 }  // namespace optim_test

@@ -134,4 +134,59 @@ TEST_CASE("a state that does not fit is refused and changes nothing", "[optim][s
   CHECK(sgd.options().lr == 0.5);
 }
 
+TEST_CASE("parameter groups resume bit for bit and must match", "[optim][state][groups]") {
+  const ts::Tensor<float> x = ts::eval(ts::arange<float>(0, 40).view({8, 5}) / 40.0f);
+  const auto y = ts::from_vector<std::int64_t>({0, 1, 2, 0, 1, 2, 0, 1}, {8});
+  struct grouped {
+    explicit grouped(std::uint64_t seed)
+        : model((ts::manual_seed(seed), make_mlp())),
+          program(compile_loss(model)),
+          opt({{.params = model.get<0>().parameters(), .lr = 0.05},
+               {.params = model.get<2>().parameters(), .weight_decay = 0.01}},
+              {.lr = 0.01, .betas = {0.8, 0.9}}),
+          schedule(opt, 2, 0.5) {}
+    void train(int steps, const ts::Tensor<float>& in, const ts::Tensor<std::int64_t>& labels) {
+      for (int i = 0; i < steps; ++i) {
+        opt.zero_grad();
+        program.forward(in, labels);
+        program.backward();
+        opt.step();
+        schedule.step();
+      }
+    }
+    Model model;
+    decltype(compile_loss(std::declval<Model&>())) program;
+    optim::Adam opt;
+    optim::StepLR<optim::Adam> schedule;
+  };
+  grouped straight(4);
+  straight.train(6, x, y);
+  grouped first(4);
+  first.train(3, x, y);
+  const ts::StateDict opt_state = first.opt.state_dict();
+  CHECK(opt_state.at("param_groups.1.params").as<std::int64_t>().to_vector() ==
+        std::vector<std::int64_t>{2, 3});
+  CHECK(opt_state.at("param_groups.0.lr").as<double>().item() == 0.05 * 0.5);
+  grouped resumed(99);
+  resumed.model.load_state_dict(first.model.state_dict());
+  resumed.opt.load_state_dict(opt_state);
+  resumed.schedule.load_state_dict(first.schedule.state_dict());
+  resumed.train(3, x, y);
+  CHECK(values(resumed.model) == values(straight.model));  // bit for bit
+  CHECK(resumed.schedule.get_last_lrs() == straight.schedule.get_last_lrs());
+
+  // One group where the state has two: refused, nothing changed.
+  auto model = make_mlp();
+  optim::Adam single(model.parameters(), {.lr = 0.3});
+  CHECK_THROWS_WITH(single.load_state_dict(opt_state),
+                    Catch::Contains("2 parameter group(s)") && Catch::Contains("has 1"));
+  CHECK(single.options().lr == 0.3);
+  // Groups that split the parameters differently: refused, naming the entry.
+  optim::Adam other({{.params = model.get<0>().parameters()},
+                     {.params = model.get<2>().parameters()}});
+  ts::StateDict moved = opt_state;
+  moved.insert("param_groups.1.params", ts::from_vector<std::int64_t>({1, 2}, {2}));
+  CHECK_THROWS_WITH(other.load_state_dict(moved), Catch::Contains("param_groups.1.params"));
+}
+
 }  // namespace state_dict_test

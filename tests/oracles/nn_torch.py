@@ -552,9 +552,42 @@ def master_weights(w):
                 w.put("master.%s.p%d.low%d" % (oname, i, step), m.detach().half().float())
 
 
+def param_groups(w):
+    """Parameter groups with their own lr / weight_decay: SGD (momentum, weight decay) and Adam
+    over three parameters in two groups (group 0 with its own lr, group 1 with its own
+    weight_decay), a StepLR (SGD) or CosineAnnealingLR (Adam) stepping every group's rate,
+    6 steps; the parameters and every group's rate after each, for tests/optim/optim_test.cpp."""
+    shapes = ((3, 4), (5,), (2, 3))
+    cases = {
+        "sgd": (lambda groups: torch.optim.SGD(groups, lr=0.1, momentum=0.9, weight_decay=1e-3),
+                lambda o: torch.optim.lr_scheduler.StepLR(o, step_size=2, gamma=0.5)),
+        "adam": (lambda groups: torch.optim.Adam(groups, lr=0.02, weight_decay=1e-3),
+                 lambda o: torch.optim.lr_scheduler.CosineAnnealingLR(o, T_max=4, eta_min=1e-3)),
+    }
+    for name, (make, schedule) in cases.items():
+        g = torch.Generator().manual_seed(41)
+        params = [torch.nn.Parameter(torch.randn(*s, generator=g, dtype=torch.float32))
+                  for s in shapes]
+        for i, p in enumerate(params):
+            w.put("groups.%s.p%d.init" % (name, i), p)
+        opt = make([{"params": params[:2], "lr": 0.01}, {"params": params[2:], "weight_decay": 0.1}])
+        sched = schedule(opt)
+        for step in range(6):
+            for i, p in enumerate(params):
+                p.grad = torch.randn(*p.shape, generator=g, dtype=torch.float32)
+                w.put("groups.%s.p%d.grad%d" % (name, i, step), p.grad)
+            opt.step()
+            sched.step()
+            for i, p in enumerate(params):
+                w.put("groups.%s.p%d.step%d" % (name, i, step), p)
+            w.put("groups.%s.lr%d" % (name, step),
+                  torch.tensor([group["lr"] for group in opt.param_groups], dtype=torch.float64))
+
+
 SECTIONS = {"layers": layers, "optim": optim, "autograd": autograd, "conv": conv,
             "resnet": resnet, "schedulers": schedulers, "losses": losses,
-            "grad_scaler": grad_scaler, "master_weights": master_weights}
+            "grad_scaler": grad_scaler, "master_weights": master_weights,
+            "param_groups": param_groups}
 
 
 def main():

@@ -99,9 +99,19 @@ class adam_base : public Optimizer {
       : Optimizer(std::move(parameters), name), options_(options), state_(parameters_.size()) {
     validate(options_, name_);
   }
+  adam_base(std::vector<ParamGroup> groups, Options options, const char* name)
+      : Optimizer(std::move(groups), name), options_(options), state_(parameters_.size()) {
+    for (std::size_t g = 0; g < groups_.size(); ++g) validate(group_options(g), name_);
+  }
 
+  /// The hyperparameters (the defaults of the parameter groups); change them between steps.
   Options& options() noexcept { return options_; }
   const Options& options() const noexcept { return options_; }
+  /// Group g's hyperparameters: options() with the group's own lr and weight_decay.
+  Options group_options(std::size_t g) const { return options_of_group(g, options_); }
+  double group_lr(std::size_t g) const { return group_options(g).lr; }
+  /// The group's own rate when it has one, else options().lr (the schedulers call this).
+  void set_group_lr(std::size_t g, double lr) { set_lr_of_group(g, lr, options_.lr); }
 
   /// Steps taken by parameter i (it counts only the steps that found a gradient).
   std::int64_t step_count(std::size_t i) const { return state_.at(i).step; }
@@ -112,8 +122,9 @@ class adam_base : public Optimizer {
 
   /// PyTorch's optimizer state, flattened for ts::save: "state.<i>.step" (0-d float64),
   /// ".exp_avg", ".exp_avg_sq", ".max_exp_avg_sq" (shared, not copied) for each parameter that
-  /// has stepped, ".master_weight" for a 16-bit one (its fp32 master), and "param_groups.0.lr", ".betas" ([2]), ".eps", ".weight_decay",
-  /// ".amsgrad", ".maximize".
+  /// has stepped, ".master_weight" for a 16-bit one (its fp32 master), and for each group g
+  /// "param_groups.<g>.lr", ".betas" ([2]), ".eps", ".weight_decay", ".amsgrad", ".maximize"
+  /// and ".params" (its parameters' indices, int64).
   StateDict state_dict() const {
     StateDict out;
     for (std::size_t i = 0; i < state_.size(); ++i) {
@@ -125,13 +136,16 @@ class adam_base : public Optimizer {
       if (s.max_exp_avg_sq.defined()) out.insert(state_key(i, "max_exp_avg_sq"), s.max_exp_avg_sq);
     }
     save_masters(out);
-    out.insert("param_groups.0.lr", scalar(options_.lr));
-    out.insert("param_groups.0.betas",
-               from_vector<double>({options_.betas[0], options_.betas[1]}, {2}, 0));
-    out.insert("param_groups.0.eps", scalar(options_.eps));
-    out.insert("param_groups.0.weight_decay", scalar(options_.weight_decay));
-    out.insert("param_groups.0.amsgrad", scalar(options_.amsgrad ? 1 : 0));
-    out.insert("param_groups.0.maximize", scalar(options_.maximize ? 1 : 0));
+    for (std::size_t g = 0; g < groups_.size(); ++g) {
+      const Options o = group_options(g);
+      out.insert(group_key(g, "lr"), scalar(o.lr));
+      out.insert(group_key(g, "betas"), from_vector<double>({o.betas[0], o.betas[1]}, {2}, 0));
+      out.insert(group_key(g, "eps"), scalar(o.eps));
+      out.insert(group_key(g, "weight_decay"), scalar(o.weight_decay));
+      out.insert(group_key(g, "amsgrad"), scalar(o.amsgrad ? 1 : 0));
+      out.insert(group_key(g, "maximize"), scalar(o.maximize ? 1 : 0));
+    }
+    save_groups(out);
     return out;
   }
   /// Restores what state_dict saved (moments copied to the parameters' devices). Checks all of
@@ -139,8 +153,8 @@ class adam_base : public Optimizer {
   /// dtype_error naming the entry; std::invalid_argument for invalid options).
   void load_state_dict(const StateDict& state_dict) {
     check_state_indices(state_dict);
+    check_groups(state_dict);
     Options options = options_;
-    options.lr = scalar_of(state_dict, "param_groups.0.lr");
     if (!state_dict.contains("param_groups.0.betas") ||
         state_dict.at("param_groups.0.betas").numel() != 2 ||
         state_dict.at("param_groups.0.betas").dtype() != ScalarType::float64) {
@@ -149,10 +163,13 @@ class adam_base : public Optimizer {
     const auto betas = state_dict.at("param_groups.0.betas").as<double>().to_vector();
     options.betas = {betas[0], betas[1]};
     options.eps = scalar_of(state_dict, "param_groups.0.eps");
-    options.weight_decay = scalar_of(state_dict, "param_groups.0.weight_decay");
     options.amsgrad = scalar_of(state_dict, "param_groups.0.amsgrad") != 0;
     options.maximize = scalar_of(state_dict, "param_groups.0.maximize") != 0;
-    validate(options, name_);
+    std::vector<group_settings> groups;
+    load_group_settings(state_dict, options, groups);
+    for (std::size_t g = 0; g < groups.size(); ++g) {
+      validate(options_of_group_in(groups, g, options), name_);
+    }
     std::vector<parameter_state> state(parameters_.size());
     for (std::size_t i = 0; i < state.size(); ++i) {
       parameter_state& s = state[i];
@@ -168,6 +185,7 @@ class adam_base : public Optimizer {
     }
     std::vector<AnyTensor> masters = loaded_masters(state_dict);
     options_ = options;
+    groups_ = std::move(groups);
     state_ = std::move(state);
     masters_ = std::move(masters);
   }
@@ -194,6 +212,7 @@ class adam_base : public Optimizer {
   void update(std::size_t i, const Tensor<T, K>& value, const Tensor<G, K>& grad,
               const Tensor<L, K>& low = {}) {
     using C = opmath_t<T>;
+    const Options o = group_options(group_of_[i]);
     parameter_state& state = state_[i];
     const bool first_step = !state.exp_avg.defined();
     Tensor<T, K> exp_avg, exp_avg_sq, max_exp_avg_sq;
@@ -201,11 +220,11 @@ class adam_base : public Optimizer {
       // Made here, filled by the pass, which writes them without reading them.
       exp_avg = Tensor<T, K>::empty_on(value.shape(), value.device());
       exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
-      if (options_.amsgrad) max_exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
+      if (o.amsgrad) max_exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
     } else {
       exp_avg = state_like(state.exp_avg, value, "exp_avg", i);
       exp_avg_sq = state_like(state.exp_avg_sq, value, "exp_avg_sq", i);
-      if (options_.amsgrad) {
+      if (o.amsgrad) {
         if (!state.max_exp_avg_sq.defined()) {
           throw error(name_ + ": amsgrad was switched on after parameter " + std::to_string(i) +
                       "'s first step; PyTorch fails there too (no max_exp_avg_sq state)");
@@ -215,34 +234,34 @@ class adam_base : public Optimizer {
     }
     // Scalars in double, as Python computes them, then rounded to the compute type.
     const double step = static_cast<double>(state.step + 1);
-    const double bias_correction1 = 1.0 - std::pow(options_.betas[0], step);
-    const double bias_correction2 = 1.0 - std::pow(options_.betas[1], step);
+    const double bias_correction1 = 1.0 - std::pow(o.betas[0], step);
+    const double bias_correction2 = 1.0 - std::pow(o.betas[1], step);
     L* low_data = nullptr;
     if constexpr (!std::is_same_v<L, T>) low_data = low.data();
     const detail::adam_update<T, C, G, L> rule{value.data(),
                                          grad.data(),
                                          exp_avg.data(),
                                          exp_avg_sq.data(),
-                                         options_.amsgrad ? max_exp_avg_sq.data() : nullptr,
-                                         static_cast<C>(options_.betas[0]),
-                                         static_cast<C>(options_.betas[1]),
-                                         static_cast<C>(1.0 - options_.betas[0]),
-                                         static_cast<C>(1.0 - options_.betas[1]),
-                                         static_cast<C>(options_.weight_decay),
-                                         static_cast<C>(1.0 - options_.lr * options_.weight_decay),
-                                         static_cast<C>(-(options_.lr / bias_correction1)),
+                                         o.amsgrad ? max_exp_avg_sq.data() : nullptr,
+                                         static_cast<C>(o.betas[0]),
+                                         static_cast<C>(o.betas[1]),
+                                         static_cast<C>(1.0 - o.betas[0]),
+                                         static_cast<C>(1.0 - o.betas[1]),
+                                         static_cast<C>(o.weight_decay),
+                                         static_cast<C>(1.0 - o.lr * o.weight_decay),
+                                         static_cast<C>(-(o.lr / bias_correction1)),
                                          static_cast<C>(std::sqrt(bias_correction2)),
-                                         static_cast<C>(options_.eps),
+                                         static_cast<C>(o.eps),
                                          Decoupled,
                                          first_step,
-                                         options_.maximize,
+                                         o.maximize,
                                          low_data};
     detail::for_each_element<K>(name_.c_str(), value.device(), value.numel(), rule);
     state.step += 1;
     if (first_step) {
       state.exp_avg = exp_avg;
       state.exp_avg_sq = exp_avg_sq;
-      if (options_.amsgrad) state.max_exp_avg_sq = max_exp_avg_sq;
+      if (o.amsgrad) state.max_exp_avg_sq = max_exp_avg_sq;
     }
   }
 
@@ -252,7 +271,7 @@ class adam_base : public Optimizer {
 
 template <class Options, bool Decoupled>
 void adam_base<Options, Decoupled>::step() {
-  validate(options_, name_);
+  for (std::size_t g = 0; g < groups_.size(); ++g) validate(group_options(g), name_);
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     with_typed(i, [&](auto value, auto grad, auto... low) { update(i, value, grad, low...); });
   }
@@ -298,6 +317,9 @@ class Adam : public detail::adam_base<AdamOptions, false> {
   /// Throws std::invalid_argument for invalid options (see validate) or parameter lists.
   Adam(std::vector<nn::ParameterRef> parameters, AdamOptions options = {})
       : adam_base(std::move(parameters), options, "Adam") {}
+  /// Parameter groups with their own lr and weight_decay (ParamGroup).
+  Adam(std::vector<ParamGroup> groups, AdamOptions options = {})
+      : adam_base(std::move(groups), options, "Adam") {}
   Adam(Adam&&) = default;
   Adam& operator=(Adam&&) = default;
   TESSERA_API ~Adam() override;
@@ -309,6 +331,8 @@ class AdamW : public detail::adam_base<AdamWOptions, true> {
  public:
   AdamW(std::vector<nn::ParameterRef> parameters, AdamWOptions options = {})
       : adam_base(std::move(parameters), options, "AdamW") {}
+  AdamW(std::vector<ParamGroup> groups, AdamWOptions options = {})
+      : adam_base(std::move(groups), options, "AdamW") {}
   AdamW(AdamW&&) = default;
   AdamW& operator=(AdamW&&) = default;
   TESSERA_API ~AdamW() override;

@@ -1,5 +1,6 @@
 // Learning-rate schedulers (torch.optim.lr_scheduler): StepLR, CosineAnnealingLR and LinearLR
-// over any optimiser whose options() has an `lr` (SGD, Adam, AdamW), with PyTorch's chained
+// over SGD, Adam and AdamW (any optimiser with param_group_count, group_lr and set_group_lr),
+// each parameter group's rate from its own base rate, with PyTorch's chained
 // formulas (each step computes the next rate from the current one, as torch does without an
 // explicit epoch), so that the rates match torch's to the last bit. As in PyTorch, constructing
 // a scheduler takes its first step (epoch 0: LinearLR scales the rate by start_factor there).
@@ -10,61 +11,102 @@
 #include <numbers>
 #include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "tessera/core/error.hpp"
 #include "tessera/optim/optimizer.hpp"
+#include "tessera/tensor/factories.hpp"
 #include "tessera/tensor/state_dict.hpp"
 
 namespace tessera::optim {
 
 namespace detail {
 
-/// What the schedulers share: the optimiser, the epoch count and the rates.
+/// What the schedulers share: the optimiser, the epoch count and the rates, one per parameter
+/// group (each group's rate follows the formula from its own base rate, as in PyTorch).
 template <class Opt>
 class lr_scheduler {
  public:
-  explicit lr_scheduler(Opt& optimizer)
-      : optimizer_(&optimizer), base_lr_(optimizer.options().lr), last_lr_(base_lr_) {}
+  explicit lr_scheduler(Opt& optimizer) : optimizer_(&optimizer) {
+    for (std::size_t g = 0; g < optimizer.param_group_count(); ++g) {
+      base_lrs_.push_back(optimizer.group_lr(g));
+    }
+    last_lrs_ = base_lrs_;
+  }
 
   Opt& optimizer() const noexcept { return *optimizer_; }
   /// Steps taken (0 after construction, as PyTorch's last_epoch).
   std::int64_t last_epoch() const noexcept { return last_epoch_; }
-  /// The rate the last step set (PyTorch's get_last_lr()[0]).
-  double get_last_lr() const noexcept { return last_lr_; }
-  /// The optimiser's rate when the scheduler was made.
-  double base_lr() const noexcept { return base_lr_; }
+  /// The rate the last step set, of group 0 (PyTorch's get_last_lr()[0]), and of every group.
+  double get_last_lr() const noexcept { return last_lrs_.front(); }
+  const std::vector<double>& get_last_lrs() const noexcept { return last_lrs_; }
+  /// The optimiser's rate when the scheduler was made (group 0's; base_lrs() every group's).
+  double base_lr() const noexcept { return base_lrs_.front(); }
+  const std::vector<double>& base_lrs() const noexcept { return base_lrs_; }
 
-  /// "last_epoch", "base_lr", "last_lr" (0-d float64). The optimiser's own rate is in its
-  /// state_dict, as in PyTorch.
+  /// "last_epoch" (0-d float64), "base_lrs", "last_lrs" (float64, one per group). The
+  /// optimiser's own rates are in its state_dict, as in PyTorch.
   StateDict state_dict() const {
     StateDict out;
     out.insert("last_epoch", state_scalar(static_cast<double>(last_epoch_)));
-    out.insert("base_lr", state_scalar(base_lr_));
-    out.insert("last_lr", state_scalar(last_lr_));
+    const auto groups = static_cast<std::int64_t>(base_lrs_.size());
+    out.insert("base_lrs", from_vector<double>(base_lrs_, Shape{groups}, 0));
+    out.insert("last_lrs", from_vector<double>(last_lrs_, Shape{groups}, 0));
     return out;
   }
-  /// Restores what state_dict saved; tessera::error naming a missing or malformed entry, with
-  /// nothing changed.
+  /// Restores what state_dict saved; tessera::error naming a missing or malformed entry (or a
+  /// group count other than the optimiser's), with nothing changed. A state with one group's
+  /// "base_lr" and "last_lr" numbers (before parameter groups) loads into a one-group optimiser.
   void load_state_dict(const StateDict& state_dict) {
     const double epoch = state_number(state_dict, "last_epoch", "LRScheduler");
-    const double base = state_number(state_dict, "base_lr", "LRScheduler");
-    const double last = state_number(state_dict, "last_lr", "LRScheduler");
+    std::vector<double> base, last;
+    if (!state_dict.contains("base_lrs") && base_lrs_.size() == 1) {
+      base = {state_number(state_dict, "base_lr", "LRScheduler")};
+      last = {state_number(state_dict, "last_lr", "LRScheduler")};
+    } else {
+      base = rates(state_dict, "base_lrs");
+      last = rates(state_dict, "last_lrs");
+    }
     last_epoch_ = static_cast<std::int64_t>(epoch);
-    base_lr_ = base;
-    last_lr_ = last;
+    base_lrs_ = std::move(base);
+    last_lrs_ = std::move(last);
   }
 
  protected:
-  void apply(double lr) {
-    optimizer_->options().lr = lr;
-    last_lr_ = lr;
+  /// Every group's next rate, next(its current rate, its base rate), computed for all groups
+  /// before any is set (groups without a rate of their own share options().lr).
+  template <class Next>
+  void apply(const Next& next) {
+    std::vector<double> rates(last_lrs_.size());
+    for (std::size_t g = 0; g < rates.size(); ++g) {
+      rates[g] = next(optimizer_->group_lr(g), base_lrs_[g]);
+    }
+    for (std::size_t g = 0; g < rates.size(); ++g) optimizer_->set_group_lr(g, rates[g]);
+    last_lrs_ = std::move(rates);
   }
-  double current_lr() const { return optimizer_->options().lr; }
 
   Opt* optimizer_;
-  double base_lr_;
-  double last_lr_;
+  std::vector<double> base_lrs_;
+  std::vector<double> last_lrs_;
   std::int64_t last_epoch_ = -1;
+
+ private:
+  std::vector<double> rates(const StateDict& state_dict, const std::string& key) const {
+    if (!state_dict.contains(key)) {
+      throw error("LRScheduler::load_state_dict: no entry " + key);
+    }
+    const AnyTensor& t = state_dict.at(key);
+    if (t.dtype() != ScalarType::float64 || t.dim() != 1 ||
+        t.numel() != static_cast<std::int64_t>(base_lrs_.size()) ||
+        t.device().type != DeviceType::cpu) {
+      throw error("LRScheduler::load_state_dict: " + key + " must be " +
+                  std::to_string(base_lrs_.size()) + " float64 numbers on the CPU (one per "
+                  "parameter group), not " + std::string(name(t.dtype())) + " " +
+                  t.shape().str());
+    }
+    return t.as<double>().to_vector();
+  }
 };
 
 }  // namespace detail
@@ -84,8 +126,9 @@ class StepLR : public detail::lr_scheduler<Opt> {
   }
   void step() {
     const std::int64_t epoch = ++this->last_epoch_;
-    const double lr = this->current_lr();
-    this->apply(epoch == 0 || epoch % step_size_ != 0 ? lr : lr * gamma_);
+    this->apply([&](double lr, double) {
+      return epoch == 0 || epoch % step_size_ != 0 ? lr : lr * gamma_;
+    });
   }
 
  private:
@@ -109,17 +152,18 @@ class CosineAnnealingLR : public detail::lr_scheduler<Opt> {
   }
   void step() {
     const std::int64_t epoch = ++this->last_epoch_;
-    const double lr = this->current_lr();
     const double pi = std::numbers::pi;
     const auto t = static_cast<double>(t_max_);
-    if (epoch == 0) return this->apply(lr);
     const std::int64_t period = 2 * t_max_;
-    if ((((epoch - 1 - t_max_) % period) + period) % period == 0) {  // Python's modulo
-      return this->apply(lr + (this->base_lr_ - eta_min_) * (1 - std::cos(pi / t)) / 2);
-    }
-    this->apply((1 + std::cos(pi * static_cast<double>(epoch) / t)) /
-                    (1 + std::cos(pi * static_cast<double>(epoch - 1) / t)) * (lr - eta_min_) +
-                eta_min_);
+    this->apply([&](double lr, double base) {
+      if (epoch == 0) return lr;
+      if ((((epoch - 1 - t_max_) % period) + period) % period == 0) {  // Python's modulo
+        return lr + (base - eta_min_) * (1 - std::cos(pi / t)) / 2;
+      }
+      return (1 + std::cos(pi * static_cast<double>(epoch) / t)) /
+                 (1 + std::cos(pi * static_cast<double>(epoch - 1) / t)) * (lr - eta_min_) +
+             eta_min_;
+    });
   }
 
  private:
@@ -151,11 +195,12 @@ class LinearLR : public detail::lr_scheduler<Opt> {
   }
   void step() {
     const std::int64_t epoch = ++this->last_epoch_;
-    const double lr = this->current_lr();
-    if (epoch == 0) return this->apply(lr * start_);
-    if (epoch > total_) return this->apply(lr);
-    this->apply(lr * (1.0 + (end_ - start_) / (static_cast<double>(total_) * start_ +
-                                               static_cast<double>(epoch - 1) * (end_ - start_))));
+    this->apply([&](double lr, double) {
+      if (epoch == 0) return lr * start_;
+      if (epoch > total_) return lr;
+      return lr * (1.0 + (end_ - start_) / (static_cast<double>(total_) * start_ +
+                                            static_cast<double>(epoch - 1) * (end_ - start_)));
+    });
   }
 
  private:

@@ -8,8 +8,10 @@
 // master rounded to the 16-bit parameter.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <unordered_set>
@@ -25,6 +27,7 @@
 #include "tessera/core/profiler.hpp"
 #include "tessera/nn/parameter.hpp"
 #include "tessera/tensor/any_tensor.hpp"
+#include "tessera/tensor/factories.hpp"
 #include "tessera/tensor/state_dict.hpp"
 #if TESSERA_CUDA_KERNELS
 #include "tessera/backend/cuda/executor.cuh"
@@ -139,12 +142,30 @@ TESSERA_API double state_number(const StateDict& state_dict, const std::string& 
                                 const std::string& who);
 }  // namespace detail
 
+/// A group of parameters with its own learning rate and/or weight decay (PyTorch's
+/// param_groups): what the group leaves unset comes from the optimiser's options(), and follows
+/// them when they change.
+///
+///     ts::optim::SGD sgd({{.params = net.backbone.parameters(), .lr = 0.01},
+///                         {.params = net.head.parameters(), .weight_decay = 0}},
+///                        {.lr = 0.1, .momentum = 0.9, .weight_decay = 1e-4});
+struct ParamGroup {
+  std::vector<nn::ParameterRef> params{};
+  std::optional<double> lr = std::nullopt;
+  std::optional<double> weight_decay = std::nullopt;
+};
+
 /// The base of the optimisers: the parameter list, zero_grad, and the typed dispatch of a step.
 class Optimizer {
  public:
   /// Throws std::invalid_argument for an empty list, an empty reference or a parameter listed
   /// twice (it would be updated twice per step), naming the optimiser and the position.
   Optimizer(std::vector<nn::ParameterRef> parameters, std::string name);
+  /// Parameter groups: the parameters are the groups' in order (parameter i of the optimiser is
+  /// the i-th over all groups). Throws std::invalid_argument, naming the group, for an empty
+  /// group or a negative lr or weight_decay, and as above (a parameter in two groups is listed
+  /// twice).
+  TESSERA_API Optimizer(std::vector<ParamGroup> groups, std::string name);
   Optimizer(const Optimizer&) = delete;
   Optimizer& operator=(const Optimizer&) = delete;
   Optimizer(Optimizer&&) = default;
@@ -161,6 +182,16 @@ class Optimizer {
 
   const std::vector<nn::ParameterRef>& parameters() const noexcept { return parameters_; }
   const std::string& name() const noexcept { return name_; }
+
+  /// The number of parameter groups (1 when the optimiser was given a plain list).
+  std::size_t param_group_count() const noexcept { return groups_.size(); }
+  /// The group of parameter i.
+  std::size_t group_of(std::size_t i) const { return group_of_.at(i); }
+  /// Group g's own learning rate and weight decay (unset: the options()').
+  const std::optional<double>& group_lr_override(std::size_t g) const { return groups_.at(g).lr; }
+  const std::optional<double>& group_weight_decay_override(std::size_t g) const {
+    return groups_.at(g).weight_decay;
+  }
 
   /// Parameter i's fp32 master copy when it is half or bfloat16 (mixed precision): made from the
   /// parameter at its first step, updated by each step, and rounded into the parameter. Undefined
@@ -261,9 +292,54 @@ class Optimizer {
   /// Throws tessera::error naming the first "state.<i>." entry whose i is not a parameter.
   TESSERA_API void check_state_indices(const StateDict& state_dict) const;
 
+  struct group_settings {
+    std::optional<double> lr;
+    std::optional<double> weight_decay;
+  };
+
+  /// `defaults` with group g's learning rate and weight decay where it sets them.
+  template <class Options>
+  Options options_of_group(std::size_t g, const Options& defaults) const {
+    return options_of_group_in(groups_, g, defaults);
+  }
+  template <class Options>
+  static Options options_of_group_in(const std::vector<group_settings>& groups, std::size_t g,
+                                     const Options& defaults) {
+    Options o = defaults;
+    const group_settings& group = groups.at(g);
+    if (group.lr) o.lr = *group.lr;
+    if (group.weight_decay) o.weight_decay = *group.weight_decay;
+    return o;
+  }
+  /// Sets group g's learning rate: its own when it has one, else `defaults_lr` (options().lr,
+  /// which the groups without their own follow).
+  void set_lr_of_group(std::size_t g, double lr, double& defaults_lr) {
+    group_settings& group = groups_.at(g);
+    if (group.lr) {
+      group.lr = lr;
+    } else {
+      defaults_lr = lr;
+    }
+  }
+  /// "param_groups.<g>.params" (int64 parameter indices) for every group, and the check that a
+  /// loaded state has the same groups (tessera::error naming the first that differs).
+  TESSERA_API void save_groups(StateDict& out) const;
+  TESSERA_API void check_groups(const StateDict& state_dict) const;
+  TESSERA_API std::string group_key(std::size_t g, const char* hyperparameter) const;
+  /// The loaded groups' lr and weight_decay ("param_groups.<g>.lr", ".weight_decay") into
+  /// `options` (the defaults) and `groups`: a group with its own value gets the loaded one; the
+  /// first group without takes the defaults' from the state, and a later one whose loaded value
+  /// differs gets its own. The effective value of every group is the saved one.
+  template <class Options>
+  void load_group_settings(const StateDict& state_dict, Options& options,
+                           std::vector<group_settings>& groups) const;
+
+
   std::vector<nn::ParameterRef> parameters_;
   std::string name_;
   std::vector<AnyTensor> masters_;  // fp32 copies of the 16-bit parameters
+  std::vector<group_settings> groups_;
+  std::vector<std::size_t> group_of_;  // per parameter
 
  private:
   /// A 16-bit parameter: fn(master, grad, value) with the fp32 master on value's device (made
@@ -300,9 +376,36 @@ class Optimizer {
   }
 };
 
+template <class Options>
+void Optimizer::load_group_settings(const StateDict& state_dict, Options& options,
+                                    std::vector<group_settings>& groups) const {
+  groups = groups_;
+  bool lr_taken = false, decay_taken = false;
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const double lr = scalar_of(state_dict, group_key(g, "lr"));
+    const double decay = scalar_of(state_dict, group_key(g, "weight_decay"));
+    if (groups[g].lr || (lr_taken && lr != options.lr)) {
+      groups[g].lr = lr;
+    } else if (!lr_taken) {
+      options.lr = lr;
+      lr_taken = true;
+    }
+    if (groups[g].weight_decay || (decay_taken && decay != options.weight_decay)) {
+      groups[g].weight_decay = decay;
+    } else if (!decay_taken) {
+      options.weight_decay = decay;
+      decay_taken = true;
+    }
+  }
+}
+
 #if TESSERA_DEFINITIONS
 TESSERA_API Optimizer::Optimizer(std::vector<nn::ParameterRef> parameters, std::string name)
-    : parameters_(std::move(parameters)), name_(std::move(name)), masters_(parameters_.size()) {
+    : parameters_(std::move(parameters)),
+      name_(std::move(name)),
+      masters_(parameters_.size()),
+      groups_(1),
+      group_of_(parameters_.size(), 0) {
   if (parameters_.empty()) {
     throw std::invalid_argument(name_ + ": got an empty parameter list");
   }
@@ -320,6 +423,88 @@ TESSERA_API Optimizer::Optimizer(std::vector<nn::ParameterRef> parameters, std::
 }
 
 TESSERA_API Optimizer::~Optimizer() = default;
+
+namespace detail {
+inline std::vector<nn::ParameterRef> concatenated(const std::vector<ParamGroup>& groups) {
+  std::vector<nn::ParameterRef> all;
+  for (const ParamGroup& group : groups) all.insert(all.end(), group.params.begin(), group.params.end());
+  return all;
+}
+}  // namespace detail
+
+TESSERA_API Optimizer::Optimizer(std::vector<ParamGroup> groups, std::string name)
+    : Optimizer(detail::concatenated(groups), std::move(name)) {
+  groups_.clear();
+  group_of_.clear();
+  for (std::size_t g = 0; g < groups.size(); ++g) {
+    const ParamGroup& group = groups[g];
+    const std::string which = name_ + ": parameter group " + std::to_string(g);
+    if (group.params.empty()) throw std::invalid_argument(which + " has no parameters");
+    if (group.lr && !(*group.lr >= 0.0)) {
+      throw std::invalid_argument(which + ": invalid learning rate " + std::to_string(*group.lr));
+    }
+    if (group.weight_decay && !(*group.weight_decay >= 0.0)) {
+      throw std::invalid_argument(which + ": invalid weight_decay value " +
+                                  std::to_string(*group.weight_decay));
+    }
+    groups_.push_back({group.lr, group.weight_decay});
+    group_of_.insert(group_of_.end(), group.params.size(), g);
+  }
+}
+
+TESSERA_API std::string Optimizer::group_key(std::size_t g, const char* hyperparameter) const {
+  return "param_groups." + std::to_string(g) + "." + hyperparameter;
+}
+
+TESSERA_API void Optimizer::save_groups(StateDict& out) const {
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    std::vector<std::int64_t> indices;
+    for (std::size_t i = 0; i < group_of_.size(); ++i) {
+      if (group_of_[i] == g) indices.push_back(static_cast<std::int64_t>(i));
+    }
+    const auto n = static_cast<std::int64_t>(indices.size());
+    out.insert(group_key(g, "params"), from_vector<std::int64_t>(indices, Shape{n}, 0));
+  }
+}
+
+TESSERA_API void Optimizer::check_groups(const StateDict& state_dict) const {
+  std::size_t loaded = 0;  // one more than the highest "param_groups.<g>." index
+  for (const std::string& key : state_dict.keys()) {
+    if (key.rfind("param_groups.", 0) != 0) continue;
+    const std::size_t end = key.find('.', 13);
+    const std::string index = key.substr(13, end == std::string::npos ? end : end - 13);
+    if (index.empty() || index.size() > 6 || index.find_first_not_of("0123456789") != std::string::npos) {
+      throw error(name_ + "::load_state_dict: entry " + key + " names no parameter group");
+    }
+    loaded = std::max(loaded, static_cast<std::size_t>(std::stoul(index)) + 1);
+  }
+  if (loaded != groups_.size()) {
+    throw error(name_ + "::load_state_dict: the state has " + std::to_string(loaded) +
+                " parameter group(s), this " + name_ + " has " + std::to_string(groups_.size()));
+  }
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const std::string key = group_key(g, "params");
+    if (!state_dict.contains(key)) {
+      if (groups_.size() == 1) continue;  // a state saved before groups: all parameters
+      throw error(name_ + "::load_state_dict: no entry " + key);
+    }
+    const AnyTensor& indices = state_dict.at(key);
+    std::vector<std::int64_t> want;
+    for (std::size_t i = 0; i < group_of_.size(); ++i) {
+      if (group_of_[i] == g) want.push_back(static_cast<std::int64_t>(i));
+    }
+    bool same = indices.dtype() == ScalarType::int64 && indices.dim() == 1 &&
+                indices.device().type == DeviceType::cpu &&
+                indices.numel() == static_cast<std::int64_t>(want.size());
+    if (same) same = indices.as<std::int64_t>().to_vector() == want;
+    if (!same) {
+      throw error(name_ + "::load_state_dict: " + key + " (" + indices.shape().str() +
+                  ") does not list the parameters of group " + std::to_string(g) + " (" +
+                  std::to_string(want.size()) + " parameters, from index " +
+                  (want.empty() ? std::string("-") : std::to_string(want.front())) + ")");
+    }
+  }
+}
 
 namespace detail {
 TESSERA_API AnyTensor state_scalar(double value) {

@@ -127,19 +127,32 @@ class SGD : public Optimizer {
         momentum_buffers_(parameters_.size()) {
     validate(options_);
   }
+  /// Parameter groups with their own lr and weight_decay (ParamGroup); `options` are the
+  /// defaults.
+  SGD(std::vector<ParamGroup> groups, SGDOptions options)
+      : Optimizer(std::move(groups), "SGD"),
+        options_(options),
+        momentum_buffers_(parameters_.size()) {
+    for (std::size_t g = 0; g < groups_.size(); ++g) validate(group_options(g));
+  }
 
-  /// The hyperparameters; change them between steps (e.g. the learning rate). step() checks
-  /// them again.
+  /// The hyperparameters (the defaults of the parameter groups); change them between steps
+  /// (e.g. the learning rate). step() checks them again.
   SGDOptions& options() noexcept { return options_; }
   const SGDOptions& options() const noexcept { return options_; }
+  /// Group g's hyperparameters: options() with the group's own lr and weight_decay.
+  SGDOptions group_options(std::size_t g) const { return options_of_group(g, options_); }
+  double group_lr(std::size_t g) const { return group_options(g).lr; }
+  /// The group's own rate when it has one, else options().lr (the schedulers call this).
+  void set_group_lr(std::size_t g, double lr) { set_lr_of_group(g, lr, options_.lr); }
 
   /// Parameter i's momentum buffer (undefined before its first step, or without momentum).
   const AnyTensor& momentum_buffer(std::size_t i) const { return momentum_buffers_.at(i); }
 
   /// PyTorch's optimizer state, flattened for ts::save: "state.<i>.momentum_buffer" (shared,
-  /// not copied), "state.<i>.master_weight" for a 16-bit parameter that has stepped, and
-  /// "param_groups.0.lr", ".momentum", ".dampening", ".weight_decay", ".nesterov", ".maximize"
-  /// (0-d float64).
+  /// not copied), "state.<i>.master_weight" for a 16-bit parameter that has stepped, and for
+  /// each group g "param_groups.<g>.lr", ".momentum", ".dampening", ".weight_decay",
+  /// ".nesterov", ".maximize" (0-d float64) and ".params" (its parameters' indices, int64).
   TESSERA_API StateDict state_dict() const;
   /// Restores what state_dict saved (buffers copied to the parameters' devices). Checks all of
   /// it first (a missing hyperparameter, invalid options, a buffer of another shape or dtype, an
@@ -161,7 +174,8 @@ class SGD : public Optimizer {
   void update(std::size_t i, const Tensor<T, K>& value, const Tensor<G, K>& grad,
               const Tensor<L, K>& low = {}) {
     using C = opmath_t<T>;
-    const bool has_momentum = options_.momentum != 0.0;
+    const SGDOptions o = group_options(group_of_[i]);
+    const bool has_momentum = o.momentum != 0.0;
     AnyTensor& buffer_state = momentum_buffers_[i];
     const bool first_step = has_momentum && !buffer_state.defined();
     Tensor<T, K> buffer;
@@ -175,13 +189,13 @@ class SGD : public Optimizer {
     const detail::sgd_update<T, C, G, L> rule{value.data(),
                                               grad.data(),
                                               has_momentum ? buffer.data() : nullptr,
-                                              static_cast<C>(options_.lr),
-                                              static_cast<C>(options_.momentum),
-                                              static_cast<C>(1.0 - options_.dampening),
-                                              static_cast<C>(options_.weight_decay),
-                                              options_.nesterov,
+                                              static_cast<C>(o.lr),
+                                              static_cast<C>(o.momentum),
+                                              static_cast<C>(1.0 - o.dampening),
+                                              static_cast<C>(o.weight_decay),
+                                              o.nesterov,
                                               first_step,
-                                              options_.maximize,
+                                              o.maximize,
                                               low_data};
     detail::for_each_element<K>("SGD", value.device(), value.numel(), rule);
     if (first_step) buffer_state = buffer;
@@ -193,7 +207,7 @@ class SGD : public Optimizer {
 
 #if TESSERA_DEFINITIONS
 TESSERA_API void SGD::step() {
-  validate(options_);
+  for (std::size_t g = 0; g < groups_.size(); ++g) validate(group_options(g));
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     with_typed(i, [&](auto value, auto grad, auto... low) { update(i, value, grad, low...); });
   }
@@ -207,30 +221,36 @@ TESSERA_API StateDict SGD::state_dict() const {
     }
   }
   save_masters(out);
-  out.insert("param_groups.0.lr", scalar(options_.lr));
-  out.insert("param_groups.0.momentum", scalar(options_.momentum));
-  out.insert("param_groups.0.dampening", scalar(options_.dampening));
-  out.insert("param_groups.0.weight_decay", scalar(options_.weight_decay));
-  out.insert("param_groups.0.nesterov", scalar(options_.nesterov ? 1 : 0));
-  out.insert("param_groups.0.maximize", scalar(options_.maximize ? 1 : 0));
+  for (std::size_t g = 0; g < groups_.size(); ++g) {
+    const SGDOptions o = group_options(g);
+    out.insert(group_key(g, "lr"), scalar(o.lr));
+    out.insert(group_key(g, "momentum"), scalar(o.momentum));
+    out.insert(group_key(g, "dampening"), scalar(o.dampening));
+    out.insert(group_key(g, "weight_decay"), scalar(o.weight_decay));
+    out.insert(group_key(g, "nesterov"), scalar(o.nesterov ? 1 : 0));
+    out.insert(group_key(g, "maximize"), scalar(o.maximize ? 1 : 0));
+  }
+  save_groups(out);
   return out;
 }
 TESSERA_API void SGD::load_state_dict(const StateDict& state_dict) {
   check_state_indices(state_dict);
+  check_groups(state_dict);
   SGDOptions options = options_;
-  options.lr = scalar_of(state_dict, "param_groups.0.lr");
   options.momentum = scalar_of(state_dict, "param_groups.0.momentum");
   options.dampening = scalar_of(state_dict, "param_groups.0.dampening");
-  options.weight_decay = scalar_of(state_dict, "param_groups.0.weight_decay");
   options.nesterov = scalar_of(state_dict, "param_groups.0.nesterov") != 0;
   options.maximize = scalar_of(state_dict, "param_groups.0.maximize") != 0;
-  validate(options);
+  std::vector<group_settings> groups;
+  load_group_settings(state_dict, options, groups);
+  for (std::size_t g = 0; g < groups.size(); ++g) validate(options_of_group_in(groups, g, options));
   std::vector<AnyTensor> buffers(parameters_.size());
   for (std::size_t i = 0; i < buffers.size(); ++i) {
     buffers[i] = loaded_state(state_dict, i, "momentum_buffer");
   }
   std::vector<AnyTensor> masters = loaded_masters(state_dict);
   options_ = options;
+  groups_ = std::move(groups);
   momentum_buffers_ = std::move(buffers);
   masters_ = std::move(masters);
 }
