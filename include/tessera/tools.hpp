@@ -17,11 +17,12 @@ namespace tessera::tools {
 /// One GPU as NVML reports it. Memory is in bytes; a value NVML cannot give (a GPU without a
 /// temperature sensor, a MIG-enabled one without utilisation) is -1.
 struct gpu_info {
-  int index = 0;        ///< NVML's (physical) index: PCI bus order, as nvidia-smi numbers them
-  int cuda_ordinal = -1;  ///< this process's CUDA ordinal of the GPU; -1 if CUDA_VISIBLE_DEVICES hides it
-  std::string name;     ///< e.g. "NVIDIA H100 80GB HBM3"
-  std::string uuid;     ///< "GPU-8932f937-..." (what CUDA_VISIBLE_DEVICES may name)
-  int load = -1;        ///< percent of the last sample period in which a kernel ran (0-100)
+  int index = 0;  ///< NVML's (physical) index: PCI bus order, as nvidia-smi numbers them
+  /// This process's CUDA ordinal of the GPU; -1 if CUDA_VISIBLE_DEVICES hides it.
+  int cuda_ordinal = -1;
+  std::string name;  ///< e.g. "NVIDIA H100 80GB HBM3"
+  std::string uuid;  ///< "GPU-8932f937-..." (what CUDA_VISIBLE_DEVICES may name)
+  int load = -1;     ///< percent of the last sample period in which a kernel ran (0-100)
   std::int64_t memory_used = -1;
   std::int64_t memory_total = -1;
   std::int64_t memory_free = -1;
@@ -111,8 +112,8 @@ struct nvml_api {
   struct utilization_rates {
     unsigned int gpu, memory;
   };
-  static constexpr int success = 0;           // NVML_SUCCESS
-  static constexpr int temperature_gpu = 0;   // NVML_TEMPERATURE_GPU
+  static constexpr int success = 0;              // NVML_SUCCESS
+  static constexpr int temperature_gpu = 0;      // NVML_TEMPERATURE_GPU
   static constexpr unsigned int text_size = 96;  // NVML_DEVICE_NAME_V2_BUFFER_SIZE, ..._UUID_V2_...
 
   int (*init)() = nullptr;
@@ -161,14 +162,15 @@ struct nvml_api {
     }
     std::string& failure = api.failure;
     find(library, "nvmlErrorString", api.error_string, failure);
-    const bool found = find(library, "nvmlInit_v2", api.init, failure) &&
-                       find(library, "nvmlDeviceGetCount_v2", api.device_count, failure) &&
-                       find(library, "nvmlDeviceGetHandleByIndex_v2", api.handle_by_index, failure) &&
-                       find(library, "nvmlDeviceGetName", api.name, failure) &&
-                       find(library, "nvmlDeviceGetUUID", api.uuid, failure) &&
-                       find(library, "nvmlDeviceGetMemoryInfo", api.memory, failure) &&
-                       find(library, "nvmlDeviceGetUtilizationRates", api.utilization, failure) &&
-                       find(library, "nvmlDeviceGetTemperature", api.temperature, failure);
+    const bool found =
+        find(library, "nvmlInit_v2", api.init, failure) &&
+        find(library, "nvmlDeviceGetCount_v2", api.device_count, failure) &&
+        find(library, "nvmlDeviceGetHandleByIndex_v2", api.handle_by_index, failure) &&
+        find(library, "nvmlDeviceGetName", api.name, failure) &&
+        find(library, "nvmlDeviceGetUUID", api.uuid, failure) &&
+        find(library, "nvmlDeviceGetMemoryInfo", api.memory, failure) &&
+        find(library, "nvmlDeviceGetUtilizationRates", api.utilization, failure) &&
+        find(library, "nvmlDeviceGetTemperature", api.temperature, failure);
     if (!found) return api;
     if (const int code = api.init(); code != success) {
       api.failure = "NVML could not start: nvmlInit_v2: " + api.error_text(code);
@@ -234,7 +236,8 @@ TESSERA_API std::vector<int> parse_visible_devices(const char* text, int physica
   while (true) {
     const std::size_t comma = rest.find(',');
     std::string_view entry = rest.substr(0, comma);
-    while (!entry.empty() && (entry.front() == ' ' || entry.front() == '\t')) entry.remove_prefix(1);
+    while (!entry.empty() && (entry.front() == ' ' || entry.front() == '\t'))
+      entry.remove_prefix(1);
     while (!entry.empty() && (entry.back() == ' ' || entry.back() == '\t')) entry.remove_suffix(1);
     int physical = -1;
     if (!entry.empty() && entry.find_first_not_of("0123456789") == std::string_view::npos) {
@@ -268,9 +271,9 @@ TESSERA_API std::vector<int> select_by_free_memory(const std::vector<gpu_info>& 
                                 "): the number of devices must not be negative");
   }
   if (static_cast<std::size_t>(n) > visible.size()) {
-    std::string message = "tools::select_devices(" + std::to_string(n) + "): " +
-                          std::to_string(n) + " GPU(s) asked for, " +
-                          std::to_string(visible.size()) + " visible to this process";
+    std::string message = "tools::select_devices(" + std::to_string(n) + "): " + std::to_string(n) +
+                          " GPU(s) asked for, " + std::to_string(visible.size()) +
+                          " visible to this process";
     if (visible.empty() && !why_none.empty()) message += " (" + why_none + ")";
     throw device_error(message);
   }
@@ -319,11 +322,11 @@ TESSERA_API std::string utilization_table::str() const {
     const std::string cuda = gpu.cuda_ordinal < 0 ? "-" : std::to_string(gpu.cuda_ordinal);
     const std::string memory =
         (gpu.memory_used < 0 ? std::string("?") : std::to_string(gpu.memory_used >> 20)) + " / " +
-        (gpu.memory_total < 0 ? std::string("?") : std::to_string(gpu.memory_total >> 20)) +
-        " MiB";
+        (gpu.memory_total < 0 ? std::string("?") : std::to_string(gpu.memory_total >> 20)) + " MiB";
     std::snprintf(line, sizeof line, "| %2d | %4s | %-*s | %5s | %21s | %5s |\n", gpu.index,
                   cuda.c_str(), static_cast<int>(name_width), gpu.name.c_str(),
-                  number(gpu.load, "%").c_str(), memory.c_str(), number(gpu.temperature, " C").c_str());
+                  number(gpu.load, "%").c_str(), memory.c_str(),
+                  number(gpu.temperature, " C").c_str());
     out += line;
   }
   if (!note.empty()) out += note + "\n";

@@ -36,13 +36,13 @@ TEST_CASE("tools: CUDA_VISIBLE_DEVICES is read as CUDA reads it", "[tools]") {
     CHECK(parse_visible_devices(" 2 , 3", 4, none) == list{2, 3});
   }
   SECTION("the list ends at the first entry CUDA refuses") {
-    CHECK(parse_visible_devices("0,5,1", 4, none) == list{0});      // out of range
-    CHECK(parse_visible_devices("2,x,1", 4, none) == list{2});      // not a number
-    CHECK(parse_visible_devices("1,1,2", 4, none) == list{1});      // a repeat
-    CHECK(parse_visible_devices("1,,2", 4, none) == list{1});       // an empty entry
-    CHECK(parse_visible_devices("0,1a", 4, none) == list{0});       // trailing garbage
-    CHECK(parse_visible_devices("99999999999", 4, none).empty());   // no overflow
-    CHECK(parse_visible_devices("0", 0, none).empty());             // no GPU at all
+    CHECK(parse_visible_devices("0,5,1", 4, none) == list{0});     // out of range
+    CHECK(parse_visible_devices("2,x,1", 4, none) == list{2});     // not a number
+    CHECK(parse_visible_devices("1,1,2", 4, none) == list{1});     // a repeat
+    CHECK(parse_visible_devices("1,,2", 4, none) == list{1});      // an empty entry
+    CHECK(parse_visible_devices("0,1a", 4, none) == list{0});      // trailing garbage
+    CHECK(parse_visible_devices("99999999999", 4, none).empty());  // no overflow
+    CHECK(parse_visible_devices("0", 0, none).empty());            // no GPU at all
   }
   SECTION("UUIDs, whole or a unique prefix") {
     const std::vector<std::string> uuids{"GPU-aaaa1111-0000", "GPU-aaab2222-0000",
@@ -50,11 +50,11 @@ TEST_CASE("tools: CUDA_VISIBLE_DEVICES is read as CUDA reads it", "[tools]") {
     CHECK(parse_visible_devices("GPU-bbbb3333-0000", 3, uuids) == list{2});
     CHECK(parse_visible_devices("GPU-b", 3, uuids) == list{2});
     CHECK(parse_visible_devices("1,GPU-aaaa", 3, uuids) == list{1, 0});
-    CHECK(parse_visible_devices("GPU-aaa,0", 3, uuids).empty());       // ambiguous
-    CHECK(parse_visible_devices("0,GPU-cccc", 3, uuids) == list{0});   // unknown
-    CHECK(parse_visible_devices("2,GPU-bbbb", 3, uuids) == list{2});   // a repeat
-    CHECK(parse_visible_devices("GPU-bbbb", 3, none).empty());         // UUIDs unknown
-    CHECK(parse_visible_devices("MIG-0", 3, uuids).empty());           // MIG: not reported
+    CHECK(parse_visible_devices("GPU-aaa,0", 3, uuids).empty());      // ambiguous
+    CHECK(parse_visible_devices("0,GPU-cccc", 3, uuids) == list{0});  // unknown
+    CHECK(parse_visible_devices("2,GPU-bbbb", 3, uuids) == list{2});  // a repeat
+    CHECK(parse_visible_devices("GPU-bbbb", 3, none).empty());        // UUIDs unknown
+    CHECK(parse_visible_devices("MIG-0", 3, uuids).empty());          // MIG: not reported
   }
 }
 
@@ -104,11 +104,13 @@ TEST_CASE("tools: the utilization table shows every field", "[tools]") {
   INFO(text);
   CHECK(text == table.str());
   CHECK(text.find("| ID | CUDA |") == 0);
-  CHECK(text.find("|  0 |    1 | NVIDIA H100 80GB HBM3 |   12% |      1024 / 81920 MiB |  45 C |") !=
-        std::string::npos);
+  CHECK(
+      text.find("|  0 |    1 | NVIDIA H100 80GB HBM3 |   12% |      1024 / 81920 MiB |  45 C |") !=
+      std::string::npos);
   // Hidden by CUDA_VISIBLE_DEVICES, and no load or temperature known.
-  CHECK(text.find("|  1 |    - | NVIDIA H100 80GB HBM3 |     ? |         0 / 81920 MiB |     ? |") !=
-        std::string::npos);
+  CHECK(
+      text.find("|  1 |    - | NVIDIA H100 80GB HBM3 |     ? |         0 / 81920 MiB |     ? |") !=
+      std::string::npos);
 
   tools::utilization_table empty;
   empty.note = "no NVIDIA driver: libnvidia-ml.so.1 not found";

@@ -15,14 +15,15 @@
 #include <thread>
 #include <vector>
 
+#include "memory/units.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/memory/memory.hpp"
 #include "tessera/tensor.hpp"
-#include "memory/units.hpp"
 
 #ifndef TESSERA_ORACLE_SCRIPTS
-#error "TESSERA_ORACLE_SCRIPTS (the folder of memory_timeline_check.py) must be defined by the build"
+#error \
+    "TESSERA_ORACLE_SCRIPTS (the folder of memory_timeline_check.py) must be defined by the build"
 #endif
 #ifndef TESSERA_ORACLE_PYTHON
 #define TESSERA_ORACLE_PYTHON "/usr/bin/python3"
@@ -31,18 +32,18 @@
 namespace history_test {  // one namespace per test file: unity builds compile several together
 
 namespace mem = tessera::memory;
-using tessera::Device;
 using memory_test_units::cpu0;
 using memory_test_units::cpu1;
 using memory_test_units::MiB;
+using tessera::Device;
 
 namespace {
 
 std::filesystem::path scratch(const std::string& name) {
   const char* oracle_dir = std::getenv("TESSERA_ORACLE_DIR");
-  const auto directory = (oracle_dir ? std::filesystem::path(oracle_dir)
-                                     : std::filesystem::temp_directory_path()) /
-                         "memory_history";
+  const auto directory =
+      (oracle_dir ? std::filesystem::path(oracle_dir) : std::filesystem::temp_directory_path()) /
+      "memory_history";
   std::filesystem::create_directories(directory);
   return directory / name;
 }
@@ -73,9 +74,9 @@ void export_and_check(Device device, const expectation& expected, const std::str
   const auto wanted = scratch(stem + ".expected");
   mem::export_timeline(device, trace.string());
   std::ofstream(wanted) << expected.text;
-  const std::string command = std::string(TESSERA_ORACLE_PYTHON) + " \"" +
-                              TESSERA_ORACLE_SCRIPTS + "/memory_timeline_check.py\" \"" +
-                              trace.string() + "\" \"" + wanted.string() + "\"";
+  const std::string command = std::string(TESSERA_ORACLE_PYTHON) + " \"" + TESSERA_ORACLE_SCRIPTS +
+                              "/memory_timeline_check.py\" \"" + trace.string() + "\" \"" +
+                              wanted.string() + "\"";
   INFO(command);
   REQUIRE(std::system(command.c_str()) == 0);
 }
@@ -164,8 +165,8 @@ TEST_CASE("memory history keeps the last max_events events", "[memory][history]"
   mem::record_history(cpu1, false);
   // The start and the first two allocations are dropped: the counters start at the third one.
   expectation expected(cpu1);
-  expected.text = "device cpu:1 start " + std::to_string(6 * 512) + " " + std::to_string(2 * MiB) +
-                  "\n";
+  expected.text =
+      "device cpu:1 start " + std::to_string(6 * 512) + " " + std::to_string(2 * MiB) + "\n";
   expected.add("allocate", 3 * 512, blocks[2], 6 * 512);
   expected.add("allocate", 4 * 512, blocks[3], 10 * 512);
   expected.add("allocate", 5 * 512, blocks[4], 15 * 512);
@@ -178,8 +179,7 @@ TEST_CASE("memory history keeps the last max_events events", "[memory][history]"
   require_clean(cpu1);
 }
 
-TEST_CASE("memory history of two devices allocating on two threads at once",
-          "[memory][history]") {
+TEST_CASE("memory history of two devices allocating on two threads at once", "[memory][history]") {
   require_clean(cpu0);
   require_clean(cpu1);
   mem::record_history(cpu0, true);

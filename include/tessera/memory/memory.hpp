@@ -313,7 +313,8 @@ TESSERA_API void export_timeline(Device device, const std::string& path);
 namespace detail {
 /// allocate without the history (the allocation path itself). Always inlined into allocate, as it
 /// was before the history, so that allocate's callers inline the same code as then.
-[[gnu::always_inline]] inline void* allocate_unrecorded(Device device, std::size_t bytes, stream_ref stream) {
+[[gnu::always_inline]] inline void* allocate_unrecorded(Device device, std::size_t bytes,
+                                                        stream_ref stream) {
   device_memory_resource& resource = resource_of(device, "allocate");
   if (bytes == 0) return nullptr;
   if (device.is_cpu()) {
@@ -330,8 +331,9 @@ namespace detail {
 }
 
 /// deallocate without the history (always inlined into deallocate, as allocate_unrecorded).
-[[gnu::always_inline]] inline void deallocate_unrecorded(Device device, void* pointer, std::size_t bytes,
-                                  stream_ref stream) noexcept {
+[[gnu::always_inline]] inline void deallocate_unrecorded(Device device, void* pointer,
+                                                         std::size_t bytes,
+                                                         stream_ref stream) noexcept {
   if (pointer == nullptr) return;
   device_memory_resource& resource = resource_of(device, "deallocate");
   // Only the device the thread drives (its current one) is cached: a block freed by another

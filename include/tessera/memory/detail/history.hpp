@@ -123,7 +123,9 @@ TESSERA_API void* recorded_allocate(Device device, std::size_t bytes, stream_ref
     return allocate_unrecorded(device, bytes, stream);
   }
   std::lock_guard lock(history.mutex);
-  if (!history.on.load(std::memory_order_relaxed)) return allocate_unrecorded(device, bytes, stream);
+  if (!history.on.load(std::memory_order_relaxed)) {  // stopped meanwhile
+    return allocate_unrecorded(device, bytes, stream);
+  }
   void* pointer = nullptr;
   try {
     pointer = allocate_unrecorded(device, bytes, stream);
@@ -223,16 +225,18 @@ TESSERA_API void export_timeline(Device device, const std::string& path) {
   // per process and name, so each device has its own two tracks.
   std::fprintf(file,
                "{\"displayTimeUnit\":\"ms\",\"otherData\":{\"producer\":\"Tessera\","
-               "\"device\":\"%s\",\"clock\":\"steady_clock\",\"dropped_events\":%" PRIu64 "},\n"
+               "\"device\":\"%s\",\"clock\":\"steady_clock\",\"dropped_events\":%" PRIu64
+               "},\n"
                "\"traceEvents\":[\n"
                "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%ld,\"tid\":0,"
                "\"args\":{\"name\":\"Tessera memory\"}}",
                name.c_str(), dropped, pid);
-  std::vector<int> named_threads;
+  std::vector<bool> named_threads;
   for (const detail::history_event& event : events) {
-    if (event.thread >= static_cast<int>(named_threads.size()) || !named_threads[event.thread]) {
-      if (event.thread >= static_cast<int>(named_threads.size())) named_threads.resize(event.thread + 1);
-      named_threads[event.thread] = 1;
+    const auto thread = static_cast<std::size_t>(event.thread);
+    if (thread >= named_threads.size()) named_threads.resize(thread + 1);
+    if (!named_threads[thread]) {
+      named_threads[thread] = true;
       std::fprintf(file,
                    ",\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%ld,\"tid\":%d,"
                    "\"args\":{\"name\":\"thread %d\"}}",
@@ -242,30 +246,37 @@ TESSERA_API void export_timeline(Device device, const std::string& path) {
   using action = detail::history_event::action;
   for (const detail::history_event& event : events) {
     const double ts =
-        static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                                event.time.time_since_epoch())
-                                .count()) /
-        1000.0;
+        std::chrono::duration<double, std::micro>(event.time.time_since_epoch()).count();
     const char* what = nullptr;
     switch (event.what) {
-      case action::start: break;
-      case action::allocate: what = "allocate"; break;
-      case action::deallocate: what = "free"; break;
-      case action::out_of_memory: what = "out_of_memory"; break;
-      case action::empty_cache: what = "empty_cache"; break;
+      case action::start:
+        break;
+      case action::allocate:
+        what = "allocate";
+        break;
+      case action::deallocate:
+        what = "free";
+        break;
+      case action::out_of_memory:
+        what = "out_of_memory";
+        break;
+      case action::empty_cache:
+        what = "empty_cache";
+        break;
     }
     if (what != nullptr) {
       std::fprintf(file,
                    ",\n{\"name\":\"%s\",\"cat\":\"memory\",\"ph\":\"i\",\"s\":\"t\",\"ts\":%.3f,"
                    "\"pid\":%ld,\"tid\":%d,\"args\":{\"device\":\"%s\",\"size\":%zu,"
-                   "\"address\":\"0x%" PRIxPTR "\",\"allocated\":%" PRId64
-                   ",\"reserved\":%" PRId64 "}}",
+                   "\"address\":\"0x%" PRIxPTR "\",\"allocated\":%" PRId64 ",\"reserved\":%" PRId64
+                   "}}",
                    what, ts, pid, event.thread, name.c_str(), event.bytes, event.address,
                    event.allocated, event.reserved);
     }
     std::fprintf(file,
                  ",\n{\"name\":\"%s allocated\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%ld,\"tid\":0,"
-                 "\"args\":{\"bytes\":%" PRId64 "}}"
+                 "\"args\":{\"bytes\":%" PRId64
+                 "}}"
                  ",\n{\"name\":\"%s reserved\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%ld,\"tid\":0,"
                  "\"args\":{\"bytes\":%" PRId64 "}}",
                  name.c_str(), ts, pid, event.allocated, name.c_str(), ts, pid, event.reserved);
