@@ -17,7 +17,7 @@ usage() {
 }
 
 demo_packages=(cmake ninja-build g++)
-test_packages=(catch2 libopenmpi-dev openmpi-bin python3-numpy python3-torch python3-torchvision libopenblas-openmp-dev ccache libbenchmark-dev)
+test_packages=(catch2 libopenmpi-dev openmpi-bin python3-numpy python3-torch python3-torchvision python3-sklearn libopenblas-openmp-dev ccache libbenchmark-dev)
 bench_packages=(libtorch-dev libeigen3-dev libbenchmark-dev)
 
 # Python test oracles from PyPI (not Debian): `safetensors` (the official reader and writer) for

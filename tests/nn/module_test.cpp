@@ -563,4 +563,111 @@ TEST_CASE("Linear's initialisation is PyTorch's bound from the seeded Philox str
   CHECK(c.weight().value().to_vector() != a.weight().value().to_vector());
 }
 
+TEST_CASE("nn::to<half> converts a model; BatchNorm stays float and converts at its boundary",
+          "[module][amp]") {
+  namespace ag = tessera::autograd;
+  ts::manual_seed(12);
+  auto model = nn::Sequential(nn::Linear<float>(6, 8), nn::BatchNorm1d<float>(8), nn::ReLU{},
+                              nn::Linear<float>(8, 3));
+  auto low = nn::to<ts::half>(model);
+  static_assert(std::is_same_v<decltype(low),
+                               nn::Sequential<nn::Linear<ts::half>, nn::BatchNorm1d<float>,
+                                              nn::ReLU, nn::Linear<ts::half>>>);
+  static_assert(std::is_same_v<decltype(model.get<0>().to<ts::bfloat16>()),
+                               nn::Linear<ts::bfloat16>>);
+  static_assert(std::is_same_v<decltype(model.to<double>()),
+                               nn::Sequential<nn::Linear<double>, nn::BatchNorm1d<float>,
+                                              nn::ReLU, nn::Linear<double>>>);
+  // The values rounded to nearest even; BatchNorm copied as it is, and independent.
+  const auto w = model.get<3>().weight().value().to_vector();
+  const auto wh = low.get<3>().weight().value().to_vector();
+  REQUIRE(wh.size() == w.size());
+  for (std::size_t k = 0; k < w.size(); ++k) {
+    CHECK(static_cast<float>(wh[k]) == static_cast<float>(ts::half(w[k])));
+  }
+  CHECK(low.get<1>().running_var().value().to_vector() == std::vector<float>(8, 1.0f));
+  low.get<1>().weight().value().fill_(2.0f);
+  CHECK(model.get<1>().weight().value().to_vector() == std::vector<float>(8, 1.0f));
+  model.eval();
+  CHECK_FALSE(nn::to<ts::half>(model).get<1>().is_training());  // modes kept
+  model.train();
+
+  // Eager forward (training mode: batch statistics) against float64 from the half model's
+  // own values.
+  const ts::Tensor<ts::half> x = ts::randn<float>({5, 6}).to<ts::half>();
+  const ts::Tensor<ts::half> y = low(x);
+  auto doubles = [](const auto& t) {
+    std::vector<double> out;
+    for (const auto& v : t.to_vector()) out.push_back(static_cast<double>(static_cast<float>(v)));
+    return out;
+  };
+  const auto xd = doubles(x), w1 = doubles(low.get<0>().weight().value()),
+             b1 = doubles(low.get<0>().bias().value()), w2 = doubles(low.get<3>().weight().value()),
+             b2 = doubles(low.get<3>().bias().value());
+  std::vector<double> h(5 * 8), out(5 * 3);
+  for (int n = 0; n < 5; ++n) {
+    for (int j = 0; j < 8; ++j) {
+      double sum = b1[static_cast<std::size_t>(j)];
+      for (int i = 0; i < 6; ++i) sum += xd[static_cast<std::size_t>(n * 6 + i)] * w1[static_cast<std::size_t>(j * 6 + i)];
+      h[static_cast<std::size_t>(n * 8 + j)] = sum;
+    }
+  }
+  for (int j = 0; j < 8; ++j) {  // batch statistics, biased variance, eps 1e-5, weight 2, bias 0
+    double mean = 0, var = 0;
+    for (int n = 0; n < 5; ++n) mean += h[static_cast<std::size_t>(n * 8 + j)] / 5;
+    for (int n = 0; n < 5; ++n) {
+      const double d = h[static_cast<std::size_t>(n * 8 + j)] - mean;
+      var += d * d / 5;
+    }
+    for (int n = 0; n < 5; ++n) {
+      double& v = h[static_cast<std::size_t>(n * 8 + j)];
+      v = std::max(0.0, 2.0 * (v - mean) / std::sqrt(var + 1e-5));
+    }
+  }
+  for (int n = 0; n < 5; ++n) {
+    for (int k = 0; k < 3; ++k) {
+      double sum = b2[static_cast<std::size_t>(k)];
+      for (int j = 0; j < 8; ++j) sum += h[static_cast<std::size_t>(n * 8 + j)] * w2[static_cast<std::size_t>(k * 8 + j)];
+      out[static_cast<std::size_t>(n * 3 + k)] = sum;
+    }
+  }
+  const auto got = doubles(y);
+  REQUIRE(got.size() == out.size());
+  for (std::size_t k = 0; k < out.size(); ++k) {
+    INFO("element " << k);
+    CHECK(std::abs(got[k] - out[k]) <= 2e-2 * (1 + std::abs(out[k])));  // half roundings
+  }
+  CHECK(low.get<1>().num_batches_tracked().value().item() == 1);  // the float statistics moved
+  const auto mean = low.get<1>().running_mean().value().to_vector();
+  CHECK(std::any_of(mean.begin(), mean.end(), [](float v) { return v != 0.0f; }));
+
+  // Traced training of the half model (float BatchNorm inside) with the scaler.
+  low.get<1>().weight().value().fill_(1.0f);
+  auto step = ag::compile(
+      [&low](ag::Var<ts::half> in, ag::Var<std::int64_t> labels) {
+        return nn::cross_entropy(ts::cast<float>(low.forward(in)), labels);
+      },
+      ag::input<ts::half>({16, 6}), ag::input<std::int64_t>({16}));
+  ts::optim::Adam adam(low.parameters(), {.lr = 0.02});
+  ts::optim::GradScaler scaler;
+  const ts::Tensor<ts::half> inputs = ts::randn<float>({16, 6}).to<ts::half>();
+  std::vector<std::int64_t> labels(16);
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<std::int64_t>(i % 3);
+  const auto targets = ts::from_vector<std::int64_t>(labels, {16});
+  float first = 0, last = 0;
+  for (int i = 0; i < 40; ++i) {
+    adam.zero_grad();
+    last = step.forward(inputs, targets).item();
+    if (i == 0) first = last;
+    step.backward(scaler);
+    scaler.step(adam);
+    scaler.update();
+  }
+  INFO("loss " << first << " -> " << last);
+  CHECK(last < 0.5f * first);
+  CHECK(adam.master_weight(0).dtype() == ts::ScalarType::float32);  // Linear<half>'s weight
+  CHECK_FALSE(adam.master_weight(2).defined());                      // BatchNorm's float weight
+  CHECK(low.get<1>().weight().value().to_vector() != std::vector<float>(8, 1.0f));
+}
+
 }  // namespace module_test

@@ -281,6 +281,24 @@ class batch_norm : public Module {
 
   template <class X>
   auto normalise(const X& x, bool relu_after) const {
+    using In = typename std::remove_cvref_t<X>::value_type;
+    if constexpr (!std::is_same_v<In, T> && is_floating_point_v<In> && is_floating_point_v<T>) {
+      // Another floating dtype (a float BatchNorm in a half model, nn::to<ts::half>):
+      // normalised in T, given back in the input's dtype. The casts are expressions: the one in
+      // is the pass that makes the T input the statistics read (fused with whatever produced
+      // x), the one out fuses into the next consumer (traced) or is one pass (eager).
+      auto y = normalise(tessera::cast<T>(x), relu_after);
+      if constexpr (nn::detail::is_eager_v<X>) {
+        return tessera::eval(tessera::cast<In>(y));
+      } else {
+        return tessera::cast<In>(y);
+      }
+    } else {
+      return normalise_same(x, relu_after);
+    }
+  }
+  template <class X>
+  auto normalise_same(const X& x, bool relu_after) const {
     static_assert(std::is_same_v<typename std::remove_cvref_t<X>::value_type, T>,
                   "BatchNorm<T>: the input's dtype is not T; convert it with .to<T>()");
     static_assert(std::is_same_v<typename std::remove_cvref_t<X>::device_kind, K>,
@@ -397,6 +415,11 @@ class BatchNorm1d : public detail::batch_norm<T, K, false> {
                                 this->affine(), this->track_running_stats(), device.index);
     });
   }
+  /// Under ts::nn::to<Dtype> the layer keeps its dtype (keeps_dtype): an independent copy.
+  template <Dtype U>
+  BatchNorm1d copy_as() const {
+    return copy_to<K>(detail::module_device(*this));
+  }
 };
 
 /// torch.nn.BatchNorm2d(num_features, eps, momentum, affine, track_running_stats) over
@@ -413,6 +436,11 @@ class BatchNorm2d : public detail::batch_norm<T, K, true> {
   BatchNorm2d<T, K2> to(int index = -1) const {
     return nn::to<K2>(*this, index);
   }
+  /// Under ts::nn::to<Dtype> the layer keeps its dtype (keeps_dtype): an independent copy.
+  template <Dtype U>
+  BatchNorm2d copy_as() const {
+    return copy_to<K>(detail::module_device(*this));
+  }
   /// An independent copy on `device` (of kind K2).
   template <DeviceKind K2>
   BatchNorm2d<T, K2> copy_to(Device device) const {
@@ -422,5 +450,12 @@ class BatchNorm2d : public detail::batch_norm<T, K, true> {
     });
   }
 };
+
+/// BatchNorm stays in its dtype when a model is converted (ts::nn::to<ts::half>), the seed's
+/// advice for half-precision training: its statistics in float.
+template <Dtype T, DeviceKind K>
+struct keeps_dtype<BatchNorm1d<T, K>> : std::true_type {};
+template <Dtype T, DeviceKind K>
+struct keeps_dtype<BatchNorm2d<T, K>> : std::true_type {};
 
 }  // namespace tessera::nn

@@ -117,6 +117,18 @@ class Conv2d : public Module {
       return Conv2d<T, K2>(in_channels_, out_channels_, kernel_size_, options_, device.index);
     });
   }
+  /// This layer in dtype U (see ts::nn::to<Dtype>): an independent copy, values converted.
+  template <Dtype U>
+  Conv2d<U, K> to() const {
+    return nn::to<U>(*this);
+  }
+  template <Dtype U>
+  Conv2d<U, K> copy_as() const {
+    const Device device = weight_.value().device();
+    return detail::converted_as<K>(*this, device, [&] {
+      return Conv2d<U, K>(in_channels_, out_channels_, kernel_size_, options_, device.index);
+    });
+  }
 
   /// PyTorch's repr after the class name: "(3, 64, kernel_size=(7, 7), stride=(2, 2), ...)".
   std::string describe() const {

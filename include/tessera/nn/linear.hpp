@@ -100,6 +100,18 @@ class Linear : public Module {
       return Linear<T, K2>(in_features_, out_features_, has_bias_, device.index);
     });
   }
+  /// This layer in dtype U (see ts::nn::to<Dtype>): an independent copy, values converted.
+  template <Dtype U>
+  Linear<U, K> to() const {
+    return nn::to<U>(*this);
+  }
+  template <Dtype U>
+  Linear<U, K> copy_as() const {
+    const Device device = weight_.value().device();
+    return detail::converted_as<K>(*this, device, [&] {
+      return Linear<U, K>(in_features_, out_features_, has_bias_, device.index);
+    });
+  }
 
  private:
   void check_input(const Shape& shape) const {

@@ -18,6 +18,7 @@
 
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/promotion.hpp"
 #include "tessera/nn/buffer.hpp"
 #include "tessera/nn/parameter.hpp"
 #include "tessera/tensor/any_tensor.hpp"
@@ -535,9 +536,14 @@ TESSERA_API void copy_training_modes(const Module& source, Module& target) {
 /// Gives `target` (same structure as `source`, on any device) source's values, buffers,
 /// requires_grad flags and training modes. Gradients are not copied.
 TESSERA_API void copy_module_state(const Module& source, Module& target);
+/// The same with `values` (source's state, converted) loaded instead of source's own.
+TESSERA_API void copy_module_state(const Module& source, const StateDict& values, Module& target);
 #if TESSERA_DEFINITIONS
 TESSERA_API void copy_module_state(const Module& source, Module& target) {
-  target.load_state_dict(source.state_dict(), true);
+  copy_module_state(source, source.state_dict(), target);
+}
+TESSERA_API void copy_module_state(const Module& source, const StateDict& values, Module& target) {
+  target.load_state_dict(values, true);
   std::unordered_map<std::string, ParameterRef> target_parameters;
   for (auto& [name, parameter] : target.named_parameters()) target_parameters[name] = parameter;
   for (const auto& [name, parameter] : source.named_parameters()) {
@@ -586,7 +592,92 @@ rebind_kind_t<M, K2> copy_to(const M& module, Device device) {
   }
 }
 
+/// `value` (a floating-point tensor) converted to dtype U, on its device; itself when it is U.
+template <Dtype U>
+AnyTensor floating_as(const AnyTensor& value) {
+  if (value.dtype() == scalar_type_of<U>) return value;
+  auto convert = [&]<DeviceKind K>(K) -> AnyTensor {
+    switch (value.dtype()) {
+      case ScalarType::float32:
+        return value.as<float, K>().template to<U>();
+      case ScalarType::float64:
+        return value.as<double, K>().template to<U>();
+      case ScalarType::float16:
+        return value.as<half, K>().template to<U>();
+      case ScalarType::bfloat16:
+        return value.as<bfloat16, K>().template to<U>();
+      default:
+        throw dtype_error(std::string("nn::to<") + name(scalar_type_of<U>) + ">: a " +
+                          name(value.dtype()) + " entry where a floating-point one was expected");
+    }
+  };
+  return value.device().is_cuda() ? convert(cuda{}) : convert(cpu{});
+}
+
+/// The device of `module`'s first parameter or buffer (the current CPU device when it has none).
+TESSERA_API Device module_device(const Module& module);
+#if TESSERA_DEFINITIONS
+TESSERA_API Device module_device(const Module& module) {
+  for (const auto& [key, value] : module.state_dict()) {
+    if (value.defined()) return value.device();
+  }
+  return resolve_device<cpu>(-1);
+}
+#endif
+
+/// `make()` (with `device` current for kind K and initialisation skipped), filled with
+/// `source`'s state converted to the new module's dtypes (entries that keep theirs are copied).
+template <DeviceKind K, class Make>
+auto converted_as(const Module& source, Device device, Make&& make) {
+  auto target = [&] {
+    DeviceGuard<K> guard(device.index);
+    skip_initialization skip;
+    return make();
+  }();
+  const StateDict wanted = target.state_dict();
+  StateDict values;
+  for (const auto& [key, value] : source.state_dict()) {
+    if (!wanted.contains(key) || !value.defined() || wanted.at(key).dtype() == value.dtype()) {
+      values.insert(key, value);
+      continue;
+    }
+    values.insert(key, visit_dtype(wanted.at(key).dtype(), [&](auto tag) -> AnyTensor {
+      using U = typename decltype(tag)::type;
+      if constexpr (is_floating_point_v<U>) {
+        return floating_as<U>(value);
+      } else {
+        return value;  // load_state_dict names the dtype mismatch
+      }
+    }));
+  }
+  copy_module_state(source, values, target);
+  return target;
+}
+
 }  // namespace detail
+
+/// Modules that keep their dtype when a model is converted with `nn::to<Dtype>` (mixed
+/// precision): BatchNorm1d/2d stay in float, taking the model's dtype at their input and giving
+/// it back at their output (the casts are part of the expressions around them). Specialise it
+/// as std::true_type for a module of yours.
+template <class M>
+struct keeps_dtype : std::false_type {};
+
+/// The module type M with dtype U: `Linear<T, K>` -> `Linear<U, K>`, `Net<T, K>` -> `Net<U, K>`
+/// (a template whose arguments are the dtype and the kind); unchanged for modules without a
+/// dtype (ReLU), with an integer one, or that keep theirs (keeps_dtype). Specialise it for other
+/// shapes of module templates.
+template <class M, class U>
+struct rebind_dtype {
+  using type = M;
+};
+template <template <Dtype, DeviceKind> class M, Dtype T, DeviceKind K, Dtype U>
+struct rebind_dtype<M<T, K>, U> {
+  using type = std::conditional_t<keeps_dtype<M<T, K>>::value || !is_floating_point_v<T>, M<T, K>,
+                                  M<U, K>>;
+};
+template <class M, class U>
+using rebind_dtype_t = typename rebind_dtype<M, U>::type;
 
 /// `module` on ordinal `index` (-1: the current one) of device kind K2, as its type for K2
 /// (`rebind_kind_t<M, K2>`): PyTorch's `model.to(device)` for another kind, or a replica on
@@ -610,6 +701,47 @@ rebind_kind_t<M, K2> to(const M& module, int index = -1) {
       if (detail::all_on(module, device)) return module;
     }
     return detail::copy_to<K2>(module, device);
+  }
+}
+
+/// `module` with its floating-point parameters and buffers in dtype U (PyTorch's
+/// `model.half()`, `model.to(torch.bfloat16)`), as its type for U (`rebind_dtype_t<M, U>`): an
+/// independent module on the same devices holding the converted values (rounded to nearest
+/// even), the requires_grad flags and the training modes. Modules that keep their dtype
+/// (keeps_dtype: BatchNorm) are copied as they are, and convert at their boundary. Train the
+/// result with an optimiser, which keeps fp32 master weights of 16-bit parameters, and a
+/// GradScaler (README, "Mixed precision").
+///
+/// Layers (Linear, Conv2d, BatchNorm, Sequential) have a member `copy_as<U>()` that this uses,
+/// and offer it as `layer.to<U>()`; a user model `template <class T, class K> struct Net` is
+/// default-constructed on its device with initialisation skipped, then filled.
+template <Dtype U, class M>
+rebind_dtype_t<M, U> to(const M& module) {
+  static_assert(is_floating_point_v<U>,
+                "ts::nn::to<Dtype>(module): convert a model to a floating-point dtype");
+  using Target = rebind_dtype_t<M, U>;
+  if constexpr (!std::derived_from<M, Module>) {
+    return module;
+  } else if constexpr (requires {
+                         { module.template copy_as<U>() } -> std::same_as<Target>;
+                       }) {
+    return module.template copy_as<U>();
+  } else {
+    static_assert(!std::is_same_v<M, Module>,
+                  "ts::nn::to<Dtype>(module): a plain Module handle does not know its model's "
+                  "type; pass the model itself");
+    static_assert(!std::is_same_v<Target, M> || keeps_dtype<M>::value,
+                  "ts::nn::to<Dtype>(module): the model's type has no dtype to change; make it "
+                  "`template <class T, class K> struct Net` (or specialise nn::keeps_dtype)");
+    static_assert(std::is_default_constructible_v<Target>,
+                  "ts::nn::to<Dtype>(module): the model type for the new dtype has no default "
+                  "constructor; give it one or a member `template <ts::Dtype U> Net<U, K> "
+                  "copy_as() const`");
+    const Device device = detail::module_device(module);
+    if (device.is_cuda()) {
+      return detail::converted_as<cuda>(module, device, [] { return Target(); });
+    }
+    return detail::converted_as<cpu>(module, device, [] { return Target(); });
   }
 }
 

@@ -72,6 +72,22 @@ class Sequential : public Module {
     detail::copy_training_modes(*this, out);
     return out;
   }
+  /// Every layer in dtype U (see ts::nn::to<Dtype>; BatchNorm keeps float): new layers holding
+  /// converted copies, modes kept.
+  template <Dtype U>
+  Sequential<rebind_dtype_t<M, U>...> to() const {
+    return nn::to<U>(*this);
+  }
+  template <Dtype U>
+  Sequential<rebind_dtype_t<M, U>...> copy_as() const {
+    auto out = std::apply(
+        [&](const auto&... layers) {
+          return Sequential<rebind_dtype_t<M, U>...>(nn::to<U>(layers)...);
+        },
+        modules_);
+    detail::copy_training_modes(*this, out);
+    return out;
+  }
 
  private:
   template <std::size_t... I>
@@ -102,6 +118,11 @@ Sequential(M...) -> Sequential<M...>;
 template <class... M, class K2>
 struct rebind_kind<Sequential<M...>, K2> {
   using type = Sequential<rebind_kind_t<M, K2>...>;
+};
+/// ... and in dtype U, the Sequential of its layers in U.
+template <class... M, class U>
+struct rebind_dtype<Sequential<M...>, U> {
+  using type = Sequential<rebind_dtype_t<M, U>...>;
 };
 
 }  // namespace tessera::nn
