@@ -99,7 +99,21 @@ TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<
                     tessera::detail::tensor_leaf<float, tessera::cpu>>(
     const tessera::Tensor<float, tessera::cpu>&,
     const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
-// Traced cross_entropy (one node) and its targets' check.
+// Traced cross_entropy and nll_loss (one node), their targets' check and the kernels of their
+// options (eager and traced).
 TESSERA_INSTANTIATE(class tessera::nn::detail::cross_entropy_node<float, tessera::cpu>)
-TESSERA_INSTANTIATE(void tessera::nn::detail::check_targets<tessera::cpu>(
-    const tessera::Tensor<std::int64_t, tessera::cpu>&, std::int64_t))
+TESSERA_INSTANTIATE(bool tessera::nn::detail::check_targets<tessera::cpu>(
+    const tessera::Tensor<std::int64_t, tessera::cpu>&, std::int64_t, std::int64_t, const char*))
+TESSERA_INSTANTIATE(void tessera::nn::detail::class_loss_forward<float, tessera::cpu>(
+    const tessera::Tensor<float, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::Tensor<std::int64_t, tessera::cpu>&,
+    const tessera::Tensor<std::int64_t, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::nn::detail::class_loss_options&,
+    const tessera::nn::detail::class_loss_buffers<float, tessera::cpu>&))
+TESSERA_INSTANTIATE(void tessera::nn::detail::class_loss_backward<float, tessera::cpu>(
+    const tessera::Tensor<float, tessera::cpu>&, bool, const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::Tensor<std::int64_t, tessera::cpu>&,
+    const tessera::Tensor<std::int64_t, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&,
+    const tessera::nn::detail::class_loss_options&,
+    const tessera::nn::detail::class_loss_buffers<float, tessera::cpu>&))

@@ -413,10 +413,76 @@ def schedulers(w):
         w.put("%s.lr" % name, torch.tensor(rates, dtype=torch.float64))
 
 
+# cross_entropy's and nll_loss's option sets for class_losses, by name: the logits ("logits", or
+# "masked" with a -inf logit off the targets), the targets ("targets" in [0, 5), or "ignored" with
+# -100s), the class weights, ignore_index and label_smoothing. tests/nn/loss_test.cpp lists the
+# same sets.
+CE_CASES = {
+    "plain": dict(),
+    "ignore": dict(t="ignored"),
+    "weight": dict(weight=True),
+    "smooth": dict(ls=0.1),
+    "weight_smooth": dict(weight=True, ls=0.3),
+    "all": dict(t="ignored", weight=True, ls=0.25),
+    "in_range": dict(ignore_index=2, weight=True, ls=0.3),
+    "masked": dict(x="masked", t="ignored", weight=True),
+    "masked_smooth": dict(x="masked", t="ignored", ls=0.2),
+}
+NLL_CASES = {
+    "plain": dict(),
+    "weight_ignore": dict(t="ignored", weight=True),
+    "in_range": dict(ignore_index=2),
+}
+
+
+def class_losses(w):
+    """cross_entropy and nll_loss with each option set of CE_CASES and NLL_CASES and each
+    reduction: the loss, and the gradient with respect to the logits (the log-probabilities for
+    nll_loss); for reduction "none" the gradient of sum(loss * v)."""
+    for dname, dtype in DTYPES.items():
+        g = torch.Generator().manual_seed(7)
+        logits = torch.randn(7, 5, generator=g, dtype=torch.float64) * 2
+        logits[1, 0], logits[1, 1] = 40.0, -40.0
+        masked = logits.clone()
+        masked[0, 3] = float("-inf")  # row 0's target is 0; row 1 is ignored in "ignored"
+        masked[2, 4] = float("-inf")
+        weight = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
+        v = torch.randn(7, generator=g, dtype=torch.float64)
+        logits, masked, weight, v = logits.to(dtype), masked.to(dtype), weight.to(dtype), v.to(dtype)
+        inputs = {"logits": logits, "masked": masked}
+        targets = {"targets": torch.tensor([0, 4, 2, 2, 1, 3, 2]),
+                   "ignored": torch.tensor([0, -100, 2, -100, 1, 3, 4])}
+        prefix = "ce.%s." % dname
+        for name, t in inputs.items():
+            w.put(prefix + name, t)
+        w.put(prefix + "log_probs", torch.log_softmax(logits, 1))
+        for name, t in targets.items():
+            w.put(prefix + name, t)
+        w.put(prefix + "weight", weight)
+        w.put(prefix + "v", v)
+        for loss_name, cases in (("ce", CE_CASES), ("nll", NLL_CASES)):
+            for case, o in cases.items():
+                for reduction in ("mean", "sum", "none"):
+                    kwargs = dict(reduction=reduction, ignore_index=o.get("ignore_index", -100),
+                                  weight=weight if o.get("weight") else None)
+                    target = targets[o.get("t", "targets")]
+                    if loss_name == "ce":
+                        x = inputs[o.get("x", "logits")].clone().requires_grad_(True)
+                        loss = torch.nn.functional.cross_entropy(
+                            x, target, label_smoothing=o.get("ls", 0.0), **kwargs)
+                    else:
+                        x = torch.log_softmax(logits, 1).detach().requires_grad_(True)
+                        loss = torch.nn.functional.nll_loss(x, target, **kwargs)
+                    (loss * v if reduction == "none" else loss).sum().backward()
+                    name = "%s%s.%s.%s" % (prefix, loss_name, case, reduction)
+                    w.put(name, loss)
+                    w.put(name + ".grad", x.grad)
+
+
 def losses(w):
     """l1_loss, smooth_l1_loss (beta 1, 0.5 and 0) and binary_cross_entropy_with_logits (logits
     up to +-40, soft targets): the loss and its gradient with respect to the input, for
-    tests/nn/loss_test.cpp."""
+    tests/nn/loss_test.cpp; then class_losses."""
     for dname, dtype in DTYPES.items():
         g = torch.Generator().manual_seed(5)
         a = torch.randn(6, 5, generator=g, dtype=torch.float64) * 2
@@ -444,6 +510,7 @@ def losses(w):
             loss.backward()
             w.put("loss.%s.%s" % (dname, name), loss)
             w.put("loss.%s.%s.grad" % (dname, name), x.grad)
+    class_losses(w)
 
 
 def grad_scaler(w):
