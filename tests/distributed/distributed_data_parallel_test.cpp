@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <string>
 #include <vector>
 
@@ -287,6 +288,45 @@ TEST_CASE("DDP's state dict has PyTorch's module. prefix and loads into a plain 
     dist::ProcessGroup().broadcast(theirs, 0);
     CHECK(mine.to_vector() == theirs.to_vector());
   }
+}
+
+TEST_CASE("DDP backward(scaler): scaled averaged gradients; an inf on one rank skips every rank",
+          "[ddp][amp]") {
+  dist::ProcessGroup pg;
+  ts::manual_seed(7);
+  auto model = make_mlp();
+  par::DistributedDataParallel ddp(model, small_buckets);
+  auto step = ddp.compile(loss_of, ag::input<double>({4, 6}), ag::input<std::int64_t>({4}));
+  ts::optim::SGD sgd(model.parameters(), {.lr = 0.1});
+  const auto x = inputs_of<double>(4, 6, 10 + pg.rank());
+  const auto y = labels_of(4, 10 + pg.rank());
+  step.forward(x, y);
+  step.backward();
+  const auto plain = values_and_grads(model);
+  sgd.zero_grad();
+  ts::optim::GradScaler scaler({.init_scale = 256.0});
+  step.forward(x, y);
+  step.backward(scaler);
+  const auto scaled = values_and_grads(model);
+  for (std::size_t i = 1; i < plain.size(); i += 2) {
+    for (std::size_t k = 0; k < plain[i].size(); ++k) CHECK(scaled[i][k] == plain[i][k] * 256.0);
+  }
+  CHECK(scaler.step(sgd));
+  scaler.update();
+
+  // Rank 1's batch holds an infinity: its gradients are NaN, the all-reduce spreads them, and
+  // every rank's scaler skips the step and backs off.
+  auto bad = x.clone();
+  if (pg.rank() == 1) bad[0][0].fill_(std::numeric_limits<double>::infinity());
+  const auto before = values_and_grads(model);
+  sgd.zero_grad();
+  step.forward(bad, y);
+  step.backward(scaler);
+  CHECK_FALSE(scaler.step(sgd));
+  scaler.update();
+  CHECK(scaler.get_scale() == 128.0);
+  const auto after = values_and_grads(model);
+  for (std::size_t i = 0; i < before.size(); i += 2) CHECK(after[i] == before[i]);  // values
 }
 
 }  // namespace distributed_data_parallel_test

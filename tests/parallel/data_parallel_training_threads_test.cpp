@@ -196,4 +196,33 @@ TEST_CASE("DataParallel programs refuse inputs of the wrong shape", "[parallel][
                     Catch::Contains("disagree on the batch") && Catch::Contains("[5]"));
 }
 
+TEST_CASE("DataParallel backward(scaler): the scale times backward()'s summed gradients",
+          "[parallel][dp][amp]") {
+  ts::manual_seed(4);
+  auto model = make_mlp<double>();
+  par::DataParallel dp(model, {0, 1});
+  auto loss_of = [](auto& m, ag::Var<double> in, ag::Var<std::int64_t> labels) {
+    return nn::cross_entropy(m(in), labels);
+  };
+  auto step = dp.compile(loss_of, ag::input<double>({8, 6}), ag::input<std::int64_t>({8}));
+  const auto x = inputs_of<double>(8, 6, 2);
+  const auto y = labels_of(8, 2);
+  ts::optim::SGD sgd(model.parameters(), {.lr = 0.1});
+  step.forward(x, y);
+  step.backward();
+  const auto plain = values_and_grads<double>(model);
+  sgd.zero_grad();
+  ts::optim::GradScaler scaler({.init_scale = 1024.0});
+  step.forward(x, y);
+  step.backward(scaler);
+  const auto scaled = values_and_grads<double>(model);
+  for (std::size_t i = 1; i < plain.size(); i += 2) {  // the gradients
+    REQUIRE(scaled[i].size() == plain[i].size());
+    for (std::size_t k = 0; k < plain[i].size(); ++k) CHECK(scaled[i][k] == plain[i][k] * 1024.0);
+  }
+  scaler.unscale_(sgd);
+  CHECK(values_and_grads<double>(model) == plain);  // exact: a power of two
+  CHECK(scaler.step(sgd));
+}
+
 }  // namespace data_parallel_training_threads_test

@@ -430,18 +430,13 @@ class DataParallelProgram {
   /// to get there, while the others go on with their backward, and the replicas' gradients are
   /// zeroed in the same pass; on CUDA, after the backward, through NCCL.
   void backward() {
-    auto& dp = *owner_;
-    const int used = devices();
-    dp.threads_.run([&](int member) {
-      if (member >= used) return;
-      if constexpr (!std::is_same_v<Kind, cpu>) {
-        if (member > 0) dp.replicas_[static_cast<std::size_t>(member - 1)].zero_grad();
-      }
-      programs_[static_cast<std::size_t>(member)].backward();
-    });
-    if constexpr (!std::is_same_v<Kind, cpu>) {
-      if (used > 1) reduce_after_backward();
-    }
+    run_backward([](auto& program) { program.backward(); });
+  }
+  /// backward() with every device's loss seeded with `scaler`'s loss scale (mixed precision), so
+  /// the module's gradients are the scale times the summed ones; scaler.step(optimizer) over the
+  /// module's parameters then unscales them (include tessera/optim/grad_scaler.hpp).
+  void backward(const optim::GradScaler& scaler) {
+    run_backward([&](auto& program) { program.backward(scaler); });
   }
 
   /// Number of devices the batch is split over, and each piece's size along dim.
@@ -533,6 +528,22 @@ class DataParallelProgram {
   };
 
   // CUDA: the replicas' gradients summed into the module's through NCCL, after the backward.
+  template <class Run>
+  void run_backward(const Run& run) {
+    auto& dp = *owner_;
+    const int used = devices();
+    dp.threads_.run([&](int member) {
+      if (member >= used) return;
+      if constexpr (!std::is_same_v<Kind, cpu>) {
+        if (member > 0) dp.replicas_[static_cast<std::size_t>(member - 1)].zero_grad();
+      }
+      run(programs_[static_cast<std::size_t>(member)]);
+    });
+    if constexpr (!std::is_same_v<Kind, cpu>) {
+      if (used > 1) reduce_after_backward();
+    }
+  }
+
   void reduce_after_backward() {
     auto& dp = *owner_;
     const int used = devices();

@@ -457,6 +457,15 @@ class DistributedProgram {
     program_.backward();
     reducer_->finish();
   }
+  /// backward() seeded with `scaler`'s loss scale (mixed precision): the averaged gradients are
+  /// the scale times the true ones, and an inf or NaN on any rank reaches every rank through the
+  /// all-reduce, so every rank's scaler.step(optimizer) skips the same steps (include
+  /// tessera/optim/grad_scaler.hpp).
+  void backward(const optim::GradScaler& scaler) {
+    reducer_->prepare();
+    program_.backward(scaler);
+    reducer_->finish();
+  }
   /// This rank's program (its memory plan).
   Program& program() noexcept { return program_; }
   /// Buckets whose all-reduce started while the last backward was still running.
