@@ -37,9 +37,8 @@ struct sklearn_digits {
 
 sklearn_digits read_oracle() {
   const auto path = std::filesystem::temp_directory_path() / "tessera_digits_sklearn.txt";
-  const std::string command = std::string(TESSERA_ORACLE_PYTHON) + " \"" +
-                              TESSERA_ORACLE_SCRIPTS + "/digits_sklearn.py\" \"" + path.string() +
-                              "\"";
+  const std::string command = std::string(TESSERA_ORACLE_PYTHON) + " \"" + TESSERA_ORACLE_SCRIPTS +
+                              "/digits_sklearn.py\" \"" + path.string() + "\"";
   if (std::system(command.c_str()) != 0) {
     FAIL("the scikit-learn oracle failed: " << command
                                             << " (install python3-sklearn: bash "
@@ -114,13 +113,13 @@ TEST_CASE("an MLP trained on 1500 digits classifies the other 297", "[data][digi
 
 TEST_CASE("load_digits refuses what is not a digits file", "[data][digits]") {
   CHECK_THROWS_AS(ts::data::load_digits("/nonexistent/digits.safetensors"), ts::io_error);
-  const auto path = (std::filesystem::temp_directory_path() / "tessera_not_digits.safetensors").string();
+  const auto path =
+      (std::filesystem::temp_directory_path() / "tessera_not_digits.safetensors").string();
   ts::save(ts::StateDict{{"images", ts::zeros<float>({3, 8, 8})},
                          {"labels", ts::zeros<std::int64_t>({3})}},
            path);
-  CHECK_THROWS_WITH(ts::data::load_digits(path),
-                    Catch::Contains("images are float32 [3, 8, 8]") &&
-                        Catch::Contains("expected uint8 [N, 8, 8]"));
+  CHECK_THROWS_WITH(ts::data::load_digits(path), Catch::Contains("images are float32 [3, 8, 8]") &&
+                                                     Catch::Contains("expected uint8 [N, 8, 8]"));
   ts::save(ts::StateDict{{"labels", ts::zeros<std::int64_t>({3})}}, path);
   CHECK_THROWS_WITH(ts::data::load_digits(path), Catch::Contains("no \"images\""));
   std::filesystem::remove(path);

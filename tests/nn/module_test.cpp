@@ -570,14 +570,14 @@ TEST_CASE("nn::to<half> converts a model; BatchNorm stays float and converts at 
   auto model = nn::Sequential(nn::Linear<float>(6, 8), nn::BatchNorm1d<float>(8), nn::ReLU{},
                               nn::Linear<float>(8, 3));
   auto low = nn::to<ts::half>(model);
-  static_assert(std::is_same_v<decltype(low),
-                               nn::Sequential<nn::Linear<ts::half>, nn::BatchNorm1d<float>,
-                                              nn::ReLU, nn::Linear<ts::half>>>);
-  static_assert(std::is_same_v<decltype(model.get<0>().to<ts::bfloat16>()),
-                               nn::Linear<ts::bfloat16>>);
+  static_assert(
+      std::is_same_v<decltype(low), nn::Sequential<nn::Linear<ts::half>, nn::BatchNorm1d<float>,
+                                                   nn::ReLU, nn::Linear<ts::half>>>);
+  static_assert(
+      std::is_same_v<decltype(model.get<0>().to<ts::bfloat16>()), nn::Linear<ts::bfloat16>>);
   static_assert(std::is_same_v<decltype(model.to<double>()),
-                               nn::Sequential<nn::Linear<double>, nn::BatchNorm1d<float>,
-                                              nn::ReLU, nn::Linear<double>>>);
+                               nn::Sequential<nn::Linear<double>, nn::BatchNorm1d<float>, nn::ReLU,
+                                              nn::Linear<double>>>);
   // The values rounded to nearest even; BatchNorm copied as it is, and independent.
   const auto w = model.get<3>().weight().value().to_vector();
   const auto wh = low.get<3>().weight().value().to_vector();
@@ -608,7 +608,8 @@ TEST_CASE("nn::to<half> converts a model; BatchNorm stays float and converts at 
   for (int n = 0; n < 5; ++n) {
     for (int j = 0; j < 8; ++j) {
       double sum = b1[static_cast<std::size_t>(j)];
-      for (int i = 0; i < 6; ++i) sum += xd[static_cast<std::size_t>(n * 6 + i)] * w1[static_cast<std::size_t>(j * 6 + i)];
+      for (int i = 0; i < 6; ++i)
+        sum += xd[static_cast<std::size_t>(n * 6 + i)] * w1[static_cast<std::size_t>(j * 6 + i)];
       h[static_cast<std::size_t>(n * 8 + j)] = sum;
     }
   }
@@ -627,7 +628,8 @@ TEST_CASE("nn::to<half> converts a model; BatchNorm stays float and converts at 
   for (int n = 0; n < 5; ++n) {
     for (int k = 0; k < 3; ++k) {
       double sum = b2[static_cast<std::size_t>(k)];
-      for (int j = 0; j < 8; ++j) sum += h[static_cast<std::size_t>(n * 8 + j)] * w2[static_cast<std::size_t>(k * 8 + j)];
+      for (int j = 0; j < 8; ++j)
+        sum += h[static_cast<std::size_t>(n * 8 + j)] * w2[static_cast<std::size_t>(k * 8 + j)];
       out[static_cast<std::size_t>(n * 3 + k)] = sum;
     }
   }
@@ -666,7 +668,7 @@ TEST_CASE("nn::to<half> converts a model; BatchNorm stays float and converts at 
   INFO("loss " << first << " -> " << last);
   CHECK(last < 0.5f * first);
   CHECK(adam.master_weight(0).dtype() == ts::ScalarType::float32);  // Linear<half>'s weight
-  CHECK_FALSE(adam.master_weight(2).defined());                      // BatchNorm's float weight
+  CHECK_FALSE(adam.master_weight(2).defined());                     // BatchNorm's float weight
   CHECK(low.get<1>().weight().value().to_vector() != std::vector<float>(8, 1.0f));
 }
 

@@ -118,7 +118,8 @@ TEST_CASE("half parameters are updated through fp32 masters as torch updates flo
     opt->step();
     if (name == "sgd") {  // momentum goes on moving it; from 2, not from the old master
       const auto master = opt->master_weight(0).as<float>().to_vector();
-      const auto buffer = dynamic_cast<optim::SGD&>(*opt).momentum_buffer(0).as<float>().to_vector();
+      const auto buffer =
+          dynamic_cast<optim::SGD&>(*opt).momentum_buffer(0).as<float>().to_vector();
       for (std::size_t k = 0; k < master.size(); ++k) {
         CHECK(master[k] == 2.0f - 0.05f * buffer[k]);
       }
@@ -234,8 +235,8 @@ TEST_CASE("backward(scaler) seeds the scale; half training with GradScaler track
       if (scaler.get_scale() < scale) ++skipped;
       if (step == 0) first = loss_float;
     }
-    INFO("float loss " << first << " -> " << loss_float << ", half " << loss_half << ", "
-                       << skipped << " steps skipped");
+    INFO("float loss " << first << " -> " << loss_float << ", half " << loss_half << ", " << skipped
+                       << " steps skipped");
     CHECK(loss_float < 0.5f * first);  // it learned
     CHECK(std::abs(loss_half - loss_float) <= 1e-2f);
     CHECK(skipped <= 3);  // a few back-offs, then clean steps (the recipe works)
@@ -250,7 +251,8 @@ TEST_CASE("resuming half training (masters and scaler) from files gives the same
   const optim::GradScalerOptions options{.init_scale = 256.0, .growth_interval = 2};
   auto half_values = [](const nn::Module& m) {
     std::vector<std::vector<float>> out;
-    for (const auto& p : m.parameters()) out.push_back(p.value().as<ts::half>().to<float>().to_vector());
+    for (const auto& p : m.parameters())
+      out.push_back(p.value().as<ts::half>().to<float>().to_vector());
     return out;
   };
   mlp_run<ts::half> straight(d.weights);

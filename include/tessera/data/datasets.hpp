@@ -29,8 +29,7 @@ struct Digits {
     if (count < 0) count = size() - first;
     if (first < 0 || count < 0 || first + count > size()) {
       throw std::invalid_argument("Digits::dataset: examples [" + std::to_string(first) + ", " +
-                                  std::to_string(first + count) + ") of " +
-                                  std::to_string(size()));
+                                  std::to_string(first + count) + ") of " + std::to_string(size()));
     }
     return TensorDataset<T, std::int64_t>(images.narrow(0, first, count),
                                           labels.narrow(0, first, count));
@@ -47,7 +46,8 @@ Digits<T> load_digits(const std::string& path, bool scale = true) {
   const StateDict file = load(path);
   const std::string what = "load_digits(" + path + ")";
   if (!file.contains("images") || !file.contains("labels")) {
-    throw error(what + ": no \"images\" and \"labels\" entries (not a digits file; "
+    throw error(what +
+                ": no \"images\" and \"labels\" entries (not a digits file; "
                 "examples/data/make_digits.py writes one)");
   }
   const AnyTensor& images = file.at("images");
@@ -60,8 +60,8 @@ Digits<T> load_digits(const std::string& path, bool scale = true) {
   if (labels.dtype() != ScalarType::int64 || labels.dim() != 1 ||
       labels.shape()[0] != images.shape()[0]) {
     throw error(what + ": labels are " + std::string(name(labels.dtype())) + " " +
-                labels.shape().str() + ", expected int64 [" +
-                std::to_string(images.shape()[0]) + "]");
+                labels.shape().str() + ", expected int64 [" + std::to_string(images.shape()[0]) +
+                "]");
   }
   Digits<T> out;
   out.labels = labels.as<std::int64_t>();

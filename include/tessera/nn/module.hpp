@@ -75,7 +75,6 @@ void walk_state(const module_state& state, const std::string& prefix, Fn& fn) {
   for (const auto& [name, child] : state.children) walk_state(*child, join(prefix, name), fn);
 }
 
-
 inline int& skip_initialization_depth() {
   thread_local int depth = 0;
   return depth;
@@ -642,13 +641,13 @@ auto converted_as(const Module& source, Device device, Make&& make) {
       continue;
     }
     values.insert(key, visit_dtype(wanted.at(key).dtype(), [&](auto tag) -> AnyTensor {
-      using U = typename decltype(tag)::type;
-      if constexpr (is_floating_point_v<U>) {
-        return floating_as<U>(value);
-      } else {
-        return value;  // load_state_dict names the dtype mismatch
-      }
-    }));
+                    using U = typename decltype(tag)::type;
+                    if constexpr (is_floating_point_v<U>) {
+                      return floating_as<U>(value);
+                    } else {
+                      return value;  // load_state_dict names the dtype mismatch
+                    }
+                  }));
   }
   copy_module_state(source, values, target);
   return target;
@@ -673,8 +672,8 @@ struct rebind_dtype {
 };
 template <template <Dtype, DeviceKind> class M, Dtype T, DeviceKind K, Dtype U>
 struct rebind_dtype<M<T, K>, U> {
-  using type = std::conditional_t<keeps_dtype<M<T, K>>::value || !is_floating_point_v<T>, M<T, K>,
-                                  M<U, K>>;
+  using type =
+      std::conditional_t<keeps_dtype<M<T, K>>::value || !is_floating_point_v<T>, M<T, K>, M<U, K>>;
 };
 template <class M, class U>
 using rebind_dtype_t = typename rebind_dtype<M, U>::type;

@@ -239,23 +239,23 @@ class adam_base : public Optimizer {
     L* low_data = nullptr;
     if constexpr (!std::is_same_v<L, T>) low_data = low.data();
     const detail::adam_update<T, C, G, L> rule{value.data(),
-                                         grad.data(),
-                                         exp_avg.data(),
-                                         exp_avg_sq.data(),
-                                         o.amsgrad ? max_exp_avg_sq.data() : nullptr,
-                                         static_cast<C>(o.betas[0]),
-                                         static_cast<C>(o.betas[1]),
-                                         static_cast<C>(1.0 - o.betas[0]),
-                                         static_cast<C>(1.0 - o.betas[1]),
-                                         static_cast<C>(o.weight_decay),
-                                         static_cast<C>(1.0 - o.lr * o.weight_decay),
-                                         static_cast<C>(-(o.lr / bias_correction1)),
-                                         static_cast<C>(std::sqrt(bias_correction2)),
-                                         static_cast<C>(o.eps),
-                                         Decoupled,
-                                         first_step,
-                                         o.maximize,
-                                         low_data};
+                                               grad.data(),
+                                               exp_avg.data(),
+                                               exp_avg_sq.data(),
+                                               o.amsgrad ? max_exp_avg_sq.data() : nullptr,
+                                               static_cast<C>(o.betas[0]),
+                                               static_cast<C>(o.betas[1]),
+                                               static_cast<C>(1.0 - o.betas[0]),
+                                               static_cast<C>(1.0 - o.betas[1]),
+                                               static_cast<C>(o.weight_decay),
+                                               static_cast<C>(1.0 - o.lr * o.weight_decay),
+                                               static_cast<C>(-(o.lr / bias_correction1)),
+                                               static_cast<C>(std::sqrt(bias_correction2)),
+                                               static_cast<C>(o.eps),
+                                               Decoupled,
+                                               first_step,
+                                               o.maximize,
+                                               low_data};
     detail::for_each_element<K>(name_.c_str(), value.device(), value.numel(), rule);
     state.step += 1;
     if (first_step) {

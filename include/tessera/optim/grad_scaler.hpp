@@ -185,8 +185,7 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
             it = std::prev(found_on_gpus.end());
           }
           Tensor<T, cuda> typed = work.as<T, cuda>();
-          const unscale_rule<T, C> rule{typed.data(), static_cast<C>(inv_scale),
-                                        it->second.data()};
+          const unscale_rule<T, C> rule{typed.data(), static_cast<C>(inv_scale), it->second.data()};
           for_each_element<cuda>("GradScaler", grad.device(), typed.numel(), rule);
         } else {
           Tensor<T, cpu> typed = work.as<T, cpu>();
@@ -213,8 +212,8 @@ TESSERA_API GradScaler::GradScaler(GradScalerOptions options)
 TESSERA_API void GradScaler::validate(const GradScalerOptions& o) {
   auto text = [](double v) { return std::to_string(v); };
   if (!(o.init_scale > 0.0) || !std::isfinite(static_cast<float>(o.init_scale))) {
-    throw std::invalid_argument("GradScaler: init_scale must be positive and finite in float32, not " +
-                                text(o.init_scale));
+    throw std::invalid_argument(
+        "GradScaler: init_scale must be positive and finite in float32, not " + text(o.init_scale));
   }
   if (!(o.growth_factor > 1.0)) {
     throw std::invalid_argument("GradScaler: growth_factor must be > 1, not " +
@@ -280,8 +279,9 @@ TESSERA_API void GradScaler::update() {
     found_inf = found_inf || state.found_inf;
   }
   if (!recorded) {
-    throw error("GradScaler::update: no step() or unscale_() since the last update (no inf "
-                "checks were recorded)");
+    throw error(
+        "GradScaler::update: no step() or unscale_() since the last update (no inf "
+        "checks were recorded)");
   }
   // torch's _amp_update_scale_: float scale times a double factor, stored as float.
   if (found_inf) {
@@ -303,8 +303,10 @@ TESSERA_API void GradScaler::update() {
 TESSERA_API void GradScaler::update(double new_scale) {
   if (!options_.enabled) return;
   if (!(new_scale > 0.0) || !std::isfinite(static_cast<float>(new_scale))) {
-    throw std::invalid_argument("GradScaler::update: the new scale must be positive and finite "
-                                "in float32, not " + std::to_string(new_scale));
+    throw std::invalid_argument(
+        "GradScaler::update: the new scale must be positive and finite "
+        "in float32, not " +
+        std::to_string(new_scale));
   }
   scale_ = static_cast<float>(new_scale);
   per_optimizer_.clear();
@@ -316,7 +318,8 @@ TESSERA_API StateDict GradScaler::state_dict() const {
   out.insert("scale", detail::state_scalar(static_cast<double>(scale_)));
   out.insert("growth_factor", detail::state_scalar(options_.growth_factor));
   out.insert("backoff_factor", detail::state_scalar(options_.backoff_factor));
-  out.insert("growth_interval", detail::state_scalar(static_cast<double>(options_.growth_interval)));
+  out.insert("growth_interval",
+             detail::state_scalar(static_cast<double>(options_.growth_interval)));
   out.insert("_growth_tracker", detail::state_scalar(static_cast<double>(growth_tracker_)));
   return out;
 }
@@ -324,8 +327,9 @@ TESSERA_API StateDict GradScaler::state_dict() const {
 TESSERA_API void GradScaler::load_state_dict(const StateDict& state_dict) {
   if (!options_.enabled) return;
   if (state_dict.empty()) {
-    throw error("GradScaler::load_state_dict: the state dict is empty (saved from a disabled "
-                "GradScaler?)");
+    throw error(
+        "GradScaler::load_state_dict: the state dict is empty (saved from a disabled "
+        "GradScaler?)");
   }
   GradScalerOptions options = options_;
   options.init_scale = detail::state_number(state_dict, "scale", "GradScaler");
@@ -357,9 +361,10 @@ namespace tessera::autograd {
 template <class Result>
 void Program<Result>::backward(const optim::GradScaler& scaler) {
   if (state_->seed_gradient) {
-    throw error("Program::backward(scaler): the program was compiled with "
-                "Options::seed_gradient; multiply the gradient you give backward(grad) by "
-                "scaler.get_scale()");
+    throw error(
+        "Program::backward(scaler): the program was compiled with "
+        "Options::seed_gradient; multiply the gradient you give backward(grad) by "
+        "scaler.get_scale()");
   }
   state_->run_backward(nullptr, scaler.get_scale());
 }

@@ -101,9 +101,10 @@ class lr_scheduler {
         t.numel() != static_cast<std::int64_t>(base_lrs_.size()) ||
         t.device().type != DeviceType::cpu) {
       throw error("LRScheduler::load_state_dict: " + key + " must be " +
-                  std::to_string(base_lrs_.size()) + " float64 numbers on the CPU (one per "
-                  "parameter group), not " + std::string(name(t.dtype())) + " " +
-                  t.shape().str());
+                  std::to_string(base_lrs_.size()) +
+                  " float64 numbers on the CPU (one per "
+                  "parameter group), not " +
+                  std::string(name(t.dtype())) + " " + t.shape().str());
     }
     return t.as<double>().to_vector();
   }
