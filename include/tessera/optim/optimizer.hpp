@@ -334,7 +334,6 @@ class Optimizer {
   void load_group_settings(const StateDict& state_dict, Options& options,
                            std::vector<group_settings>& groups) const;
 
-
   std::vector<nn::ParameterRef> parameters_;
   std::string name_;
   std::vector<AnyTensor> masters_;  // fp32 copies of the 16-bit parameters
@@ -427,7 +426,8 @@ TESSERA_API Optimizer::~Optimizer() = default;
 namespace detail {
 inline std::vector<nn::ParameterRef> concatenated(const std::vector<ParamGroup>& groups) {
   std::vector<nn::ParameterRef> all;
-  for (const ParamGroup& group : groups) all.insert(all.end(), group.params.begin(), group.params.end());
+  for (const ParamGroup& group : groups)
+    all.insert(all.end(), group.params.begin(), group.params.end());
   return all;
 }
 }  // namespace detail
@@ -473,7 +473,8 @@ TESSERA_API void Optimizer::check_groups(const StateDict& state_dict) const {
     if (key.rfind("param_groups.", 0) != 0) continue;
     const std::size_t end = key.find('.', 13);
     const std::string index = key.substr(13, end == std::string::npos ? end : end - 13);
-    if (index.empty() || index.size() > 6 || index.find_first_not_of("0123456789") != std::string::npos) {
+    if (index.empty() || index.size() > 6 ||
+        index.find_first_not_of("0123456789") != std::string::npos) {
       throw error(name_ + "::load_state_dict: entry " + key + " names no parameter group");
     }
     loaded = std::max(loaded, static_cast<std::size_t>(std::stoul(index)) + 1);
@@ -515,8 +516,7 @@ TESSERA_API AnyTensor state_scalar(double value) {
 TESSERA_API double state_number(const StateDict& state_dict, const std::string& key,
                                 const std::string& who) {
   if (!state_dict.contains(key)) {
-    throw error(who + "::load_state_dict: no entry " + key + " (not a state_dict of " + who +
-                "?)");
+    throw error(who + "::load_state_dict: no entry " + key + " (not a state_dict of " + who + "?)");
   }
   const AnyTensor& t = state_dict.at(key);
   if (t.numel() != 1 || t.device().type != DeviceType::cpu) {
@@ -532,7 +532,7 @@ TESSERA_API double state_number(const StateDict& state_dict, const std::string& 
 }
 }  // namespace detail
 TESSERA_API AnyTensor Optimizer::loaded_state(const StateDict& state_dict, std::size_t i,
-                                           const char* buffer) const {
+                                              const char* buffer) const {
   const std::string key = state_key(i, buffer);
   if (!state_dict.contains(key)) return {};
   const AnyTensor& loaded = state_dict.at(key);
@@ -542,14 +542,12 @@ TESSERA_API AnyTensor Optimizer::loaded_state(const StateDict& state_dict, std::
   if (loaded.dtype() != want) {
     throw dtype_error(name_ + "::load_state_dict: " + key + " has dtype " +
                       tessera::name(loaded.dtype()) + ", expected " + tessera::name(want) +
-                      " for parameter " + std::to_string(i) + " (" +
-                      tessera::name(value.dtype()) +
+                      " for parameter " + std::to_string(i) + " (" + tessera::name(value.dtype()) +
                       (master ? ", whose state is kept in float32)" : ")"));
   }
   if (loaded.shape() != value.shape()) {
-    throw shape_error(name_ + "::load_state_dict: " + key + " has shape " +
-                      loaded.shape().str() + ", parameter " + std::to_string(i) + " " +
-                      value.shape().str());
+    throw shape_error(name_ + "::load_state_dict: " + key + " has shape " + loaded.shape().str() +
+                      ", parameter " + std::to_string(i) + " " + value.shape().str());
   }
   AnyTensor copy = visit_dtype(want, [&](auto tag) -> AnyTensor {  // on the parameter's device
     using T = typename decltype(tag)::type;
@@ -588,12 +586,11 @@ TESSERA_API void Optimizer::check_state_indices(const StateDict& state_dict) con
     const std::string index = key.substr(6, end == std::string::npos ? end : end - 6);
     if (index.empty() || index.find_first_not_of("0123456789") != std::string::npos ||
         std::stoull(index) >= parameters_.size()) {
-      throw error(name_ + "::load_state_dict: entry " + key + " names no parameter (this " +
-                  name_ + " has " + std::to_string(parameters_.size()) + ")");
+      throw error(name_ + "::load_state_dict: entry " + key + " names no parameter (this " + name_ +
+                  " has " + std::to_string(parameters_.size()) + ")");
     }
   }
 }
-
 
 TESSERA_API void Optimizer::zero_grad() {
   for (const auto& parameter : parameters_) {
