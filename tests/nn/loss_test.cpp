@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -205,6 +206,37 @@ TEST_CASE("cross_entropy(logits, targets): one program, targets with and without
     check_same(program.forward(x, targets), oracle().at(key).values, 1e-12);
     program.backward();
     check_same(program.input_grad(0).as<double>(), oracle().at(key + ".grad").values, 1e-12);
+  }
+}
+
+TEST_CASE("cross_entropy's and nll_loss's general path add into a parameter's gradient",
+          "[loss][oracle]") {
+  // Two backward passes: twice torch's gradient (the second one adds).
+  const auto targets = oracle().tensor<std::int64_t>("ce.float64.ignored");
+  const auto weight = oracle().tensor<double>("ce.float64.weight");
+  for (const bool from_logits : {true, false}) {
+    INFO((from_logits ? "cross_entropy" : "nll_loss"));
+    auto slot = std::make_shared<ag::parameter_slot<double, ts::cpu>>();
+    slot->value =
+        oracle().tensor<double>(from_logits ? "ce.float64.logits" : "ce.float64.log_probs");
+    auto program = ag::compile(
+        [&](ag::Var<std::int64_t> y) -> ag::Var<double> {
+          const auto x = ag::parameter(slot, y);
+          if (from_logits) {
+            return nn::cross_entropy(x, y, {.label_smoothing = 0.25, .weight = weight});
+          }
+          return nn::nll_loss(x, y, {.weight = weight});
+        },
+        ag::input<std::int64_t>({7}));
+    const std::string key =
+        from_logits ? "ce.float64.ce.all.mean" : "ce.float64.nll.weight_ignore.mean";
+    for (int run = 0; run < 2; ++run) {
+      check_same(program.forward(targets), oracle().at(key).values, 1e-12);
+      program.backward();
+    }
+    std::vector<double> twice = oracle().at(key + ".grad").values;
+    for (double& v : twice) v *= 2;
+    check_same(slot->grad, twice, 1e-12);
   }
 }
 

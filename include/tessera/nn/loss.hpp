@@ -304,13 +304,13 @@ void class_loss_forward(const Tensor<T, K>& out, const Tensor<T, K>& log_probs,
 
 /// The gradient of class_loss_forward's loss with respect to its input, written into
 /// `gradient` [N, C] (added when `accumulate`). Cross entropy (with respect to the logits,
-/// `probabilities` their softmax): (softmax * sum_c coefficient - coefficient) * g per sample;
-/// nll_loss (with respect to the log-probabilities; `probabilities` unused): -w_t g at each
-/// target. Ignored samples' rows are 0. `upstream` is the output's gradient, [] or [N].
+/// `work` [N, C] their softmax on entry): (softmax * sum_c coefficient - coefficient) * g per
+/// sample; nll_loss (with respect to the log-probabilities; `work` [N, C] scratch): -w_t g at
+/// each target. Ignored samples' rows are 0. `upstream` is the output's gradient, [] or [N].
+/// `work` is overwritten when `accumulate`.
 template <class T, class K>
-void class_loss_backward(const Tensor<T, K>& gradient, bool accumulate,
-                         const Tensor<T, K>& probabilities, const Tensor<T, K>& upstream,
-                         const Tensor<std::int64_t, K>& targets,
+void class_loss_backward(const Tensor<T, K>& gradient, bool accumulate, const Tensor<T, K>& work,
+                         const Tensor<T, K>& upstream, const Tensor<std::int64_t, K>& targets,
                          const Tensor<std::int64_t, K>& columns, const Tensor<T, K>& weight,
                          const class_loss_options& o, const class_loss_buffers<T, K>& b) {
   const std::int64_t n = gradient.size(0);
@@ -329,21 +329,20 @@ void class_loss_backward(const Tensor<T, K>& gradient, bool accumulate,
     tessera::detail::run_expression(b.scale, as_node(upstream) / as_node(b.total));
     g = b.scale.view({1, 1});
   }
-  const auto store = [&](const auto& e) {
-    if (accumulate) {
-      tessera::detail::add_into(gradient, e);
-    } else {
-      tessera::detail::run_expression(gradient, e);
-    }
-  };
+  // One pass writes the gradient, into `gradient` or, to be added to it, into `work` (each
+  // element reads only its own probability): one executor instantiation, not two.
+  const Tensor<T, K>& into = accumulate ? work : gradient;
   if (o.from_logits) {
     const auto coefficients = where(columns == t, hit, off);
     tessera::detail::reduce_dim_into<sum, backend::finish_value, T>(b.rows, coefficients, 1,
                                                                     o.name());
-    store(where(t == o.ignore_index, 0, (probabilities * b.rows.view({n, 1}) - coefficients) * g));
+    tessera::detail::run_expression(
+        into, where(t == o.ignore_index, 0, (work * b.rows.view({n, 1}) - coefficients) * g));
   } else {
-    store(where(t == o.ignore_index, 0, where(columns == t, -hit * g, 0)));
+    tessera::detail::run_expression(
+        into, where(t == o.ignore_index, 0, where(columns == t, -hit * g, 0)));
   }
+  if (accumulate) tessera::detail::add_into(gradient, work);
 }
 
 /// The traced cross_entropy or nll_loss: one node for log_softmax (cross_entropy), the pick of
@@ -412,9 +411,8 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   }
   std::size_t backward_scratch() const override {
     using autograd::detail::scratch_bytes;
-    return (options_.from_logits ? scratch_bytes<T>(Shape{batch_, classes_}) : 0) +
-           scratch_bytes<T>(Shape{batch_}) + 2 * scratch_bytes<T>(Shape{classes_}) +
-           2 * scratch_bytes<T>(Shape{});
+    return scratch_bytes<T>(Shape{batch_, classes_}) + scratch_bytes<T>(Shape{batch_}) +
+           2 * scratch_bytes<T>(Shape{classes_}) + 2 * scratch_bytes<T>(Shape{});
   }
   void backward(autograd::detail::value_table& table,
                 const std::vector<char>& accumulate) override {
@@ -422,10 +420,10 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
     const auto targets = table.template get<std::int64_t, K>(inputs[1]);
     const auto g = table.template grad<T, K>(output);
     const auto gradient = table.template grad<T, K>(inputs[0]);
-    Tensor<T, K> p;
+    // The softmax of the logits (cross_entropy), or the gradient's scratch (nll_loss).
+    const auto p = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
     if (options_.from_logits) {
       const auto x = table.template get<T, K>(inputs[0]);
-      p = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
       tessera::detail::softmax_into<false>(p, tessera::detail::as_node(x), 1, name());
     }
     if (plain_) {
