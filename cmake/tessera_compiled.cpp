@@ -3,3 +3,4 @@
 // that target (TESSERA_COMPILED=1): see "Header-only or compiled" in include/tessera/core/config.hpp.
 // The target defines TESSERA_IMPLEMENTATION for this file alone.
 #include "tessera/tessera.hpp"
+#include "tessera/tools.hpp"  // not in tessera.hpp

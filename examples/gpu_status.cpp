@@ -6,6 +6,7 @@
 #include <iostream>
 
 #include <tessera/tessera.hpp>
+#include <tessera/tools.hpp>  // not in tessera.hpp
 
 namespace ts = tessera;
 

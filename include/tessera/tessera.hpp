@@ -16,7 +16,8 @@
 #include "tessera/nn.hpp"
 #include "tessera/optim.hpp"
 #include "tessera/tensor.hpp"
-#include "tessera/tools.hpp"
+// Not here: tessera/data.hpp (its workers bring <thread>) and tessera/tools.hpp (GPU tools;
+// 0.2 s of every header-only unit); include them where they are used.
 
 // Compiled mode (core/config.hpp): the class templates every program instantiates for the same
 // arguments are compiled once, in tessera::compiled, and only declared to its users' units. Here,
