@@ -57,8 +57,10 @@ struct sgd_update {
   }
 
   /// Elements [first, last) on the host: the rule's flags chosen once, outside the loop, so
-  /// each variant is a straight loop over distinct buffers that the compiler vectorises.
-  void run(std::int64_t first, std::int64_t last) const {
+  /// each variant is a straight loop over distinct buffers that the compiler vectorises. Not for
+  /// fp32 masters (L != T): their ten variants would be compiled in every header-only unit for
+  /// a path that is the CPU's slow one anyway (half arithmetic); operator() serves them.
+  void run(std::int64_t first, std::int64_t last) const requires std::is_same_v<L, T> {
     if (weight_decay != C(0)) return with_decay<true>(first, last);
     return with_decay<false>(first, last);
   }
