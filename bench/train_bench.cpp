@@ -52,10 +52,13 @@ const std::vector<config>& configs() {
   return all;
 }
 
-/// An MLP of Linear layers with ReLU between them (a user model with a templated forward).
-struct Mlp : nn::Module {
-  std::vector<nn::Linear<float>> layers;
-  explicit Mlp(const std::vector<int>& widths) {
+/// An MLP of Linear layers of dtype T with ReLU between them (a user model with a templated
+/// forward). MlpOf<ts::half> is the mixed-precision one (fp32 masters in the optimiser, the loss
+/// computed in float, loss scaling).
+template <class T>
+struct MlpOf : nn::Module {
+  std::vector<nn::Linear<T>> layers;
+  explicit MlpOf(const std::vector<int>& widths) {
     for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
       layers.emplace_back(widths[i], widths[i + 1]);
       register_module(std::to_string(i), layers.back());
@@ -63,29 +66,13 @@ struct Mlp : nn::Module {
   }
   template <class X>
   auto forward(const X& x) const {
-    ag::Var<float> h = layers[0](x);
+    ag::Var<T> h = layers[0](x);
     for (std::size_t i = 1; i < layers.size(); ++i) h = layers[i](ts::relu(h));
     return h;
   }
 };
-
-/// The same MLP with half weights: the mixed-precision recipe (fp32 masters in the optimiser,
-/// the loss computed in float, loss scaling).
-struct HalfMlp : nn::Module {
-  std::vector<nn::Linear<ts::half>> layers;
-  explicit HalfMlp(const std::vector<int>& widths) {
-    for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
-      layers.emplace_back(widths[i], widths[i + 1]);
-      register_module(std::to_string(i), layers.back());
-    }
-  }
-  template <class X>
-  auto forward(const X& x) const {
-    ag::Var<ts::half> h = layers[0](x);
-    for (std::size_t i = 1; i < layers.size(); ++i) h = layers[i](ts::relu(h));
-    return h;
-  }
-};
+using Mlp = MlpOf<float>;
+using HalfMlp = MlpOf<ts::half>;
 
 using ts::bench::random_tensor;
 

@@ -285,8 +285,9 @@ class batch_norm : public Module {
     if constexpr (!std::is_same_v<In, T> && is_floating_point_v<In> && is_floating_point_v<T>) {
       // Another floating dtype (a float BatchNorm in a half model, nn::to<ts::half>):
       // normalised in T, given back in the input's dtype. The casts are expressions: the one in
-      // is the pass that makes the T input the statistics read (fused with whatever produced
-      // x), the one out fuses into the next consumer (traced) or is one pass (eager).
+      // is the elementwise pass that makes the T input the statistics read (fused with x's own
+      // expression when x is one), the one out fuses into the next consumer (traced) or is one
+      // pass (eager).
       auto y = normalise(tessera::cast<T>(x), relu_after);
       if constexpr (nn::detail::is_eager_v<X>) {
         return tessera::eval(tessera::cast<In>(y));

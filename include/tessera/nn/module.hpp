@@ -554,15 +554,19 @@ TESSERA_API void copy_module_state(const Module& source, const StateDict& values
 }
 #endif
 
-/// `make()` (called with `device` current for its kind and initialisation skipped), then
-/// filled with `source`'s state.
+/// `make()` called with `device` current for kind K and initialisation skipped (the values are
+/// filled in next).
+template <DeviceKind K, class Make>
+auto made_on(Device device, Make&& make) {
+  DeviceGuard<K> guard(device.index);
+  skip_initialization skip;
+  return make();
+}
+
+/// made_on<K2>(device, make), filled with `source`'s state.
 template <DeviceKind K2, class Make>
 auto converted(const Module& source, Device device, Make&& make) {
-  auto target = [&] {
-    DeviceGuard<K2> guard(device.index);
-    skip_initialization skip;
-    return make();
-  }();
+  auto target = made_on<K2>(device, make);
   copy_module_state(source, target);
   return target;
 }
@@ -624,15 +628,11 @@ TESSERA_API Device module_device(const Module& module) {
 }
 #endif
 
-/// `make()` (with `device` current for kind K and initialisation skipped), filled with
-/// `source`'s state converted to the new module's dtypes (entries that keep theirs are copied).
+/// made_on<K>(device, make), filled with `source`'s state converted to the new module's dtypes
+/// (entries that keep theirs are copied).
 template <DeviceKind K, class Make>
 auto converted_as(const Module& source, Device device, Make&& make) {
-  auto target = [&] {
-    DeviceGuard<K> guard(device.index);
-    skip_initialization skip;
-    return make();
-  }();
+  auto target = made_on<K>(device, make);
   const StateDict wanted = target.state_dict();
   StateDict values;
   for (const auto& [key, value] : source.state_dict()) {
