@@ -595,28 +595,6 @@ rebind_kind_t<M, K2> copy_to(const M& module, Device device) {
   }
 }
 
-/// `value` (a floating-point tensor) converted to dtype U, on its device; itself when it is U.
-template <Dtype U>
-AnyTensor floating_as(const AnyTensor& value) {
-  if (value.dtype() == scalar_type_of<U>) return value;
-  auto convert = [&]<DeviceKind K>(K) -> AnyTensor {
-    switch (value.dtype()) {
-      case ScalarType::float32:
-        return value.as<float, K>().template to<U>();
-      case ScalarType::float64:
-        return value.as<double, K>().template to<U>();
-      case ScalarType::float16:
-        return value.as<half, K>().template to<U>();
-      case ScalarType::bfloat16:
-        return value.as<bfloat16, K>().template to<U>();
-      default:
-        throw dtype_error(std::string("nn::to<") + name(scalar_type_of<U>) + ">: a " +
-                          name(value.dtype()) + " entry where a floating-point one was expected");
-    }
-  };
-  return value.device().is_cuda() ? convert(cuda{}) : convert(cpu{});
-}
-
 /// The device of `module`'s first parameter or buffer (the current CPU device when it has none).
 TESSERA_API Device module_device(const Module& module);
 #if TESSERA_DEFINITIONS
@@ -640,14 +618,18 @@ auto converted_as(const Module& source, Device device, Make&& make) {
       values.insert(key, value);
       continue;
     }
-    values.insert(key, visit_dtype(wanted.at(key).dtype(), [&](auto tag) -> AnyTensor {
-                    using U = typename decltype(tag)::type;
-                    if constexpr (is_floating_point_v<U>) {
-                      return floating_as<U>(value);
-                    } else {
-                      return value;  // load_state_dict names the dtype mismatch
-                    }
-                  }));
+    // A floating-point value to the target's floating dtype (AnyTensor::visit gives its typed
+    // tensor); anything else stays as it is, and load_state_dict names the mismatch.
+    values.insert(
+        key, visit_dtype(wanted.at(key).dtype(), [&](auto tag) -> AnyTensor {
+          using U = typename decltype(tag)::type;
+          if constexpr (is_floating_point_v<U>) {
+            if (is_floating_point(value.dtype())) {
+              return value.visit([](const auto& t) -> AnyTensor { return t.template to<U>(); });
+            }
+          }
+          return value;
+        }));
   }
   copy_module_state(source, values, target);
   return target;

@@ -64,13 +64,13 @@ struct unscale_rule {
   }
 };
 
-/// Unscales every gradient of `optimizer`'s parameters in place (times `inv_scale`); returns
-/// {whether any was inf or NaN, how many gradients there were}. Throws dtype_error for an
-/// integer gradient.
+/// What unscale_gradients found: whether any gradient was inf or NaN, and how many there were.
 struct unscale_result {
   bool found_inf = false;
   std::size_t gradients = 0;
 };
+/// Unscales every gradient of `optimizer`'s parameters in place (times `inv_scale`). Throws
+/// dtype_error for an integer gradient.
 TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float inv_scale);
 
 }  // namespace detail

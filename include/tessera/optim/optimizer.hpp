@@ -187,11 +187,6 @@ class Optimizer {
   std::size_t param_group_count() const noexcept { return groups_.size(); }
   /// The group of parameter i.
   std::size_t group_of(std::size_t i) const { return group_of_.at(i); }
-  /// Group g's own learning rate and weight decay (unset: the options()').
-  const std::optional<double>& group_lr_override(std::size_t g) const { return groups_.at(g).lr; }
-  const std::optional<double>& group_weight_decay_override(std::size_t g) const {
-    return groups_.at(g).weight_decay;
-  }
 
   /// Parameter i's fp32 master copy when it is half or bfloat16 (mixed precision): made from the
   /// parameter at its first step, updated by each step, and rounded into the parameter. Undefined
