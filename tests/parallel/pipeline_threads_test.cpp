@@ -12,11 +12,13 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <stdexcept>
 #include <string>
 #include <vector>
 
+#include "tessera/optim/grad_scaler.hpp"
 #include "tessera/parallel.hpp"
 #include "tessera/tessera.hpp"
 #include "parallel/training_data.hpp"
@@ -259,6 +261,73 @@ TEST_CASE("1F1B keeps at most stages - i micro-batches on stage i, fewer than GP
     }
   }
   for (int s = 0; s < 3; ++s) CHECK(peaks[1][s] < peaks[0][s]);
+}
+
+TEST_CASE("pipeline with a GradScaler: the scale times the unsplit model's gradients, and an "
+          "inf on a stage skips the step everywhere",
+          "[parallel][pipeline][amp]") {
+  const std::int64_t batch = 8;
+  const auto x = inputs_of<double>(batch, 6, 3);
+  const auto y = labels_of(batch, 4);
+  for (par::Schedule schedule : {par::Schedule::gpipe, par::Schedule::one_f_one_b}) {
+    INFO(name_of(schedule));
+    ts::manual_seed(9);
+    auto seq = make_mlp();
+    auto reference = par::replicate(seq, 0);
+    auto ref_program = ag::compile(
+        [&](ag::Var<double> in, ag::Var<std::int64_t> labels) {
+          return nn::cross_entropy(reference(in), labels);
+        },
+        ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
+    ref_program.forward(x, y);
+    ref_program.backward();
+    const auto want = grads_of(reference);
+    auto scaled_want = want;
+    for (auto& g : scaled_want) {
+      for (double& v : g) v *= 1024.0;
+    }
+
+    par::Pipeline pipe(seq, {.balance = {3, 4}, .chunks = 2, .schedule = schedule});
+    auto program =
+        pipe.compile(loss_fn, ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
+    ts::optim::SGD sgd(seq.parameters(), {.lr = 0.5});  // over both stages' devices
+    ts::optim::GradScaler scaler({.init_scale = 1024.0});
+    if (schedule == par::Schedule::one_f_one_b) {
+      program.forward(x, y);  // its backwards ran unscaled: backward(scaler) is refused
+      CHECK_THROWS_WITH(program.backward(scaler),
+                        Catch::Contains("one_f_one_b") && Catch::Contains("forward(scaler"));
+      program.backward();
+      sgd.zero_grad();
+      program.forward(scaler, x, y);
+      program.backward(scaler);
+    } else {
+      program.forward(x, y);
+      program.backward(scaler);
+    }
+    check_close(grads_of(seq), scaled_want, 1e-12);
+    scaler.unscale_(sgd);
+    check_close(grads_of(seq), want, 1e-12);
+    CHECK(scaler.step(sgd));
+    scaler.update();
+    CHECK(scaler.get_scale() == 1024.0);
+
+    // An inf in one sample: every stage's gradients are non-finite, the step is skipped for
+    // every parameter (on both devices) and the scale backs off.
+    std::vector<std::vector<double>> before;
+    for (const auto& p : seq.parameters()) before.push_back(p.value().as<double, ts::cpu>().to_vector());
+    auto bad = x.clone();
+    bad[5][2].fill_(std::numeric_limits<double>::infinity());
+    sgd.zero_grad();
+    program.forward(scaler, bad, y);
+    program.backward();
+    CHECK_FALSE(scaler.step(sgd));
+    scaler.update();
+    CHECK(scaler.get_scale() == 512.0);
+    std::size_t i = 0;
+    for (const auto& p : seq.parameters()) {
+      CHECK(p.value().as<double, ts::cpu>().to_vector() == before[i++]);
+    }
+  }
 }
 
 TEST_CASE("pipeline options and inputs are checked, naming the values", "[parallel][pipeline]") {

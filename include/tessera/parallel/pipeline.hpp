@@ -358,20 +358,49 @@ class PipelineProgram {
   Result forward(const Ts&... inputs) {
     static_assert(sizeof...(Ts) == std::tuple_size_v<Extras> + 1,
                   "Pipeline program: forward takes the pipeline's input and the loss's inputs");
-    std::size_t k = 0;
-    (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
-    bind_inputs(inputs...);
-    const bool both = owner_->options_.schedule == Schedule::one_f_one_b;
-    run(both ? phase::both : phase::forward);
-    forwarded_ = true;
-    double total = 0;
-    for (double l : losses_) total += l;
-    loss_.fill_(static_cast<typename Result::value_type>(total));
-    return loss_;
+    scaler_ = nullptr;
+    return run_forward(inputs...);
+  }
+
+  /// forward(inputs...) whose step seeds every micro-batch's backward with `scaler`'s loss scale
+  /// (mixed precision: the gradients become the scale times the true ones until
+  /// scaler.step(optimizer) unscales them). Needed with Schedule::one_f_one_b, whose backwards
+  /// run inside forward; with GPipe, forward(inputs...) then backward(scaler) does the same.
+  /// Include tessera/optim/grad_scaler.hpp; the scaler must outlive the step.
+  template <class... Ts>
+  Result forward(const optim::GradScaler& scaler, const Ts&... inputs) {
+    static_assert(sizeof...(Ts) == std::tuple_size_v<Extras> + 1,
+                  "Pipeline program: forward takes the scaler, the pipeline's input and the "
+                  "loss's inputs");
+    scaler_ = &scaler;
+    scaled_backward_ = [](LastProgram& program, const optim::GradScaler& s) {
+      program.backward(s);
+    };
+    return run_forward(inputs...);
+  }
+
+  /// backward() seeded with `scaler`'s loss scale (PyTorch's scaler.scale(loss).backward()):
+  /// every stage's parameters get the scale times the batch's gradient. With
+  /// Schedule::one_f_one_b the backwards already ran in forward: it must have been
+  /// forward(scaler, inputs...) with this scaler, else this throws naming the schedule.
+  void backward(const optim::GradScaler& scaler) {
+    if (owner_->options_.schedule == Schedule::one_f_one_b && forwarded_ && scaler_ != &scaler) {
+      throw error("Pipeline program: backward(scaler) with Schedule::one_f_one_b, whose "
+                  "backwards run inside forward: pass the scaler to forward instead, "
+                  "forward(scaler, inputs...)");
+    }
+    if (forwarded_ && owner_->options_.schedule == Schedule::gpipe) {
+      scaler_ = &scaler;
+      scaled_backward_ = [](LastProgram& program, const optim::GradScaler& s) {
+        program.backward(s);
+      };
+    }
+    backward();
   }
 
   /// Every micro-batch's backward (GPipe); adds the whole batch's gradient into every stage's
-  /// parameters (on their devices). Throws when forward was not called since the last backward.
+  /// parameters (on their devices), seeded with the scaler's scale when the step's forward was
+  /// forward(scaler, inputs...). Throws when forward was not called since the last backward.
   void backward() {
     if (!forwarded_) {
       throw error("Pipeline program: backward needs a forward first (each forward allows one "
@@ -416,6 +445,20 @@ class PipelineProgram {
   friend class Pipeline;
 
   enum class phase { forward, backward, both };
+
+  template <class... Ts>
+  Result run_forward(const Ts&... inputs) {
+    std::size_t k = 0;
+    (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
+    bind_inputs(inputs...);
+    const bool both = owner_->options_.schedule == Schedule::one_f_one_b;
+    run(both ? phase::both : phase::forward);
+    forwarded_ = true;
+    double total = 0;
+    for (double l : losses_) total += l;
+    loss_.fill_(static_cast<typename Result::value_type>(total));
+    return loss_;
+  }
 
   std::size_t at(int stage, int j) const {
     return static_cast<std::size_t>(stage * micro_batches() + j);
@@ -561,7 +604,11 @@ class PipelineProgram {
         std::apply([&](const auto&... extras) { program.recompute(in, extras...); },
                    extras_[jj]);
       });
-      program.backward();
+      if (scaler_ != nullptr) {
+        scaled_backward_(program, *scaler_);
+      } else {
+        program.backward();
+      }
       if (needs_input_grad(s)) send_gradient(s, j, program.input_grad(0));
       program.release();
       extras_[jj] = Extras{};
@@ -611,6 +658,11 @@ class PipelineProgram {
   Extras extra_inputs_;  // the whole batch's, as given to forward
   Result loss_;
   bool forwarded_ = false;
+  // The step's loss scaler (null: seeds of 1), and the call that seeds the last stage's backward
+  // with it: made where the scaler is given, so a pipeline without one needs no definition of
+  // Program::backward(const GradScaler&) (tessera/optim/grad_scaler.hpp).
+  const optim::GradScaler* scaler_ = nullptr;
+  void (*scaled_backward_)(LastProgram&, const optim::GradScaler&) = nullptr;
 };
 
 template <class Seq>
