@@ -85,11 +85,13 @@ TEST_CASE("the new losses refuse bad input, naming it", "[loss]") {
 // An option set of nn_torch.py's CE_CASES / NLL_CASES (the same names and values).
 struct class_case {
   const char* name;
-  const char* input;    // oracle array: "logits", "masked" (-inf logits) or "log_probs"
-  const char* targets;  // "targets" (in [0, 5)) or "ignored" (with -100s)
+  const char* input;    // oracle array: "logits", "masked" (-inf logits) or "log_probs", or the
+                        // [N, C, d...] "logits_nd", "logits_3d", "log_probs_nd"
+  const char* targets;  // "targets" (in [0, 5)) or "ignored" (with -100s); "targets_nd", ...
   bool weighted;
   std::int64_t ignore_index;
   double label_smoothing;
+  const char* v = "v";  // Reduction::none's weights, of the targets' shape
 };
 
 const class_case cross_entropy_cases[] = {
@@ -102,11 +104,15 @@ const class_case cross_entropy_cases[] = {
     {"in_range", "logits", "targets", true, 2, 0.3},
     {"masked", "masked", "ignored", true, -100, 0.0},
     {"masked_smooth", "masked", "ignored", false, -100, 0.2},
+    {"nd_plain", "logits_nd", "targets_nd", false, -100, 0.0, "v_nd"},
+    {"nd_all", "logits_nd", "ignored_nd", true, -100, 0.25, "v_nd"},
+    {"nd_3d", "logits_3d", "ignored_3d", true, -100, 0.0, "v_3d"},
 };
 const class_case nll_cases[] = {
     {"plain", "log_probs", "targets", false, -100, 0.0},
     {"weight_ignore", "log_probs", "ignored", true, -100, 0.0},
     {"in_range", "log_probs", "targets", false, 2, 0.0},
+    {"nd_weight_ignore", "log_probs_nd", "ignored_nd", true, -100, 0.0, "v_nd"},
 };
 
 const char* reduction_name(nn::Reduction r) {
@@ -141,7 +147,7 @@ void check_class_loss(const std::string& loss_name, const class_case& c, nn::Red
   const auto x = oracle().tensor<T>("ce." + d + "." + c.input);
   const auto targets = oracle().tensor<std::int64_t>("ce." + d + "." + c.targets);
   const auto weight = oracle().tensor<T>("ce." + d + ".weight");
-  const auto v = oracle().tensor<T>("ce." + d + ".v");
+  const auto v = oracle().tensor<T>("ce." + d + "." + c.v);
   const ts::AnyTensor w = c.weighted ? ts::AnyTensor(weight) : ts::AnyTensor();
   const auto& want = oracle().at(key);
   check_same(ts::Tensor<T>(loss(x, targets, reduction, c, w)), want.values, tolerance<T>);
@@ -211,32 +217,36 @@ TEST_CASE("cross_entropy(logits, targets): one program, targets with and without
 
 TEST_CASE("cross_entropy's and nll_loss's general path add into a parameter's gradient",
           "[loss][oracle]") {
-  // Two backward passes: twice torch's gradient (the second one adds).
-  const auto targets = oracle().tensor<std::int64_t>("ce.float64.ignored");
+  // Two backward passes: twice torch's gradient (the second one adds); [N, C] and [N, C, d...].
   const auto weight = oracle().tensor<double>("ce.float64.weight");
-  for (const bool from_logits : {true, false}) {
-    INFO((from_logits ? "cross_entropy" : "nll_loss"));
-    auto slot = std::make_shared<ag::parameter_slot<double, ts::cpu>>();
-    slot->value =
-        oracle().tensor<double>(from_logits ? "ce.float64.logits" : "ce.float64.log_probs");
-    auto program = ag::compile(
-        [&](ag::Var<std::int64_t> y) -> ag::Var<double> {
-          const auto x = ag::parameter(slot, y);
-          if (from_logits) {
-            return nn::cross_entropy(x, y, {.label_smoothing = 0.25, .weight = weight});
-          }
-          return nn::nll_loss(x, y, {.weight = weight});
-        },
-        ag::input<std::int64_t>({7}));
-    const std::string key =
-        from_logits ? "ce.float64.ce.all.mean" : "ce.float64.nll.weight_ignore.mean";
-    for (int run = 0; run < 2; ++run) {
-      check_same(program.forward(targets), oracle().at(key).values, 1e-12);
-      program.backward();
+  for (const bool nd : {false, true}) {
+    const std::string suffix = nd ? "_nd" : "";
+    const auto targets = oracle().tensor<std::int64_t>("ce.float64.ignored" + suffix);
+    for (const bool from_logits : {true, false}) {
+      INFO((from_logits ? "cross_entropy" : "nll_loss") << suffix);
+      auto slot = std::make_shared<ag::parameter_slot<double, ts::cpu>>();
+      slot->value = oracle().tensor<double>(
+          (from_logits ? "ce.float64.logits" : "ce.float64.log_probs") + suffix);
+      auto program = ag::compile(
+          [&](ag::Var<std::int64_t> y) -> ag::Var<double> {
+            const auto x = ag::parameter(slot, y);
+            if (from_logits) {
+              return nn::cross_entropy(x, y, {.label_smoothing = 0.25, .weight = weight});
+            }
+            return nn::nll_loss(x, y, {.weight = weight});
+          },
+          ag::input<std::int64_t>(targets.shape()));
+      const std::string key =
+          from_logits ? (nd ? "ce.float64.ce.nd_all.mean" : "ce.float64.ce.all.mean")
+                      : "ce.float64.nll." + std::string(nd ? "nd_" : "") + "weight_ignore.mean";
+      for (int run = 0; run < 2; ++run) {
+        check_same(program.forward(targets), oracle().at(key).values, 1e-12);
+        program.backward();
+      }
+      std::vector<double> twice = oracle().at(key + ".grad").values;
+      for (double& v : twice) v *= 2;
+      check_same(slot->grad, twice, 1e-12);
     }
-    std::vector<double> twice = oracle().at(key + ".grad").values;
-    for (double& v : twice) v *= 2;
-    check_same(slot->grad, twice, 1e-12);
   }
 }
 
@@ -292,8 +302,18 @@ TEST_CASE("cross_entropy and nll_loss refuse bad options and targets, naming the
                     Catch::Contains("nll_loss: target -100 is out of range"));
   CHECK_THROWS_AS(nn::cross_entropy(x, ts::zeros<std::int64_t>({3, 1})), ts::shape_error);
   CHECK_THROWS_WITH(nn::nll_loss(x, ts::zeros<std::int64_t>({2})),
-                    Catch::Contains("nll_loss: expected log-probabilities [N, C] and targets [N], "
-                                    "got log-probabilities [3, 4] and targets [2]"));
+                    Catch::Contains("nll_loss: expected log-probabilities [N, C] and targets [N]") &&
+                        Catch::Contains("got log-probabilities [3, 4] and targets [2]"));
+  // The [N, C, d...] form: the targets must be [N, d...].
+  const auto x4 = ts::zeros<float>({2, 4, 3, 5});
+  CHECK_THROWS_WITH(nn::cross_entropy(x4, ts::zeros<std::int64_t>({2, 5, 3})),
+                    Catch::Contains("[N, C, d1, ...] and targets [N, d1, ...], got logits "
+                                    "[2, 4, 3, 5] and targets [2, 5, 3]"));
+  CHECK_THROWS_AS(nn::cross_entropy(x4, ts::zeros<std::int64_t>({2, 3})), ts::shape_error);
+  CHECK_THROWS_AS(nn::cross_entropy(ts::zeros<float>({4}), ts::zeros<std::int64_t>({})),
+                  ts::shape_error);
+  CHECK_THROWS_WITH(nn::cross_entropy(x4, ts::full<std::int64_t>({2, 3, 5}, 4)),
+                    Catch::Contains("target 4 is out of range for 4 classes"));
   // Nothing was changed, and a traced loss checks its targets at every forward, working after.
   CHECK(weight.to_vector() == std::vector<float>{1, 2, 3, 4});
   CHECK_THROWS_WITH(ag::compile(

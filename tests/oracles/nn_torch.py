@@ -415,8 +415,9 @@ def schedulers(w):
 
 # cross_entropy's and nll_loss's option sets for class_losses, by name: the logits ("logits", or
 # "masked" with a -inf logit off the targets), the targets ("targets" in [0, 5), or "ignored" with
-# -100s), the class weights, ignore_index and label_smoothing. tests/nn/loss_test.cpp lists the
-# same sets.
+# -100s), the class weights, ignore_index and label_smoothing. The "nd_" sets use PyTorch's
+# K-dimensional form: logits [2, 5, 3, 2] ("logits_nd") or [3, 5, 4] ("logits_3d") with targets
+# [2, 3, 2] or [3, 4], and v of the targets' shape. tests/nn/loss_test.cpp lists the same sets.
 CE_CASES = {
     "plain": dict(),
     "ignore": dict(t="ignored"),
@@ -427,11 +428,15 @@ CE_CASES = {
     "in_range": dict(ignore_index=2, weight=True, ls=0.3),
     "masked": dict(x="masked", t="ignored", weight=True),
     "masked_smooth": dict(x="masked", t="ignored", ls=0.2),
+    "nd_plain": dict(x="logits_nd", t="targets_nd", v="v_nd"),
+    "nd_all": dict(x="logits_nd", t="ignored_nd", weight=True, ls=0.25, v="v_nd"),
+    "nd_3d": dict(x="logits_3d", t="ignored_3d", weight=True, v="v_3d"),
 }
 NLL_CASES = {
     "plain": dict(),
     "weight_ignore": dict(t="ignored", weight=True),
     "in_range": dict(ignore_index=2),
+    "nd_weight_ignore": dict(x="log_probs_nd", t="ignored_nd", weight=True, v="v_nd"),
 }
 
 
@@ -448,30 +453,43 @@ def class_losses(w):
         masked[2, 4] = float("-inf")
         weight = torch.rand(5, generator=g, dtype=torch.float64) + 0.5
         v = torch.randn(7, generator=g, dtype=torch.float64)
-        logits, masked, weight, v = logits.to(dtype), masked.to(dtype), weight.to(dtype), v.to(dtype)
-        inputs = {"logits": logits, "masked": masked}
+        logits_nd = torch.randn(2, 5, 3, 2, generator=g, dtype=torch.float64) * 2
+        logits_3d = torch.randn(3, 5, 4, generator=g, dtype=torch.float64) * 2
+        vs = {"v": v, "v_nd": torch.randn(2, 3, 2, generator=g, dtype=torch.float64),
+              "v_3d": torch.randn(3, 4, generator=g, dtype=torch.float64)}
+        logits, masked, weight = logits.to(dtype), masked.to(dtype), weight.to(dtype)
+        logits_nd, logits_3d = logits_nd.to(dtype), logits_3d.to(dtype)
+        vs = {name: t.to(dtype) for name, t in vs.items()}
+        inputs = {"logits": logits, "masked": masked, "logits_nd": logits_nd,
+                  "logits_3d": logits_3d}
+        log_probs = {"log_probs": torch.log_softmax(logits, 1),
+                     "log_probs_nd": torch.log_softmax(logits_nd, 1)}
+        targets_nd = torch.randint(0, 5, (2, 3, 2), generator=g)
+        ignored_nd = targets_nd.clone()
+        ignored_nd[0, 1, 0], ignored_nd[1, 2, 1] = -100, -100
         targets = {"targets": torch.tensor([0, 4, 2, 2, 1, 3, 2]),
-                   "ignored": torch.tensor([0, -100, 2, -100, 1, 3, 4])}
+                   "ignored": torch.tensor([0, -100, 2, -100, 1, 3, 4]),
+                   "targets_nd": targets_nd, "ignored_nd": ignored_nd,
+                   "ignored_3d": torch.tensor([[0, 4, -100, 2], [1, 1, 3, 0], [-100, 2, 4, 3]])}
         prefix = "ce.%s." % dname
-        for name, t in inputs.items():
-            w.put(prefix + name, t)
-        w.put(prefix + "log_probs", torch.log_softmax(logits, 1))
-        for name, t in targets.items():
+        for name, t in list(inputs.items()) + list(log_probs.items()) + list(targets.items()):
             w.put(prefix + name, t)
         w.put(prefix + "weight", weight)
-        w.put(prefix + "v", v)
+        for name, t in vs.items():
+            w.put(prefix + name, t)
         for loss_name, cases in (("ce", CE_CASES), ("nll", NLL_CASES)):
             for case, o in cases.items():
                 for reduction in ("mean", "sum", "none"):
                     kwargs = dict(reduction=reduction, ignore_index=o.get("ignore_index", -100),
                                   weight=weight if o.get("weight") else None)
                     target = targets[o.get("t", "targets")]
+                    v = vs[o.get("v", "v")]
                     if loss_name == "ce":
                         x = inputs[o.get("x", "logits")].clone().requires_grad_(True)
                         loss = torch.nn.functional.cross_entropy(
                             x, target, label_smoothing=o.get("ls", 0.0), **kwargs)
                     else:
-                        x = torch.log_softmax(logits, 1).detach().requires_grad_(True)
+                        x = log_probs[o.get("x", "log_probs")].detach().clone().requires_grad_(True)
                         loss = torch.nn.functional.nll_loss(x, target, **kwargs)
                     (loss * v if reduction == "none" else loss).sum().backward()
                     name = "%s%s.%s.%s" % (prefix, loss_name, case, reduction)

@@ -359,10 +359,17 @@ void class_loss_backward(const Tensor<T, K>& gradient, bool accumulate, const Te
 template <class T, class K>
 class cross_entropy_node final : public autograd::detail::single_input_node {
  public:
+  /// `batch` samples of `classes` classes; for an input [N, C, d...] (PyTorch's K-dimensional
+  /// form) `samples` = N and `spatial` = d1 * ... * dk, every position a sample (batch = N *
+  /// spatial): the node moves the classes last into scratch in its forward and back in its
+  /// gradient, so the kernels below see [N * spatial, C].
   cross_entropy_node(int input, int targets, std::int64_t batch, std::int64_t classes,
-                     Device device, const class_loss_options& options, Tensor<T, K> weight)
+                     Device device, const class_loss_options& options, Tensor<T, K> weight,
+                     std::int64_t samples, std::int64_t spatial)
       : batch_(batch),
         classes_(classes),
+        samples_(samples),
+        spatial_(spatial),
         options_(options),
         columns_(arange<std::int64_t, K>(0, static_cast<double>(classes), 1.0, device.index)),
         weight_(weight.defined() ? std::move(weight)
@@ -373,15 +380,16 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   std::size_t forward_scratch() const override {
     using autograd::detail::scratch_bytes;
     return (options_.from_logits ? scratch_bytes<T>(Shape{batch_, classes_}) : 0) +
+           (spatial() ? scratch_bytes<T>(Shape{batch_, classes_}) : 0) +
            scratch_bytes<T>(Shape{batch_}) + 2 * scratch_bytes<T>(Shape{classes_}) +
            scratch_bytes<T>(Shape{});
   }
   void forward(autograd::detail::value_table& table) override {
-    const auto x = table.template get<T, K>(inputs[0]);
-    const auto targets = table.template get<std::int64_t, K>(inputs[1]);
+    const auto targets = samples_of(table.template get<std::int64_t, K>(inputs[1]));
     const bool ignored = check_targets(targets, classes_, options_.ignore_index, name());
     plain_ = options_.plain() && !ignored;
-    const auto out = table.template get<T, K>(output);
+    const auto x = rows_of(table, table.template get<T, K>(inputs[0]));
+    const auto out = samples_of(table.template get<T, K>(output));
     Tensor<T, K> log_probabilities = x;
     if (options_.from_logits) {
       log_probabilities = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
@@ -412,24 +420,32 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   std::size_t backward_scratch() const override {
     using autograd::detail::scratch_bytes;
     return scratch_bytes<T>(Shape{batch_, classes_}) + scratch_bytes<T>(Shape{batch_}) +
-           2 * scratch_bytes<T>(Shape{classes_}) + 2 * scratch_bytes<T>(Shape{});
+           2 * scratch_bytes<T>(Shape{classes_}) + 2 * scratch_bytes<T>(Shape{}) +
+           (spatial() ? 2 * scratch_bytes<T>(Shape{batch_, classes_}) : 0);
   }
   void backward(autograd::detail::value_table& table,
                 const std::vector<char>& accumulate) override {
     if (!needs_) return;
-    const auto targets = table.template get<std::int64_t, K>(inputs[1]);
-    const auto g = table.template grad<T, K>(output);
-    const auto gradient = table.template grad<T, K>(inputs[0]);
+    const auto targets = samples_of(table.template get<std::int64_t, K>(inputs[1]));
+    const auto g = samples_of(table.template grad<T, K>(output));
+    // The input's gradient, or for [N, C, d...] its rows [N * d, C] in scratch, moved into it
+    // at the end.
+    const auto input_gradient = table.template grad<T, K>(inputs[0]);
+    const bool moved = spatial();
+    const auto gradient =
+        moved ? table.template scratch_tensor<T, K>(Shape{batch_, classes_}) : input_gradient;
+    const bool add = accumulate[0] != 0 && !moved;
     // The softmax of the logits (cross_entropy), or the gradient's scratch (nll_loss).
     const auto p = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
     if (options_.from_logits) {
-      const auto x = table.template get<T, K>(inputs[0]);
+      const auto x = rows_of(table, table.template get<T, K>(inputs[0]));
       tessera::detail::softmax_into<false>(p, tessera::detail::as_node(x), 1, name());
     }
     if (plain_) {
       const double scale = 1.0 / static_cast<double>(batch_);
       autograd::detail::store_gradient(gradient, where(one_hot(targets), p - 1, p) * g * scale,
-                                       accumulate[0] != 0, table);
+                                       add, table);
+      if (moved) move_back(input_gradient, gradient, accumulate[0] != 0);
       return;
     }
     class_loss_buffers<T, K> b;
@@ -438,17 +454,45 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
     b.off = table.template scratch_tensor<T, K>(Shape{classes_});
     b.total = table.template scratch_tensor<T, K>(Shape{});
     b.scale = table.template scratch_tensor<T, K>(Shape{});
-    class_loss_backward(gradient, accumulate[0] != 0, p, g, targets, columns_, weight_, options_,
-                        b);
+    class_loss_backward(gradient, add, p, g, targets, columns_, weight_, options_, b);
+    if (moved) move_back(input_gradient, gradient, accumulate[0] != 0);
   }
 
  private:
+  bool spatial() const noexcept { return spatial_ != 1; }
+  // Targets or per-sample values [N, d...] as [N * d] (the samples in order).
+  template <class U>
+  Tensor<U, K> samples_of(const Tensor<U, K>& t) const {
+    return spatial() && t.dim() > 0 ? t.view({batch_}) : t;
+  }
+  // The input [N, C, d...] as rows [N * d, C] (a copy into scratch), or the input [N, C] itself.
+  Tensor<T, K> rows_of(autograd::detail::value_table& table, const Tensor<T, K>& x) const {
+    if (!spatial()) return x;
+    auto rows = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
+    rows.view({samples_, spatial_, classes_})
+        .copy_(x.reshape({samples_, classes_, spatial_}).permute({0, 2, 1}));
+    return rows;
+  }
+  // The rows' gradient [N * d, C] written (or added) into the input's [N, C, d...].
+  void move_back(const Tensor<T, K>& input_gradient, const Tensor<T, K>& rows,
+                 bool accumulate) const {
+    auto target = input_gradient.view({samples_, classes_, spatial_});
+    const auto source = rows.view({samples_, spatial_, classes_}).permute({0, 2, 1});
+    if (accumulate) {
+      tessera::detail::add_into(target, source);
+    } else {
+      target.copy_(source);
+    }
+  }
+
   auto one_hot(const Tensor<std::int64_t, K>& targets) const {
     return columns_ == targets.view({batch_, 1});
   }
 
-  std::int64_t batch_;
+  std::int64_t batch_;    // samples: N, or N * d for [N, C, d...]
   std::int64_t classes_;
+  std::int64_t samples_;  // N
+  std::int64_t spatial_;  // d1 * ... * dk; 1 for [N, C]
   class_loss_options options_;
   Tensor<std::int64_t, K> columns_;  // 0 .. C-1, made once when traced
   Tensor<T, K> weight_;              // [C]; ones when none was given
@@ -465,6 +509,40 @@ Device eager_device(const L& logits, const Targets& targets) {
   }
 }
 
+/// The eager loss of `input` [batch, classes] (a tensor or a lazy expression) and its targets
+/// [batch] on `device`.
+template <class T, class K, class L>
+Tensor<T, K> eager_class_loss(const L& input, const Tensor<std::int64_t, K>& targets,
+                              const class_loss_options& o, const AnyTensor& weight,
+                              std::int64_t batch, std::int64_t classes, Device device) {
+  Tensor<T, K> w = checked_class_weight<T, K>(o, weight, classes, device);
+  const bool ignored = check_targets(targets, classes, o.ignore_index, o.name());
+  const auto columns =
+      arange<std::int64_t, K>(0, static_cast<double>(classes), 1.0, device.index);
+  if (o.plain() && !ignored) {
+    const auto log_probabilities = log_softmax(input, 1);
+    // The target's column of each row, picked by a one-hot comparison fused into the row sums.
+    const auto one_hot = columns == targets.view({batch, 1});
+    return Tensor<T, K>(mean(sum(where(one_hot, -log_probabilities, 0), 1)));
+  }
+  Tensor<T, K> log_probabilities;
+  if (o.from_logits) {
+    log_probabilities = log_softmax(input, 1);
+  } else {
+    log_probabilities = materialize(input);
+  }
+  if (!w.defined()) w = full<T, K>(Shape{classes}, 1.0, device.index);
+  class_loss_buffers<T, K> b;
+  b.rows = Tensor<T, K>::empty_on(Shape{batch}, device);
+  b.hit = Tensor<T, K>::empty_on(Shape{classes}, device);
+  b.off = Tensor<T, K>::empty_on(Shape{classes}, device);
+  b.total = Tensor<T, K>::empty_on(Shape{}, device);
+  auto out =
+      Tensor<T, K>::empty_on(o.reduction == Reduction::none ? Shape{batch} : Shape{}, device);
+  class_loss_forward(out, log_probabilities, targets, columns, w, o, b);
+  return out;
+}
+
 /// cross_entropy and nll_loss: checks, then eager (the loss as a tensor) or traced (one node).
 template <class L, class Targets>
 auto class_loss(const L& input, const Targets& targets, const class_loss_options& o,
@@ -475,44 +553,40 @@ auto class_loss(const L& input, const Targets& targets, const class_loss_options
   using K = typename Targets::device_kind;
   using T = tessera::detail::floating_of<typename L::value_type>;
   const Shape& shape = input.shape();
-  if (shape.size() != 2 || targets.dim() != 1 || targets.size(0) != shape[0]) {
+  // [N, C] with targets [N], or PyTorch's K-dimensional form [N, C, d1, ..., dk] with targets
+  // [N, d1, ..., dk]: every position a sample.
+  const int rank = static_cast<int>(shape.size());
+  bool fits = rank >= 2 && static_cast<int>(targets.dim()) == rank - 1 &&
+              targets.size(0) == shape[0];
+  std::int64_t spatial = 1;
+  for (int d = 2; fits && d < rank; ++d) {
+    fits = targets.size(d - 1) == shape[d];
+    spatial *= shape[d];
+  }
+  if (!fits) {
     throw shape_error(
         std::string(o.name()) + ": expected " + (o.from_logits ? "logits" : "log-probabilities") +
-        " [N, C] and targets [N], got " + (o.from_logits ? "logits " : "log-probabilities ") +
-        shape.str() + " and targets " + targets.shape().str());
+        " [N, C] and targets [N], or [N, C, d1, ...] and targets [N, d1, ...], got " +
+        (o.from_logits ? "logits " : "log-probabilities ") + shape.str() + " and targets " +
+        targets.shape().str());
   }
-  const std::int64_t batch = shape[0];
+  const std::int64_t batch = shape[0] * spatial;  // samples (no overflow: both shapes exist)
   const std::int64_t classes = shape[1];
   if constexpr (is_eager_v<L>) {
     static_assert(tessera::detail::is_tensor<Targets>::value,
                   "cross_entropy, nll_loss: eager inputs take a tensor of targets");
     const Device device = eager_device(input, targets);
-    Tensor<T, K> w = checked_class_weight<T, K>(o, weight, classes, device);
-    const bool ignored = check_targets(targets, classes, o.ignore_index, o.name());
-    const auto columns =
-        arange<std::int64_t, K>(0, static_cast<double>(classes), 1.0, device.index);
-    if (o.plain() && !ignored) {
-      const auto log_probabilities = log_softmax(input, 1);
-      // The target's column of each row, picked by a one-hot comparison fused into the row sums.
-      const auto one_hot = columns == targets.view({batch, 1});
-      return Tensor<T, K>(mean(sum(where(one_hot, -log_probabilities, 0), 1)));
+    if (rank > 2) {
+      // The classes moved last, [N * d, C]: the [N, C] loss over every position, then the
+      // per-position losses [N, d...] for Reduction::none.
+      auto rows = Tensor<T, K>::empty_on(Shape{batch, classes}, device);
+      rows.view({shape[0], spatial, classes})
+          .copy_(materialize(input).reshape({shape[0], classes, spatial}).permute({0, 2, 1}));
+      auto out = eager_class_loss<T, K>(rows, targets.reshape({batch}), o, weight, batch,
+                                        classes, device);
+      return o.reduction == Reduction::none ? out.view(targets.shape()) : out;
     }
-    Tensor<T, K> log_probabilities;
-    if (o.from_logits) {
-      log_probabilities = log_softmax(input, 1);
-    } else {
-      log_probabilities = materialize(input);
-    }
-    if (!w.defined()) w = full<T, K>(Shape{classes}, 1.0, device.index);
-    class_loss_buffers<T, K> b;
-    b.rows = Tensor<T, K>::empty_on(Shape{batch}, device);
-    b.hit = Tensor<T, K>::empty_on(Shape{classes}, device);
-    b.off = Tensor<T, K>::empty_on(Shape{classes}, device);
-    b.total = Tensor<T, K>::empty_on(Shape{}, device);
-    auto out =
-        Tensor<T, K>::empty_on(o.reduction == Reduction::none ? Shape{batch} : Shape{}, device);
-    class_loss_forward(out, log_probabilities, targets, columns, w, o, b);
-    return out;
+    return eager_class_loss<T, K>(input, targets, o, weight, batch, classes, device);
   } else {
     autograd::detail::graph* g = autograd::detail::graph_of(input);
     const auto x = [&] {
@@ -525,8 +599,8 @@ auto class_loss(const L& input, const Targets& targets, const class_loss_options
     Tensor<T, K> w = checked_class_weight<T, K>(o, weight, classes, x.device());
     const auto t = autograd::detail::to_var(targets, g);
     auto n = std::make_unique<cross_entropy_node<T, K>>(x.id(), t.id(), batch, classes, x.device(),
-                                                        o, std::move(w));
-    const Shape out_shape = o.reduction == Reduction::none ? Shape{batch} : Shape{};
+                                                        o, std::move(w), shape[0], spatial);
+    const Shape out_shape = o.reduction == Reduction::none ? targets.shape() : Shape{};
     const int id = g->add_node(std::move(n), out_shape, scalar_type_of<T>, x.device());
     return autograd::Var<T, K>(g, id, out_shape);
   }
@@ -539,7 +613,9 @@ auto class_loss(const L& input, const Targets& targets, const class_loss_options
 /// (CrossEntropyArgs: reduction, ignore_index, label_smoothing, weight; PyTorch's semantics and
 /// defaults, so cross_entropy(logits, targets) is the mean over the batch, targets of -100
 /// ignored). `logits` is [N, C] (a tensor or a lazy expression), `targets` int64 [N] on the same
-/// device. Returns a 0-dim loss, or [N] for Reduction::none. Numerically stable for any logits
+/// device; or PyTorch's K-dimensional form, logits [N, C, d1, ..., dk] and targets
+/// [N, d1, ..., dk] (e.g. a segmentation map: every position is a sample, and the mean is over
+/// all of them). Returns a 0-dim loss, or the targets' shape for Reduction::none. Numerically stable for any logits
 /// (log_softmax subtracts each row's maximum). The mean over no sample (an empty batch, every
 /// target ignored, or their weights summing to 0) is NaN, as in PyTorch; the gradient rows of
 /// ignored samples are 0.
@@ -565,7 +641,7 @@ auto cross_entropy(const L& logits, const Targets& targets, const CrossEntropyAr
 
 /// torch.nn.functional.nll_loss: -w[t_n] log_probs[n, t_n] per sample, for log-probabilities
 /// [N, C] (a tensor, a lazy expression or, traced, a Var: log_softmax's output), targets int64
-/// [N]; NllLossArgs gives the reduction, ignore_index and class weights with cross_entropy's
+/// [N], or [N, C, d1, ...] and [N, d1, ...] as cross_entropy; NllLossArgs gives the reduction, ignore_index and class weights with cross_entropy's
 /// meaning (cross_entropy(x, t, args) is nll_loss(log_softmax(x, 1), t, args) without label
 /// smoothing). Traced, one autograd node, differentiable with respect to the log-probabilities.
 /// Throws as cross_entropy does.
