@@ -35,6 +35,7 @@ class recording_reporter : public benchmark::ConsoleReporter {
         if (auto rate = run.counters.find("GB/s"); rate != run.counters.end()) {
           bandwidth[name] = rate->second.value;
         }
+        for (const auto& [key, counter] : run.counters) counters[name][key] = counter.value;
         if (median) medians_.insert(name);
       }
     }
@@ -42,6 +43,7 @@ class recording_reporter : public benchmark::ConsoleReporter {
   }
   std::map<std::string, double> results;    // in each run's time unit
   std::map<std::string, double> bandwidth;  // GB/s, for those that report it
+  std::map<std::string, std::map<std::string, double>> counters;  // every user counter, by name
 
  private:
   std::set<std::string> medians_;

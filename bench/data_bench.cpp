@@ -4,11 +4,15 @@
 // - BM_step_with_loader_2_workers: the same step on the next batch of a DataLoader (TensorDataset of
 //   8192 examples, shuffled, 2 workers): the time over BM_step is what the step waits for data
 //   (stall share = 1 - T(step) / T(step with loader), goal <= 2 %); _0_workers: batches loaded
-//   by the loop's own thread (the serial reference);
+//   by the loop's own thread (the serial reference). Its counter wait_share is the share of the
+//   loop's time spent inside the loader's calls (taking the next batch, moving past it): the
+//   time the step waits for data itself, without the slowdown of sharing the cores with the
+//   workers, which the stall share includes;
 // - BM_loader: the loader alone (batches per second it can deliver), and BM_loader_0_workers.
 // Default environment: the step's loops and BLAS use every core; the workers share them.
 #include <benchmark/benchmark.h>
 
+#include <chrono>
 #include <cstdint>
 #include <cstdio>
 #include <optional>
@@ -80,18 +84,28 @@ void BM_step(benchmark::State& state) {
   }
 }
 
-// Batches forever: a new epoch when one ends (drop_last keeps every batch full).
+// Batches forever: a new epoch when one ends (drop_last keeps every batch full). Sets the
+// counter wait_share: the time in the loader's calls over the loop's time.
 template <class Fn>
 void over_batches(benchmark::State& state, int workers, Fn fn) {
+  using clock = std::chrono::steady_clock;
   ts::data::DataLoader loader(make_dataset(), {.batch_size = batch, .shuffle = true,
                                                .drop_last = true, .num_workers = workers});
   std::optional<decltype(loader.begin())> it;
+  clock::duration waited{};
+  const auto start = clock::now();
   for (auto _ : state) {
+    const auto before = clock::now();
     if (!it || *it == loader.end()) it.emplace(loader.begin());
     auto [x, y] = **it;
+    const auto got = clock::now();
     fn(x, y);
+    const auto done = clock::now();
     ++*it;
+    waited += (got - before) + (clock::now() - done);
   }
+  const std::chrono::duration<double> total = clock::now() - start;
+  state.counters["wait_share"] = std::chrono::duration<double>(waited).count() / total.count();
 }
 
 void step_with_loader(benchmark::State& state, int workers) {
@@ -128,6 +142,11 @@ int main(int argc, char** argv) {
                 std::string(workers) == "2" ? (stall <= 0.02 ? " (goal <= 2%: met)"
                                                               : " (goal <= 2%: MISSED)")
                                             : "");
+    const auto counters = reporter.counters.find(fed->first);
+    if (counters != reporter.counters.end() && counters->second.count("wait_share")) {
+      std::printf("  of which waiting inside the loader's calls: %.2f%% of the loop's time\n",
+                  100.0 * counters->second.at("wait_share"));
+    }
   }
   return 0;
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <memory>
 #include <numeric>
 #include <set>
 #include <stdexcept>
@@ -162,6 +163,40 @@ TEST_CASE("a dataset's exception reaches the loop with its batch and example", "
     CHECK(firsts == std::vector<float>{0, 4, 8});  // the batches before it arrived
   }
 }
+
+#if defined(__linux__)
+// Records the scheduling policy of the thread that reads each example.
+struct policy_dataset {
+  std::shared_ptr<std::vector<int>> policies = std::make_shared<std::vector<int>>(8, -1);
+  std::int64_t size() const { return 8; }
+  ts::Tensor<float> get(std::int64_t i) const {
+    int policy = -1;
+    sched_param param{};
+    (void)pthread_getschedparam(pthread_self(), &policy, &param);
+    (*policies)[static_cast<std::size_t>(i)] = policy;  // each example read by one thread
+    return ts::full<float>({1}, static_cast<float>(i));
+  }
+};
+
+TEST_CASE("workers are batch threads for the scheduler; the loop's own thread is left alone",
+          "[data]") {
+  int own = -1;
+  sched_param param{};
+  REQUIRE(pthread_getschedparam(pthread_self(), &own, &param) == 0);
+  for (int workers : {0, 2}) {
+    CAPTURE(workers);
+    policy_dataset dataset;
+    DataLoader loader(dataset, {.batch_size = 2, .num_workers = workers});
+    float total = 0;
+    for (auto x : loader) total += x[0][0].item() + x[1][0].item();
+    CHECK(total == 28);
+    for (int policy : *dataset.policies) CHECK(policy == (workers == 0 ? own : SCHED_BATCH));
+  }
+  int after = -1;
+  REQUIRE(pthread_getschedparam(pthread_self(), &after, &param) == 0);
+  CHECK(after == own);
+}
+#endif
 
 TEST_CASE("leaving an epoch early stops its workers", "[data]") {
   DataLoader loader(make_dataset(), {.batch_size = 1, .shuffle = true, .num_workers = 3});
