@@ -1,8 +1,13 @@
 // Distributed data parallel training, one process per device, launched by mpirun:
 //
 //     mpirun -np 2 build/cpu/examples/ddp        # two processes on this machine's CPU
+//     mpirun -np 2 build/cuda/examples/ddp       # two GPUs, when every rank has one of its own
 //
-// (as root add --allow-run-as-root; with more processes than cores, --oversubscribe). Every rank
+// (as root add --allow-run-as-root; with more processes than cores, --oversubscribe). Built with
+// CUDA and run where every rank of the node has a GPU of its own, the model and the data go to
+// the rank's GPU (ts::distributed::init bound it) and the gradients are averaged through NCCL;
+// otherwise everything runs on the CPU and MPI averages them. The GPU form has not run yet (no
+// GPU was available when it was written). Every rank
 // builds the same model with its own seed; DistributedDataParallel copies rank 0's values into
 // all of them, each rank trains on its own shard of the data set, and backward averages the
 // gradients across the ranks while it runs, so every rank takes the same optimiser step. Rank 0
@@ -13,6 +18,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <random>
+#include <type_traits>
 
 #include "tessera/distributed.hpp"
 #include "tessera/tessera.hpp"
@@ -22,8 +28,9 @@ namespace ag = tessera::autograd;
 namespace nn = tessera::nn;
 namespace dist = tessera::distributed;
 
+template <class K>
 struct Net : nn::Module {
-  nn::Linear<float> fc1{2, 64}, fc2{64, 64}, fc3{64, 3};
+  nn::Linear<float, K> fc1{2, 64}, fc2{64, 64}, fc3{64, 3};
   Net() {
     register_module("fc1", fc1);
     register_module("fc2", fc2);
@@ -48,9 +55,9 @@ void make_data(int n, std::vector<float>& points, std::vector<std::int64_t>& lab
   }
 }
 
-int main() {
-  dist::Session session;  // MPI up, this process bound to its device and its share of the cores
-  dist::ProcessGroup world;
+// Trains on the rank's current device of kind K (made current by ts::distributed::init).
+template <class K>
+int train(dist::ProcessGroup& world) {
   const int rank = world.rank(), size = world.size();
 
   // The global batch of 1536 points, split evenly: rank r trains on rows [r * n, (r + 1) * n).
@@ -65,21 +72,21 @@ int main() {
   make_data(global, points, labels);
   const auto all_inputs = ts::from_vector<float>(points, {global, 2});
   const auto all_targets = ts::from_vector<std::int64_t>(labels, {global});
-  const auto inputs = all_inputs.narrow(0, rank * n, n).contiguous();
-  const auto targets = all_targets.narrow(0, rank * n, n).contiguous();
+  const auto inputs = all_inputs.narrow(0, rank * n, n).template to<K>();
+  const auto targets = all_targets.narrow(0, rank * n, n).template to<K>();
 
   ts::manual_seed(static_cast<std::uint64_t>(rank));  // different on every rank: DDP aligns them
-  Net model;
+  Net<K> model;
   ts::parallel::DistributedDataParallel ddp(model);
   auto step = ddp.compile(
-      [](Net& m, ag::Var<float> x, ag::Var<std::int64_t> y) {
+      [](Net<K>& m, ag::Var<float, K> x, ag::Var<std::int64_t, K> y) {
         return nn::cross_entropy(m.forward(x), y);
       },
-      ag::input<float>({n, 2}), ag::input<std::int64_t>({n}));
+      ag::input<float, K>({n, 2}), ag::input<std::int64_t, K>({n}));
   ts::optim::Adam adam(model.parameters(), {.lr = 0.01});
   if (rank == 0) {
-    std::printf("%d process(es), %d samples each, %zu gradient bucket(s)\n", size, n,
-                ddp.buckets().size());
+    std::printf("%d process(es) on %s, %d samples each, %zu gradient bucket(s)\n", size,
+                std::is_same_v<K, ts::cpu> ? "the CPU" : "GPUs", n, ddp.buckets().size());
   }
 
   auto global_loss = [&](double local) {
@@ -102,7 +109,7 @@ int main() {
   // Every rank took the same steps: their parameters agree with rank 0's exactly.
   int differing = 0;
   for (const auto& p : model.parameters()) {
-    auto mine = p.value().as<float>().clone();
+    auto mine = p.value().template as<float, K>().template to<ts::cpu>().clone();
     auto rank0 = mine.clone();
     world.broadcast(rank0, 0);
     differing += mine.to_vector() != rank0.to_vector();
@@ -118,10 +125,12 @@ int main() {
     // A checkpoint as torch DDP writes it ("module.fc1.weight", ...); a plain Net loads it.
     const auto path = (std::filesystem::temp_directory_path() / "tessera_ddp.safetensors").string();
     ts::save(ddp.state_dict(), path);
-    Net fresh;
+    Net<ts::cpu> fresh;  // a plain model on the CPU, whatever trained it
     fresh.load_state_dict(ts::load(path));
     const auto a = ts::argmax(fresh.forward(all_inputs), 1).to_vector();
-    const auto b = ts::argmax(model.forward(all_inputs), 1).to_vector();
+    const auto b = ts::argmax(model.forward(all_inputs.template to<K>()), 1)
+                       .template to<ts::cpu>()
+                       .to_vector();
     int correct = 0;
     for (int i = 0; i < global; ++i) correct += b[static_cast<std::size_t>(i)] == labels[static_cast<std::size_t>(i)];
     std::printf("saved %s; the loaded model predicts %s; accuracy %.1f%%\n", path.c_str(),
@@ -131,4 +140,17 @@ int main() {
     if (status) std::printf("FAILED: the loss did not fall enough or the ranks disagree\n");
   }
   return status;
+}
+
+int main() {
+  dist::Session session;  // MPI up, this process bound to its device and its share of the cores
+  dist::ProcessGroup world;
+#if TESSERA_CUDA
+  // NCCL needs a GPU of its own for every rank of the node; init made it current.
+  int on_gpus = ts::cuda::device_count() >= dist::local_size() ? 1 : 0;
+  auto agree = ts::from_vector<std::int32_t>({on_gpus}, {1});
+  world.all_reduce(agree, ts::parallel::ReduceOp::min);  // every rank takes the same way
+  if (agree.item() == 1) return train<ts::cuda>(world);
+#endif
+  return train<ts::cpu>(world);
 }
