@@ -1,11 +1,15 @@
 // Tensors on CUDA devices (compiled by nvcc, so the strided kernels run): placement, copies
 // between cpu and cuda and between CUDA ordinals, dtype conversion on the device, views, fills,
-// random numbers equal to the CPU's, memory accounting with the same policy as on the CPU.
+// random numbers equal to the CPU's, memory accounting with the same policy as on the CPU;
+// pinned host memory (pin_memory, asynchronous copies from it, the DataLoader's pin_memory).
 // The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
+#include <cstdint>
+#include <tuple>
 #include <vector>
 
+#include "tessera/data/data_loader.hpp"
 #include "tessera/tessera.hpp"
 
 namespace cuda_tensor_test {  // one namespace per file: a unity build
@@ -75,6 +79,138 @@ TEST_CASE("copies between CUDA ordinals", "[cuda][placement]") {
   CHECK(b.device_index() == 1);
   CHECK(b.to_vector() == a.to_vector());
   CHECK_THROWS_AS(ts::cat({a, b}, 0), ts::device_mismatch_error);
+}
+
+// Values no copy in these tests produces by accident: v(i) = i * 0.25 - 1000 (exact in float).
+std::vector<float> pinned_values(std::int64_t n, float shift = 0) {
+  std::vector<float> values(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) {
+    values[static_cast<std::size_t>(i)] = static_cast<float>(i) * 0.25f - 1000.0f + shift;
+  }
+  return values;
+}
+
+TEST_CASE("pin_memory copies into pinned memory; a pinned tensor pins to itself",
+          "[cuda][pin_memory]") {
+  const auto values = pinned_values(6);
+  auto a = ts::from_vector<float>(values, {2, 3});
+  CHECK_FALSE(a.is_pinned());
+  auto p = a.pin_memory();
+  CHECK(p.is_pinned());
+  CHECK_FALSE(a.is_pinned());
+  CHECK_FALSE(p.shares_storage_with(a));
+  CHECK(p.device() == a.device());
+  CHECK(p.shape() == a.shape());
+  CHECK(p.to_vector() == values);
+  CHECK(p.pin_memory().shares_storage_with(p));
+  CHECK(ts::memory::pinned_stats().allocated_bytes.current >= 512);
+  // A view pins as a contiguous copy of its elements.
+  auto t = a.t().pin_memory();
+  CHECK(t.is_pinned());
+  CHECK(t.is_contiguous());
+  CHECK(t.to_vector() == std::vector<float>{values[0], values[3], values[1], values[4], values[2],
+                                            values[5]});
+  // Round trip through the device, and a CUDA tensor is never pinned.
+  auto d = p.cuda();
+  CHECK_FALSE(d.is_pinned());
+  CHECK(d.cpu().to_vector() == values);
+  CHECK(p.cpu().shares_storage_with(p));
+}
+
+TEST_CASE("a copy from pinned memory does not wait and survives the tensor's free",
+          "[cuda][pin_memory]") {
+  const std::int64_t n = std::int64_t{1} << 24;  // 64 MiB: milliseconds on the bus
+  const auto values = pinned_values(n);
+  for (bool own_stream : {false, true}) {
+    const ts::Device cuda0 = ts::Device::parse("cuda:0");
+    ts::Stream stream = own_stream ? ts::Stream(cuda0) : ts::current_stream(cuda0);
+    ts::StreamGuard guard(stream);
+    auto source = ts::from_vector<float>(values, {n}).pin_memory();
+    ts::Tensor<float, ts::cuda> on_device = source.cuda();
+    source = ts::Tensor<float>();  // freed while the copy may still run
+    // A new pinned buffer of the same size, overwritten at once: it must not be the block the
+    // copy still reads (the pool waits for the recorded stream before handing it out again).
+    auto other = ts::full<float>({n}, 7.0f).pin_memory();
+    other.fill_(-3.0f);
+    // Parenthesised: 16M values are not printed on failure.
+    CHECK((on_device.cpu().to_vector() == values));  // device -> pageable host: synchronous
+    // A copy into a pinned tensor from the device waits, so its values are there at once.
+    auto back = ts::zeros<float>({n}).pin_memory();
+    back.copy_(on_device);
+    CHECK((back.to_vector() == values));
+    stream.synchronize();
+  }
+}
+
+TEST_CASE("DataLoader pin_memory: every batch copied to CUDA without waiting is the right batch",
+          "[cuda][pin_memory][data]") {
+  // 512 examples of 4096 floats, batches of 16: 32 batches of 256 KiB per epoch, three epochs,
+  // each batch copied to the device with .to<cuda>() and the loop going on at once. A pinned
+  // buffer refilled while its copy still ran would show another batch's rows on the device.
+  constexpr std::int64_t examples = 512;
+  constexpr std::int64_t features = 4096;
+  const auto x_values = pinned_values(examples * features);
+  std::vector<std::int64_t> y_values(examples);
+  for (std::int64_t i = 0; i < examples; ++i) y_values[static_cast<std::size_t>(i)] = 3 * i + 1;
+  ts::data::TensorDataset<float, std::int64_t> dataset(
+      ts::from_vector<float>(x_values, {examples, features}),
+      ts::from_vector<std::int64_t>(y_values, {examples}));
+  for (int workers : {0, 2}) {
+    ts::data::DataLoader loader(dataset, {.batch_size = 16,
+                                          .shuffle = true,
+                                          .num_workers = workers,
+                                          .pin_memory = true,
+                                          .prefetch_factor = 2,
+                                          .seed = 3});
+    REQUIRE(loader.pinned());
+    for (int epoch = 0; epoch < 3; ++epoch) {
+      const std::vector<std::int64_t> order = loader.order(loader.epoch());
+      std::vector<std::tuple<ts::Tensor<float, ts::cuda>, ts::Tensor<std::int64_t, ts::cuda>>>
+          on_device;
+      for (auto [x, y] : loader) {
+        CHECK(x.is_pinned());
+        CHECK(y.is_pinned());
+        on_device.emplace_back(x.to<ts::cuda>(), y.to<ts::cuda>());
+      }
+      REQUIRE(on_device.size() == 32);
+      for (std::size_t k = 0; k < on_device.size(); ++k) {
+        const auto xs = std::get<0>(on_device[k]).cpu().to_vector();
+        const auto ys = std::get<1>(on_device[k]).cpu().to_vector();
+        REQUIRE(ys.size() == 16);
+        bool rows_match = true;
+        for (std::size_t j = 0; j < 16; ++j) {
+          const std::int64_t index = order[k * 16 + j];
+          CHECK(ys[j] == 3 * index + 1);
+          for (std::int64_t c = 0; c < features; ++c) {
+            rows_match = rows_match &&
+                         xs[j * features + static_cast<std::size_t>(c)] ==
+                             x_values[static_cast<std::size_t>(index * features + c)];
+          }
+        }
+        CHECK(rows_match);
+      }
+    }
+  }
+}
+
+TEST_CASE("the pinned pool's statistics return to 0 once everything is freed",
+          "[cuda][pin_memory][memory]") {
+  {
+    auto a = ts::from_vector<float>(pinned_values(1000), {1000}).pin_memory();
+    auto source = ts::zeros<double>({3, 5000});
+    const auto cpu_allocated = ts::memory::allocated(ts::Device{});
+    auto b = source.pin_memory();  // pinned memory is not cpu:0's pool's
+    CHECK(ts::memory::allocated(ts::Device{}) == cpu_allocated);
+    auto d = a.cuda();
+    CHECK(ts::memory::pinned_stats().allocated_bytes.current >= 4000 + 120000);
+    CHECK(ts::memory::pinned_stats().reserved_bytes.current > 0);
+  }
+  // Every pinned tensor of the executable is gone by now (the tests above free theirs).
+  CHECK(ts::memory::pinned_stats().allocated_bytes.current == 0);
+  CHECK(ts::memory::pinned_stats().requested_bytes.current == 0);
+  ts::memory::pinned_empty_cache();  // waits for the copies recorded on freed blocks
+  CHECK(ts::memory::pinned_stats().active_bytes.current == 0);
+  CHECK(ts::memory::pinned_stats().reserved_bytes.current == 0);
 }
 
 }  // namespace cuda_tensor_test

@@ -2,8 +2,8 @@
 // (computed here from the example indices), the shuffled order a permutation that depends only
 // on seed and epoch (the same with 0, 1 and 4 workers), drop_last, kept batches that keep their
 // values while the buffers of dropped ones are reused, a dataset's exception reaching the loop
-// with its batch and example, an early break, and bad options. Labelled `threads` (workers), so
-// the TSan build runs it.
+// with its batch and example, an early break, bad options, and pin_memory without a CUDA device
+// (the same batches, not pinned). Labelled `threads` (workers), so the TSan build runs it.
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -136,6 +136,35 @@ TEST_CASE("kept batches keep their values; dropped buffers are reused", "[data]"
   for (auto [x, y] : loader) batches += x.size(0) > 0;
   CHECK(batches == 12);
   CHECK(ts::memory::stats(cpu0).allocations.allocated - before == 6);
+}
+
+TEST_CASE("pin_memory gives the same batches; without a CUDA device they are not pinned",
+          "[data][pin_memory]") {
+  // With pin_memory the values come from pinned buffers (with a CUDA device, as the CUDA tests
+  // check) or, without one, from the ordinary ring: the same rows either way, checked against
+  // the dataset's own values, in the same order as without the option.
+  for (int workers : {0, 2}) {
+    DataLoader plain(make_dataset(),
+                     {.batch_size = 4, .shuffle = true, .num_workers = workers, .seed = 7});
+    DataLoader pinned(make_dataset(), {.batch_size = 4,
+                                       .shuffle = true,
+                                       .num_workers = workers,
+                                       .pin_memory = true,
+                                       .seed = 7});
+    CHECK(pinned.options().pin_memory);
+    CHECK_FALSE(plain.pinned());
+    CHECK(pinned.pinned() == ts::cuda::is_available());
+    for (int epoch = 0; epoch < 2; ++epoch) {
+      std::vector<std::int64_t> sizes;
+      const auto seen = visit(pinned, &sizes);  // every row against its index's values
+      CHECK(seen == visit(plain));  // the plain loader's batches of the same epoch
+      CHECK(sizes == std::vector<std::int64_t>{4, 4, 4, 4, 4, 3});
+    }
+    for (auto [x, y] : pinned) {
+      CHECK(x.is_pinned() == pinned.pinned());
+      CHECK(y.is_pinned() == pinned.pinned());
+    }
+  }
 }
 
 // Example 13 cannot be read.

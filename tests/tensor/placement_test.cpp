@@ -1,6 +1,6 @@
 // Placement across two virtual CPU devices (CTest runs every test with TESSERA_CPU_DEVICES=2):
 // to(i) copies, new_* follow the source, bad ordinals are named, guards restore, and each device
-// accounts its own memory.
+// accounts its own memory; pin_memory without a CUDA device is a device_error.
 #include <catch2/catch.hpp>
 
 #include <vector>
@@ -97,6 +97,28 @@ TEST_CASE("CUDA tensors are unavailable without a GPU, with a clear error", "[pl
   CHECK(ts::cuda::device_count() == 0);
   CHECK_THROWS_AS((ts::zeros<float, ts::cuda>({2})), ts::device_error);
   CHECK_THROWS_WITH(ts::zeros<float>({2}).cuda(), Catch::Contains("cuda:0"));
+}
+
+TEST_CASE("pin_memory needs a CUDA device: device_error, the tensor unchanged", "[placement]") {
+  if (ts::cuda::is_available()) return;  // pinning itself: tests/cuda/tensor_test.cu
+  const std::vector<float> values{1, 2, 3, 4, 5, 6};
+  auto a = ts::from_vector<float>(values, {2, 3});
+  const auto allocated = ts::memory::allocated(ts::Device{});
+  CHECK_FALSE(a.is_pinned());
+  CHECK_THROWS_AS(a.pin_memory(), ts::device_error);
+  CHECK_THROWS_WITH(a.pin_memory(),
+                    Catch::Contains("pin_memory") &&
+                        Catch::Contains("Cannot access accelerator device when none is available"));
+  CHECK_THROWS_AS(a.t().pin_memory(), ts::device_error);  // a view: no contiguous copy either
+  CHECK_FALSE(a.is_pinned());
+  CHECK(a.to_vector() == values);
+  CHECK(a.shape() == ts::Shape{2, 3});
+  CHECK(a.storage().use_count() == 1);
+  CHECK(ts::memory::allocated(ts::Device{}) == allocated);  // nothing allocated on the way
+  CHECK_FALSE(ts::zeros<float>({2}).is_pinned());
+  CHECK(ts::memory::pinned_stats().allocated_bytes.current == 0);
+  CHECK(ts::memory::pinned_stats().reserved_bytes.current == 0);
+  ts::memory::pinned_empty_cache();  // nothing to do, no error
 }
 
 }  // namespace placement_test

@@ -102,6 +102,13 @@ struct DataLoaderOptions {
   bool drop_last = false;
   /// Threads that fill batches ahead (0: the loop's own thread fills each batch when asked).
   int num_workers = 0;
+  /// Batches in pinned (page-locked) host memory (Tensor::pin_memory), so that `x.to<cuda>()`
+  /// of a batch is queued on the device's current stream without waiting. Only when a CUDA device
+  /// is present (DataLoader::pinned() says whether it is in effect): without CUDA support or a
+  /// device, batches are ordinary CPU tensors, as PyTorch ignores the option there (with a
+  /// warning). Pinned batches are not refilled in place: each batch takes fresh memory from the
+  /// pinned pool, which hands a freed block out again only after the copies queued from it.
+  bool pin_memory = false;
   /// Batches each worker may have ready ahead of the loop.
   int prefetch_factor = 2;
   /// The shuffle's seed: epoch e of a loader with seed s visits the same order everywhere.
@@ -113,8 +120,9 @@ struct DataLoaderOptions {
 /// batches k, k + num_workers, ..., each into a buffer of a ring of num_workers * prefetch_factor,
 /// and the loop takes them in order. A buffer is reused for a later batch only when the loop
 /// has moved past its batch and nothing else holds its tensors, so a batch kept (pushed into a
-/// vector) keeps its values. An exception from the dataset stops the epoch: the loop gets a
-/// tessera::error naming the batch, the example and the message when it reaches that batch.
+/// vector) keeps its values; pinned batches (pin_memory) are never refilled, see the option. An
+/// exception from the dataset stops the epoch: the loop gets a tessera::error naming the batch,
+/// the example and the message when it reaches that batch.
 /// Keep the loader alive while an epoch's iterator is in use; one epoch at a time.
 template <Dataset D>
 class DataLoader {
@@ -137,6 +145,8 @@ class DataLoader {
 
   const D& dataset() const noexcept { return dataset_; }
   const DataLoaderOptions& options() const noexcept { return options_; }
+  /// True when batches are in pinned host memory: options().pin_memory and a CUDA device present.
+  bool pinned() const noexcept { return options_.pin_memory && cuda::is_available(); }
   /// Batches per epoch.
   std::int64_t size() const {
     const std::int64_t n = static_cast<std::int64_t>(dataset_.size());
@@ -182,6 +192,7 @@ class DataLoader {
         : loader_(loader),
           order_(std::move(order)),
           batches_(loader.size()),
+          pinned_(loader.pinned()),
           slots_(static_cast<std::size_t>(
               std::max(1, loader.options_.num_workers * loader.options_.prefetch_factor))) {
       const int workers = loader.options_.num_workers;
@@ -213,12 +224,19 @@ class DataLoader {
     }
 
     // The loop is past batch k: its buffer may take batch k + slots, reused if the loop kept
-    // none of its tensors.
+    // none of its tensors. A pinned buffer is never reused: a copy to CUDA queued from it
+    // (x.to<cuda>(), which does not wait) may still be reading it although the loop dropped x.
+    // Dropping it returns it to the pinned pool, which hands it out again only after the copies
+    // recorded on it are done, so the next batch's fresh buffer can never be one still in use.
     void release(std::int64_t k) {
+      batch_type dropped{};  // freed after the lock: a pinned free may record CUDA events
       {
         std::lock_guard lock(mutex_);
         slot& s = slot_of(k);
-        if (s.filled == k && !unique(s.batch)) s.batch = batch_type{};
+        if (s.filled == k && (pinned_ || !unique(s.batch))) {
+          dropped = std::move(s.batch);
+          s.batch = batch_type{};
+        }
         released_ = std::max(released_, k + 1);
       }
       changed_.notify_all();
@@ -288,7 +306,7 @@ class DataLoader {
         for (std::int64_t j = 0; j < length; ++j) {
           index = order_[static_cast<std::size_t>(first + j)];
           const example_type example = loader_.dataset_.get(index);
-          if (j == 0) prepare(batch, example, length);
+          if (j == 0) prepare(batch, example, length, pinned_);
           copy_row(batch, example, j, index);
         }
       } catch (const std::exception& e) {
@@ -300,15 +318,26 @@ class DataLoader {
       }
     }
 
-    // A buffer of `length` examples shaped like `example`: `batch` itself when it fits.
-    static void prepare(batch_type& batch, const example_type& example, std::int64_t length) {
+    // A buffer of `length` examples shaped like `example`: `batch` itself when it fits (never
+    // a pinned one: release() dropped it), else a new one, pinned when `pinned`.
+    static void prepare(batch_type& batch, const example_type& example, std::int64_t length,
+                        bool pinned) {
       auto make = [&](auto& buffer, const auto& row) {
         using Tensor_ = std::remove_cvref_t<decltype(row)>;
         std::vector<std::int64_t> dims{length};
         for (int d = 0; d < row.dim(); ++d) dims.push_back(row.size(d));
         const Shape shape(dims);
         if (!buffer.defined() || buffer.shape() != shape) {
-          buffer = Tensor_::empty_on(shape, row.defined() ? row.device() : Device{});
+          const Device device = row.defined() ? row.device() : Device{};
+          if (pinned) {
+            using T = typename Tensor_::value_type;
+            shape.check_size("DataLoader", sizeof(T));
+            const auto bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
+            buffer = Tensor_(Storage::allocate_pinned(device, bytes), shape,
+                             shape.contiguous_strides(), 0);
+          } else {
+            buffer = Tensor_::empty_on(shape, device);
+          }
         }
       };
       if constexpr (tessera::detail::is_tensor<batch_type>::value) {
@@ -349,6 +378,7 @@ class DataLoader {
     const DataLoader& loader_;
     std::vector<std::int64_t> order_;
     std::int64_t batches_;
+    bool pinned_;  // batches in pinned memory (DataLoader::pinned())
     std::vector<slot> slots_;
     std::mutex mutex_;
     std::condition_variable changed_;

@@ -309,6 +309,30 @@ TESSERA_API void record_history(Device device, bool on, std::size_t max_events =
 /// written.
 TESSERA_API void export_timeline(Device device, const std::string& path);
 
+/// Statistics of the process-wide pool of pinned (page-locked) host memory behind
+/// Tensor::pin_memory and DataLoaderOptions::pin_memory, with memory::stats's meanings: a block
+/// freed while a copy recorded on it may still run counts as free in allocated_bytes at once, and
+/// is handed out again only after that copy. All 0 without CUDA support or a CUDA device.
+TESSERA_API MemoryStats pinned_stats();
+
+/// Returns every fully free segment of the pinned pool to the system (cudaFreeHost), after waiting
+/// for the copies recorded on freed blocks (empty_cache for pinned memory). A no-op without CUDA
+/// support or a CUDA device.
+TESSERA_API void pinned_empty_cache();
+
+namespace detail {
+/// `bytes` of pinned host memory from the pinned pool (nullptr for 0). Throws device_error
+/// ("Cannot access accelerator device when none is available", as PyTorch) without CUDA support
+/// or a CUDA device, out_of_memory_error when the host cannot pin that much.
+TESSERA_API void* pinned_allocate(std::size_t bytes);
+/// Frees memory from pinned_allocate; it is handed out again once the copies recorded on it
+/// (pinned_record_stream) are done. nullptr is a no-op.
+TESSERA_API void pinned_deallocate(void* pointer, std::size_t bytes) noexcept;
+/// Marks the pinned block at `pointer` (as pinned_allocate returned it) as used by work queued on
+/// `stream` of CUDA device `device`: when it is freed, it is reused only after that work.
+TESSERA_API void pinned_record_stream(void* pointer, Device device, stream_ref stream);
+}  // namespace detail
+
 #if TESSERA_DEFINITIONS
 namespace detail {
 /// allocate without the history (the allocation path itself). Always inlined into allocate, as it
@@ -376,3 +400,5 @@ TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
 
 // The history's recorder and export (their definitions, where TESSERA_DEFINITIONS is 1).
 #include "tessera/memory/detail/history.hpp"
+// The pinned host pool (its definitions, where TESSERA_DEFINITIONS is 1).
+#include "tessera/memory/detail/pinned_pool.hpp"

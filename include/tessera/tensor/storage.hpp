@@ -25,6 +25,8 @@ struct storage_block {
   std::int32_t device_type = 0;
   std::int32_t device_index = 0;
   stream_ref stream;
+  // Pinned host memory from memory::detail::pinned_allocate, not from the device's pool.
+  bool pinned = false;
 
   Device device() const noexcept {
     return Device{static_cast<DeviceType>(device_type), device_index};
@@ -107,6 +109,28 @@ class Storage {
     block->device_type = static_cast<std::int32_t>(device.type);
     block->device_index = device.index;
     block->stream = stream;
+    block->pinned = false;
+    return Storage(block);
+  }
+
+  /// Allocates `bytes` of pinned (page-locked) host memory for CPU device `device` from the
+  /// process-wide pinned pool (memory::pinned_stats), the source of asynchronous copies to CUDA
+  /// devices. Throws device_error without CUDA support or a CUDA device, out_of_memory_error.
+  static Storage allocate_pinned(Device device, std::size_t bytes) {
+    detail::storage_block* block = detail::storage_block_cache::take();
+    void* data = nullptr;
+    try {
+      data = memory::detail::pinned_allocate(bytes);
+    } catch (...) {
+      detail::storage_block_cache::give_back(block);
+      throw;
+    }
+    block->data = data;
+    block->bytes = bytes;
+    block->device_type = static_cast<std::int32_t>(device.type);
+    block->device_index = device.index;
+    block->stream = stream_ref{};
+    block->pinned = true;
     return Storage(block);
   }
 
@@ -133,6 +157,8 @@ class Storage {
   std::size_t bytes() const noexcept { return block_ ? block_->bytes : 0; }
   Device device() const noexcept { return block_ ? block_->device() : Device{}; }
   stream_ref stream() const noexcept { return block_ ? block_->stream : stream_ref{}; }
+  /// True for storage from allocate_pinned.
+  bool is_pinned() const noexcept { return block_ != nullptr && block_->pinned; }
   /// Number of handles (tensors, views) sharing this storage.
   std::int64_t use_count() const noexcept {
     return block_ ? block_->references.load(std::memory_order_relaxed) : 0;
@@ -150,7 +176,11 @@ class Storage {
   void release() noexcept {
     if (block_ && (block_->references.load(std::memory_order_acquire) == 1 ||
                    block_->references.fetch_sub(1, std::memory_order_acq_rel) == 1)) {
-      memory::deallocate(block_->device(), block_->data, block_->bytes, block_->stream);
+      if (block_->pinned) [[unlikely]] {
+        memory::detail::pinned_deallocate(block_->data, block_->bytes);
+      } else {
+        memory::deallocate(block_->device(), block_->data, block_->bytes, block_->stream);
+      }
       detail::storage_block_cache::give_back(block_);
     }
     block_ = nullptr;

@@ -221,6 +221,9 @@ class Tensor {
     }
     if (storage_.data() != nullptr) memory::record_stream(device(), storage_.data(), stream.ref());
   }
+  /// True when the tensor's storage is pinned (page-locked) host memory, from pin_memory or a
+  /// DataLoader with pin_memory; false for every other tensor, and everywhere without CUDA.
+  bool is_pinned() const noexcept { return storage_.is_pinned(); }
   /// True when both tensors view the same storage (PyTorch: `a.untyped_storage() is ...`).
   template <class U, class K2>
   bool shares_storage_with(const Tensor<U, K2>& other) const noexcept {
@@ -448,8 +451,28 @@ class Tensor {
 
   // ---- conversions (copies) ---------------------------------------------------------------
 
+  /// A contiguous copy of this CPU tensor in pinned (page-locked) host memory, from a pool shared
+  /// by the process (memory::pinned_stats); this tensor itself when it is pinned already (as
+  /// PyTorch). Copies from a pinned tensor to a CUDA tensor (`to`, `copy_`) do not wait: they are
+  /// queued on the device's current stream and the host goes on, as PyTorch's non_blocking copies
+  /// from pinned memory, so the host must not write the pinned tensor until it has synchronised
+  /// with that stream (its memory itself is not reused before the copy is done, even if the
+  /// tensor is freed). Throws device_error ("Cannot access accelerator device when none is
+  /// available") without CUDA support or a CUDA device, leaving this tensor as it was.
+  Tensor pin_memory() const
+    requires std::is_same_v<Kind, tessera::cpu>
+  {
+    require_defined("pin_memory");
+    if (is_pinned()) return *this;
+    Tensor out(Storage::allocate_pinned(device(), nbytes()), shape_, shape_.contiguous_strides(),
+               0);
+    out.copy_from(*this);
+    return out;
+  }
+
   /// This tensor on ordinal `index` of kind K2 (-1: K2's current device). Returns a handle to the
-  /// same storage when that is where it already is.
+  /// same storage when that is where it already is. From a pinned tensor to CUDA, the copy does
+  /// not wait (see pin_memory); every other copy between host and device does.
   template <DeviceKind K2>
   Tensor<T, K2> to(int index = -1) const {
     require_defined("to");
@@ -567,7 +590,9 @@ class Tensor {
   Tensor& zero_() { return fill_(T(0)); }
 
   /// Copies `src` into this tensor, converting its dtype and crossing devices as needed; `src`
-  /// broadcasts to this shape. Throws shape_error (both shapes) before writing anything.
+  /// broadcasts to this shape. Throws shape_error (both shapes) before writing anything. A copy
+  /// from a pinned CPU tensor into a contiguous CUDA tensor of the same dtype and shape does not
+  /// wait (see pin_memory); any other copy between host and device returns once it is done.
   template <Dtype U, DeviceKind K2>
   Tensor& copy_(const Tensor<U, K2>& src) {
     require_defined("copy_");
@@ -597,6 +622,17 @@ class Tensor {
       copy_from(staged);
       return;
     }
+#if TESSERA_CUDA
+    if constexpr (std::is_same_v<Kind, tessera::cuda> && std::is_same_v<K2, tessera::cpu> &&
+                  std::is_same_v<U, T>) {
+      // Straight from pinned memory into this tensor's: queued, not waited for. A copy that
+      // needs scratch memory (strides, dtype) waits, so that no scratch is freed under it.
+      if (src.is_pinned() && is_contiguous() && backend::cpu::is_row_major(shape_, src_strides)) {
+        detail::copy_from_pinned(data(), device(), src.data(), src.storage().data(), nbytes());
+        return;
+      }
+    }
+#endif
     detail::copy_strided(detail::strided_ref<T>{data(), device(), strides_},
                          detail::strided_ref<const U>{src.data(), src.device(), src_strides},
                          shape_);

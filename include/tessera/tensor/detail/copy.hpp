@@ -95,7 +95,8 @@ void cpu_fill(T* dst, const Strides& dst_strides, const Shape& shape, T value) {
 /// - between two CUDA devices: on the destination's current stream, which first waits for the
 ///   source's; then waited for, so that neither block can be reused while the copy runs;
 /// - between host and device: on the device's current stream, then waited for (the host side may
-///   be read or freed as soon as this returns).
+///   be read or freed as soon as this returns). Copies from pinned memory that need not wait are
+///   copy_from_pinned's.
 inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src_device,
                        std::size_t bytes) {
   if (bytes == 0) return;
@@ -116,6 +117,20 @@ inline void copy_bytes(void* dst, Device dst_device, const void* src, Device src
     TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, stream.native()));
     if (dst_device.is_cpu() || src_device.is_cpu()) stream.synchronize();
   }
+}
+
+/// Copies `bytes` from pinned host memory at `src` (inside the pinned block at `pinned_block`)
+/// to CUDA memory at `dst` on `dst_device`'s current stream, without waiting: the copy is ordered
+/// with the work queued on that stream, and the pinned block gets the stream recorded, so that it
+/// is not handed out again before the copy is done (PyTorch's non_blocking copy from pinned
+/// memory). The host must not write the source before synchronising with the stream.
+inline void copy_from_pinned(void* dst, Device dst_device, const void* src,
+                             const void* pinned_block, std::size_t bytes) {
+  if (bytes == 0) return;
+  const Stream stream = current_stream(dst_device);
+  memory::detail::pinned_record_stream(const_cast<void*>(pinned_block), dst_device, stream.ref());
+  DeviceGuard<tessera::cuda> guard(dst_device.index);
+  TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream.native()));
 }
 #endif
 
