@@ -301,9 +301,10 @@ TEST_CASE("cross_entropy and nll_loss refuse bad options and targets, naming the
   CHECK_THROWS_WITH(nn::nll_loss(x, y, {.ignore_index = 1}),
                     Catch::Contains("nll_loss: target -100 is out of range"));
   CHECK_THROWS_AS(nn::cross_entropy(x, ts::zeros<std::int64_t>({3, 1})), ts::shape_error);
-  CHECK_THROWS_WITH(nn::nll_loss(x, ts::zeros<std::int64_t>({2})),
-                    Catch::Contains("nll_loss: expected log-probabilities [N, C] and targets [N]") &&
-                        Catch::Contains("got log-probabilities [3, 4] and targets [2]"));
+  CHECK_THROWS_WITH(
+      nn::nll_loss(x, ts::zeros<std::int64_t>({2})),
+      Catch::Contains("nll_loss: expected log-probabilities [N, C] and targets [N]") &&
+          Catch::Contains("got log-probabilities [3, 4] and targets [2]"));
   // The [N, C, d...] form: the targets must be [N, d...].
   const auto x4 = ts::zeros<float>({2, 4, 3, 5});
   CHECK_THROWS_WITH(nn::cross_entropy(x4, ts::zeros<std::int64_t>({2, 5, 3})),

@@ -443,8 +443,8 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
     }
     if (plain_) {
       const double scale = 1.0 / static_cast<double>(batch_);
-      autograd::detail::store_gradient(gradient, where(one_hot(targets), p - 1, p) * g * scale,
-                                       add, table);
+      autograd::detail::store_gradient(gradient, where(one_hot(targets), p - 1, p) * g * scale, add,
+                                       table);
       if (moved) move_back(input_gradient, gradient, accumulate[0] != 0);
       return;
     }
@@ -489,7 +489,7 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
     return columns_ == targets.view({batch_, 1});
   }
 
-  std::int64_t batch_;    // samples: N, or N * d for [N, C, d...]
+  std::int64_t batch_;  // samples: N, or N * d for [N, C, d...]
   std::int64_t classes_;
   std::int64_t samples_;  // N
   std::int64_t spatial_;  // d1 * ... * dk; 1 for [N, C]
@@ -517,8 +517,7 @@ Tensor<T, K> eager_class_loss(const L& input, const Tensor<std::int64_t, K>& tar
                               std::int64_t batch, std::int64_t classes, Device device) {
   Tensor<T, K> w = checked_class_weight<T, K>(o, weight, classes, device);
   const bool ignored = check_targets(targets, classes, o.ignore_index, o.name());
-  const auto columns =
-      arange<std::int64_t, K>(0, static_cast<double>(classes), 1.0, device.index);
+  const auto columns = arange<std::int64_t, K>(0, static_cast<double>(classes), 1.0, device.index);
   if (o.plain() && !ignored) {
     const auto log_probabilities = log_softmax(input, 1);
     // The target's column of each row, picked by a one-hot comparison fused into the row sums.
@@ -556,19 +555,19 @@ auto class_loss(const L& input, const Targets& targets, const class_loss_options
   // [N, C] with targets [N], or PyTorch's K-dimensional form [N, C, d1, ..., dk] with targets
   // [N, d1, ..., dk]: every position a sample.
   const int rank = static_cast<int>(shape.size());
-  bool fits = rank >= 2 && static_cast<int>(targets.dim()) == rank - 1 &&
-              targets.size(0) == shape[0];
+  bool fits =
+      rank >= 2 && static_cast<int>(targets.dim()) == rank - 1 && targets.size(0) == shape[0];
   std::int64_t spatial = 1;
   for (int d = 2; fits && d < rank; ++d) {
     fits = targets.size(d - 1) == shape[d];
     spatial *= shape[d];
   }
   if (!fits) {
-    throw shape_error(
-        std::string(o.name()) + ": expected " + (o.from_logits ? "logits" : "log-probabilities") +
-        " [N, C] and targets [N], or [N, C, d1, ...] and targets [N, d1, ...], got " +
-        (o.from_logits ? "logits " : "log-probabilities ") + shape.str() + " and targets " +
-        targets.shape().str());
+    throw shape_error(std::string(o.name()) + ": expected " +
+                      (o.from_logits ? "logits" : "log-probabilities") +
+                      " [N, C] and targets [N], or [N, C, d1, ...] and targets [N, d1, ...], got " +
+                      (o.from_logits ? "logits " : "log-probabilities ") + shape.str() +
+                      " and targets " + targets.shape().str());
   }
   const std::int64_t batch = shape[0] * spatial;  // samples (no overflow: both shapes exist)
   const std::int64_t classes = shape[1];
@@ -582,8 +581,8 @@ auto class_loss(const L& input, const Targets& targets, const class_loss_options
       auto rows = Tensor<T, K>::empty_on(Shape{batch, classes}, device);
       rows.view({shape[0], spatial, classes})
           .copy_(materialize(input).reshape({shape[0], classes, spatial}).permute({0, 2, 1}));
-      auto out = eager_class_loss<T, K>(rows, targets.reshape({batch}), o, weight, batch,
-                                        classes, device);
+      auto out =
+          eager_class_loss<T, K>(rows, targets.reshape({batch}), o, weight, batch, classes, device);
       return o.reduction == Reduction::none ? out.view(targets.shape()) : out;
     }
     return eager_class_loss<T, K>(input, targets, o, weight, batch, classes, device);
@@ -615,10 +614,10 @@ auto class_loss(const L& input, const Targets& targets, const class_loss_options
 /// ignored). `logits` is [N, C] (a tensor or a lazy expression), `targets` int64 [N] on the same
 /// device; or PyTorch's K-dimensional form, logits [N, C, d1, ..., dk] and targets
 /// [N, d1, ..., dk] (e.g. a segmentation map: every position is a sample, and the mean is over
-/// all of them). Returns a 0-dim loss, or the targets' shape for Reduction::none. Numerically stable for any logits
-/// (log_softmax subtracts each row's maximum). The mean over no sample (an empty batch, every
-/// target ignored, or their weights summing to 0) is NaN, as in PyTorch; the gradient rows of
-/// ignored samples are 0.
+/// all of them). Returns a 0-dim loss, or the targets' shape for Reduction::none. Numerically
+/// stable for any logits (log_softmax subtracts each row's maximum). The mean over no sample (an
+/// empty batch, every target ignored, or their weights summing to 0) is NaN, as in PyTorch; the
+/// gradient rows of ignored samples are 0.
 ///
 /// Eager (tensors and their expressions): a tensor, in a few fused passes. Traced (Vars and their
 /// expressions; targets a Var or a tensor): one autograd node (detail::cross_entropy_node)
@@ -641,10 +640,10 @@ auto cross_entropy(const L& logits, const Targets& targets, const CrossEntropyAr
 
 /// torch.nn.functional.nll_loss: -w[t_n] log_probs[n, t_n] per sample, for log-probabilities
 /// [N, C] (a tensor, a lazy expression or, traced, a Var: log_softmax's output), targets int64
-/// [N], or [N, C, d1, ...] and [N, d1, ...] as cross_entropy; NllLossArgs gives the reduction, ignore_index and class weights with cross_entropy's
-/// meaning (cross_entropy(x, t, args) is nll_loss(log_softmax(x, 1), t, args) without label
-/// smoothing). Traced, one autograd node, differentiable with respect to the log-probabilities.
-/// Throws as cross_entropy does.
+/// [N], or [N, C, d1, ...] and [N, d1, ...] as cross_entropy; NllLossArgs gives the reduction,
+/// ignore_index and class weights with cross_entropy's meaning (cross_entropy(x, t, args) is
+/// nll_loss(log_softmax(x, 1), t, args) without label smoothing). Traced, one autograd node,
+/// differentiable with respect to the log-probabilities. Throws as cross_entropy does.
 template <class L, class Targets>
 auto nll_loss(const L& log_probs, const Targets& targets, const NllLossArgs& args = {}) {
   static_assert(is_floating_point_v<typename L::value_type>,
