@@ -107,6 +107,7 @@ const class_case cross_entropy_cases[] = {
     {"nd_plain", "logits_nd", "targets_nd", false, -100, 0.0, "v_nd"},
     {"nd_all", "logits_nd", "ignored_nd", true, -100, 0.25, "v_nd"},
     {"nd_3d", "logits_3d", "ignored_3d", true, -100, 0.0, "v_3d"},
+    {"nd_unit", "logits_unit", "ignored_unit", true, -100, 0.1, "v_unit"},
 };
 const class_case nll_cases[] = {
     {"plain", "log_probs", "targets", false, -100, 0.0},

@@ -417,7 +417,8 @@ def schedulers(w):
 # "masked" with a -inf logit off the targets), the targets ("targets" in [0, 5), or "ignored" with
 # -100s), the class weights, ignore_index and label_smoothing. The "nd_" sets use PyTorch's
 # K-dimensional form: logits [2, 5, 3, 2] ("logits_nd") or [3, 5, 4] ("logits_3d") with targets
-# [2, 3, 2] or [3, 4], and v of the targets' shape. tests/nn/loss_test.cpp lists the same sets.
+# [2, 3, 2] or [3, 4], or [7, 5, 1] ("logits_unit": "logits" with a unit dim) with targets [7, 1],
+# and v of the targets' shape. tests/nn/loss_test.cpp lists the same sets.
 CE_CASES = {
     "plain": dict(),
     "ignore": dict(t="ignored"),
@@ -431,6 +432,7 @@ CE_CASES = {
     "nd_plain": dict(x="logits_nd", t="targets_nd", v="v_nd"),
     "nd_all": dict(x="logits_nd", t="ignored_nd", weight=True, ls=0.25, v="v_nd"),
     "nd_3d": dict(x="logits_3d", t="ignored_3d", weight=True, v="v_3d"),
+    "nd_unit": dict(x="logits_unit", t="ignored_unit", weight=True, ls=0.1, v="v_unit"),
 }
 NLL_CASES = {
     "plain": dict(),
@@ -460,8 +462,9 @@ def class_losses(w):
         logits, masked, weight = logits.to(dtype), masked.to(dtype), weight.to(dtype)
         logits_nd, logits_3d = logits_nd.to(dtype), logits_3d.to(dtype)
         vs = {name: t.to(dtype) for name, t in vs.items()}
+        vs["v_unit"] = vs["v"].unsqueeze(1)
         inputs = {"logits": logits, "masked": masked, "logits_nd": logits_nd,
-                  "logits_3d": logits_3d}
+                  "logits_3d": logits_3d, "logits_unit": logits.unsqueeze(2)}
         log_probs = {"log_probs": torch.log_softmax(logits, 1),
                      "log_probs_nd": torch.log_softmax(logits_nd, 1)}
         targets_nd = torch.randint(0, 5, (2, 3, 2), generator=g)
@@ -470,7 +473,8 @@ def class_losses(w):
         targets = {"targets": torch.tensor([0, 4, 2, 2, 1, 3, 2]),
                    "ignored": torch.tensor([0, -100, 2, -100, 1, 3, 4]),
                    "targets_nd": targets_nd, "ignored_nd": ignored_nd,
-                   "ignored_3d": torch.tensor([[0, 4, -100, 2], [1, 1, 3, 0], [-100, 2, 4, 3]])}
+                   "ignored_3d": torch.tensor([[0, 4, -100, 2], [1, 1, 3, 0], [-100, 2, 4, 3]]),
+                   "ignored_unit": torch.tensor([0, -100, 2, -100, 1, 3, 4]).unsqueeze(1)}
         prefix = "ce.%s." % dname
         for name, t in list(inputs.items()) + list(log_probs.items()) + list(targets.items()):
             w.put(prefix + name, t)

@@ -360,14 +360,15 @@ template <class T, class K>
 class cross_entropy_node final : public autograd::detail::single_input_node {
  public:
   /// `batch` samples of `classes` classes; for an input [N, C, d...] (PyTorch's K-dimensional
-  /// form) `samples` = N and `spatial` = d1 * ... * dk, every position a sample (batch = N *
-  /// spatial): the node moves the classes last into scratch in its forward and back in its
-  /// gradient, so the kernels below see [N * spatial, C].
+  /// form, `k_dimensional`) `samples` = N and `spatial` = d1 * ... * dk, every position a sample
+  /// (batch = N * spatial): the node moves the classes last into scratch in its forward and back
+  /// in its gradient, so the kernels below see [N * spatial, C].
   cross_entropy_node(int input, int targets, std::int64_t batch, std::int64_t classes,
                      Device device, const class_loss_options& options, Tensor<T, K> weight,
-                     std::int64_t samples, std::int64_t spatial)
+                     bool k_dimensional, std::int64_t samples, std::int64_t spatial)
       : batch_(batch),
         classes_(classes),
+        k_dimensional_(k_dimensional),
         samples_(samples),
         spatial_(spatial),
         options_(options),
@@ -459,7 +460,7 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   }
 
  private:
-  bool spatial() const noexcept { return spatial_ != 1; }
+  bool spatial() const noexcept { return k_dimensional_; }
   // Targets or per-sample values [N, d...] as [N * d] (the samples in order).
   template <class U>
   Tensor<U, K> samples_of(const Tensor<U, K>& t) const {
@@ -491,6 +492,7 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
 
   std::int64_t batch_;  // samples: N, or N * d for [N, C, d...]
   std::int64_t classes_;
+  bool k_dimensional_;    // the input is [N, C, d...] (even with every d 1)
   std::int64_t samples_;  // N
   std::int64_t spatial_;  // d1 * ... * dk; 1 for [N, C]
   class_loss_options options_;
@@ -597,8 +599,8 @@ auto class_loss(const L& input, const Targets& targets, const class_loss_options
     }();
     Tensor<T, K> w = checked_class_weight<T, K>(o, weight, classes, x.device());
     const auto t = autograd::detail::to_var(targets, g);
-    auto n = std::make_unique<cross_entropy_node<T, K>>(x.id(), t.id(), batch, classes, x.device(),
-                                                        o, std::move(w), shape[0], spatial);
+    auto n = std::make_unique<cross_entropy_node<T, K>>(
+        x.id(), t.id(), batch, classes, x.device(), o, std::move(w), rank > 2, shape[0], spatial);
     const Shape out_shape = o.reduction == Reduction::none ? targets.shape() : Shape{};
     const int id = g->add_node(std::move(n), out_shape, scalar_type_of<T>, x.device());
     return autograd::Var<T, K>(g, id, out_shape);
