@@ -4,9 +4,11 @@
 // hooks, model parallelism with to(i), fusion counts and the errors of forward/backward.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <memory>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "tessera/autograd.hpp"
@@ -176,6 +178,64 @@ TEST_CASE("checkpointing lowers the planned peak of a deep MLP and keeps the gra
   const auto [loss_checkpointed, grad_checkpointed] = gradients(checkpointed);
   CHECK(loss_plain == loss_checkpointed);
   CHECK(grad_plain == grad_checkpointed);  // recomputation is deterministic: bit-identical
+}
+
+TEST_CASE("recompute segments: the automatic cut plans both and keeps the smaller arena",
+          "[autograd][program][memory]") {
+  // A wide head and a long narrow tail: cut by node count, the first segment holds the head's
+  // large values; cut by bytes, it ends inside the head. The plans differ; the automatic one
+  // is the smaller, and every cut gives the plain program's gradients bit for bit.
+  ts::manual_seed(12);
+  std::vector<nn::Linear<float>> layers;
+  layers.emplace_back(128, 128);
+  layers.emplace_back(128, 128);
+  layers.emplace_back(128, 8);
+  for (int i = 0; i < 9; ++i) layers.emplace_back(8, 8);
+  auto fn = [&](ag::Var<float> input) {
+    ag::Var<float> h = input;
+    for (const auto& layer : layers) h = ts::tanh(layer(h));
+    return ts::mean(h * h);
+  };
+  using Balance = ag::Checkpoint::Balance;
+  auto with = [&](Balance balance) {
+    return ag::compile(fn, ag::input<float>({256, 128}),
+                       ag::Options{.checkpoint = {.segments = 2, .balance = balance}});
+  };
+  auto plain = ag::compile(fn, ag::input<float>({256, 128}));
+  auto by_nodes = with(Balance::nodes);
+  auto by_bytes = with(Balance::bytes);
+  auto automatic = with(Balance::automatic);
+  INFO(by_nodes.memory_report() << by_bytes.memory_report() << automatic.memory_report());
+  CHECK(by_nodes.plan().segments_by == Balance::nodes);
+  CHECK(by_bytes.plan().segments_by == Balance::bytes);
+  CHECK(by_nodes.plan().planned_bytes != by_bytes.plan().planned_bytes);
+  const std::size_t smaller =
+      std::min(by_nodes.plan().planned_bytes, by_bytes.plan().planned_bytes);
+  CHECK(automatic.plan().planned_bytes == smaller);
+  CHECK(automatic.plan().segments_by ==
+        (by_bytes.plan().planned_bytes < by_nodes.plan().planned_bytes ? Balance::bytes
+                                                                       : Balance::nodes));
+  CHECK(automatic.plan().recomputed_steps > 0);
+  CHECK(automatic.memory_report().find("segments of equal") != std::string::npos);
+
+  const auto x = random_tensor({256, 128}, 7);
+  auto gradients = [&](auto& program) {
+    for (auto& layer : layers) layer.zero_grad();
+    const double loss = program.forward(x).item();
+    program.backward();
+    std::vector<float> all{static_cast<float>(loss)};
+    for (auto& layer : layers) {
+      for (auto& p : layer.parameters()) {
+        const auto g = p.grad().as<float>().to_vector();
+        all.insert(all.end(), g.begin(), g.end());
+      }
+    }
+    return all;
+  };
+  const auto want = gradients(plain);
+  CHECK(gradients(by_nodes) == want);
+  CHECK(gradients(by_bytes) == want);
+  CHECK(gradients(automatic) == want);
 }
 
 TEST_CASE("an elementwise node's input gradient takes over its upstream gradient's buffer",

@@ -27,11 +27,17 @@ class GradScaler;
 
 namespace tessera::autograd {
 
-/// Recomputation: split the forward into `segments` pieces of about equal node count; backward
-/// keeps only each piece's last value and recomputes the rest of the piece before its backward
-/// (Chen et al. 2016). 0 or 1: no recomputation.
+/// Recomputation: split the forward into `segments` pieces; backward keeps only each piece's
+/// last value and recomputes the rest of the piece before its backward (Chen et al. 2016). 0 or
+/// 1: no recomputation. Where the pieces end (`balance`):
+///   automatic  plans both cuts below and keeps the one whose arena is smaller (the nodes' on a
+///              tie): neither is best for every model (bench/RESULTS.md, "recompute segments");
+///   nodes      about equal numbers of (non-view) nodes per piece;
+///   bytes      about equal bytes of forward values per piece.
 struct Checkpoint {
+  enum class Balance { automatic, nodes, bytes };
   int segments = 0;
+  Balance balance = Balance::automatic;
 };
 
 struct Options {
@@ -60,6 +66,8 @@ struct MemoryPlan {
   int forward_steps = 0;
   int backward_steps = 0;
   int recomputed_steps = 0;
+  /// With recomputation: the cut the plan uses (Checkpoint::Balance::nodes or ::bytes).
+  Checkpoint::Balance segments_by = Checkpoint::Balance::nodes;
   int in_place = 0;  // outputs and gradients that took over a dying buffer (input / upstream)
 };
 
@@ -204,7 +212,12 @@ class program_state {
   /// Gradient values for every value whose gradient some live node writes.
   void make_gradients();
 
-  void make_schedule();
+  /// The schedule: forward steps, then (training) the seed and the backward steps, with the
+  /// recomputation of each segment (cut as `by` says) before its first backward step.
+  void make_schedule(Checkpoint::Balance by);
+
+  /// make_schedule, simulate and place.
+  void plan_memory(Checkpoint::Balance by);
 
   bool is_output(int value) const;
 
@@ -251,7 +264,22 @@ TESSERA_API void program_state::compile() {
     }
   }
   make_gradients();
-  make_schedule();
+  const bool both = mode == Mode::training && checkpoint.segments > 1 &&
+                    checkpoint.balance == Checkpoint::Balance::automatic;
+  if (!both) {
+    plan_memory(checkpoint.balance == Checkpoint::Balance::bytes ? Checkpoint::Balance::bytes
+                                                                 : Checkpoint::Balance::nodes);
+    return;
+  }
+  // Each cut planned; the smaller arena kept (planning is cheap next to a step).
+  plan_memory(Checkpoint::Balance::bytes);
+  const std::size_t by_bytes = plan.planned_bytes;
+  plan_memory(Checkpoint::Balance::nodes);
+  if (by_bytes < plan.planned_bytes) plan_memory(Checkpoint::Balance::bytes);
+}
+
+TESSERA_API void program_state::plan_memory(Checkpoint::Balance by) {
+  make_schedule(by);
   simulate();
   place();
 }
@@ -376,11 +404,16 @@ TESSERA_API std::string program_state::report() const {
   out += line("planned arena", plan.planned_bytes);
   out += line("peak (inputs+params+grads+arena)", plan.peak_bytes);
   char tail[256];
+  const bool cut = mode == Mode::training && checkpoint.segments > 1;
   std::snprintf(tail, sizeof(tail),
-                "mode %s; %d forward, %d backward, %d recomputed steps; %d outputs in place; "
+                "mode %s; %d forward, %d backward, %d recomputed steps%s; %d outputs in place; "
                 "arena %.1f%% of naive\n",
                 mode == Mode::training ? "training" : "inference", plan.forward_steps,
-                plan.backward_steps, plan.recomputed_steps, plan.in_place,
+                plan.backward_steps, plan.recomputed_steps,
+                !cut ? ""
+                : plan.segments_by == Checkpoint::Balance::bytes ? " (segments of equal bytes)"
+                                                                 : " (segments of equal nodes)",
+                plan.in_place,
                 plan.naive_bytes ? 100.0 * static_cast<double>(plan.planned_bytes) /
                                        static_cast<double>(plan.naive_bytes)
                                  : 0.0);
@@ -464,9 +497,11 @@ TESSERA_API void program_state::make_gradients() {
   for (std::size_t v = 0; v < g->values.size(); ++v) table.grad_of[v] = g->values[v].grad;
 }
 
-TESSERA_API void program_state::make_schedule() {
+TESSERA_API void program_state::make_schedule(Checkpoint::Balance by) {
   const auto& nodes = g->nodes;
   schedule.clear();
+  plan.backward_steps = plan.recomputed_steps = 0;
+  plan.segments_by = by;
   for (std::size_t i = 0; i < nodes.size(); ++i) {
     step s;
     s.kind = step::forward;
@@ -475,16 +510,24 @@ TESSERA_API void program_state::make_schedule() {
   }
   plan.forward_steps = static_cast<int>(nodes.size());
   if (mode != Mode::training) return;
-  // Segments for recomputation: contiguous runs of about equal numbers of non-view nodes.
+  // Segments for recomputation: contiguous runs of about equal weight, a non-view node weighing
+  // 1 (Balance::nodes) or its output's bytes (Balance::bytes); views weigh nothing.
   std::vector<int> segment(nodes.size(), 0);
   const int segments = std::max(1, checkpoint.segments);
   if (segments > 1) {
-    int real = 0;
-    for (const auto& n : nodes) real += n->is_view() ? 0 : 1;
-    int seen = 0;
+    auto weight = [&](const node& n) {
+      if (n.is_view()) return 0.0;
+      if (by == Checkpoint::Balance::nodes) return 1.0;
+      return static_cast<double>(g->values[static_cast<std::size_t>(n.output)].bytes());
+    };
+    double total = 0;
+    for (const auto& n : nodes) total += weight(*n);
+    double seen = 0;
     for (std::size_t i = 0; i < nodes.size(); ++i) {
-      segment[i] = std::min(segments - 1, seen * segments / std::max(1, real));
-      if (!nodes[i]->is_view()) ++seen;
+      // seen * segments first: exact for node counts, so a boundary falls where it did.
+      const double at = total > 0 ? seen * segments / total : 0.0;
+      segment[i] = std::min(segments - 1, static_cast<int>(at));
+      seen += weight(*nodes[i]);
     }
   }
   std::vector<int> last_of_segment(static_cast<std::size_t>(segments), -1);
