@@ -121,16 +121,30 @@ int main(int argc, char** argv) {
   std::printf("model parallel:    %7.1f ms +- %5.1f (loss %.4f -> %.4f)\n",
               model_parallel.mean * 1e3, model_parallel.stddev * 1e3, model_parallel.first_loss,
               model_parallel.last_loss);
-  const std::vector<int> splits{2, 4, 8, 16};  // 16: two micro-batches
+  // The tutorial's sweep: 1 to 32 samples per micro-batch. 32 is one micro-batch, i.e. the model
+  // parallel run above. 1 trains BatchNorm on one sample, which at 32x32 leaves layer4 one value
+  // per channel: refused, as by PyTorch ("expected more than 1 value per channel when
+  // training"), so it runs from 64x64 on (argument 3).
+  std::vector<int> splits;
   std::vector<Timing> pipelined;
   int best = 0;
-  for (std::size_t i = 0; i < splits.size(); ++i) {
-    pipelined.push_back(run_pipeline(static_cast<int>(batch / splits[i])));
-    std::printf("pipelined split %2d: %6.1f ms +- %5.1f (%2lld micro-batches; loss %.4f -> %.4f)\n",
-                splits[i], pipelined[i].mean * 1e3, pipelined[i].stddev * 1e3,
-                static_cast<long long>(batch / splits[i]), pipelined[i].first_loss,
-                pipelined[i].last_loss);
-    if (pipelined[i].mean < pipelined[static_cast<std::size_t>(best)].mean) best = static_cast<int>(i);
+  for (int split : {1, 2, 4, 8, 16, 32}) {
+    if (split == 1 && size < 64) {
+      std::printf("pipelined split  1: skipped at %lldx%lld (BatchNorm would see one value per "
+                  "channel in layer4; run with size 64)\n",
+                  static_cast<long long>(size), static_cast<long long>(size));
+      continue;
+    }
+    const int chunks = static_cast<int>(batch / split);
+    splits.push_back(split);
+    pipelined.push_back(chunks == 1 ? model_parallel : run_pipeline(chunks));
+    const Timing& t = pipelined.back();
+    std::printf("pipelined split %2d: %6.1f ms +- %5.1f (%2d micro-batch%s; loss %.4f -> %.4f)%s\n",
+                split, t.mean * 1e3, t.stddev * 1e3, chunks, chunks == 1 ? "" : "es",
+                t.first_loss, t.last_loss, chunks == 1 ? ": the model-parallel run" : "");
+    if (t.mean < pipelined[static_cast<std::size_t>(best)].mean) {
+      best = static_cast<int>(pipelined.size()) - 1;
+    }
   }
   const Timing& fastest = pipelined[static_cast<std::size_t>(best)];
   std::printf("best split %d: %.2fx the model-parallel speed, %.2fx one device's\n",
