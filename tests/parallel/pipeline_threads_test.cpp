@@ -16,6 +16,7 @@
 #include <memory>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "tessera/optim/grad_scaler.hpp"
@@ -61,6 +62,22 @@ const char* name_of(par::Checkpoint c) {
 
 auto loss_fn = [](auto out, auto labels) { return nn::cross_entropy(out, labels); };
 
+// The unsplit model's loss and gradients over the batch (x, y): a replica of `seq` on cpu:0.
+template <class Seq>
+std::pair<double, std::vector<std::vector<double>>> unsplit(const Seq& seq,
+                                                            const ts::Tensor<double>& x,
+                                                            const ts::Tensor<std::int64_t>& y) {
+  auto reference = par::replicate(seq, 0);
+  auto program = ag::compile(
+      [&](ag::Var<double> in, ag::Var<std::int64_t> labels) {
+        return nn::cross_entropy(reference(in), labels);
+      },
+      ag::input<double>(x.shape()), ag::input<std::int64_t>(y.shape()));
+  const double loss = program.forward(x, y).item();
+  program.backward();
+  return {loss, grads_of(reference)};
+}
+
 TEST_CASE("pipeline gradients equal the unsplit model's for every schedule and checkpoint mode",
           "[parallel][pipeline]") {
   const std::int64_t batch = 11;
@@ -75,14 +92,7 @@ TEST_CASE("pipeline gradients equal the unsplit model's for every schedule and c
                               << name_of(checkpoint) << ", " << chunks << " chunks");
           ts::manual_seed(7);
           auto seq = make_mlp();
-          auto reference = par::replicate(seq, 0);
-          auto ref_program = ag::compile(
-              [&](ag::Var<double> in, ag::Var<std::int64_t> labels) {
-                return nn::cross_entropy(reference(in), labels);
-              },
-              ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
-          const double ref_loss = ref_program.forward(x, y).item();
-          ref_program.backward();
+          const auto [ref_loss, ref_grads] = unsplit(seq, x, y);
 
           par::Pipeline pipe(seq, {.balance = balance,
                                    .chunks = chunks,
@@ -99,7 +109,7 @@ TEST_CASE("pipeline gradients equal the unsplit model's for every schedule and c
             CHECK(loss == Approx(ref_loss).epsilon(1e-12));
             program.backward();
           }
-          auto twice = grads_of(reference);
+          auto twice = ref_grads;
           for (auto& g : twice) {
             for (double& v : g) v *= 2;
           }
@@ -273,15 +283,7 @@ TEST_CASE("pipeline with a GradScaler: the scale times the unsplit model's gradi
     INFO(name_of(schedule));
     ts::manual_seed(9);
     auto seq = make_mlp();
-    auto reference = par::replicate(seq, 0);
-    auto ref_program = ag::compile(
-        [&](ag::Var<double> in, ag::Var<std::int64_t> labels) {
-          return nn::cross_entropy(reference(in), labels);
-        },
-        ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
-    ref_program.forward(x, y);
-    ref_program.backward();
-    const auto want = grads_of(reference);
+    const auto want = unsplit(seq, x, y).second;
     auto scaled_want = want;
     for (auto& g : scaled_want) {
       for (double& v : g) v *= 1024.0;

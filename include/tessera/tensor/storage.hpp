@@ -96,42 +96,16 @@ class Storage {
   /// Allocates `bytes` on `device` from its pool (0 bytes allocates nothing). Throws
   /// out_of_memory_error, or device_error for a device that does not exist.
   static Storage allocate(Device device, std::size_t bytes, stream_ref stream = {}) {
-    detail::storage_block* block = detail::storage_block_cache::take();
-    void* data = nullptr;
-    try {
-      data = memory::allocate(device, bytes, stream);
-    } catch (...) {
-      detail::storage_block_cache::give_back(block);
-      throw;
-    }
-    block->data = data;
-    block->bytes = bytes;
-    block->device_type = static_cast<std::int32_t>(device.type);
-    block->device_index = device.index;
-    block->stream = stream;
-    block->pinned = false;
-    return Storage(block);
+    return make(device, bytes, stream, false,
+                [&] { return memory::allocate(device, bytes, stream); });
   }
 
   /// Allocates `bytes` of pinned (page-locked) host memory for CPU device `device` from the
   /// process-wide pinned pool (memory::pinned_stats), the source of asynchronous copies to CUDA
   /// devices. Throws device_error without CUDA support or a CUDA device, out_of_memory_error.
   static Storage allocate_pinned(Device device, std::size_t bytes) {
-    detail::storage_block* block = detail::storage_block_cache::take();
-    void* data = nullptr;
-    try {
-      data = memory::detail::pinned_allocate(bytes);
-    } catch (...) {
-      detail::storage_block_cache::give_back(block);
-      throw;
-    }
-    block->data = data;
-    block->bytes = bytes;
-    block->device_type = static_cast<std::int32_t>(device.type);
-    block->device_index = device.index;
-    block->stream = stream_ref{};
-    block->pinned = true;
-    return Storage(block);
+    return make(device, bytes, stream_ref{}, true,
+                [&] { return memory::detail::pinned_allocate(bytes); });
   }
 
   Storage(const Storage& other) noexcept : block_(other.block_) { retain(); }
@@ -168,6 +142,27 @@ class Storage {
 
  private:
   explicit Storage(detail::storage_block* block) noexcept : block_(block) {}
+  // A block from the thread's cache holding what `allocate_data()` returns (the block goes back
+  // to the cache if it throws).
+  template <class AllocateData>
+  static Storage make(Device device, std::size_t bytes, stream_ref stream, bool pinned,
+                      AllocateData allocate_data) {
+    detail::storage_block* block = detail::storage_block_cache::take();
+    void* data = nullptr;
+    try {
+      data = allocate_data();
+    } catch (...) {
+      detail::storage_block_cache::give_back(block);
+      throw;
+    }
+    block->data = data;
+    block->bytes = bytes;
+    block->device_type = static_cast<std::int32_t>(device.type);
+    block->device_index = device.index;
+    block->stream = stream;
+    block->pinned = pinned;
+    return Storage(block);
+  }
   void retain() noexcept {
     if (block_) block_->references.fetch_add(1, std::memory_order_relaxed);
   }
