@@ -19,6 +19,7 @@ namespace cuda_nn_optim_test {  // one namespace per file: a unity build
 
 namespace ts = tessera;
 namespace nn = tessera::nn;
+namespace ag = tessera::autograd;
 
 namespace {
 
@@ -173,6 +174,64 @@ TEMPLATE_TEST_CASE("optimisers on cuda follow the cpu trajectory", "[cuda][optim
     }
     check_close(device.value(), host.value(), rel, rel);
   }
+}
+
+// Var::to<Kind>: one program whose first layer runs on the CPU and second on the GPU, the
+// activations copied to the GPU and the output back (both directions; the copy's input also feeds
+// the loss directly, so one gradient copied back is added to another), trained with Adam: the
+// loss, every gradient (on its parameter's device) and the parameters after 3 steps are those of
+// the same model on the CPU (float64; tests/nn checks the CPU against PyTorch).
+struct HostThenDevice : nn::Module {
+  nn::Linear<double> a{16, 32};
+  nn::Linear<double, ts::cuda> b{32, 5};
+  HostThenDevice() : Module("HostThenDevice") {
+    register_module("a", a);
+    register_module("b", b);
+  }
+};
+
+TEST_CASE("a program split between the cpu and a gpu trains as on the cpu", "[cuda][autograd]") {
+  ts::manual_seed(4);
+  HostThenDevice split;
+  nn::Linear<double> a = nn::to<ts::cpu>(split.a, 0);
+  nn::Linear<double> b = nn::to<ts::cpu>(split.b, 0);
+  CHECK(split.b.weight().value().device() == cuda0);
+
+  auto split_step = ag::compile([&](ag::Var<double> x, ag::Var<double> y) {
+    const ag::Var<double> h = ts::relu(split.a(x));
+    const ag::Var<double, ts::cuda> on_gpu = split.b(h.to<ts::cuda>(0));
+    const ag::Var<double> back = on_gpu.to<ts::cpu>(0);
+    return nn::mse_loss(back + h.narrow(1, 0, 5), y);
+  }, ag::input<double>({64, 16}), ag::input<double>({64, 5}));
+  auto host_step = ag::compile([&](ag::Var<double> x, ag::Var<double> y) {
+    const ag::Var<double> h = ts::relu(a(x));
+    return nn::mse_loss(b(h) + h.narrow(1, 0, 5), y);
+  }, ag::input<double>({64, 16}), ag::input<double>({64, 5}));
+
+  std::vector<nn::ParameterRef> split_parameters{split.a.weight(), split.a.bias(),
+                                                 split.b.weight(), split.b.bias()};
+  std::vector<nn::ParameterRef> host_parameters{a.weight(), a.bias(), b.weight(), b.bias()};
+  ts::optim::Adam split_adam(split_parameters, {.lr = 0.01});
+  ts::optim::Adam host_adam(host_parameters, {.lr = 0.01});
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const auto x = ts::randn<double>({64, 16});
+    const auto y = ts::randn<double>({64, 5});
+    split_adam.zero_grad();
+    host_adam.zero_grad();
+    CHECK(split_step.forward(x, y).item() == Approx(host_step.forward(x, y).item()).epsilon(1e-12));
+    split_step.backward();
+    host_step.backward();
+    check_close(split.a.weight().grad(), a.weight().grad(), 1e-10, 1e-12);
+    check_close(split.a.bias().grad(), a.bias().grad(), 1e-10, 1e-12);
+    CHECK(split.b.weight().grad().device() == cuda0);
+    check_close(split.b.weight().grad(), b.weight().grad(), 1e-10, 1e-12);
+    check_close(split.b.bias().grad(), b.bias().grad(), 1e-10, 1e-12);
+    split_adam.step();
+    host_adam.step();
+  }
+  check_close(split.a.weight().value(), a.weight().value(), 1e-10, 1e-12);
+  check_close(split.b.weight().value(), b.weight().value(), 1e-10, 1e-12);
 }
 
 }  // namespace cuda_nn_optim_test

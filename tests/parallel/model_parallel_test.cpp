@@ -28,7 +28,7 @@ struct ThreeStages : nn::Module {
   ag::Var<double> forward(const ag::Var<double>& x) const {
     const ag::Var<double> h = ts::tanh(a(x));
     const ag::Var<double> g = ts::relu(b(h.to(middle)));  // cpu:0 -> cpu:1
-    return c(g.to(0));                                     // cpu:1 -> cpu:0
+    return c(g.to<ts::cpu>(0));                            // cpu:1 -> cpu:0 (the kind named)
   }
 };
 

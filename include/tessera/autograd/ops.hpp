@@ -676,27 +676,29 @@ class cat_node final : public node {
   std::vector<bool> needs_;
 };
 
-/// A copy to another ordinal of the same kind; the gradient is copied back.
-template <class T, class K>
+/// A copy to another device: another ordinal of the same kind, or across kinds (KIn -> KOut,
+/// cpu <-> cuda); the gradient is copied back. Scratch (to stage a gradient that is added) is on
+/// the input's device.
+template <class T, class KIn, class KOut = KIn>
 class copy_node final : public single_input_node {
  public:
   copy_node(int input, Shape shape) : shape_(std::move(shape)) { inputs = {input}; }
   const char* name() const override { return "to"; }
   void forward(value_table& table) override {
-    table.template get<T, K>(output).copy_(table.template get<T, K>(inputs[0]));
+    table.template get<T, KOut>(output).copy_(table.template get<T, KIn>(inputs[0]));
   }
   std::size_t backward_scratch() const override { return scratch_bytes<T>(shape_); }
   int scratch_value() const override { return inputs[0]; }
   void backward(value_table& table, const std::vector<char>& accumulate) override {
     if (!needs_) return;
-    auto grad_in = table.template grad<T, K>(inputs[0]);
-    const auto g = table.template grad<T, K>(output);
+    auto grad_in = table.template grad<T, KIn>(inputs[0]);
+    const auto g = table.template grad<T, KOut>(output);
     if (accumulate[0] == 0) {
       grad_in.copy_(g);
       return;
     }
     table.scratch_offset = table.scratch_begin;
-    auto staged = table.template scratch_tensor<T, K>(shape_);
+    auto staged = table.template scratch_tensor<T, KIn>(shape_);
     staged.copy_(g);
     add_into(grad_in, staged);
   }
@@ -938,6 +940,19 @@ Var<T, K> Var<T, K>::to(int index) const {
   auto n = std::make_unique<detail::copy_node<T, K>>(id_, shape_);
   const int out = g->add_node(std::move(n), shape_, scalar_type_of<T>, target);
   return Var(g, out, shape_);
+}
+
+template <Dtype T, DeviceKind K>
+template <DeviceKind K2>
+Var<T, K2> Var<T, K>::to(int index) const {
+  if constexpr (std::is_same_v<K, K2>) {
+    return to(index);
+  } else {
+    const Device target = resolve_device<K2>(index);
+    auto n = std::make_unique<detail::copy_node<T, K, K2>>(id_, shape_);
+    const int out = graph_->add_node(std::move(n), shape_, scalar_type_of<T>, target);
+    return Var<T, K2>(graph_, out, shape_);
+  }
 }
 
 /// Uniform random numbers in [0, 1) of `x`'s dtype (floating), shape and device, drawn anew at

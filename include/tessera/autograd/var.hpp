@@ -359,6 +359,11 @@ class Var {
   Var flatten(std::int64_t start = 0, std::int64_t end = -1) const;
   /// A differentiable copy to ordinal `index` of the same kind (model parallelism).
   Var to(int index) const;
+  /// A differentiable copy to ordinal `index` (-1: the current one) of kind K2, e.g.
+  /// `h.to<ts::cuda>(0)` inside a CPU program: a model split between the host and a GPU. The
+  /// gradient is copied back; host <-> device copies wait for their stream.
+  template <DeviceKind K2>
+  Var<T, K2> to(int index = -1) const;
 
  private:
   detail::graph* graph_ = nullptr;
