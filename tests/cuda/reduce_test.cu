@@ -2,7 +2,8 @@
 // against float64 results computed here by hand-written loops over the inputs' logical values:
 // every dimension with and without keepdim, non-contiguous inputs and expressions, dtypes, long
 // and short rows (block per output, thread per output), NaN, ties, empty and 0-dim inputs, the
-// accuracy of float sums over 2^24 elements, and the allocations and launches a reduction makes.
+// accuracy of float sums over 2^24 elements, tensors over 2^31 elements (64-bit indexing), and the
+// allocations and launches a reduction makes.
 // The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
@@ -288,6 +289,46 @@ TEST_CASE("cuda float sums are accurate over 2^24 elements", "[cuda][reduce][acc
   for (float v : ts::sum(x.view({2, n / 2}), 1).to_vector()) CHECK(relative(v, exact / 2) < 1e-5);
   for (float v : ts::sum(x.view({n / 64, 64}), 0).to_vector())
     CHECK(relative(v, exact / 64) < 1e-5);
+}
+
+// 64-bit indexing: a tensor of 2^31 + 64 int8 elements (2 GiB; the test needs about 8 GiB free and
+// says so when it skips), markers past index 2^31 that every kernel must reach: a fused
+// expression, a strided (transposed) copy, whole reductions (sum to int64, max, argmax, argmin),
+// and dim reductions with rows longer than 2^31 or outputs past 2^30.
+TEST_CASE("cuda tensors over 2^31 elements", "[cuda][reduce][large]") {
+  std::size_t free_bytes = 0, total_bytes = 0;
+  REQUIRE(cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess);
+  if (free_bytes < (std::size_t{8} << 30)) {
+    WARN("skipped: needs 8 GiB of free device memory, " << (free_bytes >> 20) << " MiB free");
+    return;
+  }
+  const std::int64_t n = (std::int64_t{1} << 31) + 64;
+  const std::int64_t past = (std::int64_t{1} << 31) + 5;
+  auto x = ts::ones<std::int8_t, ts::cuda>({n}, 0);
+  x.narrow(0, n - 1, 1).fill_(std::int8_t{7});
+  x.narrow(0, past, 1).fill_(std::int8_t{3});
+  x.narrow(0, 5, 1).fill_(std::int8_t{0});
+  CHECK(ts::sum(x).item() == n + 6 + 2 - 1);
+  CHECK(ts::max(x).item() == 7);
+  CHECK(ts::argmax(x).item() == n - 1);
+  CHECK(ts::argmin(x).item() == 5);
+  CHECK(ts::sum(x.view({1, n}), 1).to_vector() == std::vector<std::int64_t>{n + 7});
+  {
+    const auto y = ts::eval(x + x);
+    CHECK(y.narrow(0, n - 4, 4).to<ts::cpu>().to_vector() == std::vector<std::int8_t>{2, 2, 2, 14});
+    CHECK(y.narrow(0, past, 1).item() == 6);
+  }
+  const std::int64_t h = n / 2;
+  const std::int64_t r = past - h;  // x[past] is row 1, column r of the [2, h] view
+  {
+    const auto t = x.view({2, h}).t().contiguous();  // [h, 2]; its last element is past 2^31
+    CHECK(t.narrow(0, h - 1, 1).to<ts::cpu>().to_vector() == std::vector<std::int8_t>{1, 7});
+    CHECK(t.narrow(0, r, 1).to<ts::cpu>().to_vector() == std::vector<std::int8_t>{1, 3});
+  }
+  const auto columns = ts::max(x.view({2, h}), 0);  // h outputs, each from two rows
+  CHECK(columns.narrow(0, h - 2, 2).to<ts::cpu>().to_vector() == std::vector<std::int8_t>{1, 7});
+  CHECK(columns.narrow(0, r, 1).item() == 3);
+  CHECK(columns.narrow(0, 5, 1).item() == 1);
 }
 
 TEST_CASE("cuda max propagates NaN; argmax takes the first NaN or the first of ties",
