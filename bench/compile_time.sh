@@ -2,8 +2,10 @@
 # Compile time of the translation units a user writes, in CPU seconds (user + sys, median of N
 # runs), with g++ -O2 -c, header-only and in compiled mode (-DTESSERA_COMPILED=1: what linking
 # tessera::compiled gives a unit; the library itself is compiled once, timed on its own line).
-# The budgets (issue 9) are in the last column; LibTorch's <torch/torch.h> alone is timed for
-# scale when installed.
+# Each mode also with <tessera/tessera.hpp> precompiled ("+ pch": what tessera_precompile_headers
+# gives a CMake target; the header is precompiled once per mode, timed on its own line, and the
+# unit compiled with it included first, as CMake does). The budgets (issue 9) are in the last
+# column; LibTorch's <torch/torch.h> alone is timed for scale when installed.
 #   bash bench/compile_time.sh [runs=3]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -29,12 +31,34 @@ median_cpu() {
 
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $("$cxx" --version | head -1)"
 echo "CPU seconds (user + sys), median of $runs, $cxx ${flags[*]} -c"
-printf '%-44s %12s %10s %8s\n' "unit" "header-only" "compiled" "budget"
+
+# The precompiled header of each mode, as CMake makes it: a wrapper that includes
+# <tessera/tessera.hpp>, precompiled to <dir>/tessera_pch.hpp.gch, included first in each unit
+# (-Winvalid-pch says so if it could not be used).
+compiled_flags=(-DTESSERA_COMPILED=1)
+mkdir -p "$out/pch-header" "$out/pch-compiled"
+for dir in "$out/pch-header" "$out/pch-compiled"; do
+  echo '#include <tessera/tessera.hpp>' > "$dir/tessera_pch.hpp"
+done
+pch_header=$(median_cpu "$cxx" "${flags[@]}" -x c++-header "$out/pch-header/tessera_pch.hpp" \
+  -o "$out/pch-header/tessera_pch.hpp.gch")
+pch_compiled=$(median_cpu "$cxx" "${flags[@]}" "${compiled_flags[@]}" -x c++-header \
+  "$out/pch-compiled/tessera_pch.hpp" -o "$out/pch-compiled/tessera_pch.hpp.gch")
+pch_from() {  # the options that use the precompiled header in directory $1
+  printf '%s\n' -I"$1" -Winvalid-pch -include tessera_pch.hpp
+}
+mapfile -t header_pch_flags < <(pch_from "$out/pch-header")
+mapfile -t compiled_pch_flags < <(pch_from "$out/pch-compiled")
+
+printf '%-44s %12s %8s %10s %8s %8s\n' "unit" "header-only" "+ pch" "compiled" "+ pch" "budget"
 row() {  # name, source, budget
-  local header compiled
+  local header header_pch compiled compiled_pch
   header=$(median_cpu "$cxx" "${flags[@]}" -c "$2" -o "$out/unit.o")
-  compiled=$(median_cpu "$cxx" "${flags[@]}" -DTESSERA_COMPILED=1 -c "$2" -o "$out/unit.o")
-  printf '%-44s %12s %10s %8s\n' "$1" "$header" "$compiled" "$3"
+  header_pch=$(median_cpu "$cxx" "${header_pch_flags[@]}" "${flags[@]}" -c "$2" -o "$out/unit.o")
+  compiled=$(median_cpu "$cxx" "${flags[@]}" "${compiled_flags[@]}" -c "$2" -o "$out/unit.o")
+  compiled_pch=$(median_cpu "$cxx" "${compiled_pch_flags[@]}" "${flags[@]}" "${compiled_flags[@]}" \
+    -c "$2" -o "$out/unit.o")
+  printf '%-44s %12s %8s %10s %8s %8s\n' "$1" "$header" "$header_pch" "$compiled" "$compiled_pch" "$3"
 }
 row "tessera.hpp alone" bench/compile_time/header_only.cpp 1.5
 row "one fused expression" bench/compile_time/expression.cpp 4
@@ -44,6 +68,7 @@ row "examples/train_mlp.cpp" examples/train_mlp.cpp 10
 library=$(median_cpu "$cxx" "${flags[@]}" -DTESSERA_COMPILED=1 -DTESSERA_IMPLEMENTATION=1 \
   -c cmake/tessera_compiled.cpp -o "$out/library.o")
 echo "tessera::compiled library (once per build): ${library} s"
+echo "precompiled tessera.hpp (once per target): ${pch_header} s header-only, ${pch_compiled} s compiled"
 if [ -f /usr/include/torch/csrc/api/include/torch/torch.h ]; then
   torch=$(median_cpu "$cxx" -std=c++17 -O2 -I/usr/include/torch/csrc/api/include -fsyntax-only \
     -x c++ bench/compile_time/torch_only.cpp)

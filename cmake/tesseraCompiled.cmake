@@ -21,3 +21,17 @@ function(tessera_add_compiled_library source with_cuda)
     target_compile_options(tessera_compiled PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
   endif()
 endfunction()
+
+# tessera_precompile_headers(<target>...): each target's C++ units get <tessera/tessera.hpp>
+# precompiled (CMake's target_precompile_headers, built once per target with its own flags, and
+# included before each unit's first line), so a unit no longer parses Tessera's headers itself.
+# Worth it for targets of several units; with one unit, building the header costs what it saves.
+# CUDA units (nvcc) are left as they are.
+function(tessera_precompile_headers)
+  foreach(target IN LISTS ARGN)
+    if(NOT TARGET ${target})
+      message(FATAL_ERROR "tessera_precompile_headers: no target named '${target}'")
+    endif()
+    target_precompile_headers(${target} PRIVATE "$<$<COMPILE_LANGUAGE:CXX>:<tessera/tessera.hpp>>")
+  endforeach()
+endfunction()
