@@ -193,6 +193,34 @@ TEST_CASE("DataLoader pin_memory: every batch copied to CUDA without waiting is 
   }
 }
 
+TEST_CASE("blocks recorded on a stream destroyed before their free are freed after its work",
+          "[cuda][streams][pin_memory]") {
+  // A device block (record_stream) and a pinned block (an asynchronous copy from it) both name a
+  // stream whose last handle goes before theirs: freeing them waits for that stream's work with
+  // the device's instead of failing to record an event on it, and both pools stay usable.
+  const ts::Device cuda0 = ts::Device::parse("cuda:0");
+  const std::int64_t n = std::int64_t{1} << 20;
+  const auto values = pinned_values(n);
+  auto on_device = ts::from_vector<float>(values, {n}).cuda();
+  auto pinned = ts::from_vector<float>(values, {n}).pin_memory();
+  ts::Tensor<float, ts::cuda> copied;
+  {
+    ts::Stream stream(cuda0);
+    ts::StreamGuard guard(stream);
+    on_device.record_stream(stream);
+    copied = pinned.cuda();  // queued on `stream`, which is recorded on the pinned block
+  }
+  const auto allocated = ts::memory::allocated(cuda0);
+  on_device = ts::Tensor<float, ts::cuda>();
+  CHECK(ts::memory::allocated(cuda0) < allocated);
+  const auto pinned_allocated = ts::memory::pinned_stats().allocated_bytes.current;
+  pinned = ts::Tensor<float>();
+  CHECK(ts::memory::pinned_stats().allocated_bytes.current < pinned_allocated);
+  CHECK((copied.cpu().to_vector() == values));
+  auto again = ts::from_vector<float>(pinned_values(n, 1.0f), {n}).pin_memory().cuda();
+  CHECK((again.cpu().to_vector() == pinned_values(n, 1.0f)));
+}
+
 TEST_CASE("the pinned pool's statistics return to 0 once everything is freed",
           "[cuda][pin_memory][memory]") {
   {

@@ -329,15 +329,7 @@ class DataLoader {
         const Shape shape(dims);
         if (!buffer.defined() || buffer.shape() != shape) {
           const Device device = row.defined() ? row.device() : Device{};
-          if (pinned) {
-            using T = typename Tensor_::value_type;
-            shape.check_size("DataLoader", sizeof(T));
-            const auto bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
-            buffer = Tensor_(Storage::allocate_pinned(device, bytes), shape,
-                             shape.contiguous_strides(), 0);
-          } else {
-            buffer = Tensor_::empty_on(shape, device);
-          }
+          buffer = pinned ? Tensor_::empty_pinned_on(shape, device) : Tensor_::empty_on(shape, device);
         }
       };
       if constexpr (tessera::detail::is_tensor<batch_type>::value) {

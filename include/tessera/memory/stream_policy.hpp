@@ -63,7 +63,10 @@ class cuda_stream_policy {
   cuda_stream_policy(const cuda_stream_policy&) = delete;
   cuda_stream_policy& operator=(const cuda_stream_policy&) = delete;
 
-  /// Records an event on `stream` (a stream of this device); throws cuda_error.
+  /// Records an event on `stream` (a stream of this device); throws cuda_error. A stream
+  /// destroyed since it was recorded on a block (a Stream whose last handle went before the
+  /// tensor did) cannot take the event: its work is waited for with the whole device's, and the
+  /// event marks a point after it.
   event_type record(stream_ref stream) {
     detail::cuda_device_scope scope(device_);
     cudaEvent_t event = nullptr;
@@ -74,6 +77,11 @@ class cuda_stream_policy {
       free_events_.pop_back();
     }
     cudaError_t status = cudaEventRecord(event, stream.native());
+    if (status == cudaErrorInvalidResourceHandle || status == cudaErrorContextIsDestroyed) {
+      (void)cudaGetLastError();
+      status = cudaDeviceSynchronize();
+      if (status == cudaSuccess) status = cudaEventRecord(event, nullptr);
+    }
     if (status != cudaSuccess) {
       release(event);
       tessera::detail::throw_cuda_error(status, "cudaEventRecord(event, stream)", __FILE__,

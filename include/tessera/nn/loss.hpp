@@ -381,7 +381,7 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   std::size_t forward_scratch() const override {
     using autograd::detail::scratch_bytes;
     return (options_.from_logits ? scratch_bytes<T>(Shape{batch_, classes_}) : 0) +
-           (spatial() ? scratch_bytes<T>(Shape{batch_, classes_}) : 0) +
+           (k_dimensional_ ? scratch_bytes<T>(Shape{batch_, classes_}) : 0) +
            scratch_bytes<T>(Shape{batch_}) + 2 * scratch_bytes<T>(Shape{classes_}) +
            scratch_bytes<T>(Shape{});
   }
@@ -422,7 +422,7 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
     using autograd::detail::scratch_bytes;
     return scratch_bytes<T>(Shape{batch_, classes_}) + scratch_bytes<T>(Shape{batch_}) +
            2 * scratch_bytes<T>(Shape{classes_}) + 2 * scratch_bytes<T>(Shape{}) +
-           (spatial() ? 2 * scratch_bytes<T>(Shape{batch_, classes_}) : 0);
+           (k_dimensional_ ? 2 * scratch_bytes<T>(Shape{batch_, classes_}) : 0);
   }
   void backward(autograd::detail::value_table& table,
                 const std::vector<char>& accumulate) override {
@@ -432,7 +432,7 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
     // The input's gradient, or for [N, C, d...] its rows [N * d, C] in scratch, moved into it
     // at the end.
     const auto input_gradient = table.template grad<T, K>(inputs[0]);
-    const bool moved = spatial();
+    const bool moved = k_dimensional_;
     const auto gradient =
         moved ? table.template scratch_tensor<T, K>(Shape{batch_, classes_}) : input_gradient;
     const bool add = accumulate[0] != 0 && !moved;
@@ -460,15 +460,14 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   }
 
  private:
-  bool spatial() const noexcept { return k_dimensional_; }
   // Targets or per-sample values [N, d...] as [N * d] (the samples in order).
   template <class U>
   Tensor<U, K> samples_of(const Tensor<U, K>& t) const {
-    return spatial() && t.dim() > 0 ? t.view({batch_}) : t;
+    return k_dimensional_ && t.dim() > 0 ? t.view({batch_}) : t;
   }
   // The input [N, C, d...] as rows [N * d, C] (a copy into scratch), or the input [N, C] itself.
   Tensor<T, K> rows_of(autograd::detail::value_table& table, const Tensor<T, K>& x) const {
-    if (!spatial()) return x;
+    if (!k_dimensional_) return x;
     auto rows = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
     rows.view({samples_, spatial_, classes_})
         .copy_(x.reshape({samples_, classes_, spatial_}).permute({0, 2, 1}));

@@ -175,15 +175,13 @@ class Tensor {
   }
 
   /// An uninitialised contiguous tensor on `device` (must be of kind Kind).
-  static Tensor empty_on(const Shape& shape, Device device) {
-    shape.check_size("empty", sizeof(T));
-    if (device.type != Kind::type) {
-      throw device_mismatch_error("empty: device " + device.str() + " is not a " +
-                                  std::string(Kind::name) + " device");
-    }
-    check_device(device);
-    const auto bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
-    return Tensor(Storage::allocate(device, bytes), shape, shape.contiguous_strides(), 0);
+  static Tensor empty_on(const Shape& shape, Device device) { return make_on(shape, device, false); }
+  /// The same in pinned (page-locked) host memory (see pin_memory); throws device_error without
+  /// CUDA support or a CUDA device.
+  static Tensor empty_pinned_on(const Shape& shape, Device device)
+    requires std::is_same_v<Kind, tessera::cpu>
+  {
+    return make_on(shape, device, true);
   }
 
   // ---- queries ---------------------------------------------------------------------------
@@ -464,8 +462,7 @@ class Tensor {
   {
     require_defined("pin_memory");
     if (is_pinned()) return *this;
-    Tensor out(Storage::allocate_pinned(device(), nbytes()), shape_, shape_.contiguous_strides(),
-               0);
+    Tensor out = empty_pinned_on(shape_, device());
     out.copy_from(*this);
     return out;
   }
@@ -608,6 +605,19 @@ class Tensor {
  private:
   void require_defined(const char* operation) const {
     if (!defined()) detail::throw_undefined(operation);
+  }
+
+  // empty_on and empty_pinned_on: the checks, then the storage from the device's pool or pinned.
+  static Tensor make_on(const Shape& shape, Device device, bool pinned) {
+    shape.check_size("empty", sizeof(T));
+    if (device.type != Kind::type) {
+      throw device_mismatch_error("empty: device " + device.str() + " is not a " +
+                                  std::string(Kind::name) + " device");
+    }
+    check_device(device);
+    const auto bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
+    return Tensor(pinned ? Storage::allocate_pinned(device, bytes) : Storage::allocate(device, bytes),
+                  shape, shape.contiguous_strides(), 0);
   }
 
   // New tensors go where this one is; an undefined tensor has no device, so use the current one.

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <exception>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -27,9 +28,11 @@ namespace tessera::memory::detail {
 /// The pinned pool's stream policy. Pinned memory serves copies to and from every CUDA device,
 /// and an event must be created on the device of the stream it is recorded on, so the pool's
 /// "streams" are keys naming a (device, stream) pair: interned once per pair (a handful in a
-/// program) and never freed, so that a key stays valid in blocks that name it. A block's own
-/// stream is a key that no copy uses (host_key), so every stream a copy records is "another
-/// stream" and gets an event: host allocation is not ordered with any stream, unlike cudaMalloc's.
+/// program) and never freed, so that a key stays valid in blocks that name it. Each device's
+/// events are a cuda_stream_policy's (its free list, and its wait for a stream destroyed since
+/// it was recorded). A block's own stream is a key that no copy uses (host_key), so every stream
+/// a copy records is "another stream" and gets an event: host allocation is not ordered with any
+/// stream, unlike cudaMalloc's.
 class pinned_stream_policy {
  public:
   static constexpr bool tracks_streams = true;
@@ -39,13 +42,6 @@ class pinned_stream_policy {
   };
 
   explicit pinned_stream_policy(Device) {}
-  ~pinned_stream_policy() {
-    for (auto& events : free_events_) {
-      for (cudaEvent_t event : events) (void)cudaEventDestroy(event);
-    }
-  }
-  pinned_stream_policy(const pinned_stream_policy&) = delete;
-  pinned_stream_policy& operator=(const pinned_stream_policy&) = delete;
 
   /// The key of the blocks themselves (never recorded).
   static stream_ref host_key() noexcept {
@@ -58,59 +54,34 @@ class pinned_stream_policy {
     static auto* keys = new std::map<std::pair<int, void*>, stream_key*>();  // leaked: see above
     std::lock_guard lock(mutex);
     stream_key*& entry = (*keys)[{device, stream.handle}];
-    if (entry == nullptr) entry = new stream_key{device, stream.native()};
+    if (entry == nullptr) entry = new stream_key{device, stream};
     return stream_ref{static_cast<void*>(entry)};
   }
 
   /// Records an event on the stream a key names; throws cuda_error.
   event_type record(stream_ref key) {
     const stream_key& named = *static_cast<const stream_key*>(key.handle);
-    tessera::detail::cuda_device_scope scope(named.device);
-    if (free_events_.size() <= static_cast<std::size_t>(named.device)) {
-      free_events_.resize(static_cast<std::size_t>(named.device) + 1);
+    if (devices_.size() <= static_cast<std::size_t>(named.device)) {
+      devices_.resize(static_cast<std::size_t>(named.device) + 1);
     }
-    std::vector<cudaEvent_t>& events = free_events_[static_cast<std::size_t>(named.device)];
-    event_type recorded{nullptr, named.device};
-    if (events.empty()) {
-      TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&recorded.event, cudaEventDisableTiming));
-    } else {
-      recorded.event = events.back();
-      events.pop_back();
-    }
-    cudaError_t status = cudaEventRecord(recorded.event, named.stream);
-    if (status == cudaErrorInvalidResourceHandle || status == cudaErrorContextIsDestroyed) {
-      // The stream was destroyed after its copy was queued (a Stream whose last handle went
-      // before the pinned tensor): its work is waited for with the whole device's, and the event
-      // marks a point after it.
-      (void)cudaGetLastError();
-      status = cudaDeviceSynchronize();
-      if (status == cudaSuccess) status = cudaEventRecord(recorded.event, nullptr);
-    }
-    if (status != cudaSuccess) {
-      release(recorded);
-      tessera::detail::throw_cuda_error(status, "cudaEventRecord(event, stream)", __FILE__,
-                                        __LINE__);
-    }
-    return recorded;
+    auto& events = devices_[static_cast<std::size_t>(named.device)];
+    if (!events) events = std::make_unique<cuda_stream_policy>(Device{DeviceType::cuda, named.device});
+    return {events->record(named.stream), named.device};
   }
-  bool query(event_type event) {
-    return tessera::detail::cuda_query_done(cudaEventQuery(event.event), "cudaEventQuery(event)");
-  }
-  void synchronize(event_type event) { TESSERA_CUDA_CHECK(cudaEventSynchronize(event.event)); }
-  void release(event_type event) noexcept {
-    try {
-      free_events_.at(static_cast<std::size_t>(event.device)).push_back(event.event);
-    } catch (...) {
-      (void)cudaEventDestroy(event.event);
-    }
-  }
+  bool query(event_type event) { return of(event).query(event.event); }
+  void synchronize(event_type event) { of(event).synchronize(event.event); }
+  void release(event_type event) noexcept { of(event).release(event.event); }
 
  private:
   struct stream_key {
     int device;
-    cudaStream_t stream;
+    stream_ref stream;
   };
-  std::vector<std::vector<cudaEvent_t>> free_events_;  // per device
+  // The policy of an event's device (record made it).
+  cuda_stream_policy& of(event_type event) const noexcept {
+    return *devices_[static_cast<std::size_t>(event.device)];
+  }
+  std::vector<std::unique_ptr<cuda_stream_policy>> devices_;
 };
 
 using pinned_pool_resource =
