@@ -6,8 +6,10 @@
 // activation is sent as a tensor on the sender's device, which the receiving stage copies onto
 // its own while the sender goes on; the gradient of an activation is written by its sender into
 // a tensor the receiver allocated, so every block of a device comes from that device's thread.
-// (On CUDA the copies are Tessera's device-to-device copies, complete when copy_ returns: no
-// separate copy stream yet.)
+// On CUDA each copy runs on a copy stream of the receiving device (one for the activations that
+// arrive there, issued by its stage's thread; one for the gradients, issued by the next stage's
+// thread): it waits for the work that produced its source, but not for the compute queued on the
+// receiving device, which then waits for the copy (an event), not for the copying thread.
 //
 // Training (pipe.compile): each stage has autograd Programs compiled for its layers and the
 // micro-batch shapes (a full one and, when the batch does not divide, the last), as many as the
@@ -33,6 +35,7 @@
 
 #include "tessera/autograd/program.hpp"
 #include "tessera/core/random.hpp"
+#include "tessera/core/stream.hpp"
 #include "tessera/nn/sequential.hpp"
 #include "tessera/parallel/data_parallel.hpp"
 #include "tessera/parallel/device_threads.hpp"
@@ -126,6 +129,12 @@ class Pipeline {
     }
     first_layer_.push_back(first);
     move_layers(std::make_index_sequence<layer_count>{});
+    if constexpr (Kind::type == DeviceType::cuda) {
+      for (int s = 0; s < stages(); ++s) {
+        activation_streams_.emplace_back(device(s));
+        gradient_streams_.emplace_back(device(s));
+      }
+    }
   }
 
   Pipeline(const Pipeline&) = delete;
@@ -164,7 +173,8 @@ class Pipeline {
         } else {
           const Tensor<T, Kind> sent =
               sync.take(boxes[static_cast<std::size_t>(s * count + j)]);
-          in = sent.to(threads_.device(s).index);
+          in = Tensor<T, Kind>::empty_on(sent.shape(), threads_.device(s));
+          receive_activation(s, in, sent);
         }
         Tensor<T, Kind> out = run_stage_range(s, s + 1, in);
         if (s == last) {
@@ -253,6 +263,38 @@ class Pipeline {
     if constexpr (std::derived_from<L, nn::Module>) layer.to(threads_.device(stage).index);
   }
 
+  /// dst (on stage s's device, allocated by its thread) = src, the activation stage s - 1 sent;
+  /// called by stage s's thread.
+  template <Dtype T>
+  void receive_activation(int s, Tensor<T, Kind>& dst, const Tensor<T, Kind>& src) {
+    copy_on(activation_streams_, s, dst, src);
+  }
+  /// dst (on stage s's device, allocated by its thread) = src, the gradient of stage s's output
+  /// that stage s + 1 computed; called by stage s + 1's thread.
+  template <Dtype T>
+  void receive_gradient(int s, Tensor<T, Kind>& dst, const Tensor<T, Kind>& src) {
+    copy_on(gradient_streams_, s, dst, src);
+  }
+  // CUDA: the copy on streams[s] (copy_ waits there for the current stream of src's device, where
+  // src was computed, and returns once the copy is done); stage s's compute stream then waits for
+  // it, in case copy_ queued a kernel it did not wait for. CPU: a copy by the calling thread.
+  template <Dtype T>
+  static void copy_on(const std::vector<Stream>& streams, int s, Tensor<T, Kind>& dst,
+                      const Tensor<T, Kind>& src) {
+    if constexpr (Kind::type == DeviceType::cuda) {
+      const Stream& stream = streams[static_cast<std::size_t>(s)];
+      {
+        StreamGuard guard(stream);
+        dst.copy_(src);
+      }
+      current_stream(stream.device()).wait_stream(stream);
+    } else {
+      (void)streams;
+      (void)s;
+      dst.copy_(src);
+    }
+  }
+
   /// Layers [first_layer(from), first_layer(to)) applied to x (a Var or a tensor), each
   /// layer's result bound to x's type.
   template <class X>
@@ -333,6 +375,8 @@ class Pipeline {
   DeviceThreads<Kind> threads_;
   std::vector<int> first_layer_;  // [stage], plus the end
   std::vector<StagePlan> plan_;
+  std::vector<Stream> activation_streams_;  // [stage], CUDA: where activations arrive
+  std::vector<Stream> gradient_streams_;    // [stage], CUDA: where gradients arrive
 };
 
 template <class Seq>
@@ -545,7 +589,7 @@ class PipelineProgram {
       // copy of it, when the sender frees its arena at once).
       const Activation sent = sync_->take(activation_boxes_[at(s, j)]);
       in = Activation::empty_on(sent.shape(), device);
-      in.copy_(sent);
+      pipe.receive_activation(s, in, sent);
     }
     if (checkpointed(j)) rng_[at(s, j)] = default_generator(device).state();
     if (s == last) {
@@ -631,7 +675,7 @@ class PipelineProgram {
   // which stage s took under the exchange's lock: the read here is ordered after the write.)
   void send_gradient(int s, int j, const AnyTensor& grad) {
     Activation target = std::move(gradient_targets_[at(s - 1, j)]);
-    target.copy_(grad.template as<T, Kind>());
+    owner_->receive_gradient(s - 1, target, grad.template as<T, Kind>());
     sync_->put(gradient_boxes_[at(s - 1, j)], std::move(target));
   }
   bool needs_input_grad(int s) const { return detail::needs_input_grad(trains_, s); }
