@@ -21,6 +21,7 @@
 #include <cstdlib>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_report.hpp"
@@ -110,20 +111,23 @@ void pipeline_step(benchmark::State& state, int stages, int chunks, par::Schedul
   ts::cpu::set_num_threads(ts::cpu::core_count());
 }
 
-// The seed's model: torchvision's ResNet-18 layout (ResNet::sequential(): stem, layer1..4,
-// head) on 32x32 images, batch 32, stages {3, 3} (1: all six on cpu:0), timed per step.
+// The seed's model: torchvision's ResNet-18 layout, batch 32, timed per step. On 32x32 images as
+// ResNet::sequential() (stem, layer1..4, head), stages {3, 3}; on 64x64 images as
+// ResNet::blocks() (stem, eight blocks, head), stages {6, 4}: at 32x32, layer3 and layer4 see
+// 2x2 and 1x1 maps, so their cost is reading their weights, which every micro-batch pays again,
+// and they make the second stage the longer one. (1 stage: everything on cpu:0.)
 constexpr std::int64_t resnet_batch = 32;
 
-void resnet_step(benchmark::State& state, int stages, int chunks) {
-  ts::cpu::set_num_threads(stages == 1 ? 1 : 2);
+template <class Model>
+void resnet_run(benchmark::State& state, Model model, std::int64_t side, std::vector<int> balance,
+                int chunks) {
   ts::manual_seed(1);
-  const auto x = ts::randn<float>({resnet_batch, 3, 32, 32});
+  const auto x = ts::randn<float>({resnet_batch, 3, side, side});
   std::vector<std::int64_t> v(static_cast<std::size_t>(resnet_batch));
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int64_t>(i % 10);
   const auto y = ts::from_vector<std::int64_t>(v, {resnet_batch});
-  ts::manual_seed(0);
-  auto model = ts::models::resnet18<float>(10).sequential();
-  par::Pipeline pipe(model, {.balance = stages == 1 ? std::vector<int>{6} : std::vector<int>{3, 3},
+  ts::cpu::set_num_threads(balance.size() == 1 ? 1 : 2);
+  par::Pipeline pipe(model, {.balance = std::move(balance),
                              .chunks = chunks,
                              .checkpoint = par::Checkpoint::never});
   auto step = pipe.compile(loss_fn, ag::input<float>(x.shape()),
@@ -135,6 +139,18 @@ void resnet_step(benchmark::State& state, int stages, int chunks) {
     step.backward();
   }
   ts::cpu::set_num_threads(ts::cpu::core_count());
+}
+
+void resnet_step(benchmark::State& state, int stages, int chunks) {
+  ts::manual_seed(0);
+  resnet_run(state, ts::models::resnet18<float>(10).sequential(), 32,
+             stages == 1 ? std::vector<int>{6} : std::vector<int>{3, 3}, chunks);
+}
+
+void resnet_blocks_step(benchmark::State& state, int stages, int chunks) {
+  ts::manual_seed(0);
+  resnet_run(state, ts::models::resnet18<float>(10).blocks(), 64,
+             stages == 1 ? std::vector<int>{10} : std::vector<int>{6, 4}, chunks);
 }
 
 #if TESSERA_BLAS
@@ -220,6 +236,15 @@ int main(int argc, char** argv) {
   add_resnet("resnet18_model_parallel", 2, 1);
   add_resnet("resnet18_gpipe_4", 2, 4);
   add_resnet("resnet18_gpipe_8", 2, 8);
+  auto add_blocks = [](const char* name, int stages, int chunks) {
+    benchmark::RegisterBenchmark(name, resnet_blocks_step, stages, chunks)
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  };
+  add_blocks("resnet18_64_one_device", 1, 1);
+  add_blocks("resnet18_64_model_parallel", 2, 1);
+  add_blocks("resnet18_64_gpipe_4", 2, 4);
+  add_blocks("resnet18_64_gpipe_8", 2, 8);
 #if TESSERA_BLAS
   benchmark::RegisterBenchmark("stage_gemms_one_thread", stage_gemms_one_thread)
       ->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -248,6 +273,12 @@ int main(int argc, char** argv) {
       {"ResNet-18 (32x32, batch 32): pipelined (gpipe 8) vs model parallel",
        {{"model parallel / pipelined (goal >= 1.6)", "resnet18_gpipe_8", "resnet18_model_parallel", 1.6},
         {"one device / pipelined", "resnet18_gpipe_8", "resnet18_one_device", 0}}},
+      {"ResNet-18 (64x64, batch 32, blocks {6, 4}): pipelined (gpipe 4) vs model parallel",
+       {{"model parallel / pipelined (goal >= 1.6)", "resnet18_64_gpipe_4", "resnet18_64_model_parallel", 1.6},
+        {"one device / pipelined", "resnet18_64_gpipe_4", "resnet18_64_one_device", 0}}},
+      {"ResNet-18 (64x64, batch 32, blocks {6, 4}): pipelined (gpipe 8) vs model parallel",
+       {{"model parallel / pipelined (goal >= 1.6)", "resnet18_64_gpipe_8", "resnet18_64_model_parallel", 1.6},
+        {"one device / pipelined", "resnet18_64_gpipe_8", "resnet18_64_one_device", 0}}},
       {"two threads on the stages' GEMMs", {{"one thread / two threads (the limit)", "stage_gemms_two_threads", "stage_gemms_one_thread", 0}}},
   };
   for (const auto& line : lines) ts::bench::print_summary(r, line);

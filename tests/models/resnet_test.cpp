@@ -5,6 +5,7 @@
 // running statistics after the step) and in evaluation mode, in float64.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -143,6 +144,39 @@ TEST_CASE("a ResNet replicates onto another device and computes the same", "[res
   // Independent: a change to the copy leaves the original alone.
   replica.fc().bias().value().fill_(7.0);
   CHECK(model(x).to_vector() == expected);
+}
+
+TEST_CASE("sequential() and blocks() are the model's layers, flat, sharing its parameters",
+          "[resnet]") {
+  ts::manual_seed(6);
+  auto model = ts::models::resnet18<double>(3);
+  const auto x = ts::randn<double>({2, 3, 32, 32});
+  // Training mode: each forward normalises with the batch's statistics, so the running
+  // statistics the forwards update (shared buffers) do not change the outputs.
+  const auto expected = model(x).to_vector();
+  auto six = model.sequential();
+  auto flat = model.blocks();
+  STATIC_REQUIRE(decltype(six)::size() == 6);
+  STATIC_REQUIRE(decltype(flat)::size() == 10);  // stem, 2 + 2 + 2 + 2 blocks, head
+  CHECK(six(x).to_vector() == expected);
+  CHECK(flat(x).to_vector() == expected);
+  CHECK(flat.parameters().size() == model.parameters().size());
+  const auto keys = flat.state_dict().keys();
+  const auto has = [&](const std::string& key) {
+    return std::find(keys.begin(), keys.end(), key) != keys.end();
+  };
+  CHECK(keys.front() == "0.conv1.weight");
+  CHECK(has("1.conv2.weight"));         // layer1.0
+  CHECK(has("3.downsample.0.weight"));  // layer2.0, the first block with a stride
+  CHECK(has("8.bn2.running_var"));      // layer4.1
+  CHECK(has("9.fc.bias"));
+  CHECK_FALSE(has("2.downsample.0.weight"));
+  // Shared: a change to the model's parameter is the flat modules' too.
+  model.fc().bias().value().fill_(0.5);
+  const auto changed = model(x).to_vector();
+  CHECK(changed != expected);
+  CHECK(flat(x).to_vector() == changed);
+  CHECK(six(x).to_vector() == changed);
 }
 
 }  // namespace resnet_test

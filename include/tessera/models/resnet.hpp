@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <utility>
 
@@ -201,6 +202,12 @@ nn::Sequential<same<Block, I>...> make_layer(std::int64_t& inplanes, std::int64_
       Block(I == 0 ? in : planes * Block::expansion, planes, I == 0 ? stride : 1, device)...);
 }
 
+/// The blocks of a layer, as copies sharing its parameters and buffers.
+template <class Layer, std::size_t... I>
+auto blocks_of(const Layer& layer, std::index_sequence<I...>) {
+  return std::tuple(layer.template get<I>()...);
+}
+
 template <class Block, std::size_t N>
 using layer_t = decltype(make_layer<Block>(std::declval<std::int64_t&>(), 0, 1, 0,
                                            std::make_index_sequence<N>{}));
@@ -306,6 +313,21 @@ class ResNet : public nn::Module {
   auto sequential() const {
     return nn::Sequential(ResNetStem<T, K>(conv1_, bn1_), layer1_, layer2_, layer3_, layer4_,
                           ResNetHead<T, K>(fc_));
+  }
+
+  /// The same layers as a flat Sequential of every block: stem, layer1's L1 blocks, ...,
+  /// layer4's L4 blocks, head (L1 + L2 + L3 + L4 + 2 modules, sharing this model's parameters
+  /// and buffers; keys "0.conv1.weight", "1.conv1.weight", ...), so that a Pipeline's balance
+  /// can cut inside a layer (torchgpipe's flattened ResNets): e.g. ResNet-18 as {6, 4}.
+  auto blocks() const {
+    return std::apply(
+        [&](const auto&... block) {
+          return nn::Sequential(ResNetStem<T, K>(conv1_, bn1_), block..., ResNetHead<T, K>(fc_));
+        },
+        std::tuple_cat(detail::blocks_of(layer1_, std::make_index_sequence<L1>{}),
+                       detail::blocks_of(layer2_, std::make_index_sequence<L2>{}),
+                       detail::blocks_of(layer3_, std::make_index_sequence<L3>{}),
+                       detail::blocks_of(layer4_, std::make_index_sequence<L4>{})));
   }
 
  private:
