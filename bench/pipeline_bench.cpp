@@ -227,24 +227,20 @@ int main(int argc, char** argv) {
   add("gpipe_8", 2, 8, par::Schedule::gpipe);
   add("gpipe_16", 2, 16, par::Schedule::gpipe);
   add("1f1b_8", 2, 8, par::Schedule::one_f_one_b);
-  auto add_resnet = [](const char* name, int stages, int chunks) {
-    benchmark::RegisterBenchmark(name, resnet_step, stages, chunks)
+  auto add_resnet = [](const char* name, void (*step)(benchmark::State&, int, int), int stages,
+                       int chunks) {
+    benchmark::RegisterBenchmark(name, step, stages, chunks)
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   };
-  add_resnet("resnet18_one_device", 1, 1);
-  add_resnet("resnet18_model_parallel", 2, 1);
-  add_resnet("resnet18_gpipe_4", 2, 4);
-  add_resnet("resnet18_gpipe_8", 2, 8);
-  auto add_blocks = [](const char* name, int stages, int chunks) {
-    benchmark::RegisterBenchmark(name, resnet_blocks_step, stages, chunks)
-        ->UseRealTime()
-        ->Unit(benchmark::kMillisecond);
-  };
-  add_blocks("resnet18_64_one_device", 1, 1);
-  add_blocks("resnet18_64_model_parallel", 2, 1);
-  add_blocks("resnet18_64_gpipe_4", 2, 4);
-  add_blocks("resnet18_64_gpipe_8", 2, 8);
+  add_resnet("resnet18_one_device", resnet_step, 1, 1);
+  add_resnet("resnet18_model_parallel", resnet_step, 2, 1);
+  add_resnet("resnet18_gpipe_4", resnet_step, 2, 4);
+  add_resnet("resnet18_gpipe_8", resnet_step, 2, 8);
+  add_resnet("resnet18_64_one_device", resnet_blocks_step, 1, 1);
+  add_resnet("resnet18_64_model_parallel", resnet_blocks_step, 2, 1);
+  add_resnet("resnet18_64_gpipe_4", resnet_blocks_step, 2, 4);
+  add_resnet("resnet18_64_gpipe_8", resnet_blocks_step, 2, 8);
 #if TESSERA_BLAS
   benchmark::RegisterBenchmark("stage_gemms_one_thread", stage_gemms_one_thread)
       ->UseRealTime()->Unit(benchmark::kMillisecond);
