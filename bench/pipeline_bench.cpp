@@ -127,9 +127,9 @@ void resnet_run(benchmark::State& state, Model model, std::int64_t side, std::ve
   for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int64_t>(i % 10);
   const auto y = ts::from_vector<std::int64_t>(v, {resnet_batch});
   ts::cpu::set_num_threads(balance.size() == 1 ? 1 : 2);
-  par::Pipeline pipe(model, {.balance = std::move(balance),
-                             .chunks = chunks,
-                             .checkpoint = par::Checkpoint::never});
+  par::Pipeline pipe(
+      model,
+      {.balance = std::move(balance), .chunks = chunks, .checkpoint = par::Checkpoint::never});
   auto step = pipe.compile(loss_fn, ag::input<float>(x.shape()),
                            ag::input<std::int64_t>(y.shape()));
   step.forward(x, y);  // warm-up
@@ -258,25 +258,29 @@ int main(int argc, char** argv) {
   for (const char* name : pipelined) {
     if (r.count(name) && (best.empty() || r.at(name) < r.at(best))) best = name;
   }
-  const std::vector<ts::bench::summary_line> lines = {
+  std::vector<ts::bench::summary_line> lines = {
       {"pipelined (best: " + best + ") vs model parallel",
        {{"model parallel / pipelined (goal >= 1.6)", best, "model_parallel", 1.6},
         {"one device / pipelined", best, "one_device", 0}}},
-      {"model parallel vs one device", {{"one device / model parallel", "model_parallel", "one_device", 0}}},
-      {"ResNet-18 (32x32, batch 32): pipelined (gpipe 4) vs model parallel",
-       {{"model parallel / pipelined (goal >= 1.6)", "resnet18_gpipe_4", "resnet18_model_parallel", 1.6},
-        {"one device / pipelined", "resnet18_gpipe_4", "resnet18_one_device", 0}}},
-      {"ResNet-18 (32x32, batch 32): pipelined (gpipe 8) vs model parallel",
-       {{"model parallel / pipelined (goal >= 1.6)", "resnet18_gpipe_8", "resnet18_model_parallel", 1.6},
-        {"one device / pipelined", "resnet18_gpipe_8", "resnet18_one_device", 0}}},
-      {"ResNet-18 (64x64, batch 32, blocks {6, 4}): pipelined (gpipe 4) vs model parallel",
-       {{"model parallel / pipelined (goal >= 1.6)", "resnet18_64_gpipe_4", "resnet18_64_model_parallel", 1.6},
-        {"one device / pipelined", "resnet18_64_gpipe_4", "resnet18_64_one_device", 0}}},
-      {"ResNet-18 (64x64, batch 32, blocks {6, 4}): pipelined (gpipe 8) vs model parallel",
-       {{"model parallel / pipelined (goal >= 1.6)", "resnet18_64_gpipe_8", "resnet18_64_model_parallel", 1.6},
-        {"one device / pipelined", "resnet18_64_gpipe_8", "resnet18_64_one_device", 0}}},
-      {"two threads on the stages' GEMMs", {{"one thread / two threads (the limit)", "stage_gemms_two_threads", "stage_gemms_one_thread", 0}}},
+      {"model parallel vs one device",
+       {{"one device / model parallel", "model_parallel", "one_device", 0}}},
+      {"two threads on the stages' GEMMs",
+       {{"one thread / two threads (the limit)", "stage_gemms_two_threads",
+         "stage_gemms_one_thread", 0}}},
   };
+  // The ResNet-18 rows: each layout, pipelined with 4 and 8 micro-batches.
+  const std::pair<std::string, std::string> layouts[] = {
+      {"resnet18", "32x32, batch 32"}, {"resnet18_64", "64x64, batch 32, blocks {6, 4}"}};
+  for (const auto& [prefix, label] : layouts) {
+    for (const char* chunks : {"4", "8"}) {
+      const std::string pipelined = prefix + "_gpipe_" + chunks;
+      lines.push_back(
+          {"ResNet-18 (" + label + "): pipelined (gpipe " + chunks + ") vs model parallel",
+           {{"model parallel / pipelined (goal >= 1.6)", pipelined, prefix + "_model_parallel",
+             1.6},
+            {"one device / pipelined", pipelined, prefix + "_one_device", 0}}});
+    }
+  }
   for (const auto& line : lines) ts::bench::print_summary(r, line);
   // The bubble: the same micro-batches in turn on one device, against the pipeline.
   const int micro[] = {4, 8, 16};

@@ -329,7 +329,8 @@ class DataLoader {
         const Shape shape(dims);
         if (!buffer.defined() || buffer.shape() != shape) {
           const Device device = row.defined() ? row.device() : Device{};
-          buffer = pinned ? Tensor_::empty_pinned_on(shape, device) : Tensor_::empty_on(shape, device);
+          buffer =
+              pinned ? Tensor_::empty_pinned_on(shape, device) : Tensor_::empty_on(shape, device);
         }
       };
       if constexpr (tessera::detail::is_tensor<batch_type>::value) {

@@ -9,7 +9,7 @@
 // On CUDA each copy runs on a copy stream of the receiving device (one for the activations that
 // arrive there, issued by its stage's thread; one for the gradients, issued by the next stage's
 // thread): it waits for the work that produced its source, but not for the compute queued on the
-// receiving device, which then waits for the copy (an event), not for the copying thread.
+// receiving device, and it is complete when copy_ returns.
 //
 // Training (pipe.compile): each stage has autograd Programs compiled for its layers and the
 // micro-batch shapes (a full one and, when the batch does not divide, the last), as many as the
@@ -275,22 +275,17 @@ class Pipeline {
   void receive_gradient(int s, Tensor<T, Kind>& dst, const Tensor<T, Kind>& src) {
     copy_on(gradient_streams_, s, dst, src);
   }
-  // CUDA: the copy on streams[s] (copy_ waits there for the current stream of src's device, where
-  // src was computed, and returns once the copy is done); stage s's compute stream then waits for
-  // it, in case copy_ queued a kernel it did not wait for. CPU: a copy by the calling thread.
+  // CUDA: the copy on streams[s]. dst is contiguous, of src's dtype, on another device, so
+  // copy_ is copy_bytes' peer copy: it waits there for the current stream of src's device (where
+  // src was computed) and returns once the copy is done, so stage s's compute needs no event.
+  // CPU: a copy by the calling thread.
   template <Dtype T>
   static void copy_on(const std::vector<Stream>& streams, int s, Tensor<T, Kind>& dst,
                       const Tensor<T, Kind>& src) {
     if constexpr (Kind::type == DeviceType::cuda) {
-      const Stream& stream = streams[static_cast<std::size_t>(s)];
-      {
-        StreamGuard guard(stream);
-        dst.copy_(src);
-      }
-      current_stream(stream.device()).wait_stream(stream);
+      StreamGuard guard(streams[static_cast<std::size_t>(s)]);
+      dst.copy_(src);
     } else {
-      (void)streams;
-      (void)s;
       dst.copy_(src);
     }
   }

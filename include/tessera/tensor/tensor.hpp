@@ -175,7 +175,9 @@ class Tensor {
   }
 
   /// An uninitialised contiguous tensor on `device` (must be of kind Kind).
-  static Tensor empty_on(const Shape& shape, Device device) { return make_on(shape, device, false); }
+  static Tensor empty_on(const Shape& shape, Device device) {
+    return make_on(shape, device, false);
+  }
   /// The same in pinned (page-locked) host memory (see pin_memory); throws device_error without
   /// CUDA support or a CUDA device.
   static Tensor empty_pinned_on(const Shape& shape, Device device)
@@ -616,8 +618,9 @@ class Tensor {
     }
     check_device(device);
     const auto bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
-    return Tensor(pinned ? Storage::allocate_pinned(device, bytes) : Storage::allocate(device, bytes),
-                  shape, shape.contiguous_strides(), 0);
+    return Tensor(
+        pinned ? Storage::allocate_pinned(device, bytes) : Storage::allocate(device, bytes), shape,
+        shape.contiguous_strides(), 0);
   }
 
   // New tensors go where this one is; an undefined tensor has no device, so use the current one.

@@ -65,7 +65,9 @@ class pinned_stream_policy {
       devices_.resize(static_cast<std::size_t>(named.device) + 1);
     }
     auto& events = devices_[static_cast<std::size_t>(named.device)];
-    if (!events) events = std::make_unique<cuda_stream_policy>(Device{DeviceType::cuda, named.device});
+    if (!events) {
+      events = std::make_unique<cuda_stream_policy>(Device{DeviceType::cuda, named.device});
+    }
     return {events->record(named.stream), named.device};
   }
   bool query(event_type event) { return of(event).query(event.event); }
