@@ -42,11 +42,17 @@ class device_memory_resource {
   /// (an indirect call there measured at a fifth of a tensor's create+destroy), so a resource
   /// states its answer once, with enable_thread_cache.
   std::size_t thread_cached_size(std::size_t bytes) const noexcept {
+    return thread_cached_size(bytes, thread_cache_split_limit_);
+  }
+  /// thread_cached_size for a resource whose enable_thread_cache limit is `split_limit` (0: none).
+  static std::size_t thread_cached_size(std::size_t bytes, std::size_t split_limit) noexcept {
     if (bytes > thread_cache_max_block) return 0;
     constexpr std::size_t block = pytorch_size_policy::min_block_size;
     const std::size_t rounded = bytes < block ? block : block * ((bytes + block - 1) / block);
-    return rounded < thread_cache_split_limit_ ? rounded : 0;
+    return rounded < split_limit ? rounded : 0;
   }
+  /// The limit given to enable_thread_cache (0: no block waits in a thread cache).
+  std::size_t thread_cache_split_limit() const noexcept { return thread_cache_split_limit_; }
   virtual MemoryStats stats() const = 0;
   virtual void reset_peak() = 0;
   virtual void reset_accumulated() = 0;

@@ -69,17 +69,31 @@ class storage_block_cache {
  private:
   storage_block_cache() = default;
   ~storage_block_cache() {
+    current() = nullptr;
     destroyed() = true;
     while (head_ != nullptr) delete std::exchange(head_, static_cast<storage_block*>(head_->data));
   }
   // nullptr once the thread's cache is destroyed (a tensor held by another thread_local object
-  // and freed after it goes straight to the heap).
+  // and freed after it goes straight to the heap). Once the cache exists, one read of a
+  // trivially destructible thread_local (no guard check on every tensor).
   static storage_block_cache* local() noexcept {
+    if (storage_block_cache* cache = current()) [[likely]] {
+      return cache;
+    }
+    return first_use();
+  }
+  [[gnu::noinline]] static storage_block_cache* first_use() noexcept {
     if (destroyed()) return nullptr;
     thread_local storage_block_cache cache;
+    current() = &cache;
     return &cache;
   }
-  static bool& destroyed() noexcept {  // trivially destructible: readable during thread exit
+  // Trivially destructible: readable during thread exit.
+  static storage_block_cache*& current() noexcept {
+    thread_local storage_block_cache* value = nullptr;
+    return value;
+  }
+  static bool& destroyed() noexcept {
     thread_local bool value = false;
     return value;
   }
@@ -96,8 +110,10 @@ class Storage {
   /// Allocates `bytes` on `device` from its pool (0 bytes allocates nothing). Throws
   /// out_of_memory_error, or device_error for a device that does not exist.
   static Storage allocate(Device device, std::size_t bytes, stream_ref stream = {}) {
-    return make(device, bytes, stream, false,
-                [&] { return memory::allocate(device, bytes, stream); });
+    return make(device, bytes, stream, false, [&] {
+      if (void* data = memory::detail::allocate_cached(device, bytes)) return data;
+      return memory::allocate(device, bytes, stream);
+    });
   }
 
   /// Allocates `bytes` of pinned (page-locked) host memory for CPU device `device` from the
@@ -145,8 +161,8 @@ class Storage {
   // A block from the thread's cache holding what `allocate_data()` returns (the block goes back
   // to the cache if it throws).
   template <class AllocateData>
-  static Storage make(Device device, std::size_t bytes, stream_ref stream, bool pinned,
-                      AllocateData allocate_data) {
+  [[gnu::always_inline]] static Storage make(Device device, std::size_t bytes, stream_ref stream,
+                                             bool pinned, AllocateData allocate_data) {
     detail::storage_block* block = detail::storage_block_cache::take();
     void* data = nullptr;
     try {
@@ -173,7 +189,8 @@ class Storage {
                    block_->references.fetch_sub(1, std::memory_order_acq_rel) == 1)) {
       if (block_->pinned) [[unlikely]] {
         memory::detail::pinned_deallocate(block_->data, block_->bytes);
-      } else {
+      } else if (!memory::detail::deallocate_cached(block_->device(), block_->data,
+                                                    block_->bytes)) {
         memory::deallocate(block_->device(), block_->data, block_->bytes, block_->stream);
       }
       detail::storage_block_cache::give_back(block_);

@@ -50,6 +50,11 @@ struct tally {
   }
 };
 
+/// How many times a device's resource was installed (device_registry::replace adds one): a cache
+/// that recorded the value with its resource knows the resource is still installed while the
+/// value is unchanged, without looking it up.
+inline std::atomic<std::uint64_t> resource_generation{0};
+
 /// One thread's cache for one device.
 class device_thread_cache {
  public:
@@ -58,76 +63,100 @@ class device_thread_cache {
   static constexpr std::size_t granularity = 512;
   static constexpr std::size_t bins = max_block / granularity;
   static constexpr std::size_t per_bin = 4;
+  static_assert(granularity == pytorch_size_policy::min_block_size,
+                "a cached block is the request rounded up as the host pools round it");
   /// At most this many (rounded) bytes stay cached per thread and device.
   static constexpr std::int64_t max_cached_bytes = 1 << 20;
 
-  /// What other threads read to correct the statistics. Written by the owning thread only
-  /// (load + store, no read-modify-write), read with relaxed loads.
+  /// What other threads read to correct the statistics: running totals of the blocks kept, handed
+  /// out and flushed, so that a hand-out or a free updates three of them. Written by the owning
+  /// thread only (load + store with release, no read-modify-write: plain moves on x86), read with
+  /// acquire loads.
   struct counters {
-    std::atomic<std::int64_t> cached_blocks{0}, cached_bytes{0}, cached_requested{0};
+    std::atomic<std::int64_t> put_blocks{0}, put_bytes{0}, put_requested{0};
     std::atomic<std::int64_t> hit_blocks{0}, hit_bytes{0}, hit_requested{0};
+    std::atomic<std::int64_t> flushed_blocks{0}, flushed_bytes{0}, flushed_requested{0};
 
-    /// Blocks waiting in the cache now.
-    tally cached() const noexcept {
-      return {cached_blocks.load(std::memory_order_relaxed),
-              cached_bytes.load(std::memory_order_relaxed),
-              cached_requested.load(std::memory_order_relaxed)};
-    }
     /// Blocks the cache handed out so far.
     tally hits() const noexcept {
-      return {hit_blocks.load(std::memory_order_relaxed), hit_bytes.load(std::memory_order_relaxed),
-              hit_requested.load(std::memory_order_relaxed)};
+      return {hit_blocks.load(std::memory_order_acquire), hit_bytes.load(std::memory_order_acquire),
+              hit_requested.load(std::memory_order_acquire)};
+    }
+    /// Blocks waiting in the cache now: kept, less handed out and flushed. The puts are read
+    /// last: every block handed out or flushed was kept first, and the acquire loads make those
+    /// puts visible, so no figure is ever negative.
+    tally cached() const noexcept {
+      tally out = hits();
+      out += {flushed_blocks.load(std::memory_order_acquire),
+              flushed_bytes.load(std::memory_order_acquire),
+              flushed_requested.load(std::memory_order_acquire)};
+      const tally kept{put_blocks.load(std::memory_order_acquire),
+                       put_bytes.load(std::memory_order_acquire),
+                       put_requested.load(std::memory_order_acquire)};
+      tally left = kept;
+      left -= out;
+      return left;
     }
   };
 
   /// A cached block of exactly `bytes` (rounded: `rounded`) from `resource`, or nullptr.
   void* take(device_memory_resource& resource, std::size_t bytes, std::size_t rounded) noexcept {
     if (resource_ != &resource) return nullptr;
-    const std::size_t bin = rounded / granularity - 1;
-    entry* first = entries_[bin].data();
-    for (std::size_t i = counts_[bin]; i-- > 0;) {
-      if (first[i].bytes != bytes) continue;
-      void* pointer = first[i].pointer;
-      first[i] = first[--counts_[bin]];
-      move(-1, -static_cast<std::int64_t>(rounded), -static_cast<std::int64_t>(bytes));
-      bump(counters_.hit_blocks, 1);
-      bump(counters_.hit_bytes, static_cast<std::int64_t>(rounded));
-      bump(counters_.hit_requested, static_cast<std::int64_t>(bytes));
-      return pointer;
-    }
-    return nullptr;
+    return take(bytes, rounded);
+  }
+
+  /// A cached block of exactly `bytes`, or nullptr, without asking which resource is installed
+  /// (the hit path of every CPU tensor, memory::detail::allocate_cached): a cache holding blocks
+  /// holds them from its device's installed resource, which set_device_resource cannot replace
+  /// while they live (the pool counts them as live allocations).
+  [[gnu::always_inline]] void* take(std::size_t bytes) noexcept {
+    if (bytes > max_block) return nullptr;
+    const std::size_t rounded =
+        bytes <= granularity ? granularity : (bytes + granularity - 1) & ~(granularity - 1);
+    return take(bytes, rounded);
   }
 
   /// Keeps a freed block if there is room; false: the caller frees it to the pool.
-  bool put(device_memory_resource& resource, void* pointer, std::size_t bytes,
-           std::size_t rounded) {
+  [[gnu::always_inline]] bool put(device_memory_resource& resource, void* pointer,
+                                  std::size_t bytes, std::size_t rounded) noexcept {
     if (resource_ != &resource) {
       if (cached_bytes_ != 0) flush();  // the device's resource was replaced: start over
       resource_ = &resource;
     }
-    const std::size_t bin = rounded / granularity - 1;
-    if (counts_[bin] == per_bin ||
-        cached_bytes_ + static_cast<std::int64_t>(rounded) > max_cached_bytes) {
+    // `resource` is installed now (it cannot be replaced while the block freed here is live).
+    generation_ = resource_generation.load(std::memory_order_acquire);
+    split_limit_ = resource.thread_cache_split_limit();
+    return keep(pointer, bytes, rounded);
+  }
+
+  /// put() into the resource this cache last served, if it is still installed (its generation
+  /// unchanged): the hit path of a CPU tensor's release (memory::detail::deallocate_cached),
+  /// without looking the resource up. false: the caller frees the block another way.
+  [[gnu::always_inline]] bool put(void* pointer, std::size_t bytes) noexcept {
+    if (resource_ == nullptr ||
+        generation_ != resource_generation.load(std::memory_order_acquire)) {
       return false;
     }
-    entries_[bin][counts_[bin]++] = entry{pointer, bytes};
-    move(1, static_cast<std::int64_t>(rounded), static_cast<std::int64_t>(bytes));
-    return true;
+    const std::size_t rounded = device_memory_resource::thread_cached_size(bytes, split_limit_);
+    return rounded != 0 && keep(pointer, bytes, rounded);
   }
 
   /// Returns every cached block to the resource it came from.
   void flush() noexcept {
     if (cached_bytes_ == 0) return;
+    tally flushed;
     for (std::size_t bin = 0; bin < bins; ++bin) {
       for (std::size_t i = 0; i < counts_[bin]; ++i) {
         resource_->deallocate(entries_[bin][i].pointer, entries_[bin][i].bytes, stream_ref{});
+        flushed += {1, static_cast<std::int64_t>((bin + 1) * granularity),
+                    static_cast<std::int64_t>(entries_[bin][i].bytes)};
       }
       counts_[bin] = 0;
     }
     cached_bytes_ = 0;
-    counters_.cached_blocks.store(0, std::memory_order_relaxed);
-    counters_.cached_bytes.store(0, std::memory_order_relaxed);
-    counters_.cached_requested.store(0, std::memory_order_relaxed);
+    bump(counters_.flushed_blocks, flushed.blocks);
+    bump(counters_.flushed_bytes, flushed.bytes);
+    bump(counters_.flushed_requested, flushed.requested);
   }
 
   const counters& statistics() const noexcept { return counters_; }
@@ -138,17 +167,44 @@ class device_thread_cache {
     std::size_t bytes;
   };
 
-  static void bump(std::atomic<std::int64_t>& counter, std::int64_t amount) noexcept {
-    counter.store(counter.load(std::memory_order_relaxed) + amount, std::memory_order_relaxed);
+  // Keeps a block of resource_ if there is room.
+  [[gnu::always_inline]] bool keep(void* pointer, std::size_t bytes, std::size_t rounded) noexcept {
+    const std::size_t bin = rounded / granularity - 1;
+    if (counts_[bin] == per_bin ||
+        cached_bytes_ + static_cast<std::int64_t>(rounded) > max_cached_bytes) {
+      return false;
+    }
+    entries_[bin][counts_[bin]++] = entry{pointer, bytes};
+    cached_bytes_ += static_cast<std::int64_t>(rounded);
+    bump(counters_.put_blocks, 1);
+    bump(counters_.put_bytes, static_cast<std::int64_t>(rounded));
+    bump(counters_.put_requested, static_cast<std::int64_t>(bytes));
+    return true;
   }
-  void move(std::int64_t blocks, std::int64_t rounded, std::int64_t requested) noexcept {
-    cached_bytes_ += rounded;
-    bump(counters_.cached_blocks, blocks);
-    bump(counters_.cached_bytes, rounded);
-    bump(counters_.cached_requested, requested);
+
+  [[gnu::always_inline]] void* take(std::size_t bytes, std::size_t rounded) noexcept {
+    const std::size_t bin = rounded / granularity - 1;
+    entry* first = entries_[bin].data();
+    for (std::size_t i = counts_[bin]; i-- > 0;) {
+      if (first[i].bytes != bytes) continue;
+      void* pointer = first[i].pointer;
+      first[i] = first[--counts_[bin]];
+      cached_bytes_ -= static_cast<std::int64_t>(rounded);
+      bump(counters_.hit_blocks, 1);
+      bump(counters_.hit_bytes, static_cast<std::int64_t>(rounded));
+      bump(counters_.hit_requested, static_cast<std::int64_t>(bytes));
+      return pointer;
+    }
+    return nullptr;
+  }
+  [[gnu::always_inline]] static void bump(std::atomic<std::int64_t>& counter,
+                                          std::int64_t amount) noexcept {
+    counter.store(counter.load(std::memory_order_relaxed) + amount, std::memory_order_release);
   }
 
   device_memory_resource* resource_ = nullptr;
+  std::uint64_t generation_ = 0;  // resource_generation when resource_ was last known installed
+  std::size_t split_limit_ = 0;   // resource_'s thread_cache_split_limit (read here: one load less)
   std::int64_t cached_bytes_ = 0;
   std::array<std::uint8_t, bins> counts_{};
   std::array<std::array<entry, per_bin>, bins> entries_{};
@@ -247,11 +303,13 @@ class thread_cache_registry {
 class thread_cache {
  public:
   /// The calling thread's caches; nullptr while the thread's thread_local objects are being
-  /// destroyed after them (a tensor freed then goes straight to the pool).
-  static thread_cache* local() {
-    if (state() == destroyed) return nullptr;
-    thread_local thread_cache cache;
-    return &cache;
+  /// destroyed after them (a tensor freed then goes straight to the pool). Once they exist, one
+  /// read of a trivially destructible thread_local (no guard check on every allocation).
+  [[gnu::always_inline]] static thread_cache* local() {
+    if (thread_cache* cache = current()) [[likely]] {
+      return cache;
+    }
+    return first_use();
   }
 
   /// The cache of CPU device `index`.
@@ -260,8 +318,19 @@ class thread_cache {
     if (i < caches_.size() && caches_[i] != nullptr) return *caches_[i];
     return create(i);
   }
+  /// The calling thread's cache of CPU device `index` if it has one, without creating anything:
+  /// the hit path, where the last device asked for comes from one thread_local read (a chain of
+  /// dependent loads, thread_local -> caches -> vector -> cache, was most of a tensor's release).
+  [[gnu::always_inline]] static device_thread_cache* find_local(int index) noexcept {
+    const hot_cache& last = hot();
+    if (last.index == index) [[likely]] {
+      return last.cache;
+    }
+    return find_local_slow(index);
+  }
+
   /// The cache of CPU device `index` if this thread has one.
-  device_thread_cache* find(int index) noexcept {
+  [[gnu::always_inline]] device_thread_cache* find(int index) noexcept {
     const auto i = static_cast<std::size_t>(index);
     return i < caches_.size() ? caches_[i].get() : nullptr;
   }
@@ -270,22 +339,49 @@ class thread_cache {
   thread_cache& operator=(const thread_cache&) = delete;
 
  private:
-  enum : unsigned char { unused, live, destroyed };
-  // Trivially destructible, so it can be read while other thread_local objects are destroyed.
-  static unsigned char& state() noexcept {
-    thread_local unsigned char value = unused;
+  // The device find_local found last and its cache (none: index -1).
+  struct hot_cache {
+    int index = -1;
+    device_thread_cache* cache = nullptr;
+  };
+  [[gnu::noinline]] static device_thread_cache* find_local_slow(int index) noexcept {
+    thread_cache* caches = current();
+    device_thread_cache* cache = caches != nullptr ? caches->find(index) : nullptr;
+    if (cache != nullptr) hot() = hot_cache{index, cache};
+    return cache;
+  }
+
+  // Trivially destructible, so they can be read while other thread_local objects are destroyed:
+  // the last cache found, the thread's caches while they live, and whether they were destroyed.
+  static hot_cache& hot() noexcept {
+    thread_local hot_cache value;
     return value;
+  }
+  static thread_cache*& current() noexcept {
+    thread_local thread_cache* value = nullptr;
+    return value;
+  }
+  static bool& destroyed() noexcept {
+    thread_local bool value = false;
+    return value;
+  }
+  [[gnu::noinline]] static thread_cache* first_use() {
+    if (destroyed()) return nullptr;
+    thread_local thread_cache cache;
+    return &cache;
   }
 
   thread_cache() {
     thread_cache_registry::instance().add(&caches_);
-    state() = live;
+    current() = this;
   }
   ~thread_cache() {
     for (auto& cache : caches_) {
       if (cache != nullptr) cache->flush();
     }
-    state() = destroyed;
+    hot() = hot_cache{};
+    current() = nullptr;
+    destroyed() = true;
     thread_cache_registry::instance().remove(&caches_);
   }
 
