@@ -113,9 +113,9 @@ void pipeline_step(benchmark::State& state, int stages, int chunks, par::Schedul
 
 // The seed's model: torchvision's ResNet-18 layout, batch 32, timed per step. On 32x32 images as
 // ResNet::sequential() (stem, layer1..4, head), stages {3, 3}; on 64x64 images as
-// ResNet::blocks() (stem, eight blocks, head), stages {6, 4}: at 32x32, layer3 and layer4 see
-// 2x2 and 1x1 maps, so their cost is reading their weights, which every micro-batch pays again,
-// and they make the second stage the longer one. (1 stage: everything on cpu:0.)
+// ResNet::blocks() (stem, eight blocks, head), stages from balance_by_time: at 32x32, layer3 and
+// layer4 see 2x2 and 1x1 maps, so their cost is reading their weights, which every micro-batch pays
+// again, and they make the second stage the longer one. (1 stage: everything on cpu:0.)
 constexpr std::int64_t resnet_batch = 32;
 
 template <class Model>
@@ -147,10 +147,19 @@ void resnet_step(benchmark::State& state, int stages, int chunks) {
              stages == 1 ? std::vector<int>{6} : std::vector<int>{3, 3}, chunks);
 }
 
+// The stages from balance_by_time on one micro-batch (the run's label says which).
 void resnet_blocks_step(benchmark::State& state, int stages, int chunks) {
   ts::manual_seed(0);
-  resnet_run(state, ts::models::resnet18<float>(10).blocks(), 64,
-             stages == 1 ? std::vector<int>{10} : std::vector<int>{6, 4}, chunks);
+  auto model = ts::models::resnet18<float>(10).blocks();
+  std::vector<int> balance{10};
+  if (stages == 2) {
+    ts::manual_seed(2);
+    const auto sample = ts::randn<float>({(resnet_batch + chunks - 1) / chunks, 3, 64, 64});
+    balance = par::balance_by_time(2, model, sample);
+    state.SetLabel("balance {" + std::to_string(balance[0]) + ", " + std::to_string(balance[1]) +
+                   "}");
+  }
+  resnet_run(state, std::move(model), 64, std::move(balance), chunks);
 }
 
 #if TESSERA_BLAS
@@ -270,7 +279,7 @@ int main(int argc, char** argv) {
   };
   // The ResNet-18 rows: each layout, pipelined with 4 and 8 micro-batches.
   const std::pair<std::string, std::string> layouts[] = {
-      {"resnet18", "32x32, batch 32"}, {"resnet18_64", "64x64, batch 32, blocks {6, 4}"}};
+      {"resnet18", "32x32, batch 32"}, {"resnet18_64", "64x64, batch 32, blocks, balance_by_time"}};
   for (const auto& [prefix, label] : layouts) {
     for (const char* chunks : {"4", "8"}) {
       const std::string pipelined = prefix + "_gpipe_" + chunks;

@@ -11,8 +11,9 @@
 //
 // The tutorial's model is ResNet-50 at 224x224 on two GPUs; here it is torchvision's ResNet-18
 // layout on small random images (argument 3, default 32x32) on two virtual CPU devices
-// (TESSERA_CPU_DEVICES=2), each driven by its own thread with one core. The model is cut as
-// ResNet::sequential() gives it: stem, layer1, layer2 on cpu:0; layer3, layer4, head on cpu:1.
+// (TESSERA_CPU_DEVICES=2), each driven by its own thread with one core. The model is
+// ResNet::blocks() (stem, eight blocks, head), cut where ts::parallel::balance_by_time finds the
+// two stages closest to equal time (each block timed, forward and backward, on one micro-batch).
 // Results go to a JSON file (argument 1, default pipeline_results.json) that bench/plot.py draws
 // as split_size_tradeoff.png and pipeline_comparison.png. Argument 2 is the number of timed runs
 // per configuration (default 3; the figures in bench/RESULTS.md use more).
@@ -36,10 +37,10 @@ constexpr int classes = 10;
 constexpr std::int64_t batch = 32;
 constexpr int steps = 2;  // training steps per timed run
 
-/// ResNet-18 as six modules (stem, layer1..4, head), the same initial weights every time.
+/// ResNet-18 as ten modules (stem, eight blocks, head), the same initial weights every time.
 auto make_model() {
   ts::manual_seed(0);
-  return ts::models::resnet18<float>(classes).sequential();
+  return ts::models::resnet18<float>(classes).blocks();
 }
 using Model = decltype(make_model());
 
@@ -108,11 +109,21 @@ int main(int argc, char** argv) {
   // Back to every core: the pipeline's two threads take one each.
   ts::cpu::set_num_threads(ts::cpu::core_count());
 
+  // The two stages: each block timed on a micro-batch of 8 samples with one stage's share of
+  // the cores, then the cut whose slower stage is fastest.
+  std::vector<int> balance;
+  {
+    Model probe = make_model();
+    const auto sample = ts::randn<float>({8, 3, size, size});
+    balance = par::balance_by_time(2, probe, sample);
+  }
+  std::printf("balance_by_time: %d blocks on cpu:0, %d on cpu:1\n", balance[0], balance[1]);
+
   // 2. Model parallel (two stages, no micro-batches) and 3. pipelined, for each split size.
   auto run_pipeline = [&](int chunks) {
     Model model = make_model();
-    par::Pipeline pipe(model, {.balance = {3, 3}, .chunks = chunks,
-                               .checkpoint = par::Checkpoint::never});
+    par::Pipeline pipe(
+        model, {.balance = balance, .chunks = chunks, .checkpoint = par::Checkpoint::never});
     auto program = pipe.compile(loss_of, ag::input<float>(input_shape),
                                 ag::input<std::int64_t>({batch}));
     return time_training(program, model, x, y, runs);
@@ -159,6 +170,7 @@ int main(int argc, char** argv) {
   std::fprintf(out, "{\n  \"model\": \"resnet18 %lldx%lld\", \"batch\": %lld, \"steps\": %d, \"runs\": %d,\n",
                static_cast<long long>(size), static_cast<long long>(size),
                static_cast<long long>(batch), steps, runs);
+  std::fprintf(out, "  \"balance\": [%d, %d],\n", balance[0], balance[1]);
   std::fprintf(out, "  \"one_device\": {\"mean\": %.6f, \"std\": %.6f},\n", one.mean, one.stddev);
   std::fprintf(out, "  \"model_parallel\": {\"mean\": %.6f, \"std\": %.6f},\n",
                model_parallel.mean, model_parallel.stddev);

@@ -177,6 +177,14 @@ TEST_CASE("sequential() and blocks() are the model's layers, flat, sharing its p
   CHECK(changed != expected);
   CHECK(flat(x).to_vector() == changed);
   CHECK(six(x).to_vector() == changed);
+  // replicate (what balance_by_time times) copies every piece, the stem and the head included:
+  // the same outputs on another device, and a change to the copy stays there.
+  auto copy = ts::parallel::replicate(flat, 1);
+  CHECK(copy(x.to(1)).to_vector() == changed);
+  copy.state_dict().at("9.fc.bias").as<double>().fill_(9.0);
+  copy.state_dict().at("0.conv1.weight").as<double>().fill_(0.0);
+  CHECK(flat(x).to_vector() == changed);
+  CHECK(copy(x.to(1)).to_vector() != changed);
 }
 
 }  // namespace resnet_test

@@ -225,6 +225,15 @@ class ResNetStem : public nn::Module {
     register_module("bn1", bn1_);
   }
   ResNetStem(const ResNetStem&) = default;
+
+  /// An independent copy on `device` of kind K2 (what ts::parallel::replicate uses).
+  template <DeviceKind K2>
+  ResNetStem<T, K2> copy_to(Device device) const {
+    return nn::detail::converted<K2>(*this, device, [&] {
+      return ResNetStem<T, K2>(nn::detail::copy_to<K2>(conv1_, device),
+                               nn::detail::copy_to<K2>(bn1_, device));
+    });
+  }
   template <class X>
   auto forward(const X& x) const {
     return maxpool_(bn1_.forward_relu(conv1_(x)));
@@ -248,6 +257,13 @@ class ResNetHead : public nn::Module {
     register_module("fc", fc_);
   }
   ResNetHead(const ResNetHead&) = default;
+
+  /// An independent copy on `device` of kind K2 (what ts::parallel::replicate uses).
+  template <DeviceKind K2>
+  ResNetHead<T, K2> copy_to(Device device) const {
+    return nn::detail::converted<K2>(
+        *this, device, [&] { return ResNetHead<T, K2>(nn::detail::copy_to<K2>(fc_, device)); });
+  }
   template <class X>
   auto forward(const X& x) const {
     return fc_(flatten_(avgpool_(x)));
