@@ -261,6 +261,13 @@ void im2col_cpu(const conv2d_geometry& g, const T* image, T* col) {
         std::fill(out, out + lo, T(0));
         if (g.sw == 1) {
           std::copy(in + (lo + shift), in + (hi + shift), out + lo);
+        } else if (g.sw == 2) {
+          // Every second element, the stride known: GCC vectorises this (two loads and a
+          // shuffle per vector), where the loop for any stride stays scalar.
+          if (lo < hi) {
+            const T* start = in + (2 * lo + shift);
+            for (std::int64_t x = 0; x < hi - lo; ++x) out[lo + x] = start[2 * x];
+          }
         } else {
           for (std::int64_t x = lo; x < hi; ++x) out[x] = in[x * g.sw + shift];
         }
@@ -287,7 +294,23 @@ void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image) {
             if (ih < 0 || ih >= g.h) continue;
             T* out = plane + ih * g.w;
             const T* in = row + y * g.ow;
-            for (std::int64_t x = lo; x < hi; ++x) out[x * g.sw + shift] += in[x];
+            if (g.sw != 2) {
+              for (std::int64_t x = lo; x < hi; ++x) out[x * g.sw + shift] += in[x];
+            } else if (lo < hi) {
+              // out[2x + shift] += in[x]. The element between two of them gets -0.0 added, the
+              // one addend that leaves every value as it is, so that each pair is written whole
+              // and GCC vectorises the loop (a scatter to every second element stays scalar).
+              T* start = out + (2 * lo + shift);
+              const std::int64_t count = hi - lo;
+              // Pairs while the second element is still inside the row.
+              const std::int64_t pairs =
+                  std::clamp<std::int64_t>((g.w - (2 * lo + shift)) / 2, 0, count);
+              for (std::int64_t x = 0; x < pairs; ++x) {
+                start[2 * x] += in[lo + x];
+                start[2 * x + 1] += T(-0.0);
+              }
+              for (std::int64_t x = pairs; x < count; ++x) start[2 * x] += in[lo + x];
+            }
           }
         }
       }
