@@ -73,6 +73,8 @@ TEST_CASE("balance_costs finds the cut with the smallest slowest stage", "[paral
   CHECK(par::detail::balance_costs({1, 1, 10, 1, 1, 1}, 2) == std::vector<int>{3, 3});
   CHECK(par::detail::balance_costs({10, 1, 1, 1}, 2) == std::vector<int>{1, 3});
   CHECK(par::detail::balance_costs({1, 2, 3}, 3) == std::vector<int>{1, 1, 1});
+  // Equal cuts: the one whose last stage starts earliest.
+  CHECK(par::detail::balance_costs({1, 1, 1}, 2) == std::vector<int>{1, 2});
 }
 
 // Layer 6 (512 x 512 on 64 samples, about 17 M multiply-adds each way) outweighs the six

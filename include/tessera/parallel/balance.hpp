@@ -27,9 +27,9 @@ namespace tessera::parallel {
 namespace detail {
 
 /// Layers per stage: `costs` (one per layer, in order) cut into `partitions` contiguous,
-/// non-empty stages whose largest sum is the smallest possible (ties: the earliest cut, so
-/// that the earlier stages, which also wait for nothing, take the extra layer). Throws
-/// std::invalid_argument unless 1 <= partitions <= costs.size().
+/// non-empty stages whose largest sum is the smallest possible (among equal cuts, the one whose
+/// last stage starts earliest). Throws std::invalid_argument unless 1 <= partitions <=
+/// costs.size().
 inline std::vector<int> balance_costs(const std::vector<double>& costs, int partitions) {
   const auto layers = static_cast<int>(costs.size());
   if (partitions < 1 || partitions > layers) {
@@ -137,10 +137,10 @@ std::vector<int> balance_by_time(int partitions, const Seq& seq, const Tensor<T,
   } restore{generator, generator.state()};
 
   // The copies (alive while their programs run), one program per layer, and its input.
-  auto copies = [&]<std::size_t... I>(std::index_sequence<I...>) {
+  auto copy_layers = [&]<std::size_t... I>(std::index_sequence<I...>) {
     return std::make_tuple(detail::profiling_copy(seq.template get<I>(), device.index)...);
-  }
-  (std::make_index_sequence<layers>{});
+  };
+  auto copies = copy_layers(std::make_index_sequence<layers>{});
   std::vector<autograd::Program<Activation>> programs;
   std::vector<Activation> inputs{sample.contiguous()};
   std::vector<Activation> seeds;
