@@ -111,12 +111,8 @@ int main(int argc, char** argv) {
 
   // The two stages: each block timed on a micro-batch of 8 samples with one stage's share of
   // the cores, then the cut whose slower stage is fastest.
-  std::vector<int> balance;
-  {
-    Model probe = make_model();
-    const auto sample = ts::randn<float>({8, 3, size, size});
-    balance = par::balance_by_time(2, probe, sample);
-  }
+  const std::vector<int> balance =
+      par::balance_by_time(2, make_model(), ts::randn<float>({8, 3, size, size}));
   std::printf("balance_by_time: %d blocks on cpu:0, %d on cpu:1\n", balance[0], balance[1]);
 
   // 2. Model parallel (two stages, no micro-batches) and 3. pipelined, for each split size.

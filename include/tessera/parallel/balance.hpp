@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -19,7 +18,7 @@
 #include "tessera/autograd/program.hpp"
 #include "tessera/core/random.hpp"
 #include "tessera/nn/sequential.hpp"
-#include "tessera/parallel/data_parallel.hpp"
+#include "tessera/parallel/pipeline.hpp"
 #include "tessera/tensor/factories.hpp"
 
 namespace tessera::parallel {
@@ -72,27 +71,6 @@ inline std::vector<int> balance_costs(const std::vector<double>& costs, int part
   return balance;
 }
 
-/// Whether layer `layer` (a module or a plain layer) has a parameter that requires grad.
-template <class L>
-bool trains(const L& layer) {
-  if constexpr (std::derived_from<L, nn::Module>) {
-    for (const auto& p : layer.parameters()) {
-      if (p.requires_grad()) return true;
-    }
-  }
-  return false;
-}
-
-/// A deep copy of a module on ordinal `device`; a plain layer (no state to share) as it is.
-template <class L>
-L profiling_copy(const L& layer, int device) {
-  if constexpr (std::derived_from<L, nn::Module>) {
-    return replicate(layer, device);
-  } else {
-    return layer;
-  }
-}
-
 }  // namespace detail
 
 /// Layers per stage for a ts::parallel::Pipeline of `seq` over `partitions` devices, from
@@ -136,18 +114,18 @@ std::vector<int> balance_by_time(int partitions, const Seq& seq, const Tensor<T,
     ~restore_generator() { generator.set_state(state); }
   } restore{generator, generator.state()};
 
-  // The copies (alive while their programs run), one program per layer, and its input.
+  // The copies (modules deep-copied as replicate does, plain layers as they are; alive while
+  // their programs run), one program per layer, and its input.
   auto copy_layers = [&]<std::size_t... I>(std::index_sequence<I...>) {
-    return std::make_tuple(detail::profiling_copy(seq.template get<I>(), device.index)...);
+    return std::make_tuple(nn::detail::copy_to<K>(seq.template get<I>(), device)...);
   };
   auto copies = copy_layers(std::make_index_sequence<layers>{});
   std::vector<autograd::Program<Activation>> programs;
   std::vector<Activation> inputs{sample.contiguous()};
-  std::vector<Activation> seeds;
-  std::vector<char> backward;
+  std::vector<Activation> seeds;  // the output's gradient; undefined: no backward (inference)
   bool earlier = false;  // an earlier layer trains, so this layer's input needs a gradient
   auto compile_layer = [&](auto& layer) {
-    const bool has = detail::trains(layer);
+    const bool has = detail::layer_trains(layer);
     auto spec = autograd::input<T, K>(inputs.back().shape(), device.index);
     spec.requires_grad = earlier;
     const bool training = has || earlier;
@@ -158,7 +136,6 @@ std::vector<int> balance_by_time(int partitions, const Seq& seq, const Tensor<T,
                           .seed_gradient = training}));
     const Activation out = programs.back().forward(inputs.back());
     seeds.push_back(training ? ones<T, K>(out.shape(), device.index) : Activation{});
-    backward.push_back(training ? 1 : 0);
     inputs.push_back(out.clone());
     earlier = earlier || has;
   };
@@ -174,7 +151,7 @@ std::vector<int> balance_by_time(int partitions, const Seq& seq, const Tensor<T,
       K::synchronize(device.index);
       const auto t0 = clock::now();
       programs[i].forward(inputs[i]);
-      if (backward[i] != 0) programs[i].backward(seeds[i]);
+      if (seeds[i].defined()) programs[i].backward(seeds[i]);
       K::synchronize(device.index);
       if (round > 0) times[i].push_back(std::chrono::duration<double>(clock::now() - t0).count());
     }

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <algorithm>
+#include <concepts>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -88,6 +89,17 @@ inline std::vector<std::int64_t> micro_batch_sizes(std::int64_t batch, int chunk
     sizes.push_back(std::min(size, batch - first));
   }
   return sizes;
+}
+
+/// Whether `layer` (a module or a plain layer) has a parameter that requires grad.
+template <class L>
+bool layer_trains(const L& layer) {
+  if constexpr (std::derived_from<L, nn::Module>) {
+    for (const auto& p : layer.parameters()) {
+      if (p.requires_grad()) return true;
+    }
+  }
+  return false;
 }
 
 /// Whether stage s's input needs a gradient: when an earlier stage has a backward.
@@ -803,14 +815,10 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
   // either, has no backward (the last stage always computes the loss's backward).
   std::vector<char> trains(static_cast<std::size_t>(S), 1);
   {
-    int layer = 0;
+    std::size_t layer = 0;
     std::vector<char> has(static_cast<std::size_t>(S), 0);
     auto visit = [&](const auto& l) {
-      if constexpr (std::derived_from<std::remove_cvref_t<decltype(l)>, nn::Module>) {
-        for (const auto& p : l.parameters()) {
-          if (p.requires_grad()) has[static_cast<std::size_t>(stage_of(static_cast<std::size_t>(layer)))] = 1;
-        }
-      }
+      if (detail::layer_trains(l)) has[static_cast<std::size_t>(stage_of(layer))] = 1;
       ++layer;
     };
     [&]<std::size_t... I>(std::index_sequence<I...>) {
