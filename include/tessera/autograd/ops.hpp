@@ -158,54 +158,17 @@ class expression_gradients {
     };
     backprop(e, g, emit);
   }
-  void finalize(const std::vector<value_info>& values) {
-    std::erase_if(jobs_, [&](const auto& job) {
-      return !values[static_cast<std::size_t>(job->target)].requires_grad;
-    });
-  }
+  TESSERA_API void finalize(const std::vector<value_info>& values);
   /// Moves last a job that writes its whole target elementwise from an upstream gradient of
   /// `upstream_shape` and `upstream_element_size` (no broadcast, the only job of its target), so
   /// that it runs after every other read of the upstream gradient. True when there is one: its
   /// target's gradient may then share the upstream gradient's buffer (node::backward_in_place).
-  bool move_in_place_job_last(const Shape& upstream_shape, std::size_t upstream_element_size) {
-    for (std::size_t i = jobs_.size(); i-- > 0;) {
-      const gradient_job& job = *jobs_[i];
-      if (job.full_shape != upstream_shape || job.target_shape != upstream_shape ||
-          job.element_size != upstream_element_size) {
-        continue;
-      }
-      const auto same_target = std::count_if(jobs_.begin(), jobs_.end(), [&](const auto& other) {
-        return other->target == job.target;
-      });
-      if (same_target != 1) continue;
-      std::rotate(jobs_.begin() + static_cast<std::ptrdiff_t>(i),
-                  jobs_.begin() + static_cast<std::ptrdiff_t>(i) + 1, jobs_.end());
-      return true;
-    }
-    return false;
-  }
-  std::vector<int> contributions() const {
-    std::vector<int> out;
-    for (const auto& job : jobs_) out.push_back(job->target);
-    return out;
-  }
-  void add_reads(std::vector<int>& values, std::vector<int>& grads) const {
-    for (const auto& job : jobs_) {
-      values.insert(values.end(), job->value_reads.begin(), job->value_reads.end());
-      grads.insert(grads.end(), job->grad_reads.begin(), job->grad_reads.end());
-    }
-  }
-  std::size_t scratch() const {
-    std::size_t most = 0;
-    for (const auto& job : jobs_) most = std::max(most, job->scratch());
-    return most;
-  }
-  void run(value_table& table, const std::vector<char>& accumulate) {
-    for (std::size_t i = 0; i < jobs_.size(); ++i) {
-      table.scratch_offset = table.scratch_begin;
-      jobs_[i]->run(table, accumulate[i] != 0);
-    }
-  }
+  TESSERA_API bool move_in_place_job_last(const Shape& upstream_shape,
+                                          std::size_t upstream_element_size);
+  TESSERA_API std::vector<int> contributions() const;
+  TESSERA_API void add_reads(std::vector<int>& values, std::vector<int>& grads) const;
+  TESSERA_API std::size_t scratch() const;
+  TESSERA_API void run(value_table& table, const std::vector<char>& accumulate);
   bool empty() const { return jobs_.empty(); }
 
  private:
@@ -213,11 +176,63 @@ class expression_gradients {
 };
 
 /// Reads of a node's backward: forward values, and gradients (encoded as -2 - value id).
-inline std::vector<int> encode_reads(const std::vector<int>& values, const std::vector<int>& grads) {
+TESSERA_API std::vector<int> encode_reads(const std::vector<int>& values,
+                                          const std::vector<int>& grads);
+
+#if TESSERA_DEFINITIONS
+TESSERA_API std::vector<int> encode_reads(const std::vector<int>& values,
+                                          const std::vector<int>& grads) {
   std::vector<int> out = values;
   for (int g : grads) out.push_back(-2 - g);
   return out;
 }
+TESSERA_API void expression_gradients::finalize(const std::vector<value_info>& values) {
+  std::erase_if(jobs_, [&](const auto& job) {
+    return !values[static_cast<std::size_t>(job->target)].requires_grad;
+  });
+}
+TESSERA_API bool expression_gradients::move_in_place_job_last(const Shape& upstream_shape,
+                                                              std::size_t upstream_element_size) {
+  for (std::size_t i = jobs_.size(); i-- > 0;) {
+    const gradient_job& job = *jobs_[i];
+    if (job.full_shape != upstream_shape || job.target_shape != upstream_shape ||
+        job.element_size != upstream_element_size) {
+      continue;
+    }
+    const auto same_target = std::count_if(
+        jobs_.begin(), jobs_.end(), [&](const auto& other) { return other->target == job.target; });
+    if (same_target != 1) continue;
+    std::rotate(jobs_.begin() + static_cast<std::ptrdiff_t>(i),
+                jobs_.begin() + static_cast<std::ptrdiff_t>(i) + 1, jobs_.end());
+    return true;
+  }
+  return false;
+}
+TESSERA_API std::vector<int> expression_gradients::contributions() const {
+  std::vector<int> out;
+  for (const auto& job : jobs_) out.push_back(job->target);
+  return out;
+}
+TESSERA_API void expression_gradients::add_reads(std::vector<int>& values,
+                                                 std::vector<int>& grads) const {
+  for (const auto& job : jobs_) {
+    values.insert(values.end(), job->value_reads.begin(), job->value_reads.end());
+    grads.insert(grads.end(), job->grad_reads.begin(), job->grad_reads.end());
+  }
+}
+TESSERA_API std::size_t expression_gradients::scratch() const {
+  std::size_t most = 0;
+  for (const auto& job : jobs_) most = std::max(most, job->scratch());
+  return most;
+}
+TESSERA_API void expression_gradients::run(value_table& table,
+                                           const std::vector<char>& accumulate) {
+  for (std::size_t i = 0; i < jobs_.size(); ++i) {
+    table.scratch_offset = table.scratch_begin;
+    jobs_[i]->run(table, accumulate[i] != 0);
+  }
+}
+#endif  // TESSERA_DEFINITIONS
 
 template <class E>
 std::vector<int> distinct_vars(const E& e) {

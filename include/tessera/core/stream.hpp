@@ -36,7 +36,7 @@ struct stream_ref {
 #endif
 
   constexpr bool is_default() const noexcept { return handle == nullptr; }
-  friend constexpr auto operator<=>(const stream_ref& a, const stream_ref& b) {
+  friend auto operator<=>(const stream_ref& a, const stream_ref& b) noexcept {
     return reinterpret_cast<std::uintptr_t>(a.handle) <=> reinterpret_cast<std::uintptr_t>(b.handle);
   }
   friend constexpr bool operator==(const stream_ref&, const stream_ref&) = default;

@@ -134,10 +134,7 @@ TESSERA_API bool has_descendant(const module_state& root, const module_state* ta
 class Module {
  public:
   /// `type_name` is what messages call the module (e.g. "Linear"); user models may pass theirs.
-  explicit Module(std::string type_name = "Module")
-      : state_(std::make_shared<detail::module_state>()) {
-    state_->type_name = std::move(type_name);
-  }
+  TESSERA_API explicit Module(std::string type_name = "Module");
   Module(const Module&) = default;
   Module& operator=(const Module&) = delete;
   virtual ~Module() = default;
@@ -149,13 +146,7 @@ class Module {
   /// when the child is this module or contains it.
   template <class M>
   requires std::derived_from<M, Module> M& register_module(const std::string& name, M& module) {
-    const Module& child = module;
-    check_new_name(name, "register_module");
-    if (child.state_ == state_ || detail::has_descendant(*child.state_, state_.get())) {
-      throw error("register_module: registering '" + name + "' in " + state_->type_name +
-                  " would make the module its own descendant");
-    }
-    state_->children.emplace_back(name, child.state_);
+    add_child(name, module);
     return module;
   }
 
@@ -163,8 +154,7 @@ class Module {
   /// register_module.
   template <Dtype T, DeviceKind K>
   Parameter<T, K>& register_parameter(const std::string& name, Parameter<T, K>& parameter) {
-    check_new_name(name, "register_parameter");
-    state_->parameters.emplace_back(name, ParameterRef(parameter));
+    add_parameter(name, ParameterRef(parameter));
     return parameter;
   }
   /// Registers a new parameter holding `value` and returns its handle.
@@ -179,8 +169,7 @@ class Module {
   /// Registers `buffer` under `name` (shared); returns it. Errors as register_module.
   template <Dtype T, DeviceKind K>
   Buffer<T, K>& register_buffer(const std::string& name, Buffer<T, K>& buffer) {
-    check_new_name(name, "register_buffer");
-    state_->buffers.emplace_back(name, BufferRef(buffer));
+    add_buffer(name, BufferRef(buffer));
     return buffer;
   }
   /// Registers a new buffer holding `value` and returns its handle.
@@ -258,6 +247,10 @@ class Module {
   explicit Module(std::shared_ptr<detail::module_state> state) : state_(std::move(state)) {}
 
   void check_new_name(const std::string& name, const char* operation) const;
+  // What the register_* templates do, out of their templates (compiled once in compiled mode).
+  TESSERA_API void add_child(const std::string& name, const Module& child);
+  TESSERA_API void add_parameter(const std::string& name, ParameterRef parameter);
+  TESSERA_API void add_buffer(const std::string& name, BufferRef buffer);
 
   static void set_training(detail::module_state& state, bool on);
 
@@ -449,6 +442,28 @@ TESSERA_API void Module::zero_grad() {
   }
 }
 
+TESSERA_API Module::Module(std::string type_name)
+    : state_(std::make_shared<detail::module_state>()) {
+  state_->type_name = std::move(type_name);
+}
+
+TESSERA_API void Module::add_child(const std::string& name, const Module& child) {
+  check_new_name(name, "register_module");
+  if (child.state_ == state_ || detail::has_descendant(*child.state_, state_.get())) {
+    throw error("register_module: registering '" + name + "' in " + state_->type_name +
+                " would make the module its own descendant");
+  }
+  state_->children.emplace_back(name, child.state_);
+}
+TESSERA_API void Module::add_parameter(const std::string& name, ParameterRef parameter) {
+  check_new_name(name, "register_parameter");
+  state_->parameters.emplace_back(name, std::move(parameter));
+}
+TESSERA_API void Module::add_buffer(const std::string& name, BufferRef buffer) {
+  check_new_name(name, "register_buffer");
+  state_->buffers.emplace_back(name, std::move(buffer));
+}
+
 TESSERA_API void Module::check_new_name(const std::string& name, const char* operation) const {
   if (name.empty()) {
     throw error(std::string(operation) + ": the name is empty (in " + state_->type_name + ")");
@@ -613,7 +628,10 @@ auto converted_as(const Module& source, Device device, Make&& make) {
   auto target = made_on<K>(device, make);
   const StateDict wanted = target.state_dict();
   StateDict values;
-  for (const auto& [key, value] : source.state_dict()) {
+  for (const auto& entry : source.state_dict()) {
+    // Named, not a structured binding: clang before 16 cannot capture bindings in a lambda.
+    const std::string& key = entry.first;
+    const AnyTensor& value = entry.second;
     if (!wanted.contains(key) || !value.defined() || wanted.at(key).dtype() == value.dtype()) {
       values.insert(key, value);
       continue;

@@ -28,6 +28,7 @@
 #include <mutex>
 #include <vector>
 
+#include "tessera/core/config.hpp"
 #include "tessera/memory/device_memory_resource.hpp"
 #include "tessera/memory/stats.hpp"
 
@@ -215,61 +216,22 @@ class device_thread_cache {
 /// registry (threads may exit during static destruction).
 class thread_cache_registry {
  public:
-  static thread_cache_registry& instance() {
-    static thread_cache_registry* registry = new thread_cache_registry();
-    return *registry;
-  }
+  TESSERA_API static thread_cache_registry& instance();
 
   /// `s` (the pool's statistics of CPU device `index`) as its users see them: other threads'
   /// cached blocks are not allocated, and the caches' hand-outs and frees are in the totals.
-  void correct(int index, MemoryStats& s) {
-    std::lock_guard lock(mutex_);
-    tally cached, hits = baseline_of(index);  // exited threads' hits, less those before a reset
-    for_each_cache(index, [&](const device_thread_cache::counters& c) {
-      cached += c.cached();
-      hits += c.hits();
-    });
-    for (PoolStats* pool : {static_cast<PoolStats*>(&s), &s.small_pool}) {
-      adjust(pool->allocations, cached.blocks, hits.blocks);
-      adjust(pool->active, cached.blocks, hits.blocks);
-      adjust(pool->allocated_bytes, cached.bytes, hits.bytes);
-      adjust(pool->active_bytes, cached.bytes, hits.bytes);
-      adjust(pool->requested_bytes, cached.requested, hits.requested);
-    }
-  }
-
+  TESSERA_API void correct(int index, MemoryStats& s);
   /// After reset_accumulated: the caches' hand-outs so far no longer count.
-  void reset_accumulated(int index) {
-    std::lock_guard lock(mutex_);
-    tally& base = baseline_of(index);
-    base = tally{};
-    for_each_cache(index, [&](const device_thread_cache::counters& c) { base -= c.hits(); });
-  }
+  TESSERA_API void reset_accumulated(int index);
 
   using thread_caches = std::vector<std::unique_ptr<device_thread_cache>>;
 
   /// Puts `cache` at `index` of a thread's caches, under the lock (the registry reads them).
-  void install(thread_caches* caches, std::size_t index,
-               std::unique_ptr<device_thread_cache> cache) {
-    std::lock_guard lock(mutex_);
-    baseline_of(static_cast<int>(index));  // remove() may not allocate
-    if (index >= caches->size()) caches->resize(index + 1);
-    (*caches)[index] = std::move(cache);
-  }
-
-  void add(thread_caches* caches) {
-    std::lock_guard lock(mutex_);
-    caches_.push_back(caches);
-  }
+  TESSERA_API void install(thread_caches* caches, std::size_t index,
+                           std::unique_ptr<device_thread_cache> cache);
+  TESSERA_API void add(thread_caches* caches);
   /// A thread exits: its (flushed) caches go; their hand-outs stay in the totals.
-  void remove(thread_caches* caches) noexcept {
-    std::lock_guard lock(mutex_);
-    for (std::size_t index = 0; index < caches->size(); ++index) {
-      // install() sized the baselines for every index a thread has a cache for.
-      if ((*caches)[index] != nullptr) baselines_[index] += (*caches)[index]->statistics().hits();
-    }
-    caches_.erase(std::find(caches_.begin(), caches_.end(), caches));
-  }
+  TESSERA_API void remove(thread_caches* caches) noexcept;
 
  private:
   static void adjust(Stat& stat, std::int64_t cached, std::int64_t hits) noexcept {
@@ -278,12 +240,7 @@ class thread_cache_registry {
     stat.freed += hits + cached;
   }
 
-  tally& baseline_of(int index) {
-    if (static_cast<std::size_t>(index) >= baselines_.size()) {
-      baselines_.resize(static_cast<std::size_t>(index) + 1);
-    }
-    return baselines_[static_cast<std::size_t>(index)];
-  }
+  TESSERA_API tally& baseline_of(int index);
 
   // Calls fn(counters) for every live thread's cache of CPU device `index` (lock held).
   template <class Fn>
@@ -371,26 +328,84 @@ class thread_cache {
     return &cache;
   }
 
-  thread_cache() {
-    thread_cache_registry::instance().add(&caches_);
-    current() = this;
-  }
-  ~thread_cache() {
-    for (auto& cache : caches_) {
-      if (cache != nullptr) cache->flush();
-    }
-    hot() = hot_cache{};
-    current() = nullptr;
-    destroyed() = true;
-    thread_cache_registry::instance().remove(&caches_);
-  }
+  TESSERA_API thread_cache();
+  TESSERA_API ~thread_cache();
 
-  device_thread_cache& create(std::size_t i) {
-    thread_cache_registry::instance().install(&caches_, i, std::make_unique<device_thread_cache>());
-    return *caches_[i];
-  }
+  TESSERA_API device_thread_cache& create(std::size_t i);
 
   thread_cache_registry::thread_caches caches_;
 };
+
+// Out of line in compiled mode: the registry's bookkeeping is no hot path.
+#if TESSERA_DEFINITIONS
+TESSERA_API thread_cache_registry& thread_cache_registry::instance() {
+  static thread_cache_registry* registry = new thread_cache_registry();
+  return *registry;
+}
+TESSERA_API void thread_cache_registry::correct(int index, MemoryStats& s) {
+  std::lock_guard lock(mutex_);
+  tally cached, hits = baseline_of(index);  // exited threads' hits, less those before a reset
+  for_each_cache(index, [&](const device_thread_cache::counters& c) {
+    cached += c.cached();
+    hits += c.hits();
+  });
+  for (PoolStats* pool : {static_cast<PoolStats*>(&s), &s.small_pool}) {
+    adjust(pool->allocations, cached.blocks, hits.blocks);
+    adjust(pool->active, cached.blocks, hits.blocks);
+    adjust(pool->allocated_bytes, cached.bytes, hits.bytes);
+    adjust(pool->active_bytes, cached.bytes, hits.bytes);
+    adjust(pool->requested_bytes, cached.requested, hits.requested);
+  }
+}
+TESSERA_API void thread_cache_registry::reset_accumulated(int index) {
+  std::lock_guard lock(mutex_);
+  tally& base = baseline_of(index);
+  base = tally{};
+  for_each_cache(index, [&](const device_thread_cache::counters& c) { base -= c.hits(); });
+}
+TESSERA_API void thread_cache_registry::install(thread_caches* caches, std::size_t index,
+                                                std::unique_ptr<device_thread_cache> cache) {
+  std::lock_guard lock(mutex_);
+  baseline_of(static_cast<int>(index));  // remove() may not allocate
+  if (index >= caches->size()) caches->resize(index + 1);
+  (*caches)[index] = std::move(cache);
+}
+TESSERA_API void thread_cache_registry::add(thread_caches* caches) {
+  std::lock_guard lock(mutex_);
+  caches_.push_back(caches);
+}
+TESSERA_API void thread_cache_registry::remove(thread_caches* caches) noexcept {
+  std::lock_guard lock(mutex_);
+  for (std::size_t index = 0; index < caches->size(); ++index) {
+    // install() sized the baselines for every index a thread has a cache for.
+    if ((*caches)[index] != nullptr) baselines_[index] += (*caches)[index]->statistics().hits();
+  }
+  caches_.erase(std::find(caches_.begin(), caches_.end(), caches));
+}
+TESSERA_API tally& thread_cache_registry::baseline_of(int index) {
+  if (static_cast<std::size_t>(index) >= baselines_.size()) {
+    baselines_.resize(static_cast<std::size_t>(index) + 1);
+  }
+  return baselines_[static_cast<std::size_t>(index)];
+}
+
+TESSERA_API thread_cache::thread_cache() {
+  thread_cache_registry::instance().add(&caches_);
+  current() = this;
+}
+TESSERA_API thread_cache::~thread_cache() {
+  for (auto& cache : caches_) {
+    if (cache != nullptr) cache->flush();
+  }
+  hot() = hot_cache{};
+  current() = nullptr;
+  destroyed() = true;
+  thread_cache_registry::instance().remove(&caches_);
+}
+TESSERA_API device_thread_cache& thread_cache::create(std::size_t i) {
+  thread_cache_registry::instance().install(&caches_, i, std::make_unique<device_thread_cache>());
+  return *caches_[i];
+}
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera::memory::detail
