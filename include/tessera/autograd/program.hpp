@@ -878,6 +878,15 @@ struct tensors_of<std::tuple<R...>> {
   using type = std::tuple<typename tensors_of<R>::type...>;
 };
 
+// What trace does that does not depend on the traced function (out of line in compiled mode):
+// a new program's state, an input's or an output's value recorded, and the compilation.
+TESSERA_API std::unique_ptr<program_state> start_trace(const Options& options);
+TESSERA_API int add_input(program_state& state, value_info info);
+TESSERA_API void add_output(program_state& state, int id);
+TESSERA_API void finish_trace(program_state& state);
+TESSERA_API void add_gradient_hook(program_state& state,
+                                   std::function<void(const GradientReady&)> hook);
+
 template <class R>
 int bind_result(const R& r) {
   if constexpr (is_var<R>::value) {
@@ -1003,7 +1012,7 @@ class Program {
   std::size_t parameter_count() const noexcept { return state_->g->parameters.size(); }
   /// Calls `hook` during backward as soon as a parameter's gradient is final.
   void on_gradient_ready(std::function<void(const GradientReady&)> hook) {
-    state_->hooks.push_back(std::move(hook));
+    detail::add_gradient_hook(*state_, std::move(hook));
   }
 
  private:
@@ -1032,14 +1041,36 @@ class Program {
 
 namespace detail {
 
-template <class Fn, class... Specs, std::size_t... I>
-auto trace(Fn& fn, const Options& options, const std::tuple<const Specs&...>& specs,
-           std::index_sequence<I...>) {
+#if TESSERA_DEFINITIONS
+TESSERA_API void add_gradient_hook(program_state& state,
+                                   std::function<void(const GradientReady&)> hook) {
+  state.hooks.push_back(std::move(hook));
+}
+TESSERA_API std::unique_ptr<program_state> start_trace(const Options& options) {
   auto state = std::make_unique<program_state>();
   state->g = std::make_unique<graph>();
   state->mode = options.mode;
   state->checkpoint = options.checkpoint;
   state->seed_gradient = options.seed_gradient && options.mode == Mode::training;
+  return state;
+}
+TESSERA_API int add_input(program_state& state, value_info info) {
+  const int id = state.g->add_value(std::move(info));
+  state.input_ids.push_back(id);
+  return id;
+}
+TESSERA_API void add_output(program_state& state, int id) { state.output_ids.push_back(id); }
+TESSERA_API void finish_trace(program_state& state) {
+  state.table.tensors.assign(state.g->values.size(), AnyTensor{});
+  state.compile();
+  state.table.tensors.resize(state.g->values.size());
+}
+#endif  // TESSERA_DEFINITIONS
+
+template <class Fn, class... Specs, std::size_t... I>
+auto trace(Fn& fn, const Options& options, const std::tuple<const Specs&...>& specs,
+           std::index_sequence<I...>) {
+  std::unique_ptr<program_state> state = start_trace(options);
   graph* g = state->g.get();
   auto make_input = [&](std::size_t index, const auto& spec) {
     using S = std::remove_cvref_t<decltype(spec)>;
@@ -1054,23 +1085,18 @@ auto trace(Fn& fn, const Options& options, const std::tuple<const Specs&...>& sp
     info.requires_grad = spec.requires_grad && is_floating_point_v<T>;
     info.name = "input " + std::to_string(index);
     spec.shape.check_non_negative("autograd::input");
-    const int id = g->add_value(std::move(info));
-    state->input_ids.push_back(id);
-    return Var<T, K>(g, id, spec.shape);
+    return Var<T, K>(g, add_input(*state, std::move(info)), spec.shape);
   };
   // Braces: the inputs are made (and numbered) left to right.
   auto vars = std::tuple{make_input(I, std::get<I>(specs))...};
   auto result = std::apply(fn, vars);
   using R = decltype(result);
   if constexpr (requires { std::tuple_size<R>::value; }) {
-    std::apply([&](const auto&... r) { (state->output_ids.push_back(bind_result(r)), ...); },
-               result);
+    std::apply([&](const auto&... r) { (add_output(*state, bind_result(r)), ...); }, result);
   } else {
-    state->output_ids.push_back(bind_result(result));
+    add_output(*state, bind_result(result));
   }
-  state->table.tensors.assign(g->values.size(), AnyTensor{});
-  state->compile();
-  state->table.tensors.resize(g->values.size());
+  finish_trace(*state);
   return std::pair{std::move(state), std::type_identity<typename tensors_of<R>::type>{}};
 }
 

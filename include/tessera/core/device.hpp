@@ -232,12 +232,14 @@ namespace detail {
 /// device (0: none).
 struct cpu_thread_settings {
   std::atomic<int> process{0};
-  std::unique_ptr<std::atomic<int>[]> device;
+  // Never freed, as the settings (and no unique_ptr<T[]> for every unit to compile).
+  std::atomic<int>* device;
   cpu_thread_settings() : device(new std::atomic<int>[static_cast<std::size_t>(cpu::device_count())]()) {}
 };
 inline cpu_thread_settings& cpu_threads() {
-  static cpu_thread_settings settings;
-  return settings;
+  // Leaked, as the device registry: threads may read it during static destruction.
+  static cpu_thread_settings* settings = new cpu_thread_settings();
+  return *settings;
 }
 /// How many devices the runtime is driving at once in the group the calling thread belongs to
 /// (1 outside such a group); set by cpu_share_scope.

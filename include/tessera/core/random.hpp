@@ -464,10 +464,7 @@ struct generator_registry {
   std::vector<std::unique_ptr<Generator>> by_kind[2];  // indexed by DeviceType
 };
 
-inline generator_registry& generators() {
-  static generator_registry registry;
-  return registry;
-}
+TESSERA_API generator_registry& generators();
 }  // namespace detail
 
 /// The default generator of device d, created on first use with the global seed (see
@@ -491,7 +488,17 @@ TESSERA_API Generator& default_generator(Device device) {
 /// Seeds every device's default generator, those that exist and those created later, and
 /// resets their offsets to 0: the same seed and shapes then give the same numbers on CPU and
 /// CUDA (bit-identical uniforms, normals within a few ulp).
-inline void manual_seed(std::uint64_t seed) {
+TESSERA_API void manual_seed(std::uint64_t seed);
+
+/// The seed that default generators created from now on start with (PyTorch's initial_seed()).
+TESSERA_API std::uint64_t initial_seed();
+
+#if TESSERA_DEFINITIONS
+TESSERA_API detail::generator_registry& detail::generators() {
+  static generator_registry registry;
+  return registry;
+}
+TESSERA_API void manual_seed(std::uint64_t seed) {
   auto& registry = detail::generators();
   std::lock_guard lock(registry.mutex);
   registry.seed = seed;
@@ -502,11 +509,11 @@ inline void manual_seed(std::uint64_t seed) {
   }
 }
 
-/// The seed that default generators created from now on start with (PyTorch's initial_seed()).
-inline std::uint64_t initial_seed() {
+TESSERA_API std::uint64_t initial_seed() {
   auto& registry = detail::generators();
   std::lock_guard lock(registry.mutex);
   return registry.seed;
 }
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera

@@ -114,9 +114,7 @@ class Event {
  public:
   /// `enable_timing`: the event can be used with elapsed_time (CUDA: a timing event, a little
   /// more expensive to record).
-  explicit Event(bool enable_timing = false) : state_(std::make_shared<state>()) {
-    state_->timing = enable_timing;
-  }
+  TESSERA_API explicit Event(bool enable_timing = false);
 
   /// Places the event at the current end of `stream` (re-recording moves it).
   void record(const Stream& stream);
@@ -207,19 +205,7 @@ Stream current_stream() {
 }
 
 /// Makes `stream` the calling thread's current stream of its device.
-inline void set_current_stream(const Stream& stream) {
-  check_device(stream.device());
-  std::vector<Stream>& streams = detail::thread_current_streams().of(stream.device().type);
-  const auto i = static_cast<std::size_t>(stream.device().index);
-  if (streams.size() <= i) {
-    streams.reserve(static_cast<std::size_t>(device_count(stream.device().type)));
-    while (streams.size() <= i) {
-      streams.push_back(Stream::default_of(Device{stream.device().type,
-                                                  static_cast<int>(streams.size())}));
-    }
-  }
-  streams[i] = stream;
-}
+TESSERA_API void set_current_stream(const Stream& stream);
 
 /// RAII (PyTorch's StreamGuard / `with torch.cuda.stream(s)`): makes `stream` current on its
 /// device and its device the current one of its kind for the calling thread; restores both on
@@ -275,7 +261,26 @@ inline bool cuda_query_done(cudaError_t status, const char* call) {
 }  // namespace detail
 #endif
 
-inline Stream::Stream(Device device, int priority) : device_(device) {
+// Out of line in compiled mode (core/config.hpp).
+#if TESSERA_DEFINITIONS
+TESSERA_API Event::Event(bool enable_timing) : state_(std::make_shared<state>()) {
+  state_->timing = enable_timing;
+}
+TESSERA_API void set_current_stream(const Stream& stream) {
+  check_device(stream.device());
+  std::vector<Stream>& streams = detail::thread_current_streams().of(stream.device().type);
+  const auto i = static_cast<std::size_t>(stream.device().index);
+  if (streams.size() <= i) {
+    streams.reserve(static_cast<std::size_t>(device_count(stream.device().type)));
+    while (streams.size() <= i) {
+      streams.push_back(
+          Stream::default_of(Device{stream.device().type, static_cast<int>(streams.size())}));
+    }
+  }
+  streams[i] = stream;
+}
+
+TESSERA_API Stream::Stream(Device device, int priority) : device_(device) {
   check_device(device);
   auto created = std::make_shared<state>();
   static std::atomic<std::uint64_t> next_id{1};
@@ -296,7 +301,7 @@ inline Stream::Stream(Device device, int priority) : device_(device) {
   state_ = std::move(created);
 }
 
-inline Stream::state::~state() {
+TESSERA_API Stream::state::~state() {
 #if TESSERA_CUDA
   if (device.is_cuda() && handle != nullptr) {
     (void)cudaStreamDestroy(static_cast<cudaStream_t>(handle));  // may run after the runtime
@@ -304,7 +309,7 @@ inline Stream::state::~state() {
 #endif
 }
 
-inline bool Stream::query() const {
+TESSERA_API bool Stream::query() const {
 #if TESSERA_CUDA
   if (device_.is_cuda()) {
     detail::cuda_device_scope scope(device_.index);
@@ -314,7 +319,7 @@ inline bool Stream::query() const {
   return true;
 }
 
-inline void Stream::synchronize() const {
+TESSERA_API void Stream::synchronize() const {
 #if TESSERA_CUDA
   if (device_.is_cuda()) {
     detail::cuda_device_scope scope(device_.index);
@@ -323,7 +328,7 @@ inline void Stream::synchronize() const {
 #endif
 }
 
-inline void Stream::wait_event(const Event& event) const {
+TESSERA_API void Stream::wait_event(const Event& event) const {
 #if TESSERA_CUDA
   if (device_.is_cuda() && event.state_->recorded && event.state_->event != nullptr) {
     detail::cuda_device_scope scope(device_.index);
@@ -339,18 +344,18 @@ inline void Stream::wait_event(const Event& event) const {
 #endif
 }
 
-inline void Stream::wait_stream(const Stream& other) const {
+TESSERA_API void Stream::wait_stream(const Stream& other) const {
   if (device_.is_cpu() && other.device_.is_cpu()) return;  // CPU work is already complete
   wait_event(other.record_event());
 }
 
-inline Event Stream::record_event(bool enable_timing) const {
+TESSERA_API Event Stream::record_event(bool enable_timing) const {
   Event event(enable_timing);
   event.record(*this);
   return event;
 }
 
-inline void Event::record(const Stream& stream) {
+TESSERA_API void Event::record(const Stream& stream) {
   check_device(stream.device());
 #if TESSERA_CUDA
   if (stream.device().is_cuda()) {
@@ -378,7 +383,7 @@ inline void Event::record(const Stream& stream) {
   state_->recorded = true;
 }
 
-inline bool Event::query() const {
+TESSERA_API bool Event::query() const {
 #if TESSERA_CUDA
   if (state_->recorded && state_->device.is_cuda()) {
     return detail::cuda_query_done(cudaEventQuery(state_->event), "cudaEventQuery(event)");
@@ -387,7 +392,7 @@ inline bool Event::query() const {
   return true;
 }
 
-inline void Event::synchronize() const {
+TESSERA_API void Event::synchronize() const {
 #if TESSERA_CUDA
   if (state_->recorded && state_->device.is_cuda()) {
     TESSERA_CUDA_CHECK(cudaEventSynchronize(state_->event));
@@ -395,7 +400,7 @@ inline void Event::synchronize() const {
 #endif
 }
 
-inline double Event::elapsed_time(const Event& end) const {
+TESSERA_API double Event::elapsed_time(const Event& end) const {
   if (!state_->timing || !end.state_->timing) {
     throw error("Event::elapsed_time: both events need timing enabled (Event(true)); the " +
                 std::string(!state_->timing ? "start" : "end") + " event has it off");
@@ -417,5 +422,7 @@ inline double Event::elapsed_time(const Event& end) const {
 #endif
   return end.state_->host_milliseconds - state_->host_milliseconds;
 }
+
+#endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera

@@ -94,8 +94,9 @@ class device_registry {
   }
 
   std::mutex mutex_;
-  std::unique_ptr<slot_type[]> cpu_;
-  std::unique_ptr<slot_type[]> cuda_;
+  // Never freed, as the registry (and no unique_ptr<T[]> for every unit to compile).
+  slot_type* cpu_;
+  slot_type* cuda_;
 };
 
 /// resource_of's error, out of line (the check itself inlines into every allocation).

@@ -112,8 +112,9 @@ class history_registry {
       : cpu_(new device_history[static_cast<std::size_t>(cpu::device_count())]),
         cuda_(new device_history[static_cast<std::size_t>(cuda::device_count())]) {}
 
-  std::unique_ptr<device_history[]> cpu_;
-  std::unique_ptr<device_history[]> cuda_;
+  // Never freed, as the registry (and no unique_ptr<T[]> for every unit to compile).
+  device_history* cpu_;
+  device_history* cuda_;
 };
 
 TESSERA_API void* recorded_allocate(Device device, std::size_t bytes, stream_ref stream) {

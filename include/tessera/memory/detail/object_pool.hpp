@@ -9,6 +9,8 @@
 #include <new>
 #include <vector>
 
+#include "tessera/core/config.hpp"
+
 namespace tessera::memory::detail {
 
 /// Default-constructed T objects handed out and taken back; never destroyed before the pool.
@@ -32,6 +34,8 @@ class object_pool {
     total_ += chunk;
     chunks_.push_back(std::move(objects));
   }
+  /// True when `count` objects can be acquired without allocating.
+  bool holds(std::size_t count) const noexcept { return free_.size() >= count; }
   /// An object (as it was when released). Precondition: reserve(1) since the last acquire.
   T* acquire() noexcept {
     T* object = free_.back();
@@ -55,13 +59,24 @@ class node_arena {
     unsigned char bytes[slot_size];
   };
 
-  void reserve(std::size_t count) { slots_.reserve(count); }
+  void reserve(std::size_t count) {
+    if (!slots_.holds(count)) [[unlikely]] {
+      grow(count);
+    }
+  }
   void* allocate() noexcept { return slots_.acquire(); }
   void deallocate(void* pointer) noexcept { slots_.release(static_cast<slot*>(pointer)); }
 
  private:
+  // Out of line in compiled mode: object_pool<slot>::reserve, compiled once.
+  TESSERA_API void grow(std::size_t count);
+
   object_pool<slot> slots_;
 };
+
+#if TESSERA_DEFINITIONS
+TESSERA_API void node_arena::grow(std::size_t count) { slots_.reserve(count); }
+#endif  // TESSERA_DEFINITIONS
 
 /// An allocator drawing single nodes from a node_arena (other sizes go to operator new), so that
 /// a std::set insertion after `arena.reserve(1)` cannot throw.
