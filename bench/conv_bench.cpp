@@ -13,11 +13,15 @@
 //   a fresh start, reporting its peak resident set growth (VmHWM - VmRSS at start), the same
 //   measure for both; Tessera's pool peak is printed beside it.
 //
+// - with TESSERA_CONV_BENCH_PAIRS=N: N ResNet-50 steps of each in alternation, after the rows.
+//
 // Arguments: Google Benchmark's (e.g. --benchmark_filter=conv_). TESSERA_CONV_BENCH_SIZE=N
 // scales the ResNet input (default 224) for a quick run.
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -265,16 +269,15 @@ void check_close(const char* what, float mine, float theirs, float tolerance) {
 }
 #endif
 
-void register_benchmarks() {
+void register_benchmarks(int threads) {
+  // Tessera's rows first, LibTorch's last: once LibTorch has run in a process, what runs after
+  // it is slower (bench/RESULTS.md, "LibTorch last"), so no Tessera row may follow one of its
+  // steps, its correctness checks included (they run in LibTorch's rows).
   for (const layer& l : layers()) {
     benchmark::RegisterBenchmark(("conv_tessera_" + l.name).c_str(), [l](benchmark::State& state) {
       ts::manual_seed(1);
       tessera_conv conv(l);
       float value = conv.step();
-#if TESSERA_BENCH_TORCH
-      torch_conv reference(l, conv);
-      check_close(l.name.c_str(), value, reference.step(), 1e-3f);
-#endif
       for (auto _ : state) value = conv.step();
       benchmark::DoNotOptimize(value);
     })->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -283,43 +286,89 @@ void register_benchmarks() {
       gemms.run();
       for (auto _ : state) gemms.run();
     })->UseRealTime()->Unit(benchmark::kMillisecond);
-#if TESSERA_BENCH_TORCH
-    benchmark::RegisterBenchmark(("conv_torch_" + l.name).c_str(), [l](benchmark::State& state) {
-      ts::manual_seed(1);
-      tessera_conv source(l);
-      torch_conv conv(l, source);
-      float value = conv.step();
-      for (auto _ : state) value = conv.step();
-      benchmark::DoNotOptimize(value);
-    })->UseRealTime()->Unit(benchmark::kMillisecond);
-#endif
   }
   benchmark::RegisterBenchmark("resnet50_step_tessera", [](benchmark::State& state) {
     ts::manual_seed(1);
     tessera_resnet net;
     float loss = net.step();
-#if TESSERA_BENCH_TORCH
-    {
-      ts::manual_seed(1);
-      tessera_resnet fresh;
-      torch_resnet reference(fresh);
-      check_close("resnet50 first loss", fresh.step(), reference.step(), 2e-3f);
-    }
-#endif
     for (auto _ : state) loss = net.step();
     if (!std::isfinite(loss)) state.SkipWithError("the loss is not finite");
   })->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
 #if TESSERA_BENCH_TORCH
-  benchmark::RegisterBenchmark("resnet50_step_torch", [](benchmark::State& state) {
+  for (const layer& l : layers()) {
+    const std::string name = "conv_torch_" + l.name;
+    benchmark::RegisterBenchmark(name.c_str(), [l, threads](benchmark::State& state) {
+      at::set_num_threads(threads);
+      ts::manual_seed(1);
+      tessera_conv source(l);
+      torch_conv conv(l, source);
+      float value = conv.step();
+      check_close(l.name.c_str(), source.step(), value, 1e-3f);
+      for (auto _ : state) value = conv.step();
+      benchmark::DoNotOptimize(value);
+    })->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  benchmark::RegisterBenchmark("resnet50_step_torch", [threads](benchmark::State& state) {
+    at::set_num_threads(threads);
     ts::manual_seed(1);
     tessera_resnet source;
     torch_resnet net(source);
     float loss = net.step();
+    check_close("resnet50 first loss", source.step(), loss, 2e-3f);
     for (auto _ : state) loss = net.step();
     if (!std::isfinite(loss)) state.SkipWithError("the loss is not finite");
   })->UseRealTime()->Unit(benchmark::kMillisecond)->Iterations(3);
+#else
+  (void)threads;
 #endif
 }
+
+#if TESSERA_BENCH_TORCH
+/// Rounds of the paired ResNet-50 measurement (TESSERA_CONV_BENCH_PAIRS, default 0: off).
+int paired_rounds() {
+  const char* env = std::getenv("TESSERA_CONV_BENCH_PAIRS");
+  return env ? std::atoi(env) : 0;
+}
+
+/// ResNet-50 steps of Tessera and LibTorch in alternation, in one process (same weights and data,
+/// one warm-up step each): on a VM whose speed changes from minute to minute (host phases, 1.4x
+/// on this CI machine), both sides of each pair see the same phase, so the median of the per-pair
+/// ratios compares the code, not the minutes in which each row happened to run.
+void paired_resnet_steps(int rounds) {
+  using clock = std::chrono::steady_clock;
+  ts::manual_seed(1);
+  tessera_resnet mine;
+  torch_resnet theirs(mine);
+  theirs.step();
+  mine.step();
+  std::vector<double> ratios, mine_ms, theirs_ms;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = clock::now();
+    const float a = mine.step();
+    const auto t1 = clock::now();
+    const float b = theirs.step();
+    const auto t2 = clock::now();
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      std::printf("paired ResNet-50 steps: a loss is not finite (%g, %g)\n", a, b);
+      return;
+    }
+    mine_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
+    theirs_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
+    ratios.push_back(theirs_ms.back() / mine_ms.back());
+  }
+  std::printf("\nResNet-50 training step, %d pairs in alternation (tessera ms / torch ms):",
+              rounds);
+  for (int r = 0; r < rounds; ++r) std::printf(" %.0f/%.0f", mine_ms[r], theirs_ms[r]);
+  auto median = [](std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    const std::size_t n = v.size();
+    return n % 2 == 1 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+  };
+  const double ratio = median(ratios);
+  std::printf("\n  median of the pairs' torch / tessera = %.2f (goal >= 1: %s)\n", ratio,
+              ratio >= 1.0 ? "met" : "MISSED");
+}
+#endif
 
 /// Resident set in bytes: VmRSS (now) or VmHWM (peak) from /proc/self/status.
 std::size_t resident(const char* field) {
@@ -392,10 +441,7 @@ int main(int argc, char** argv) {
   });
 #endif
 
-#if TESSERA_BENCH_TORCH
-  at::set_num_threads(threads);
-#endif
-  register_benchmarks();
+  register_benchmarks(threads);
   ts::bench::recording_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
@@ -423,6 +469,7 @@ int main(int argc, char** argv) {
     const double ratio = mine.first / theirs.first;
     std::printf("  tessera / torch = %.2f (goal <= 0.8: %s)\n", ratio, ratio <= 0.8 ? "met" : "MISSED");
   }
+  if (paired_rounds() > 0) paired_resnet_steps(paired_rounds());
 #else
   std::printf("torch: LibTorch not found at configure time\n");
 #endif
