@@ -24,7 +24,7 @@ class object_pool {
 
   /// Makes sure `count` objects can be acquired without allocating. Throws std::bad_alloc.
   void reserve(std::size_t count) {
-    if (free_.size() >= count) return;
+    if (holds(count)) return;
     std::size_t chunk = std::max<std::size_t>(count - free_.size(), next_chunk_);
     next_chunk_ = std::min<std::size_t>(next_chunk_ * 2, 4096);
     auto objects = std::make_unique<T[]>(chunk);
