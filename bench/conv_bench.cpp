@@ -4,8 +4,9 @@
 // - conv_<layer>: forward + backward (input and weight gradients) of ResNet-50's layer shapes at
 //   batch 8, as a compiled program of sum(conv(x) * g), against torch::conv2d with autograd; and
 //   gemm_<layer>: the three GEMMs of the same sizes alone (forward, weight gradient, input
-//   gradient, one per image), so "GEMM share" = gemm time / conv time says how much of the
-//   convolution is GEMM (im2col, col2im and the rest make up the remainder).
+//   gradient, one per pass of the CPU loops: an image, or several when an image is small), so
+//   "GEMM share" = gemm time / conv time says how much of the convolution is GEMM (im2col,
+//   col2im and the rest make up the remainder).
 // - resnet50_step: a ResNet-50 training step (forward, backward, SGD with momentum) at batch 8,
 //   224x224, Tessera's compiled program against LibTorch's eager autograd, same weights and data;
 //   the first losses are checked to agree.
@@ -91,22 +92,34 @@ struct tessera_conv {
   }
 };
 
-/// The GEMMs of a convolution layer alone, on preallocated operands.
+/// The GEMMs of a convolution layer alone, on preallocated operands: per pass of the CPU loops
+/// (one image, or several side by side when an image has few output positions), as the layer
+/// runs them.
 struct conv_gemms {
   ts::Tensor<float> w, col, y, dw, dcol;
+  std::int64_t per_pass = 1, p = 0;
   explicit conv_gemms(const layer& l) {
-    const std::int64_t k = l.c * l.k * l.k, p = out_extent(l) * out_extent(l);
+    const std::int64_t k = l.c * l.k * l.k;
+    p = out_extent(l) * out_extent(l);
+    per_pass = nn::detail::conv2d_geometry_of("conv_gemms", ts::Shape{batch, l.c, l.hw, l.hw},
+                                              ts::Shape{l.o, l.c, l.k, l.k}, nullptr,
+                                              {.stride = l.stride, .padding = l.padding})
+                   .cpu_pass;
     w = random_tensor({l.o, k}, 3);
-    col = random_tensor({k, p}, 4);
-    y = random_tensor({l.o, p}, 5);
+    col = random_tensor({k, per_pass * p}, 4);
+    y = random_tensor({l.o, per_pass * p}, 5);
     dw = ts::zeros<float>({l.o, k});
-    dcol = ts::zeros<float>({k, p});
+    dcol = ts::zeros<float>({k, per_pass * p});
   }
   void run() {
-    for (std::int64_t i = 0; i < batch; ++i) {
-      ts::detail::matmul_into(y, w, col);
-      ts::detail::matmul_into(dw, y, col.t(), true);
-      ts::detail::matmul_into(dcol, w.t(), y);
+    for (std::int64_t first = 0; first < batch; first += per_pass) {
+      const std::int64_t columns = std::min(per_pass, batch - first) * p;
+      auto y_pass = y.narrow(1, 0, columns);
+      auto dcol_pass = dcol.narrow(1, 0, columns);
+      const auto col_pass = col.narrow(1, 0, columns);
+      ts::detail::matmul_into(y_pass, w, col_pass);
+      ts::detail::matmul_into(dw, y_pass, col_pass.t(), true);
+      ts::detail::matmul_into(dcol_pass, w.t(), y_pass);
     }
   }
 };

@@ -3,8 +3,9 @@
 // stride, padding, dilation, groups, 1x1 and bias; max, average and adaptive pooling forward and
 // input gradient; BatchNorm2d over three training steps (outputs, input gradients, running
 // statistics, accumulated parameter gradients) and evaluation. Each runs eagerly and as a
-// compiled program, in float64 and float32, through the CPU loops and through the
-// device-agnostic path CUDA takes. Errors name the layer and the shapes.
+// compiled program, in float64 and float32, through the CPU loops (one image per GEMM, two, or
+// the whole batch) and through the device-agnostic path CUDA takes. Errors name the layer and
+// the shapes.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -64,16 +65,31 @@ struct generic_path {
   ~generic_path() { nn::detail::conv2d_use_generic_path() = saved; }
 };
 
+/// Sets the GEMM columns a CPU pass aims for (images per pass) for its lifetime.
+struct pass_columns {
+  std::int64_t saved;
+  explicit pass_columns(std::int64_t columns) : saved(nn::detail::conv2d_pass_columns()) {
+    nn::detail::conv2d_pass_columns() = columns;
+  }
+  ~pass_columns() { nn::detail::conv2d_pass_columns() = saved; }
+};
+
+/// How the CPU loops cut the batch into passes: one image each, two (the last pass of an odd
+/// batch has one), or the whole batch in one pass.
+enum class passes { one, two, all };
+
 template <class T>
 void check(const ts::Tensor<T>& actual, const std::string& name, double scale = 1) {
   torch_oracle::check_close(actual, oracle().at(name), tol<T> * scale, tol<T> * scale);
 }
 
 template <class T>
-void check_conv(const conv_case& c) {
+void check_conv(const conv_case& c, passes cut) {
   const std::string tag = std::string("conv.") + c.name;
   const auto x = oracle().tensor<T>(tag + ".x");
   const auto gy = oracle().tensor<T>(tag + ".gy");
+  const std::int64_t spatial = gy.size(2) * gy.size(3);
+  pass_columns columns(cut == passes::one ? 1 : cut == passes::two ? 2 * spatial : 1 << 30);
   const std::int64_t in = x.size(1);
   nn::Conv2d<T> conv(in, c.out, c.kernel,
                      {.stride = c.stride, .padding = c.padding, .dilation = c.dilation,
@@ -109,6 +125,16 @@ void check_conv(const conv_case& c) {
     if (c.bias) check<T>(conv.bias().grad(), tag + ".db");
   }
 
+  // An input that needs no gradient (a network's images): only the parameters' gradients.
+  auto frozen_input =
+      ag::compile([&](const auto& xv, const auto& g) { return ts::sum(conv(xv) * g); },
+                  ag::input<T>(x.shape()), ag::input<T>(gy.shape()));
+  conv.zero_grad();
+  frozen_input.forward(x, gy);
+  frozen_input.backward();
+  check<T>(conv.weight().grad(), tag + ".dw");
+  if (c.bias) check<T>(conv.bias().grad(), tag + ".db");
+
   // The functional form with constant weights (tensors): only the input's gradient.
   const auto weight = conv.weight().value();
   auto constant = ag::compile(
@@ -135,12 +161,18 @@ void check_conv(const conv_case& c) {
 
 TEMPLATE_TEST_CASE("conv2d matches PyTorch: forward and every gradient", "[conv][oracle]", float,
                    double) {
-  for (bool generic : {false, true}) {
-    generic_path path(generic);
-    for (const conv_case& c : conv_cases) {
-      INFO(c.name << (generic ? " (device-agnostic path)" : " (CPU loops)"));
-      check_conv<TestType>(c);
+  for (const conv_case& c : conv_cases) {
+    for (passes cut : {passes::one, passes::two, passes::all}) {
+      INFO(c.name << " (CPU loops, "
+                  << (cut == passes::one   ? "one image"
+                      : cut == passes::two ? "two images"
+                                           : "the batch")
+                  << " per pass)");
+      check_conv<TestType>(c, cut);
     }
+    generic_path path(true);
+    INFO(c.name << " (device-agnostic path)");
+    check_conv<TestType>(c, passes::one);
   }
 }
 

@@ -100,11 +100,27 @@ inline bool& conv2d_use_generic_path() {
   return generic;
 }
 
+/// GEMM columns (output positions, image after image) that the CPU loops aim for in one pass.
+/// A pass multiplies the weight by the col matrix of several images at once when one image has
+/// fewer positions than this, so that the BLAS packs the weight once per pass instead of once per
+/// image (for ResNet-50's last stage at 64x64, 4 positions an image, that packing outweighed the
+/// products). Tests change it to reach one image per pass and uneven passes; it is read when a
+/// geometry is made.
+inline std::int64_t& conv2d_pass_columns() {
+  thread_local std::int64_t columns = 1024;
+  return columns;
+}
+
+/// The most elements one CPU pass's col matrix may hold when it holds several images (8 MiB of
+/// float: a pass's operands stay a fraction of a shared L3).
+inline constexpr std::int64_t conv2d_pass_col_limit = std::int64_t{1} << 21;
+
 struct conv2d_geometry {
   std::int64_t n = 0, c = 0, h = 0, w = 0;  // input [N, C, H, W]
   std::int64_t o = 0, kh = 0, kw = 0;       // weight [O, C / groups, KH, KW]
   std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
   std::int64_t oh = 0, ow = 0;  // output [N, O, OH, OW]
+  std::int64_t cpu_pass = 1;    // images per pass of the CPU loops (conv2d_pass_columns)
 
   std::int64_t in_per_group() const { return c / groups; }
   std::int64_t out_per_group() const { return o / groups; }
@@ -163,18 +179,17 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   }
   g.oh = (padded_h - span_h) / g.sh + 1;
   g.ow = (padded_w - span_w) / g.sw + 1;
+  const std::int64_t spatial = std::max<std::int64_t>(g.spatial(), 1);
+  const std::int64_t col_image = g.c * g.kh * g.kw * spatial;
+  const std::int64_t wanted =
+      (std::max<std::int64_t>(conv2d_pass_columns(), 1) + spatial - 1) / spatial;
+  const std::int64_t fit =
+      std::max<std::int64_t>(1, conv2d_pass_col_limit / std::max<std::int64_t>(col_image, 1));
+  const std::int64_t images = std::max<std::int64_t>(g.n, 1);
+  const std::int64_t most = std::clamp<std::int64_t>(std::min(wanted, fit), 1, images);
+  const std::int64_t passes = (images + most - 1) / most;
+  g.cpu_pass = (images + passes - 1) / passes;  // passes of equal size (8 images: 4 + 4, not 6 + 2)
   return g;
-}
-
-/// Images per im2col batch: one on CPU (col stays in cache-sized pieces), all on CUDA (one
-/// strided copy per pass instead of one per image).
-template <class K>
-std::int64_t conv2d_images_per_pass(const conv2d_geometry& g) {
-  if constexpr (std::is_same_v<K, cpu>) {
-    return conv2d_use_generic_path() ? std::max<std::int64_t>(1, std::min<std::int64_t>(g.n, 2)) : 1;
-  } else {
-    return std::max<std::int64_t>(1, g.n);
-  }
 }
 
 template <class K>
@@ -182,9 +197,38 @@ bool conv2d_generic() {
   return !std::is_same_v<K, cpu> || conv2d_use_generic_path();
 }
 
+/// Images per pass: on CPU the geometry's choice (one image when its positions fill the GEMM;
+/// more when they are few), on CUDA all (one strided copy per pass instead of one per image).
+template <class K>
+std::int64_t conv2d_images_per_pass(const conv2d_geometry& g) {
+  if constexpr (std::is_same_v<K, cpu>) {
+    return conv2d_use_generic_path() ? std::max<std::int64_t>(1, std::min<std::int64_t>(g.n, 2))
+                                     : g.cpu_pass;
+  } else {
+    return std::max<std::int64_t>(1, g.n);
+  }
+}
+
+/// True when the CPU loops gather a pass's images into one GEMM operand (several per pass).
+template <class K>
+bool conv2d_gathers(const conv2d_geometry& g) {
+  return !conv2d_generic<K>() && conv2d_images_per_pass<K>(g) > 1;
+}
+
+/// Elements of a pass's col matrix: the patches of its images ([C * KH * KW, images * OH * OW]
+/// on CPU, [images, C * KH * KW, OH * OW] on the generic path). A 1x1 convolution reads the
+/// image itself unless the CPU loops gather several.
 template <class K>
 std::int64_t conv2d_col_numel(const conv2d_geometry& g) {
-  return g.pointwise() ? 0 : conv2d_images_per_pass<K>(g) * g.c * g.kh * g.kw * g.spatial();
+  if (g.pointwise() && !conv2d_gathers<K>(g)) return 0;
+  return conv2d_images_per_pass<K>(g) * g.c * g.kh * g.kw * g.spatial();
+}
+
+/// Elements of the buffer a gathering CPU pass multiplies into (forward) or gathers the upstream
+/// gradient into (backward): [O, images * OH * OW].
+template <class K>
+std::int64_t conv2d_gathered_numel(const conv2d_geometry& g) {
+  return conv2d_gathers<K>(g) ? conv2d_images_per_pass<K>(g) * g.o * g.spatial() : 0;
 }
 /// The zero-padded copy of a pass's images that the generic path reads ([0] when none is used).
 template <class K>
@@ -201,7 +245,8 @@ std::int64_t conv2d_padded_numel(const conv2d_geometry& g) {
 template <class T, class K>
 std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
   return workspace::bytes<T>(conv2d_col_numel<K>(g)) +
-         workspace::bytes<T>(conv2d_padded_numel<K>(g));
+         workspace::bytes<T>(conv2d_padded_numel<K>(g)) +
+         workspace::bytes<T>(conv2d_gathered_numel<K>(g));
 }
 
 /// Workspace bytes of conv2d_backward for the gradients asked for.
@@ -212,6 +257,7 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
   if (input || weight) {
     bytes += workspace::bytes<T>(conv2d_col_numel<K>(g));
     bytes += workspace::bytes<T>(conv2d_padded_numel<K>(g));
+    bytes += workspace::bytes<T>(conv2d_gathered_numel<K>(g));
   }
   if (!tessera::detail::matmul_accumulates<T, K>()) {
     // Products added into a gradient go through a staging buffer.
@@ -236,9 +282,9 @@ inline std::pair<std::int64_t, std::int64_t> inside_columns(const conv2d_geometr
   return {lo, std::clamp(hi, lo, g.ow)};
 }
 
-/// col [C * KH * KW, OH * OW] of one contiguous image [C, H, W] (CPU).
+/// col [C * KH * KW, OH * OW] of one contiguous image [C, H, W] (CPU), row r at col + r * ld.
 template <class T>
-void im2col_cpu(const conv2d_geometry& g, const T* image, T* col) {
+void im2col_cpu(const conv2d_geometry& g, const T* image, T* col, std::int64_t ld) {
   const std::int64_t spatial = g.spatial();
   const std::int64_t rows = g.c * g.kh * g.kw;
   backend::cpu::parallel_for(0, rows, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(spatial, 1)),
@@ -246,7 +292,7 @@ void im2col_cpu(const conv2d_geometry& g, const T* image, T* col) {
     for (std::int64_t r = first; r < last; ++r) {
       const std::int64_t j = r % g.kw, i = (r / g.kw) % g.kh, c = r / (g.kw * g.kh);
       const T* plane = image + c * g.h * g.w;
-      T* row = col + r * spatial;
+      T* row = col + r * ld;
       const std::int64_t shift = j * g.dw - g.pw;
       const auto [lo, hi] = inside_columns(g, shift);
       for (std::int64_t y = 0; y < g.oh; ++y) {
@@ -277,16 +323,16 @@ void im2col_cpu(const conv2d_geometry& g, const T* image, T* col) {
   });
 }
 
-/// image [C, H, W] += col2im(col) (CPU): threads own channels, so no two write one element.
+/// image [C, H, W] += col2im(col) (CPU), row r of col at col + r * ld: threads own channels, so
+/// no two write one element.
 template <class T>
-void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image) {
-  const std::int64_t spatial = g.spatial();
+void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image, std::int64_t ld) {
   backend::cpu::parallel_for(0, g.c, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t c = first; c < last; ++c) {
       T* plane = image + c * g.h * g.w;
       for (std::int64_t i = 0; i < g.kh; ++i) {
         for (std::int64_t j = 0; j < g.kw; ++j) {
-          const T* row = col + ((c * g.kh + i) * g.kw + j) * spatial;
+          const T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
           const std::int64_t shift = j * g.dw - g.pw;
           const auto [lo, hi] = inside_columns(g, shift);
           for (std::int64_t y = 0; y < g.oh; ++y) {
@@ -384,19 +430,100 @@ void col2im_add_generic(const conv2d_geometry& g, const Tensor<T, K>& col, Tenso
 
 // ---- passes -----------------------------------------------------------------------------------
 
-/// col of images [first, first + b) of x (contiguous) into the pass's col tensor.
+/// packed [rows, b * plane] from b contiguous blocks [rows, plane] `stride` elements apart (CPU):
+/// a pass's images side by side, as one GEMM operand.
+template <class T>
+void pack_images_cpu(const T* images, std::int64_t stride, std::int64_t b, std::int64_t rows,
+                     std::int64_t plane, T* packed) {
+  backend::cpu::parallel_for(0, rows,
+                             std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(b * plane, 1)),
+                             [&](std::int64_t first, std::int64_t last) {
+                               for (std::int64_t r = first; r < last; ++r) {
+                                 for (std::int64_t m = 0; m < b; ++m) {
+                                   const T* from = images + m * stride + r * plane;
+                                   std::copy(from, from + plane, packed + (r * b + m) * plane);
+                                 }
+                               }
+                             });
+}
+
+/// The inverse of pack_images_cpu: each block [rows, plane] of `images` is set to (or, with
+/// `add`, added to) its columns of packed [rows, b * plane].
+template <class T>
+void unpack_images_cpu(const T* packed, std::int64_t b, std::int64_t rows, std::int64_t plane,
+                       T* images, std::int64_t stride, bool add) {
+  backend::cpu::parallel_for(0, rows,
+                             std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(b * plane, 1)),
+                             [&](std::int64_t first, std::int64_t last) {
+                               for (std::int64_t r = first; r < last; ++r) {
+                                 for (std::int64_t m = 0; m < b; ++m) {
+                                   const T* from = packed + (r * b + m) * plane;
+                                   T* to = images + m * stride + r * plane;
+                                   if (add) {
+                                     for (std::int64_t e = 0; e < plane; ++e) to[e] += from[e];
+                                   } else {
+                                     std::copy(from, from + plane, to);
+                                   }
+                                 }
+                               }
+                             });
+}
+
+/// col [C * KH * KW, b * OH * OW] of images [first, first + b) of x (contiguous, CPU): image m's
+/// patches in columns [m * OH * OW, (m + 1) * OH * OW). A 1x1 convolution's col is its images.
+template <class T>
+void conv2d_col_cpu(const conv2d_geometry& g, const T* x, std::int64_t first, std::int64_t b,
+                    T* col) {
+  const std::int64_t image = g.c * g.h * g.w, spatial = g.spatial();
+  if (g.pointwise()) {
+    pack_images_cpu(x + first * image, image, b, g.c, spatial, col);
+    return;
+  }
+  for (std::int64_t m = 0; m < b; ++m)
+    im2col_cpu(g, x + (first + m) * image, col + m * spatial, b * spatial);
+}
+
+/// col of images [first, first + b) of x (contiguous) into the pass's col tensor, the generic
+/// path's layout [b, C * KH * KW, OH * OW].
 template <class T, class K>
-void conv2d_im2col(const conv2d_geometry& g, const Tensor<T, K>& x, std::int64_t first,
-                   std::int64_t b, Tensor<T, K>& col, Tensor<T, K>& padded) {
-  if (conv2d_generic<K>()) {
-    const Tensor<T, K> images = x.narrow(0, first, b);
-    Tensor<T, K> pad_b = padded.numel() > 0 ? padded.narrow(0, 0, b) : padded;
-    Tensor<T, K> col_b = col.narrow(0, 0, b * g.c * g.kh * g.kw * g.spatial());
-    im2col_generic(g, images, pad_b, col_b);
-  } else if constexpr (std::is_same_v<K, cpu>) {
-    const std::int64_t image = g.c * g.h * g.w, rows = g.c * g.kh * g.kw * g.spatial();
-    for (std::int64_t k = 0; k < b; ++k) {
-      im2col_cpu(g, x.data() + (first + k) * image, col.data() + k * rows);
+void conv2d_im2col_generic(const conv2d_geometry& g, const Tensor<T, K>& x, std::int64_t first,
+                           std::int64_t b, Tensor<T, K>& col, Tensor<T, K>& padded) {
+  const Tensor<T, K> images = x.narrow(0, first, b);
+  Tensor<T, K> pad_b = padded.numel() > 0 ? padded.narrow(0, 0, b) : padded;
+  Tensor<T, K> col_b = col.narrow(0, 0, b * g.c * g.kh * g.kw * g.spatial());
+  im2col_generic(g, images, pad_b, col_b);
+}
+
+/// y = conv2d(x, w) into y [N, O, OH, OW] (contiguous), the CPU loops: per pass of b images,
+/// out [O, b * OH * OW] = W @ col, written into y directly when b is 1 and through `gathered`
+/// otherwise.
+template <class T>
+void conv2d_forward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, const Tensor<T, cpu>& w,
+                        Tensor<T, cpu>& y, Tensor<T, cpu>& col, Tensor<T, cpu>& gathered) {
+  const std::int64_t per_pass = conv2d_images_per_pass<cpu>(g);
+  const std::int64_t og = g.out_per_group(), rows = g.pointwise() ? g.in_per_group() : g.patch();
+  const std::int64_t spatial = g.spatial(), col_rows = g.c * g.kh * g.kw;
+  const Tensor<T, cpu> w2 = w.view(Shape{g.o, g.patch()});
+  for (std::int64_t first = 0; first < g.n; first += per_pass) {
+    const std::int64_t b = std::min(per_pass, g.n - first), columns = b * spatial;
+    Tensor<T, cpu> right;
+    if (g.pointwise() && per_pass == 1) {
+      right = x.select(0, first).view(Shape{g.c, spatial});
+    } else {
+      conv2d_col_cpu(g, x.data(), first, b, col.data());
+      right = col.narrow(0, 0, col_rows * columns).view(Shape{col_rows, columns});
+    }
+    Tensor<T, cpu> out = per_pass == 1
+                             ? y.select(0, first).view(Shape{g.o, spatial})
+                             : gathered.narrow(0, 0, g.o * columns).view(Shape{g.o, columns});
+    for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+      Tensor<T, cpu> out_g = out.narrow(0, grp * og, og);
+      tessera::detail::matmul_into(out_g, w2.narrow(0, grp * og, og),
+                                   right.narrow(0, grp * rows, rows));
+    }
+    if (per_pass > 1) {
+      unpack_images_cpu(out.data(), b, g.o, spatial, y.data() + first * g.o * spatial,
+                        g.o * spatial, false);
     }
   }
 }
@@ -408,11 +535,15 @@ void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tenso
   const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
   Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<K>(g)});
   Tensor<T, K> padded = ws.take<T, K>(conv2d_padded_shape<K>(g));
+  Tensor<T, K> gathered = ws.take<T, K>(Shape{conv2d_gathered_numel<K>(g)});
   const std::int64_t og = g.out_per_group(), k = g.patch(), cg = g.in_per_group();
   const Tensor<T, K> w2 = w.view(Shape{g.o, k});
-  for (std::int64_t first = 0; first < g.n; first += per_pass) {
+  if constexpr (std::is_same_v<K, cpu>) {
+    if (!conv2d_generic<K>()) conv2d_forward_cpu(g, x, w, y, col, gathered);
+  }
+  for (std::int64_t first = 0; conv2d_generic<K>() && first < g.n; first += per_pass) {
     const std::int64_t b = std::min(per_pass, g.n - first);
-    if (!g.pointwise()) conv2d_im2col(g, x, first, b, col, padded);
+    if (!g.pointwise()) conv2d_im2col_generic(g, x, first, b, col, padded);
     for (std::int64_t m = 0; m < b; ++m) {
       const std::int64_t image = first + m;
       Tensor<T, K> out = y.select(0, image).view(Shape{g.o, g.spatial()});
@@ -434,6 +565,75 @@ void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tenso
   }
 }
 
+/// The input and weight gradients of y = conv2d(x, w) for gy, the CPU loops (conv2d_backward's
+/// contract): per pass of b images, with gy' [O, b * OH * OW] (gy itself when b is 1),
+/// dW += gy' @ col^T and dcol = W^T @ gy', which col2im adds into dx (a 1x1 convolution's dcol is
+/// dx's pass itself).
+template <class T>
+void conv2d_backward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, const Tensor<T, cpu>& w,
+                         const Tensor<T, cpu>& gy, Tensor<T, cpu>* dx, bool dx_accumulate,
+                         Tensor<T, cpu>* dw, bool dw_accumulate, Tensor<T, cpu>& col,
+                         Tensor<T, cpu>& gathered, Tensor<T, cpu>& staging) {
+  const std::int64_t per_pass = conv2d_images_per_pass<cpu>(g);
+  const std::int64_t og = g.out_per_group(), k = g.patch(), cg = g.in_per_group();
+  const std::int64_t rows = g.pointwise() ? cg : k;
+  const std::int64_t spatial = g.spatial(), col_rows = g.c * g.kh * g.kw;
+  const Tensor<T, cpu> w2 = w.view(Shape{g.o, k});
+  if (dx != nullptr && !dx_accumulate && !g.pointwise()) dx->zero_();
+  for (std::int64_t first = 0; first < g.n; first += per_pass) {
+    const std::int64_t b = std::min(per_pass, g.n - first), columns = b * spatial;
+    Tensor<T, cpu> gy2 = gy.select(0, first).view(Shape{g.o, spatial});
+    if (per_pass > 1) {
+      pack_images_cpu(gy.data() + first * g.o * spatial, g.o * spatial, b, g.o, spatial,
+                      gathered.data());
+      gy2 = gathered.narrow(0, 0, g.o * columns).view(Shape{g.o, columns});
+    }
+    const bool own_col = !g.pointwise() || per_pass > 1;  // false: the image is its own col
+    Tensor<T, cpu> col2 = own_col
+                              ? col.narrow(0, 0, col_rows * columns).view(Shape{col_rows, columns})
+                              : Tensor<T, cpu>();
+    if (dw != nullptr) {
+      // x is defined only when the weight's gradient is wanted.
+      Tensor<T, cpu> patches = col2;
+      if (own_col) {
+        conv2d_col_cpu(g, x.data(), first, b, col.data());
+      } else {
+        patches = x.select(0, first).view(Shape{g.c, spatial});
+      }
+      for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+        Tensor<T, cpu> dw_g = dw->view(Shape{g.o, k}).narrow(0, grp * og, og);
+        tessera::detail::matmul_add_into(dw_g, gy2.narrow(0, grp * og, og),
+                                         patches.narrow(0, grp * rows, rows).t(),
+                                         dw_accumulate || first > 0, staging);
+      }
+    }
+    if (dx == nullptr) continue;
+    if (!own_col) {
+      Tensor<T, cpu> dx2 = dx->select(0, first).view(Shape{g.c, spatial});
+      for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+        tessera::detail::matmul_add_into(dx2.narrow(0, grp * cg, cg),
+                                         w2.narrow(0, grp * og, og).t(),
+                                         gy2.narrow(0, grp * og, og), dx_accumulate, staging);
+      }
+      continue;
+    }
+    // dcol overwrites the pass's col (its weight-gradient use is done).
+    for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+      Tensor<T, cpu> dcol_g = col2.narrow(0, grp * rows, rows);
+      tessera::detail::matmul_into(dcol_g, w2.narrow(0, grp * og, og).t(),
+                                   gy2.narrow(0, grp * og, og));
+    }
+    T* dx_pass = dx->data() + first * g.c * g.h * g.w;
+    if (g.pointwise()) {
+      unpack_images_cpu(col2.data(), b, g.c, spatial, dx_pass, g.c * spatial, dx_accumulate);
+    } else {
+      for (std::int64_t m = 0; m < b; ++m) {
+        col2im_add_cpu(g, col2.data() + m * spatial, dx_pass + m * g.c * g.h * g.w, columns);
+      }
+    }
+  }
+}
+
 /// Gradients of y = conv2d(x, w) + bias for the upstream gradient gy [N, O, OH, OW]
 /// (contiguous): each of dx, dw, db that is defined is written, or added to when its
 /// accumulate flag is set. x and w contiguous.
@@ -447,6 +647,7 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
   const bool need_col = dx != nullptr || dw != nullptr;
   Tensor<T, K> col = ws.take<T, K>(Shape{need_col ? conv2d_col_numel<K>(g) : 0});
   Tensor<T, K> padded = ws.take<T, K>(need_col ? conv2d_padded_shape<K>(g) : Shape{0});
+  Tensor<T, K> gathered = ws.take<T, K>(Shape{need_col ? conv2d_gathered_numel<K>(g) : 0});
   Tensor<T, K> staging;
   if (!tessera::detail::matmul_accumulates<T, K>()) {
     std::int64_t n = 0;
@@ -474,16 +675,23 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
     }
   }
   if (!need_col) return;
+  if constexpr (std::is_same_v<K, cpu>) {
+    if (!conv2d_generic<K>()) {
+      conv2d_backward_cpu(g, x, w, gy, dx, dx_accumulate, dw, dw_accumulate, col, gathered,
+                          staging);
+      return;
+    }
+  }
   if (dx != nullptr && !dx_accumulate && !g.pointwise()) dx->zero_();
 
+  // The generic path: per pass an im2col, per image its GEMMs, per pass a col2im.
   for (std::int64_t first = 0; first < g.n; first += per_pass) {
     const std::int64_t b = std::min(per_pass, g.n - first);
-    if (dw != nullptr && !g.pointwise()) conv2d_im2col(g, x, first, b, col, padded);
+    if (dw != nullptr && !g.pointwise()) conv2d_im2col_generic(g, x, first, b, col, padded);
     for (std::int64_t m = 0; m < b; ++m) {
       const std::int64_t image = first + m;
       const Tensor<T, K> gy2 = gy.select(0, image).view(Shape{g.o, g.spatial()});
       if (dw != nullptr) {
-        // x is defined only when the weight's gradient is wanted.
         const Tensor<T, K> patches =
             g.pointwise() ? x.select(0, image).view(Shape{g.c, g.spatial()})
                           : col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()});
@@ -511,14 +719,9 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
           tessera::detail::matmul_into(dcol_g, w2.narrow(0, grp * og, og).t(),
                                        gy2.narrow(0, grp * og, og));
         }
-        if (!conv2d_generic<K>()) {
-          if constexpr (std::is_same_v<K, cpu>) {
-            col2im_add_cpu(g, dcol.data(), dx->data() + image * g.c * g.h * g.w);
-          }
-        }
       }
     }
-    if (dx != nullptr && !g.pointwise() && conv2d_generic<K>()) {
+    if (dx != nullptr && !g.pointwise()) {
       Tensor<T, K> images = dx->narrow(0, first, b);
       Tensor<T, K> pad_b = padded.numel() > 0 ? padded.narrow(0, 0, b) : padded;
       col2im_add_generic(g, col.narrow(0, 0, b * col_image), images, pad_b);
