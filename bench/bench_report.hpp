@@ -1,18 +1,22 @@
 // Shared reporting for the benchmarks: a console reporter that also records each benchmark's
 // real time (the median when repetitions are asked for) and GB/s, and summary lines of
-// "baseline time / contender time" ratios with the issue's goals; and the benchmarks' seeded
-// random data.
+// "baseline time / contender time" ratios with the issue's goals; the benchmarks' seeded random
+// data; and the round trip of a cache line between two threads (where a VM's cores are).
 #pragma once
 
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
-#include <cstdio>
+#include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <random>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "tessera/tensor.hpp"
@@ -79,6 +83,45 @@ inline void print_summary(const std::map<std::string, double>& results, const su
     text += (text.empty() ? "" : "; ") + std::string(part);
   }
   if (!text.empty()) std::printf("%s: %s\n", line.label.c_str(), text.c_str());
+}
+
+/// Round trip of one cache line between two threads spinning on it, in ns (median of 3 runs of
+/// 100000 round trips). On a VM it tells where the host put the vCPUs: on this project's CI
+/// machine about 50 ns when they share a cache, about 320 ns when they do not, and then every
+/// parallel speedup measured in the same minutes is lower (bench/RESULTS.md, "What the bimodal
+/// step is").
+inline double core_round_trip_ns() {
+  std::vector<double> runs;
+  for (int run = 0; run < 3; ++run) {
+    constexpr int trips = 100000;
+    alignas(64) std::atomic<int> line{0};
+    std::thread other([&line] {
+      for (int i = 0; i < trips; ++i) {
+        while (line.load(std::memory_order_acquire) != 2 * i + 1) {
+        }
+        line.store(2 * i + 2, std::memory_order_release);
+      }
+    });
+    const auto start = std::chrono::steady_clock::now();
+    for (int i = 0; i < trips; ++i) {
+      line.store(2 * i + 1, std::memory_order_release);
+      while (line.load(std::memory_order_acquire) != 2 * i + 2) {
+      }
+    }
+    const double seconds =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    other.join();
+    runs.push_back(seconds / trips * 1e9);
+  }
+  std::sort(runs.begin(), runs.end());
+  return runs[1];
+}
+
+/// Prints core_round_trip_ns() with `when` (e.g. "before the rows").
+inline void print_core_round_trip(const char* when) {
+  std::printf("inter-core round trip %s: %.0f ns (a cache line between two threads)\n", when,
+              core_round_trip_ns());
+  std::fflush(stdout);
 }
 
 /// A float tensor of `shape` with values uniform in [-1, 1) from std::mt19937(seed): the same

@@ -454,10 +454,12 @@ int main(int argc, char** argv) {
   });
 #endif
 
+  ts::bench::print_core_round_trip("before the rows");
   register_benchmarks(threads);
   ts::bench::recording_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
+  ts::bench::print_core_round_trip("after the rows");
 
   std::printf("\nratios (baseline time / tessera time, higher is better for tessera; %d threads):\n",
               threads);

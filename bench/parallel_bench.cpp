@@ -384,9 +384,11 @@ int main(int argc, char** argv) {
 #if TESSERA_BENCH_TORCH
   benchmark::RegisterBenchmark("mlp784_step_torch", mlp_step_torch)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
+  ts::bench::print_core_round_trip("before the rows");
   ts::bench::recording_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
+  ts::bench::print_core_round_trip("after the rows");
   std::printf("\nratios (baseline time / measured time; %d cores, %d CPU devices, %d threads alone):\n",
               ts::cpu::core_count(), ts::cpu::device_count(), ts::cpu::num_threads());
   // Time ratios equal bandwidth ratios here: bus bandwidth / memcpy bandwidth.

@@ -256,9 +256,11 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("stage_gemms_two_threads", stage_gemms_two_threads)
       ->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
+  ts::bench::print_core_round_trip("before the rows");
   ts::bench::recording_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();
+  ts::bench::print_core_round_trip("after the rows");
   const auto& r = reporter.results;
   std::printf("\nratios (baseline time / measured time; %d cores, 2 CPU devices, one core each):\n",
               ts::cpu::core_count());
