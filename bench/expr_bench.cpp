@@ -498,6 +498,84 @@ void BM_broadcast_add_torch(benchmark::State& state) {
 BENCHMARK(BM_broadcast_add_torch)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
 
+// ---- a channel's scale and shift: y = relu(x * scale[1, C, 1] + shift[1, C, 1]) ------------------
+// BatchNorm2d's pass with its ReLU over [8, 256, 56 * 56]: the scale and shift are broadcast along
+// each row, which the CPU executor runs in blocks with the broadcast operands copied (before,
+// this layout took the scalar strided loop).
+
+constexpr std::int64_t affine_n = 8, affine_c = 256, affine_hw = 56 * 56;
+constexpr double affine_bytes = 2.0 * affine_n * affine_c * affine_hw * float_bytes;
+
+struct affine_operands {
+  ts::Tensor<float> x = ts::randn<float>({affine_n, affine_c, affine_hw});
+  ts::Tensor<float> scale = ts::randn<float>({1, affine_c, 1});
+  ts::Tensor<float> shift = ts::randn<float>({1, affine_c, 1});
+  ts::Tensor<float> y = ts::empty<float>({affine_n, affine_c, affine_hw});
+};
+affine_operands& affine() {
+  static affine_operands instance;
+  return instance;
+}
+double affine_reference(std::int64_t i) {
+  const auto& x = affine();
+  const std::int64_t c = i / affine_hw % affine_c;
+  const double v = double{x.x.data()[i]} * x.scale.data()[c] + x.shift.data()[c];
+  return v > 0 ? v : 0;
+}
+
+void BM_channel_affine_tessera(benchmark::State& state) {
+  auto& x = affine();
+  poison(x.y);
+  for (auto _ : state) {
+    x.y = ts::relu(x.x * x.scale + x.shift);
+    keep(x.y.data());
+  }
+  check_output(__func__, x.y.data(), affine_n * affine_c * affine_hw, affine_reference);
+  set_traffic(state, affine_bytes);
+}
+BENCHMARK(BM_channel_affine_tessera)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+void BM_channel_affine_hand_loop(benchmark::State& state) {
+  auto& x = affine();
+  const float *in = x.x.data(), *scale = x.scale.data(), *shift = x.shift.data();
+  float* y = x.y.data();
+  const int threads = num_threads();
+  poison(x.y);
+  for (auto _ : state) {
+    TESSERA_BENCH_OMP("omp parallel for num_threads(threads)")
+    for (std::int64_t r = 0; r < affine_n * affine_c; ++r) {
+      const float a = scale[r % affine_c], b = shift[r % affine_c];
+      const float* in_row = in + r * affine_hw;
+      float* y_row = y + r * affine_hw;
+      for (std::int64_t j = 0; j < affine_hw; ++j) {
+        const float v = in_row[j] * a + b;
+        y_row[j] = v > 0 ? v : 0;
+      }
+    }
+    keep(y);
+  }
+  (void)threads;
+  check_output(__func__, y, affine_n * affine_c * affine_hw, affine_reference);
+  set_traffic(state, affine_bytes);
+}
+BENCHMARK(BM_channel_affine_hand_loop)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+#if TESSERA_BENCH_TORCH
+void BM_channel_affine_torch(benchmark::State& state) {
+  auto& x = affine();
+  c10::InferenceMode inference;
+  const at::Tensor in = torch_view(x.x), scale = torch_view(x.scale), shift = torch_view(x.shift);
+  at::Tensor y;
+  for (auto _ : state) {
+    y = at::relu(in * scale + shift);
+    keep(y.data_ptr());
+  }
+  check_output(__func__, y.data_ptr<float>(), affine_n * affine_c * affine_hw, affine_reference);
+  set_traffic(state, affine_bytes);
+}
+BENCHMARK(BM_channel_affine_torch)->UseRealTime()->Unit(benchmark::kMillisecond);
+#endif
+
 // ---- matmul ------------------------------------------------------------------------------------
 
 constexpr std::int64_t matmul_size = 1024;
@@ -627,6 +705,9 @@ const std::vector<summary_line>& summary_lines() {
        {{"tessera / hand loop", "BM_broadcast_add_tessera", "BM_broadcast_add_hand_loop", 0.9},
         {"tessera / eigen", "BM_broadcast_add_tessera", "BM_broadcast_add_eigen", 1.0},
         {"tessera / torch", "BM_broadcast_add_tessera", "BM_broadcast_add_torch", 4.0}}},
+      {"relu(x[8,256,3136]*scale[256]+shift[256])",
+       {{"tessera / hand loop", "BM_channel_affine_tessera", "BM_channel_affine_hand_loop", 0.9},
+        {"tessera / torch", "BM_channel_affine_tessera", "BM_channel_affine_torch", 0}}},
       {"matmul",
        {{"matmul / openblas", "BM_matmul_tessera", "BM_matmul_openblas", 0.95},
         {"matmul of transposed views / openblas", "BM_matmul_tessera_transposed",

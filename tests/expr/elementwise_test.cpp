@@ -7,6 +7,7 @@
 // aliasing, one pass, allocation, errors) in assign_test.cpp.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -303,6 +304,76 @@ TEST_CASE("sizes that are not multiples of any vector width", "[expr]") {
     check_close(values(z).data,
                 tabulate(s, [&](std::int64_t i) { return vs.data[i] - vone.data[0] * va.data[i]; }),
                 1e-6, 1e-6);
+  }
+}
+
+TEST_CASE("rows with operands broadcast along them (the unit-stride row loop)", "[expr]") {
+  // Rows whose operands step by 1 or 0 run in blocks of 128 with the broadcast ones read from
+  // copies of their value: rows of 15 (the general loop), 16, 128, 129 and 300 elements (blocks
+  // and a partial one), float, double, int32 and bool operands, and an output that is one of
+  // the operands.
+  for (std::int64_t inner : {15, 16, 128, 129, 300}) {
+    INFO("row of " << inner);
+    const ts::Shape s{3, 5, inner};
+    const auto x = sample<float>(s, 70 + inner);
+    const auto scale = sample<float>({1, 5, 1}, 71);
+    const auto shift = sample<double>({5, 1}, 72);
+    const values vx(x), vscale(scale), vshift(shift);
+    {
+      INFO("relu(x * scale + shift), a channel's scale and shift (BatchNorm's pass)");
+      ts::Tensor<float> y = ts::relu(x * scale + shift);
+      check_close(values(y).data,
+                  tabulate(s,
+                           [&](std::int64_t i) {
+                             return std::max(vx.data[i] * vscale.at(s, i) + vshift.at(s, i), 0.0);
+                           }),
+                  1e-6, 1e-6);
+    }
+    {
+      INFO("double rows times a broadcast double (8-byte copies)");
+      const auto xd = sample<double>(s, 73 + inner);
+      const values vxd(xd);
+      auto y = ts::eval(xd * shift - scale);
+      static_assert(std::is_same_v<decltype(y), ts::Tensor<double>>);
+      check_close(
+          values(y).data,
+          tabulate(s,
+                   [&](std::int64_t i) { return vxd.data[i] * vshift.at(s, i) - vscale.at(s, i); }),
+          1e-6, 1e-6);  // scale is float; the product is double
+    }
+    {
+      INFO("where(mask, int32 rows, broadcast int32) with a bool mask broadcast over the rows");
+      const auto ints = sample<std::int32_t>({4, inner}, 74 + inner, -50, 50);
+      const auto other = sample<std::int32_t>({4, 1}, 75, -50, 50);
+      const ts::Tensor<bool> mask = sample<float>({1, inner}, 76) > 0.0f;
+      const values vi(ints), vo(other), vm(mask);
+      const ts::Shape s2{4, inner};
+      ts::Tensor<std::int32_t> y = ts::where(mask, ints, other);
+      check_close(
+          values(y).data,
+          tabulate(s2,
+                   [&](std::int64_t i) { return vm.at(s2, i) != 0 ? vi.data[i] : vo.at(s2, i); }),
+          0, 0);
+    }
+    {
+      INFO("narrowed rows (a gap between rows) plus a bias row");
+      const auto wide = sample<float>({6, inner + 7}, 77 + inner).narrow(1, 3, inner);
+      const auto bias = sample<float>({inner}, 78);
+      const values vw(wide), vb(bias);
+      const ts::Shape s2{6, inner};
+      ts::Tensor<float> y = wide + bias;
+      check_close(values(y).data,
+                  tabulate(s2, [&](std::int64_t i) { return vw.data[i] + vb.at(s2, i); }), 1e-6,
+                  1e-6);
+    }
+    {
+      INFO("in place: y -= scale, y an operand of its own statement");
+      ts::Tensor<float> y = x.clone();
+      y -= scale;
+      check_close(values(y).data,
+                  tabulate(s, [&](std::int64_t i) { return vx.data[i] - vscale.at(s, i); }), 1e-6,
+                  1e-6);
+    }
   }
 }
 

@@ -2,9 +2,14 @@
 // reads one operand (pointer + strides); nodes (expr/node.hpp) combine children. Every evaluator
 // answers get(access) for three ways of walking the index space:
 //   linear_access  - every operand contiguous with the output's shape: element i is data[i];
-//   index_access   - a full N-d index of the (coalesced) output: offset = sum(index[d] * stride[d]);
-//   row_access     - element i of the current row, after bind_row() set each leaf's row pointer
-//                    (the CPU's strided path: one dot product per row, not per element).
+//   index_access   - a full N-d index of the (coalesced) output: offset = sum(index[d] *
+//   stride[d]); row_access     - element i of the current row, after bind_row() set each leaf's row
+//   pointer
+//                    (the CPU's strided path: one dot product per row, not per element);
+//   unit_access    - element i of the current block of a row in which every operand steps by 1
+//                    or 0 (the CPU's strided path when it can vectorise: bind_unit_row() points
+//                    each leaf at its row, or at copies of its value when it is broadcast along
+//                    the row, and advance_unit() moves the unit-stride leaves to the next block).
 // They depend only on core/, so the tensor layer's copies and fills run on the same executors
 // as fused expressions.
 #pragma once
@@ -36,6 +41,26 @@ struct index_access {
 };
 struct row_access {
   std::int64_t i;
+};
+struct unit_access {
+  std::int64_t i;
+};
+
+/// Storage for the leaves broadcast along a row (stride 0) in the unit-stride path: each takes a
+/// slot and fills `count` copies of its value, so that it too reads element i of a block at
+/// row[i] and the block's loop has no stride left to vectorise around.
+struct unit_splats {
+  static constexpr std::int64_t slot_bytes = 1024;  // block elements * the widest dtype (8 bytes)
+  unsigned char* next = nullptr;
+  std::int64_t count = 0;  // elements per block (at most slot_bytes / sizeof(T))
+
+  template <class T>
+  T* take() {
+    static_assert(sizeof(T) <= 8, "unit_splats: slots hold dtypes of up to 8 bytes");
+    T* slot = reinterpret_cast<T*>(next);
+    next += slot_bytes;
+    return slot;
+  }
 };
 /// V consecutive elements from linear index i (CUDA's vectorised path; all pointers aligned).
 template <int V>
@@ -102,6 +127,22 @@ struct leaf_evaluator {
     for (int d = 0; d + 1 < rank; ++d) offset += index[d] * strides[d];
     row = data + offset;
   }
+  /// bind_row for the unit-stride path (inner stride 1 or 0): a broadcast leaf's `row` becomes a
+  /// slot of `splats` holding copies of its value.
+  void bind_unit_row(const std::int64_t* index, unit_splats& splats) {
+    bind_row(index);
+    if (inner_stride == 0) {
+      T* slot = splats.take<T>();
+      const T value = *row;
+      for (std::int64_t k = 0; k < splats.count; ++k) slot[k] = value;
+      row = slot;
+    }
+  }
+  /// Moves a unit-stride leaf `n` elements on (a broadcast one stays on its copies).
+  void advance_unit(std::int64_t n) {
+    if (inner_stride != 0) row += n;
+  }
+  TESSERA_HOST_DEVICE result_type get(unit_access a) const { return result_type(row[a.i]); }
   template <int V>
   TESSERA_HOST_DEVICE void get_vector(vector_access<V> a, result_type (&out)[V]) const {
     const auto loaded = *reinterpret_cast<const aligned_vector<T, V>*>(data + a.i);
@@ -126,6 +167,8 @@ struct scalar_evaluator {
     return value;
   }
   TESSERA_HOST_DEVICE constexpr void bind_row(const std::int64_t*) {}
+  void bind_unit_row(const std::int64_t*, unit_splats&) {}
+  void advance_unit(std::int64_t) {}
   template <int V>
   TESSERA_HOST_DEVICE void get_vector(vector_access<V>, T (&out)[V]) const {
     for (int k = 0; k < V; ++k) out[k] = value;
@@ -147,6 +190,10 @@ struct cast_evaluator {
     return result_type(store_cast<U>(child.get(a)));
   }
   TESSERA_HOST_DEVICE void bind_row(const std::int64_t* index) { child.bind_row(index); }
+  void bind_unit_row(const std::int64_t* index, unit_splats& splats) {
+    child.bind_unit_row(index, splats);
+  }
+  void advance_unit(std::int64_t n) { child.advance_unit(n); }
   template <int V>
   TESSERA_HOST_DEVICE void get_vector(vector_access<V> a, result_type (&out)[V]) const {
     typename Child::result_type in[V];

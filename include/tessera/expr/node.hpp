@@ -224,6 +224,10 @@ struct unary_evaluator {
     return Op{}(static_cast<opmath_t<Compute>>(child.get(a)));
   }
   TESSERA_HOST_DEVICE void bind_row(const std::int64_t* index) { child.bind_row(index); }
+  void bind_unit_row(const std::int64_t* index, backend::unit_splats& splats) {
+    child.bind_unit_row(index, splats);
+  }
+  void advance_unit(std::int64_t n) { child.advance_unit(n); }
   template <int V>
   TESSERA_HOST_DEVICE void get_vector(backend::vector_access<V> a, result_type (&out)[V]) const {
     typename Child::result_type in[V];
@@ -249,6 +253,14 @@ struct binary_evaluator {
   TESSERA_HOST_DEVICE void bind_row(const std::int64_t* index) {
     left.bind_row(index);
     right.bind_row(index);
+  }
+  void bind_unit_row(const std::int64_t* index, backend::unit_splats& splats) {
+    left.bind_unit_row(index, splats);
+    right.bind_unit_row(index, splats);
+  }
+  void advance_unit(std::int64_t n) {
+    left.advance_unit(n);
+    right.advance_unit(n);
   }
   template <int V>
   TESSERA_HOST_DEVICE void get_vector(backend::vector_access<V> a, result_type (&out)[V]) const {
@@ -282,6 +294,16 @@ struct where_evaluator {
     condition.bind_row(index);
     left.bind_row(index);
     right.bind_row(index);
+  }
+  void bind_unit_row(const std::int64_t* index, backend::unit_splats& splats) {
+    condition.bind_unit_row(index, splats);
+    left.bind_unit_row(index, splats);
+    right.bind_unit_row(index, splats);
+  }
+  void advance_unit(std::int64_t n) {
+    condition.advance_unit(n);
+    left.advance_unit(n);
+    right.advance_unit(n);
   }
   template <int V>
   TESSERA_HOST_DEVICE void get_vector(backend::vector_access<V> a, result_type (&out)[V]) const {

@@ -86,6 +86,50 @@ linear_loop_cloned(T* out, const Evaluator evaluator, std::int64_t first, std::i
 }
 #endif
 
+/// Elements per block of the unit-stride path: a broadcast leaf's copies fill one block.
+inline constexpr std::int64_t unit_block = backend::unit_splats::slot_bytes / 8;
+
+/// The strided path's rows when the output and every operand step by 1 or 0 along them (a
+/// channel's scale and shift over an NCHW tensor, a bias over rows): each row in blocks whose
+/// operands all read element i at row[i] (broadcast ones from copies of their value), a loop
+/// the compiler vectorises as the contiguous one. The general row loop indexes each operand by
+/// a stride known only at run time and stays scalar.
+template <class T, int N, class Evaluator>
+void execute_unit_rows(T* out, const strided_layout<N>& layout, std::int64_t rows,
+                       const Evaluator& prototype) {
+  const int rank = layout.shape.size();
+  const std::int64_t inner = layout.shape[rank - 1];
+  parallel_for(0, rows, std::max<std::int64_t>(1, grain_size / inner),
+               [&](std::int64_t first_row, std::int64_t last_row) {
+                 auto evaluator = prototype;
+                 alignas(64) unsigned char storage[N * backend::unit_splats::slot_bytes];
+                 std::int64_t index[max_dims] = {};
+                 for (std::int64_t r = first_row, d = rank - 2; d >= 0; --d) {
+                   index[d] = r % layout.shape[static_cast<int>(d)];
+                   r /= layout.shape[static_cast<int>(d)];
+                 }
+                 for (std::int64_t row = first_row; row < last_row; ++row) {
+                   std::int64_t out_offset = 0;
+                   for (int d = 0; d + 1 < rank; ++d) out_offset += index[d] * layout.strides[0][d];
+                   backend::unit_splats splats{storage, std::min(inner, unit_block)};
+                   evaluator.bind_unit_row(index, splats);
+                   T* out_row = out + out_offset;
+                   for (std::int64_t start = 0; start < inner; start += unit_block) {
+                     const std::int64_t count = std::min(unit_block, inner - start);
+                     T* block = out_row + start;
+                     for (std::int64_t i = 0; i < count; ++i) {
+                       block[i] = store_cast<T>(evaluator.get(backend::unit_access{i}));
+                     }
+                     evaluator.advance_unit(unit_block);
+                   }
+                   for (int d = rank - 2; d >= 0; --d) {  // odometer over the outer dimensions
+                     if (++index[d] < layout.shape[d]) break;
+                     index[d] = 0;
+                   }
+                 }
+               });
+}
+
 /// out[index] = store_cast<T>(evaluator.get(index)) for every index of `shape`.
 /// `leaf_strides` holds each operand's strides already expanded to `shape` (0 where broadcast),
 /// in the order the factory consumes them; make_evaluator(strides, rank) builds the evaluator
@@ -129,6 +173,15 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   const std::int64_t rows = n / inner;
   const std::int64_t out_inner = layout.strides[0][rank - 1];
   const auto prototype = make_evaluator(layout.strides.data() + 1, rank);
+  bool unit = out_inner == 1 && inner >= unit_block / 8;
+  for (std::size_t k = 1; k <= L; ++k) {
+    const std::int64_t stride = layout.strides[k][rank - 1];
+    unit = unit && (stride == 0 || stride == 1);
+  }
+  if (unit) {
+    execute_unit_rows(out, layout, rows, prototype);
+    return;
+  }
   parallel_for(0, rows, std::max<std::int64_t>(1, grain_size / inner),
                [&](std::int64_t first_row, std::int64_t last_row) {
                  auto evaluator = prototype;
