@@ -86,6 +86,29 @@ linear_loop_cloned(T* out, const Evaluator evaluator, std::int64_t first, std::i
 }
 #endif
 
+/// The index over the outer dimensions of row `row` of `shape` (the last dimension's stays 0).
+inline void first_row_index(const Shape& shape, std::int64_t row, std::int64_t* index) {
+  for (int d = shape.size() - 2; d >= 0; --d) {
+    index[d] = row % shape[d];
+    row /= shape[d];
+  }
+}
+
+/// Moves `index` to the next row: an odometer over the outer dimensions.
+inline void next_row_index(const Shape& shape, std::int64_t* index) {
+  for (int d = shape.size() - 2; d >= 0; --d) {
+    if (++index[d] < shape[d]) return;
+    index[d] = 0;
+  }
+}
+
+/// The offset of the row at `index` for `strides`.
+inline std::int64_t row_offset(const Strides& strides, int rank, const std::int64_t* index) {
+  std::int64_t offset = 0;
+  for (int d = 0; d + 1 < rank; ++d) offset += index[d] * strides[d];
+  return offset;
+}
+
 /// Elements per block of the unit-stride path: a broadcast leaf's copies fill one block.
 inline constexpr std::int64_t unit_block = backend::unit_splats::slot_bytes / 8;
 
@@ -104,13 +127,9 @@ void execute_unit_rows(T* out, const strided_layout<N>& layout, std::int64_t row
                  auto evaluator = prototype;
                  alignas(64) unsigned char storage[N * backend::unit_splats::slot_bytes];
                  std::int64_t index[max_dims] = {};
-                 for (std::int64_t r = first_row, d = rank - 2; d >= 0; --d) {
-                   index[d] = r % layout.shape[static_cast<int>(d)];
-                   r /= layout.shape[static_cast<int>(d)];
-                 }
+                 first_row_index(layout.shape, first_row, index);
                  for (std::int64_t row = first_row; row < last_row; ++row) {
-                   std::int64_t out_offset = 0;
-                   for (int d = 0; d + 1 < rank; ++d) out_offset += index[d] * layout.strides[0][d];
+                   const std::int64_t out_offset = row_offset(layout.strides[0], rank, index);
                    backend::unit_splats splats{storage, std::min(inner, unit_block)};
                    evaluator.bind_unit_row(index, splats);
                    T* out_row = out + out_offset;
@@ -122,10 +141,7 @@ void execute_unit_rows(T* out, const strided_layout<N>& layout, std::int64_t row
                      }
                      evaluator.advance_unit(unit_block);
                    }
-                   for (int d = rank - 2; d >= 0; --d) {  // odometer over the outer dimensions
-                     if (++index[d] < layout.shape[d]) break;
-                     index[d] = 0;
-                   }
+                   next_row_index(layout.shape, index);
                  }
                });
 }
@@ -186,23 +202,15 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
                [&](std::int64_t first_row, std::int64_t last_row) {
                  auto evaluator = prototype;
                  std::int64_t index[max_dims] = {};
-                 // Row number -> index over the outer dimensions (the last one stays 0).
-                 for (std::int64_t r = first_row, d = rank - 2; d >= 0; --d) {
-                   index[d] = r % layout.shape[static_cast<int>(d)];
-                   r /= layout.shape[static_cast<int>(d)];
-                 }
+                 first_row_index(layout.shape, first_row, index);
                  for (std::int64_t row = first_row; row < last_row; ++row) {
-                   std::int64_t out_offset = 0;
-                   for (int d = 0; d + 1 < rank; ++d) out_offset += index[d] * layout.strides[0][d];
+                   const std::int64_t out_offset = row_offset(layout.strides[0], rank, index);
                    evaluator.bind_row(index);
                    T* out_row = out + out_offset;
                    for (std::int64_t i = 0; i < inner; ++i) {
                      out_row[i * out_inner] = store_cast<T>(evaluator.get(row_access{i}));
                    }
-                   for (int d = rank - 2; d >= 0; --d) {  // odometer over the outer dimensions
-                     if (++index[d] < layout.shape[d]) break;
-                     index[d] = 0;
-                   }
+                   next_row_index(layout.shape, index);
                  }
                });
 }

@@ -483,6 +483,33 @@ void conv2d_col_cpu(const conv2d_geometry& g, const T* x, std::int64_t first, st
     im2col_cpu(g, x + (first + m) * image, col + m * spatial, b * spatial);
 }
 
+/// dW_g += gy_g @ patches_g^T for every group (dW_g = when `accumulate` is false): gy [O, columns],
+/// patches [groups * rows, columns]. `staging` as matmul_add_into's.
+template <class T, class K>
+void conv2d_weight_grad_gemms(const conv2d_geometry& g, Tensor<T, K>& dw, const Tensor<T, K>& gy,
+                              const Tensor<T, K>& patches, std::int64_t rows, bool accumulate,
+                              Tensor<T, K>& staging) {
+  const std::int64_t og = g.out_per_group();
+  for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+    Tensor<T, K> dw_g = dw.view(Shape{g.o, g.patch()}).narrow(0, grp * og, og);
+    tessera::detail::matmul_add_into(dw_g, gy.narrow(0, grp * og, og),
+                                     patches.narrow(0, grp * rows, rows).t(), accumulate, staging);
+  }
+}
+
+/// dcol_g = W_g^T @ gy_g for every group: dcol [groups * rows, columns], w2 [O, rows],
+/// gy [O, columns].
+template <class T, class K>
+void conv2d_col_grad_gemms(const conv2d_geometry& g, const Tensor<T, K>& dcol,
+                           const Tensor<T, K>& w2, const Tensor<T, K>& gy, std::int64_t rows) {
+  const std::int64_t og = g.out_per_group();
+  for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+    Tensor<T, K> dcol_g = dcol.narrow(0, grp * rows, rows);
+    tessera::detail::matmul_into(dcol_g, w2.narrow(0, grp * og, og).t(),
+                                 gy.narrow(0, grp * og, og));
+  }
+}
+
 /// col of images [first, first + b) of x (contiguous) into the pass's col tensor, the generic
 /// path's layout [b, C * KH * KW, OH * OW].
 template <class T, class K>
@@ -600,12 +627,7 @@ void conv2d_backward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, cons
       } else {
         patches = x.select(0, first).view(Shape{g.c, spatial});
       }
-      for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-        Tensor<T, cpu> dw_g = dw->view(Shape{g.o, k}).narrow(0, grp * og, og);
-        tessera::detail::matmul_add_into(dw_g, gy2.narrow(0, grp * og, og),
-                                         patches.narrow(0, grp * rows, rows).t(),
-                                         dw_accumulate || first > 0, staging);
-      }
+      conv2d_weight_grad_gemms(g, *dw, gy2, patches, rows, dw_accumulate || first > 0, staging);
     }
     if (dx == nullptr) continue;
     if (!own_col) {
@@ -618,11 +640,7 @@ void conv2d_backward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, cons
       continue;
     }
     // dcol overwrites the pass's col (its weight-gradient use is done).
-    for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-      Tensor<T, cpu> dcol_g = col2.narrow(0, grp * rows, rows);
-      tessera::detail::matmul_into(dcol_g, w2.narrow(0, grp * og, og).t(),
-                                   gy2.narrow(0, grp * og, og));
-    }
+    conv2d_col_grad_gemms(g, col2, w2, gy2, rows);
     T* dx_pass = dx->data() + first * g.c * g.h * g.w;
     if (g.pointwise()) {
       unpack_images_cpu(col2.data(), b, g.c, spatial, dx_pass, g.c * spatial, dx_accumulate);
@@ -696,12 +714,7 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
             g.pointwise() ? x.select(0, image).view(Shape{g.c, g.spatial()})
                           : col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()});
         const std::int64_t rows = g.pointwise() ? cg : k;
-        for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-          Tensor<T, K> dw_g = dw->view(Shape{g.o, k}).narrow(0, grp * og, og);
-          tessera::detail::matmul_add_into(dw_g, gy2.narrow(0, grp * og, og),
-                                           patches.narrow(0, grp * rows, rows).t(),
-                                           dw_accumulate || image > 0, staging);
-        }
+        conv2d_weight_grad_gemms(g, *dw, gy2, patches, rows, dw_accumulate || image > 0, staging);
       }
       if (dx == nullptr) continue;
       if (g.pointwise()) {
@@ -713,12 +726,9 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
         }
       } else {
         // dcol overwrites this image's col (its weight-gradient use is done).
-        Tensor<T, K> dcol = col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()});
-        for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-          Tensor<T, K> dcol_g = dcol.narrow(0, grp * k, k);
-          tessera::detail::matmul_into(dcol_g, w2.narrow(0, grp * og, og).t(),
-                                       gy2.narrow(0, grp * og, og));
-        }
+        conv2d_col_grad_gemms(
+            g, col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()}), w2, gy2,
+            k);
       }
     }
     if (dx != nullptr && !g.pointwise()) {
