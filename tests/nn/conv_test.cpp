@@ -147,7 +147,7 @@ void check_conv(const conv_case& c, passes cut) {
   constant.backward();
   check<T>(constant.input_grad(0).template as<T>(), tag + ".dx");
 
-  // A second contribution to x's gradient: conv's backward runs after sum(x)'s and adds.
+  // A second contribution to x's gradient, from sum(x) (its backward adds to conv's).
   auto twice = ag::compile(
       [&](const auto& xv, const auto& g) { return ts::sum(conv(xv) * g) + ts::sum(xv) * 0.5; },
       spec, ag::input<T>(gy.shape()));
@@ -155,6 +155,23 @@ void check_conv(const conv_case& c, passes cut) {
   twice.backward();
   const ts::Tensor<T> shifted = twice.input_grad(0).template as<T>() - 0.5;
   check<T>(shifted, tag + ".dx");
+
+  // The layer used twice: the second convolution's backward adds into the gradients the first
+  // wrote (the input's and the weight's accumulating branches), so both are twice PyTorch's.
+  auto doubled = ag::compile(
+      [&](const auto& xv, const auto& g) { return ts::sum(conv(xv) * g) + ts::sum(conv(xv) * g); },
+      spec, ag::input<T>(gy.shape()));
+  conv.zero_grad();
+  doubled.forward(x, gy);
+  doubled.backward();
+  const ts::Tensor<T> half_dx = doubled.input_grad(0).template as<T>() * 0.5;
+  check<T>(half_dx, tag + ".dx");
+  const ts::Tensor<T> half_dw = conv.weight().grad() * 0.5;
+  check<T>(half_dw, tag + ".dw");
+  if (c.bias) {
+    const ts::Tensor<T> half_db = conv.bias().grad() * 0.5;
+    check<T>(half_db, tag + ".db");
+  }
 }
 
 }  // namespace

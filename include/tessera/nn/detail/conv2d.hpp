@@ -483,30 +483,45 @@ void conv2d_col_cpu(const conv2d_geometry& g, const T* x, std::int64_t first, st
     im2col_cpu(g, x + (first + m) * image, col + m * spatial, b * spatial);
 }
 
-/// dW_g += gy_g @ patches_g^T for every group (dW_g = when `accumulate` is false): gy [O, columns],
-/// patches [groups * rows, columns]. `staging` as matmul_add_into's.
+// The three products of a pass, per group g: W_g is rows [g * O/groups, ...) of the weight
+// [O, patch], and the col-side operand has `patch` rows per group (a 1x1 convolution's patch is
+// its channels per group, so its image takes col's place unchanged).
+
+/// out_g = W_g @ col_g for every group: out [O, columns], col [groups * patch, columns].
 template <class T, class K>
-void conv2d_weight_grad_gemms(const conv2d_geometry& g, Tensor<T, K>& dw, const Tensor<T, K>& gy,
-                              const Tensor<T, K>& patches, std::int64_t rows, bool accumulate,
-                              Tensor<T, K>& staging) {
-  const std::int64_t og = g.out_per_group();
+void conv2d_output_gemms(const conv2d_geometry& g, const Tensor<T, K>& out, const Tensor<T, K>& w2,
+                         const Tensor<T, K>& col) {
+  const std::int64_t og = g.out_per_group(), k = g.patch();
   for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-    Tensor<T, K> dw_g = dw.view(Shape{g.o, g.patch()}).narrow(0, grp * og, og);
-    tessera::detail::matmul_add_into(dw_g, gy.narrow(0, grp * og, og),
-                                     patches.narrow(0, grp * rows, rows).t(), accumulate, staging);
+    Tensor<T, K> out_g = out.narrow(0, grp * og, og);
+    tessera::detail::matmul_into(out_g, w2.narrow(0, grp * og, og), col.narrow(0, grp * k, k));
   }
 }
 
-/// dcol_g = W_g^T @ gy_g for every group: dcol [groups * rows, columns], w2 [O, rows],
-/// gy [O, columns].
+/// dW_g = gy_g @ col_g^T for every group, or += when `accumulate`: gy [O, columns], col
+/// [groups * patch, columns]. `staging` as matmul_add_into's.
 template <class T, class K>
-void conv2d_col_grad_gemms(const conv2d_geometry& g, const Tensor<T, K>& dcol,
-                           const Tensor<T, K>& w2, const Tensor<T, K>& gy, std::int64_t rows) {
-  const std::int64_t og = g.out_per_group();
+void conv2d_weight_grad_gemms(const conv2d_geometry& g, const Tensor<T, K>& dw,
+                              const Tensor<T, K>& gy, const Tensor<T, K>& col, bool accumulate,
+                              const Tensor<T, K>& staging) {
+  const std::int64_t og = g.out_per_group(), k = g.patch();
+  const Tensor<T, K> dw2 = dw.view(Shape{g.o, k});
   for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-    Tensor<T, K> dcol_g = dcol.narrow(0, grp * rows, rows);
-    tessera::detail::matmul_into(dcol_g, w2.narrow(0, grp * og, og).t(),
-                                 gy.narrow(0, grp * og, og));
+    tessera::detail::matmul_add_into(dw2.narrow(0, grp * og, og), gy.narrow(0, grp * og, og),
+                                     col.narrow(0, grp * k, k).t(), accumulate, staging);
+  }
+}
+
+/// dcol_g = W_g^T @ gy_g for every group, or += when `accumulate`: dcol [groups * patch,
+/// columns] (col's gradient, or a 1x1 convolution's input gradient itself), gy [O, columns].
+template <class T, class K>
+void conv2d_input_grad_gemms(const conv2d_geometry& g, const Tensor<T, K>& dcol,
+                             const Tensor<T, K>& w2, const Tensor<T, K>& gy, bool accumulate,
+                             const Tensor<T, K>& staging) {
+  const std::int64_t og = g.out_per_group(), k = g.patch();
+  for (std::int64_t grp = 0; grp < g.groups; ++grp) {
+    tessera::detail::matmul_add_into(dcol.narrow(0, grp * k, k), w2.narrow(0, grp * og, og).t(),
+                                     gy.narrow(0, grp * og, og), accumulate, staging);
   }
 }
 
@@ -528,26 +543,21 @@ template <class T>
 void conv2d_forward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, const Tensor<T, cpu>& w,
                         Tensor<T, cpu>& y, Tensor<T, cpu>& col, Tensor<T, cpu>& gathered) {
   const std::int64_t per_pass = conv2d_images_per_pass<cpu>(g);
-  const std::int64_t og = g.out_per_group(), rows = g.pointwise() ? g.in_per_group() : g.patch();
   const std::int64_t spatial = g.spatial(), col_rows = g.c * g.kh * g.kw;
   const Tensor<T, cpu> w2 = w.view(Shape{g.o, g.patch()});
   for (std::int64_t first = 0; first < g.n; first += per_pass) {
     const std::int64_t b = std::min(per_pass, g.n - first), columns = b * spatial;
     Tensor<T, cpu> right;
-    if (g.pointwise() && per_pass == 1) {
-      right = x.select(0, first).view(Shape{g.c, spatial});
-    } else {
+    if (!g.pointwise() || per_pass > 1) {
       conv2d_col_cpu(g, x.data(), first, b, col.data());
       right = col.narrow(0, 0, col_rows * columns).view(Shape{col_rows, columns});
+    } else {
+      right = x.select(0, first).view(Shape{g.c, spatial});  // the image is its own col
     }
     Tensor<T, cpu> out = per_pass == 1
                              ? y.select(0, first).view(Shape{g.o, spatial})
                              : gathered.narrow(0, 0, g.o * columns).view(Shape{g.o, columns});
-    for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-      Tensor<T, cpu> out_g = out.narrow(0, grp * og, og);
-      tessera::detail::matmul_into(out_g, w2.narrow(0, grp * og, og),
-                                   right.narrow(0, grp * rows, rows));
-    }
+    conv2d_output_gemms(g, out, w2, right);
     if (per_pass > 1) {
       unpack_images_cpu(out.data(), b, g.o, spatial, y.data() + first * g.o * spatial,
                         g.o * spatial, false);
@@ -563,8 +573,7 @@ void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tenso
   Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<K>(g)});
   Tensor<T, K> padded = ws.take<T, K>(conv2d_padded_shape<K>(g));
   Tensor<T, K> gathered = ws.take<T, K>(Shape{conv2d_gathered_numel<K>(g)});
-  const std::int64_t og = g.out_per_group(), k = g.patch(), cg = g.in_per_group();
-  const Tensor<T, K> w2 = w.view(Shape{g.o, k});
+  const Tensor<T, K> w2 = w.view(Shape{g.o, g.patch()});
   if constexpr (std::is_same_v<K, cpu>) {
     if (!conv2d_generic<K>()) conv2d_forward_cpu(g, x, w, y, col, gathered);
   }
@@ -578,12 +587,7 @@ void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tenso
           g.pointwise() ? x.select(0, image).view(Shape{g.c, g.spatial()})
                         : col.narrow(0, m * g.c * g.kh * g.kw * g.spatial(), g.c * g.kh * g.kw * g.spatial())
                               .view(Shape{g.c * g.kh * g.kw, g.spatial()});
-      for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-        Tensor<T, K> out_g = out.narrow(0, grp * og, og);
-        tessera::detail::matmul_into(out_g, w2.narrow(0, grp * og, og),
-                                     right.narrow(0, grp * (g.pointwise() ? cg : k),
-                                                  g.pointwise() ? cg : k));
-      }
+      conv2d_output_gemms(g, out, w2, right);
     }
   }
   if (bias != nullptr) {
@@ -602,10 +606,8 @@ void conv2d_backward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, cons
                          Tensor<T, cpu>* dw, bool dw_accumulate, Tensor<T, cpu>& col,
                          Tensor<T, cpu>& gathered, Tensor<T, cpu>& staging) {
   const std::int64_t per_pass = conv2d_images_per_pass<cpu>(g);
-  const std::int64_t og = g.out_per_group(), k = g.patch(), cg = g.in_per_group();
-  const std::int64_t rows = g.pointwise() ? cg : k;
   const std::int64_t spatial = g.spatial(), col_rows = g.c * g.kh * g.kw;
-  const Tensor<T, cpu> w2 = w.view(Shape{g.o, k});
+  const Tensor<T, cpu> w2 = w.view(Shape{g.o, g.patch()});
   if (dx != nullptr && !dx_accumulate && !g.pointwise()) dx->zero_();
   for (std::int64_t first = 0; first < g.n; first += per_pass) {
     const std::int64_t b = std::min(per_pass, g.n - first), columns = b * spatial;
@@ -627,20 +629,16 @@ void conv2d_backward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, cons
       } else {
         patches = x.select(0, first).view(Shape{g.c, spatial});
       }
-      conv2d_weight_grad_gemms(g, *dw, gy2, patches, rows, dw_accumulate || first > 0, staging);
+      conv2d_weight_grad_gemms(g, *dw, gy2, patches, dw_accumulate || first > 0, staging);
     }
     if (dx == nullptr) continue;
     if (!own_col) {
-      Tensor<T, cpu> dx2 = dx->select(0, first).view(Shape{g.c, spatial});
-      for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-        tessera::detail::matmul_add_into(dx2.narrow(0, grp * cg, cg),
-                                         w2.narrow(0, grp * og, og).t(),
-                                         gy2.narrow(0, grp * og, og), dx_accumulate, staging);
-      }
+      conv2d_input_grad_gemms(g, dx->select(0, first).view(Shape{g.c, spatial}), w2, gy2,
+                              dx_accumulate, staging);
       continue;
     }
     // dcol overwrites the pass's col (its weight-gradient use is done).
-    conv2d_col_grad_gemms(g, col2, w2, gy2, rows);
+    conv2d_input_grad_gemms(g, col2, w2, gy2, false, staging);
     T* dx_pass = dx->data() + first * g.c * g.h * g.w;
     if (g.pointwise()) {
       unpack_images_cpu(col2.data(), b, g.c, spatial, dx_pass, g.c * spatial, dx_accumulate);
@@ -673,9 +671,8 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
     if (dx != nullptr && g.pointwise()) n = std::max(n, g.in_per_group() * g.h * g.w);
     staging = ws.take<T, K>(Shape{n});
   }
-  const std::int64_t og = g.out_per_group(), k = g.patch(), cg = g.in_per_group();
   const std::int64_t col_rows = g.c * g.kh * g.kw, col_image = col_rows * g.spatial();
-  const Tensor<T, K> w2 = w.view(Shape{g.o, k});
+  const Tensor<T, K> w2 = w.view(Shape{g.o, g.patch()});
 
   if (db != nullptr) {
     // db = sum of gy over (N, OH, OW): along the spatial dim, then the batch.
@@ -713,23 +710,16 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
         const Tensor<T, K> patches =
             g.pointwise() ? x.select(0, image).view(Shape{g.c, g.spatial()})
                           : col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()});
-        const std::int64_t rows = g.pointwise() ? cg : k;
-        conv2d_weight_grad_gemms(g, *dw, gy2, patches, rows, dw_accumulate || image > 0, staging);
+        conv2d_weight_grad_gemms(g, *dw, gy2, patches, dw_accumulate || image > 0, staging);
       }
       if (dx == nullptr) continue;
-      if (g.pointwise()) {
-        Tensor<T, K> dx2 = dx->select(0, image).view(Shape{g.c, g.spatial()});
-        for (std::int64_t grp = 0; grp < g.groups; ++grp) {
-          tessera::detail::matmul_add_into(dx2.narrow(0, grp * cg, cg),
-                                           w2.narrow(0, grp * og, og).t(),
-                                           gy2.narrow(0, grp * og, og), dx_accumulate, staging);
-        }
-      } else {
-        // dcol overwrites this image's col (its weight-gradient use is done).
-        conv2d_col_grad_gemms(
-            g, col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()}), w2, gy2,
-            k);
-      }
+      // A 1x1 convolution's product is dx's image itself; otherwise dcol overwrites this image's
+      // col (its weight-gradient use is done).
+      const Tensor<T, K> dcol =
+          g.pointwise()
+              ? dx->select(0, image).view(Shape{g.c, g.spatial()})
+              : col.narrow(0, m * col_image, col_image).view(Shape{col_rows, g.spatial()});
+      conv2d_input_grad_gemms(g, dcol, w2, gy2, g.pointwise() && dx_accumulate, staging);
     }
     if (dx != nullptr && !g.pointwise()) {
       Tensor<T, K> images = dx->narrow(0, first, b);
