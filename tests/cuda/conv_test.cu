@@ -1,8 +1,10 @@
-// Convolution, pooling, BatchNorm2d and a ResNet on a CUDA device (compiled by nvcc: the
-// device-agnostic im2col/col2im, the pooling passes and the batch-norm reductions run as CUDA
-// kernels, the GEMMs on cuBLAS), against the same computation on the CPU, which tests/nn and
-// tests/models check against PyTorch and torchvision. float64, so the two agree to rounding.
-// The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
+// Convolution, pooling, BatchNorm2d and a ResNet on a CUDA device (compiled by nvcc: cuDNN's
+// convolutions where the build has it, and the device-agnostic im2col/col2im with GEMMs on
+// cuBLAS with cuDNN switched off; the pooling passes and the batch-norm reductions as CUDA
+// kernels), against the same computation on the CPU, which tests/nn and tests/models check
+// against PyTorch and torchvision. float64, so the two agree to rounding; float checks that
+// cuDNN keeps fp32 products. The whole executable reports itself skipped without a GPU
+// (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -40,6 +42,30 @@ struct conv_case {
   nn::Conv2dOptions options;
 };
 
+/// Sets backends::cudnn::enabled for a scope (read when a convolution is traced or called).
+class cudnn_enabled {
+ public:
+  explicit cudnn_enabled(bool on) : previous_(ts::backends::cudnn::enabled.load()) {
+    ts::backends::cudnn::enabled = on;
+  }
+  ~cudnn_enabled() { ts::backends::cudnn::enabled = previous_; }
+  cudnn_enabled(const cudnn_enabled&) = delete;
+  cudnn_enabled& operator=(const cudnn_enabled&) = delete;
+
+ private:
+  bool previous_;
+};
+
+/// The problem of conv2d(x, conv.weight) with conv's options, as cuDNN is asked it.
+template <class T, class K>
+ts::backend::cuda::conv2d_problem problem_of(const nn::Conv2d<T, K>& conv, const ts::Shape& x) {
+  const ts::Shape w = conv.weight().value().shape();
+  const nn::Conv2dOptions& o = conv.options();
+  const nn::Conv2dArgs args{o.stride, o.padding, o.dilation, o.groups};
+  const auto g = nn::detail::conv2d_geometry_of("test", x, w, nullptr, args);
+  return g.problem();
+}
+
 TEST_CASE("conv2d on CUDA matches the CPU: forward and every gradient", "[cuda][conv]") {
   const conv_case cases[] = {
       {2, 3, 9, 8, 4, 3, {.padding = 1}},
@@ -47,35 +73,170 @@ TEST_CASE("conv2d on CUDA matches the CPU: forward and every gradient", "[cuda][
       {3, 6, 5, 4, 4, 1, {}},
       {2, 3, 15, 13, 5, 7, {.stride = 2, .padding = 3, .dilation = 1}},
       {2, 3, 9, 8, 4, {2, 3}, {.stride = {2, 1}, .padding = {0, 1}, .dilation = {1, 2}}},
+      {2, 8, 10, 7, 8, 3, {.padding = 1, .groups = 8}},  // depthwise
   };
-  for (const auto& c : cases) {
-    INFO("input [" << c.n << ", " << c.c << ", " << c.h << ", " << c.w << "], kernel "
-                   << c.kernel.str());
-    ts::manual_seed(11);
-    nn::Conv2d<double> cpu_conv(c.c, c.o, c.kernel, c.options);
+  // cuDNN (where the build has it), then im2col + cuBLAS.
+  for (const bool use_cudnn : {true, false}) {
+    const cudnn_enabled scope(use_cudnn);
+    for (const auto& c : cases) {
+      INFO((use_cudnn ? "cuDNN" : "im2col + cuBLAS")
+           << ": input [" << c.n << ", " << c.c << ", " << c.h << ", " << c.w << "], kernel "
+           << c.kernel.str());
+      ts::manual_seed(11);
+      nn::Conv2d<double> cpu_conv(c.c, c.o, c.kernel, c.options);
+      auto gpu_conv = nn::to<ts::cuda>(cpu_conv, 0);
+      const auto x = ts::randn<double>({c.n, c.c, c.h, c.w});
+      const ts::Tensor<double> y_cpu = cpu_conv(x);
+      const auto g = ts::randn<double>(y_cpu.shape());
+      check_close(gpu_conv(x.to<ts::cuda>(0)), y_cpu);
+      auto run = [&](auto& conv, const auto& input, const auto& grad) {
+        using K = typename std::remove_cvref_t<decltype(input)>::device_kind;
+        auto spec = ag::input<double, K>(input.shape(), 0);
+        spec.requires_grad = true;
+        auto program =
+            ag::compile([&](const auto& v, const auto& gv) { return ts::sum(conv(v) * gv); }, spec,
+                        ag::input<double, K>(grad.shape(), 0));
+        conv.zero_grad();
+        program.forward(input, grad);
+        program.backward();
+        return std::pair{program.input_grad(0).template as<double, K>().clone(),
+                         conv.weight().grad().clone()};
+      };
+      const auto [dx_cpu, dw_cpu] = run(cpu_conv, x, g);
+      const auto [dx_gpu, dw_gpu] = run(gpu_conv, x.to<ts::cuda>(0), g.to<ts::cuda>(0));
+      check_close(dx_gpu, dx_cpu);
+      check_close(dw_gpu, dw_cpu);
+      if (c.options.bias) check_close(gpu_conv.bias().grad(), cpu_conv.bias().grad());
+      // What ran: cuDNN's algorithms when it is on and built in (double is among its dtypes).
+      const auto chosen =
+          ts::backend::cuda::conv2d_choose<double>(0, problem_of(cpu_conv, x.shape()));
+      CHECK(chosen.usable == (use_cudnn && ts::backends::cudnn::is_available()));
+    }
+  }
+}
+
+TEST_CASE("conv2d on CUDA: a layer used twice accumulates its gradients", "[cuda][conv]") {
+  for (const bool use_cudnn : {true, false}) {
+    INFO((use_cudnn ? "cuDNN" : "im2col + cuBLAS"));
+    const cudnn_enabled scope(use_cudnn);
+    ts::manual_seed(14);
+    nn::Conv2d<double> cpu_conv(4, 4, 3, {.stride = 1, .padding = 1});
     auto gpu_conv = nn::to<ts::cuda>(cpu_conv, 0);
-    const auto x = ts::randn<double>({c.n, c.c, c.h, c.w});
-    const ts::Tensor<double> y_cpu = cpu_conv(x);
-    const auto g = ts::randn<double>(y_cpu.shape());
-    check_close(gpu_conv(x.to<ts::cuda>(0)), y_cpu);
-    auto run = [&](auto& conv, const auto& input, const auto& grad) {
+    const auto x = ts::randn<double>({2, 4, 7, 6});
+    const auto g1 = ts::randn<double>({2, 4, 7, 6});
+    const auto g2 = ts::randn<double>({2, 4, 7, 6});
+    // x feeds the layer twice, and the first output feeds it again: dx, dW and db each receive
+    // several contributions (cuDNN's beta = 1).
+    auto run = [&](auto& conv, const auto& input, const auto& a, const auto& b) {
       using K = typename std::remove_cvref_t<decltype(input)>::device_kind;
       auto spec = ag::input<double, K>(input.shape(), 0);
       spec.requires_grad = true;
       auto program = ag::compile(
-          [&](const auto& v, const auto& gv) { return ts::sum(conv(v) * gv); }, spec,
-          ag::input<double, K>(grad.shape(), 0));
+          [&](const auto& v, const auto& av, const auto& bv) {
+            const auto y = conv(v);
+            return ts::sum(y * av) + ts::sum(conv(v) * bv) + ts::sum(conv(y) * av);
+          },
+          spec, ag::input<double, K>(a.shape(), 0), ag::input<double, K>(b.shape(), 0));
       conv.zero_grad();
-      program.forward(input, grad);
+      program.forward(input, a, b);
       program.backward();
-      return std::pair{program.input_grad(0).template as<double, K>().clone(),
-                       conv.weight().grad().clone()};
+      return std::tuple{program.input_grad(0).template as<double, K>().clone(),
+                        conv.weight().grad().clone(), conv.bias().grad().clone()};
     };
-    const auto [dx_cpu, dw_cpu] = run(cpu_conv, x, g);
-    const auto [dx_gpu, dw_gpu] = run(gpu_conv, x.to<ts::cuda>(0), g.to<ts::cuda>(0));
+    const auto [dx_cpu, dw_cpu, db_cpu] = run(cpu_conv, x, g1, g2);
+    const auto [dx_gpu, dw_gpu, db_gpu] =
+        run(gpu_conv, x.to<ts::cuda>(0), g1.to<ts::cuda>(0), g2.to<ts::cuda>(0));
     check_close(dx_gpu, dx_cpu);
     check_close(dw_gpu, dw_cpu);
+    check_close(db_gpu, db_cpu);
   }
+}
+
+TEST_CASE("conv2d on CUDA in float keeps fp32 products (no TF32 unless allowed)", "[cuda][conv]") {
+  // 3x3 over 64 channels: 576 products per output. fp32 products summed in float stay within
+  // about 1e-6 of the float64 result; TF32's 10-bit mantissas give about 1e-3.
+  ts::manual_seed(15);
+  nn::Conv2d<double> reference(64, 32, 3, {.padding = 1});
+  const auto x = ts::randn<double>({4, 64, 14, 14});
+  const ts::Tensor<double> expected = reference(x);
+  auto conv = nn::to<ts::cuda>(nn::to<float>(reference), 0);
+  const ts::Tensor<float, ts::cuda> y = conv(x.to<float>().to<ts::cuda>(0));
+  const auto got = y.to<double>().to<ts::cpu>().to_vector();
+  const auto want = expected.to_vector();
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    worst = std::max(worst, std::abs(got[i] - want[i]));
+    scale = std::max(scale, std::abs(want[i]));
+  }
+  INFO("largest error " << worst << " for outputs up to " << scale);
+  CHECK(worst <= 2e-5 * scale);
+}
+
+TEST_CASE("conv2d on CUDA with cuDNN: deterministic algorithms and no workspace", "[cuda][conv]") {
+  ts::manual_seed(16);
+  nn::Conv2d<float> cpu_conv(16, 32, 3, {.stride = 2, .padding = 1});
+  auto gpu_conv = nn::to<ts::cuda>(cpu_conv, 0);
+  const auto x = ts::randn<float>({8, 16, 28, 28});
+  const auto g = ts::randn<float>({8, 32, 14, 14});
+  auto weight_grad = [&]() {
+    auto program = ag::compile(
+        [&](const auto& v, const auto& gv) { return ts::sum(gpu_conv(v) * gv); },
+        ag::input<float, ts::cuda>(x.shape(), 0), ag::input<float, ts::cuda>(g.shape(), 0));
+    gpu_conv.zero_grad();
+    program.forward(x.to<ts::cuda>(0), g.to<ts::cuda>(0));
+    program.backward();
+    return gpu_conv.weight().grad().to<ts::cpu>().to_vector();
+  };
+  {
+    // Two programs with deterministic algorithms give the same bits.
+    ts::backends::cudnn::deterministic = true;
+    const auto first = weight_grad();
+    const auto second = weight_grad();
+    ts::backends::cudnn::deterministic = false;
+    CHECK(first == second);
+  }
+  // No workspace at all: cuDNN's algorithms that need none, or im2col + cuBLAS; the same values.
+  const std::size_t limit = ts::backends::cudnn::workspace_limit.load();
+  ts::backends::cudnn::workspace_limit = 0;
+  const auto chosen = ts::backend::cuda::conv2d_choose<float>(0, problem_of(cpu_conv, x.shape()));
+  const auto none = weight_grad();
+  ts::backends::cudnn::workspace_limit = limit;
+  CHECK(chosen.forward_bytes == 0);
+  CHECK(chosen.backward_data_bytes == 0);
+  CHECK(chosen.backward_filter_bytes == 0);
+  auto cpu_program =
+      ag::compile([&](const auto& v, const auto& gv) { return ts::sum(cpu_conv(v) * gv); },
+                  ag::input<float>(x.shape()), ag::input<float>(g.shape()));
+  cpu_conv.zero_grad();
+  cpu_program.forward(x, g);
+  cpu_program.backward();
+  const auto expected = cpu_conv.weight().grad().to_vector();
+  double worst = 0, scale = 0;
+  for (std::size_t i = 0; i < expected.size(); ++i) {
+    worst = std::max(worst, double(std::abs(none[i] - expected[i])));
+    scale = std::max(scale, double(std::abs(expected[i])));
+  }
+  INFO("largest error " << worst << " for gradients up to " << scale);
+  CHECK(worst <= 1e-4 * scale);
+}
+
+TEST_CASE("conv2d on CUDA in half through cuDNN", "[cuda][conv]") {
+  // Half inputs, float sums: against float64 on the same (half-rounded) values.
+  ts::manual_seed(17);
+  const auto x = ts::randn<double>({2, 8, 9, 9}).to<ts::half>().to<double>();
+  const auto w = ts::eval(ts::randn<double>({16, 8, 3, 3}) * 0.2).to<ts::half>().to<double>();
+  const ts::Tensor<double> expected = F::conv2d(x, w, {.padding = 1});
+  const ts::Tensor<ts::half, ts::cuda> y =
+      F::conv2d(x.to<ts::half>().to<ts::cuda>(0), w.to<ts::half>().to<ts::cuda>(0), {.padding = 1});
+  const auto got = y.to<double>().to<ts::cpu>().to_vector();
+  const auto want = expected.to_vector();
+  std::size_t bad = 0;
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    // One rounding to half of the float sum: 2^-11 relative, plus the float sum's error.
+    if (!(std::abs(got[i] - want[i]) <= 1e-3 * (1 + std::abs(want[i])))) ++bad;
+  }
+  INFO(bad << " of " << want.size() << " outputs differ");
+  CHECK(bad == 0);
 }
 
 TEST_CASE("pooling on CUDA matches the CPU", "[cuda][pool]") {

@@ -57,8 +57,9 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
       }
     }
     check_same_device(who, x.device(), w.device(), "weight");
-    const conv2d_geometry g =
+    conv2d_geometry g =
         conv2d_geometry_of(who, x.shape(), w.shape(), b_in ? &bias_shape : nullptr, args);
+    conv2d_choose_cudnn<T, K>(g, x.device());
     const Tensor<T, K> xc = x.is_contiguous() ? x : x.contiguous();
     const Tensor<T, K> wc = w.is_contiguous() ? w : w.contiguous();
     Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
@@ -86,8 +87,9 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
         bias_shape = b.shape();
       }
     }
-    const conv2d_geometry g =
+    conv2d_geometry g =
         conv2d_geometry_of(who, x.shape(), w.shape(), b_in ? &bias_shape : nullptr, args);
+    conv2d_choose_cudnn<T, K>(g, x.device());  // kept by the node: its plan's workspace
     return record(x, std::make_unique<conv2d_node<T, K>>(x.id(), w.id(), bias_id, g),
                   g.output_shape());
   }

@@ -8,6 +8,11 @@
 // dcol_g = W_g^T @ g_g, and col2im adds dcol back into the input's gradient (it is additive, so
 // accumulating into an existing gradient costs nothing more).
 //
+// On CUDA, cuDNN runs the three products when the build has it and it takes the problem (its
+// algorithms are chosen once, when a convolution is traced or called, and kept in the geometry
+// with their workspace sizes, so a program runs what its memory plan was made for); otherwise
+// the im2col + cuBLAS path below.
+//
 // im2col and col2im have two implementations. On CPU, direct loops over channels (threaded;
 // rows of a stride-1 window are copies). Elsewhere (CUDA), the device-agnostic form: the input is
 // copied into a zero-padded buffer, col is one strided copy of a 6-D view of it, and col2im is
@@ -23,6 +28,7 @@
 #include <utility>
 
 #include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cuda/cudnn.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/expr/assign.hpp"
@@ -73,6 +79,21 @@ class workspace {
     return numel == 0 ? 0 : static_cast<std::size_t>(numel) * sizeof(T) + 64;
   }
 
+  /// Bytes take_raw() needs for `n` bytes.
+  static std::size_t raw_bytes(std::size_t n) { return n == 0 ? 0 : n + raw_alignment; }
+
+  /// `n` bytes from the next free ones, aligned to raw_alignment (cuDNN's workspace); nullptr
+  /// for none.
+  void* take_raw(std::size_t n) {
+    if (n == 0) return nullptr;
+    const std::int64_t start = (offset_ + raw_alignment - 1) / raw_alignment * raw_alignment;
+    if (start + static_cast<std::int64_t>(n) > end_) {
+      throw error("conv2d: internal error: the workspace is smaller than planned");
+    }
+    offset_ = start + static_cast<std::int64_t>(n);
+    return static_cast<char*>(storage_.data()) + start;
+  }
+
   /// A contiguous tensor of `shape` from the next free bytes.
   template <class T, class K>
   Tensor<T, K> take(const Shape& shape) {
@@ -89,6 +110,7 @@ class workspace {
   }
 
  private:
+  static constexpr std::int64_t raw_alignment = 256;  // a CUDA allocation's own alignment
   Storage storage_;
   std::int64_t offset_ = 0;
   std::int64_t end_ = 0;
@@ -121,6 +143,7 @@ struct conv2d_geometry {
   std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
   std::int64_t oh = 0, ow = 0;  // output [N, O, OH, OW]
   std::int64_t cpu_pass = 1;    // images per pass of the CPU loops (conv2d_pass_columns)
+  backend::cuda::conv2d_algorithms cudnn;  // usable: cuDNN runs it (conv2d_choose_cudnn)
 
   std::int64_t in_per_group() const { return c / groups; }
   std::int64_t out_per_group() const { return o / groups; }
@@ -129,6 +152,9 @@ struct conv2d_geometry {
   std::int64_t spatial() const { return oh * ow; }
   bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
   Shape output_shape() const { return Shape{n, o, oh, ow}; }
+  backend::cuda::conv2d_problem problem() const {
+    return {n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups, oh, ow};
+  }
 };
 
 /// Checks the shapes and arguments of a convolution named `who` (the layer, e.g. "Conv2d(3, 64,
@@ -192,6 +218,18 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   return g;
 }
 
+/// Lets cuDNN take a convolution of T on `device` when K is CUDA and cuDNN takes the problem
+/// (backends::cudnn's switches, read now): its algorithms go into g.cudnn. Called once per traced
+/// or eager call, after conv2d_geometry_of.
+template <class T, class K>
+void conv2d_choose_cudnn(conv2d_geometry& g, Device device) {
+  if constexpr (std::is_same_v<K, tessera::cuda>) {
+    g.cudnn = backend::cuda::conv2d_choose<T>(device.index, g.problem());
+  } else {
+    (void)g, (void)device;
+  }
+}
+
 template <class K>
 bool conv2d_generic() {
   return !std::is_same_v<K, cpu> || conv2d_use_generic_path();
@@ -244,6 +282,7 @@ std::int64_t conv2d_padded_numel(const conv2d_geometry& g) {
 /// Workspace bytes of conv2d_forward.
 template <class T, class K>
 std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
+  if (g.cudnn.usable) return workspace::raw_bytes(g.cudnn.forward_bytes);
   return workspace::bytes<T>(conv2d_col_numel<K>(g)) +
          workspace::bytes<T>(conv2d_padded_numel<K>(g)) +
          workspace::bytes<T>(conv2d_gathered_numel<K>(g));
@@ -254,6 +293,13 @@ template <class T, class K>
 std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool weight,
                                       bool bias) {
   std::size_t bytes = 0;
+  if (bias) bytes += workspace::bytes<T>(g.n * g.o) + workspace::bytes<T>(g.o);
+  if (g.cudnn.usable) {
+    // The two calls run one after the other on one stream: they share the bytes.
+    return bytes +
+           workspace::raw_bytes(std::max(input ? g.cudnn.backward_data_bytes : std::size_t{0},
+                                         weight ? g.cudnn.backward_filter_bytes : std::size_t{0}));
+  }
   if (input || weight) {
     bytes += workspace::bytes<T>(conv2d_col_numel<K>(g));
     bytes += workspace::bytes<T>(conv2d_padded_numel<K>(g));
@@ -266,7 +312,6 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
     if (input && g.pointwise()) staging = std::max(staging, g.in_per_group() * g.h * g.w);
     bytes += workspace::bytes<T>(staging);
   }
-  if (bias) bytes += workspace::bytes<T>(g.n * g.o) + workspace::bytes<T>(g.o);
   return bytes;
 }
 
@@ -565,10 +610,10 @@ void conv2d_forward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, const
   }
 }
 
-/// y = conv2d(x, w) (+ bias) into y [N, O, OH, OW] (contiguous). x, w contiguous.
+/// y = conv2d(x, w) into y (contiguous) as GEMMs: the CPU loops, or the generic path.
 template <class T, class K>
-void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
-                    const Tensor<T, K>* bias, Tensor<T, K>& y, workspace& ws) {
+void conv2d_forward_gemms(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
+                          Tensor<T, K>& y, workspace& ws) {
   const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
   Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<K>(g)});
   Tensor<T, K> padded = ws.take<T, K>(conv2d_padded_shape<K>(g));
@@ -590,6 +635,30 @@ void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tenso
       conv2d_output_gemms(g, out, w2, right);
     }
   }
+}
+
+/// y = conv2d(x, w) into y (contiguous) with cuDNN's chosen forward algorithm (g.cudnn usable).
+template <class T>
+void conv2d_forward_cudnn(const conv2d_geometry& g, const Tensor<T, tessera::cuda>& x,
+                          const Tensor<T, tessera::cuda>& w, Tensor<T, tessera::cuda>& y,
+                          workspace& ws) {
+#if TESSERA_CUDNN
+  backend::cuda::conv2d_forward<T>(x.device_index(), g.problem(), g.cudnn, x.data(), w.data(),
+                                   y.data(), ws.take_raw(g.cudnn.forward_bytes));
+#else
+  (void)g, (void)x, (void)w, (void)y, (void)ws;
+  throw error("conv2d: internal error: cuDNN chosen in a build without it");
+#endif
+}
+
+/// y = conv2d(x, w) (+ bias) into y [N, O, OH, OW] (contiguous). x, w contiguous.
+template <class T, class K>
+void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
+                    const Tensor<T, K>* bias, Tensor<T, K>& y, workspace& ws) {
+  if constexpr (std::is_same_v<K, tessera::cuda>) {
+    if (g.cudnn.usable) conv2d_forward_cudnn(g, x, w, y, ws);
+  }
+  if (!g.cudnn.usable) conv2d_forward_gemms(g, x, w, y, ws);
   if (bias != nullptr) {
     Tensor<T, K> y3 = y.view(Shape{g.n, g.o, g.spatial()});
     tessera::detail::add_into(y3, tessera::detail::as_node(bias->view(Shape{1, g.o, 1})));
@@ -650,20 +719,16 @@ void conv2d_backward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, cons
   }
 }
 
-/// Gradients of y = conv2d(x, w) + bias for the upstream gradient gy [N, O, OH, OW]
-/// (contiguous): each of dx, dw, db that is defined is written, or added to when its
-/// accumulate flag is set. x and w contiguous.
+/// The input and weight gradients of y = conv2d(x, w) for gy as GEMMs (conv2d_backward's
+/// contract; one of dx, dw defined): the CPU loops, or the generic path.
 template <class T, class K>
-void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
-                     const Tensor<T, K>& gy, Tensor<T, K>* dx, bool dx_accumulate,
-                     Tensor<T, K>* dw, bool dw_accumulate, Tensor<T, K>* db, bool db_accumulate,
-                     workspace& ws) {
-  using tessera::detail::as_node;
+void conv2d_backward_gemms(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
+                           const Tensor<T, K>& gy, Tensor<T, K>* dx, bool dx_accumulate,
+                           Tensor<T, K>* dw, bool dw_accumulate, workspace& ws) {
   const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
-  const bool need_col = dx != nullptr || dw != nullptr;
-  Tensor<T, K> col = ws.take<T, K>(Shape{need_col ? conv2d_col_numel<K>(g) : 0});
-  Tensor<T, K> padded = ws.take<T, K>(need_col ? conv2d_padded_shape<K>(g) : Shape{0});
-  Tensor<T, K> gathered = ws.take<T, K>(Shape{need_col ? conv2d_gathered_numel<K>(g) : 0});
+  Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<K>(g)});
+  Tensor<T, K> padded = ws.take<T, K>(conv2d_padded_shape<K>(g));
+  Tensor<T, K> gathered = ws.take<T, K>(Shape{conv2d_gathered_numel<K>(g)});
   Tensor<T, K> staging;
   if (!tessera::detail::matmul_accumulates<T, K>()) {
     std::int64_t n = 0;
@@ -673,23 +738,6 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
   }
   const std::int64_t col_rows = g.c * g.kh * g.kw, col_image = col_rows * g.spatial();
   const Tensor<T, K> w2 = w.view(Shape{g.o, g.patch()});
-
-  if (db != nullptr) {
-    // db = sum of gy over (N, OH, OW): along the spatial dim, then the batch.
-    Tensor<T, K> per_image = ws.take<T, K>(Shape{g.n, g.o});
-    tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
-        per_image, as_node(gy.view(Shape{g.n, g.o, g.spatial()})), 2, "sum");
-    if (db_accumulate) {
-      Tensor<T, K> partial = ws.take<T, K>(Shape{g.o});
-      tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
-          partial, as_node(per_image), 0, "sum");
-      tessera::detail::add_into(*db, as_node(partial));
-    } else {
-      tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
-          *db, as_node(per_image), 0, "sum");
-    }
-  }
-  if (!need_col) return;
   if constexpr (std::is_same_v<K, cpu>) {
     if (!conv2d_generic<K>()) {
       conv2d_backward_cpu(g, x, w, gy, dx, dx_accumulate, dw, dw_accumulate, col, gathered,
@@ -727,6 +775,66 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
       col2im_add_generic(g, col.narrow(0, 0, b * col_image), images, pad_b);
     }
   }
+}
+
+/// The input and weight gradients with cuDNN's chosen algorithms (g.cudnn usable): the weight's
+/// first, then the input's, sharing one workspace.
+template <class T>
+void conv2d_backward_cudnn(const conv2d_geometry& g, const Tensor<T, tessera::cuda>& x,
+                           const Tensor<T, tessera::cuda>& w, const Tensor<T, tessera::cuda>& gy,
+                           Tensor<T, tessera::cuda>* dx, bool dx_accumulate,
+                           Tensor<T, tessera::cuda>* dw, bool dw_accumulate, workspace& ws) {
+#if TESSERA_CUDNN
+  const int device = gy.device_index();
+  void* scratch =
+      ws.take_raw(std::max(dx != nullptr ? g.cudnn.backward_data_bytes : std::size_t{0},
+                           dw != nullptr ? g.cudnn.backward_filter_bytes : std::size_t{0}));
+  if (dw != nullptr) {
+    backend::cuda::conv2d_backward_filter<T>(device, g.problem(), g.cudnn, x.data(), gy.data(),
+                                             dw->data(), dw_accumulate, scratch);
+  }
+  if (dx != nullptr) {
+    backend::cuda::conv2d_backward_data<T>(device, g.problem(), g.cudnn, gy.data(), w.data(),
+                                           dx->data(), dx_accumulate, scratch);
+  }
+#else
+  (void)g, (void)x, (void)w, (void)gy, (void)dx, (void)dx_accumulate, (void)dw;
+  (void)dw_accumulate, (void)ws;
+  throw error("conv2d: internal error: cuDNN chosen in a build without it");
+#endif
+}
+
+/// Gradients of y = conv2d(x, w) + bias for the upstream gradient gy [N, O, OH, OW]
+/// (contiguous): each of dx, dw, db that is defined is written, or added to when its
+/// accumulate flag is set. x (needed for dw only) and w contiguous.
+template <class T, class K>
+void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
+                     const Tensor<T, K>& gy, Tensor<T, K>* dx, bool dx_accumulate, Tensor<T, K>* dw,
+                     bool dw_accumulate, Tensor<T, K>* db, bool db_accumulate, workspace& ws) {
+  using tessera::detail::as_node;
+  if (db != nullptr) {
+    // db = sum of gy over (N, OH, OW): along the spatial dim, then the batch.
+    Tensor<T, K> per_image = ws.take<T, K>(Shape{g.n, g.o});
+    tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
+        per_image, as_node(gy.view(Shape{g.n, g.o, g.spatial()})), 2, "sum");
+    if (db_accumulate) {
+      Tensor<T, K> partial = ws.take<T, K>(Shape{g.o});
+      tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
+          partial, as_node(per_image), 0, "sum");
+      tessera::detail::add_into(*db, as_node(partial));
+    } else {
+      tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
+          *db, as_node(per_image), 0, "sum");
+    }
+  }
+  if (dx == nullptr && dw == nullptr) return;
+  if constexpr (std::is_same_v<K, tessera::cuda>) {
+    if (g.cudnn.usable) {
+      conv2d_backward_cudnn(g, x, w, gy, dx, dx_accumulate, dw, dw_accumulate, ws);
+      return;
+    }
+  }
+  conv2d_backward_gemms(g, x, w, gy, dx, dx_accumulate, dw, dw_accumulate, ws);
 }
 
 }  // namespace tessera::nn::detail
