@@ -63,6 +63,19 @@ constexpr std::int64_t batch = 8;
 
 std::int64_t out_extent(const layer& l) { return (l.hw + 2 * l.padding - l.k) / l.stride + 1; }
 
+/// A 3x3 layer with stride 1: Tessera runs it as Winograd F(2x2, 3x3) on CPU (its forward and
+/// input gradient); its rows are also timed on the im2col path.
+bool winograd_layer(const layer& l) { return l.k == 3 && l.stride == 1; }
+
+/// Makes the convolutions traced in its lifetime run as im2col + GEMM (no Winograd).
+struct without_winograd {
+  std::int64_t saved = nn::detail::conv2d_winograd_min_channels();
+  without_winograd() { nn::detail::conv2d_winograd_min_channels() = INT64_MAX; }
+  ~without_winograd() { nn::detail::conv2d_winograd_min_channels() = saved; }
+  without_winograd(const without_winograd&) = delete;
+  without_winograd& operator=(const without_winograd&) = delete;
+};
+
 using ts::bench::random_tensor;
 
 /// A convolution layer's forward and backward as a compiled program.
@@ -294,6 +307,21 @@ void register_benchmarks(int threads) {
       for (auto _ : state) value = conv.step();
       benchmark::DoNotOptimize(value);
     })->UseRealTime()->Unit(benchmark::kMillisecond);
+    if (winograd_layer(l)) {
+      benchmark::RegisterBenchmark(("conv_tessera_im2col_" + l.name).c_str(),
+                                   [l](benchmark::State& state) {
+                                     ts::manual_seed(1);
+                                     const auto conv = [&] {
+                                       const without_winograd im2col;
+                                       return std::make_unique<tessera_conv>(l);
+                                     }();
+                                     float value = conv->step();
+                                     for (auto _ : state) value = conv->step();
+                                     benchmark::DoNotOptimize(value);
+                                   })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
     benchmark::RegisterBenchmark(("conv_gemm_" + l.name).c_str(), [l](benchmark::State& state) {
       conv_gemms gemms(l);
       gemms.run();
@@ -464,12 +492,20 @@ int main(int argc, char** argv) {
   std::printf("\nratios (baseline time / tessera time, higher is better for tessera; %d threads):\n",
               threads);
   for (const layer& l : layers()) {
-    ts::bench::print_summary(
-        reporter.results,
-        {"conv " + l.name + " (batch 8, forward + backward)",
-         {{"torch / tessera", "conv_tessera_" + l.name, "conv_torch_" + l.name, 1.0},
-          {"GEMM share (gemm / conv)", "conv_tessera_" + l.name, "conv_gemm_" + l.name,
-           l.k == 3 ? 0.8 : 0.0}}});
+    // The GEMM share (the im2col GEMMs alone / the layer) is the im2col path's: Winograd does
+    // fewer products than those GEMMs.
+    const std::string im2col =
+        winograd_layer(l) ? "conv_tessera_im2col_" + l.name : "conv_tessera_" + l.name;
+    std::vector<ts::bench::comparison> rows = {
+        {"torch / tessera", "conv_tessera_" + l.name, "conv_torch_" + l.name, 1.0}};
+    if (winograd_layer(l)) {
+      rows.push_back({"im2col / Winograd", "conv_tessera_" + l.name, im2col, 0.0});
+    }
+    rows.push_back(
+        {winograd_layer(l) ? "GEMM share of the im2col path" : "GEMM share (gemm / conv)", im2col,
+         "conv_gemm_" + l.name, l.k == 3 ? 0.8 : 0.0});
+    ts::bench::print_summary(reporter.results,
+                             {"conv " + l.name + " (batch 8, forward + backward)", rows});
   }
   ts::bench::print_summary(reporter.results,
                            {"ResNet-50 training step (batch 8, " + std::to_string(image_size()) +

@@ -54,7 +54,17 @@ const conv_case conv_cases[] = {
     {"stem7x7", 5, 7, 2, 3, 1, 1, false},
     {"rect", 4, {2, 3}, {2, 1}, {0, 1}, {1, 2}, 1, true},
     {"whole", 3, 5, 1, 0, 1, 1, true},
+    {"wino_odd", 6, 3, 1, 1, 1, 1, true},
+    {"wino_pad0", 3, 3, 1, 0, 1, 1, false},
+    {"wino_pad2", 4, 3, 1, 2, 1, 1, true},
+    {"wino_rect", 5, 3, 1, {0, 2}, 1, 1, false},
 };
+
+/// True for the cases that Winograd F(2x2, 3x3) takes on CPU (given enough channels).
+bool winograd_shape(const conv_case& c) {
+  return c.kernel == nn::Int2(3) && c.stride == nn::Int2(1) && c.dilation == nn::Int2(1) &&
+         c.groups == 1 && c.padding.h <= 2 && c.padding.w <= 2;
+}
 
 /// Sets the device-agnostic (CUDA) im2col path for its lifetime.
 struct generic_path {
@@ -72,6 +82,22 @@ struct pass_columns {
     nn::detail::conv2d_pass_columns() = columns;
   }
   ~pass_columns() { nn::detail::conv2d_pass_columns() = saved; }
+};
+
+/// Sets Winograd's channel threshold and its tiles per block (through the elements a block's
+/// operands may hold) for its lifetime.
+struct winograd_setting {
+  std::int64_t saved_channels, saved_elements;
+  winograd_setting(std::int64_t min_channels, std::int64_t block_elements)
+      : saved_channels(nn::detail::conv2d_winograd_min_channels()),
+        saved_elements(nn::detail::conv2d_winograd_block_elements()) {
+    nn::detail::conv2d_winograd_min_channels() = min_channels;
+    nn::detail::conv2d_winograd_block_elements() = block_elements;
+  }
+  ~winograd_setting() {
+    nn::detail::conv2d_winograd_min_channels() = saved_channels;
+    nn::detail::conv2d_winograd_block_elements() = saved_elements;
+  }
 };
 
 /// How the CPU loops cut the batch into passes: one image each, two (the last pass of an odd
@@ -187,10 +213,55 @@ TEMPLATE_TEST_CASE("conv2d matches PyTorch: forward and every gradient", "[conv]
                   << " per pass)");
       check_conv<TestType>(c, cut);
     }
+    if (winograd_shape(c)) {
+      // Winograd with these few channels: all tiles in one block, then 3 tiles per block (blocks
+      // that end inside a row of tiles and inside an image).
+      const std::int64_t in =
+          oracle().tensor<TestType>(std::string("conv.") + c.name + ".x").size(1);
+      for (const std::int64_t tiles : {std::int64_t{1} << 20, std::int64_t{3}}) {
+        winograd_setting winograd(1, tiles * 16 * (in + c.out));
+        INFO(c.name << " (Winograd, " << tiles << " tiles per block at most)");
+        check_conv<TestType>(c, passes::all);
+      }
+    }
     generic_path path(true);
     INFO(c.name << " (device-agnostic path)");
     check_conv<TestType>(c, passes::one);
   }
+}
+
+TEST_CASE("conv2d: which 3x3 convolutions run as Winograd on CPU", "[conv]") {
+  const nn::Conv2dArgs same{.stride = 1, .padding = 1};
+  auto winograd = [](const ts::Shape& x, const ts::Shape& w, const nn::Conv2dArgs& a) {
+    const auto g = nn::detail::conv2d_geometry_of("conv2d", x, w, nullptr, a);
+    return nn::detail::conv2d_winograd<float, ts::cpu>(g);
+  };
+  // ResNet's 3x3 layers (64 channels and more), by default.
+  CHECK(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, same));
+  CHECK(winograd({8, 512, 7, 7}, {512, 512, 3, 3}, same));
+  // Too few channels on either side (the default threshold is 32).
+  CHECK_FALSE(winograd({8, 16, 56, 56}, {64, 16, 3, 3}, same));
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {16, 64, 3, 3}, same));
+  // Stride, dilation, groups, padding 3 (the input gradient's would be -1), other kernels.
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = 2, .padding = 1}));
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.padding = 2, .dilation = 2}));
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 32, 3, 3}, {.padding = 1, .groups = 2}));
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.padding = 3}));
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 5, 5}, {.padding = 2}));
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 1, 1}, {}));
+  // Not on the device-agnostic (CUDA) path, nor for half.
+  {
+    generic_path path(true);
+    CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, same));
+  }
+  const auto g =
+      nn::detail::conv2d_geometry_of("conv2d", {8, 64, 56, 56}, {64, 64, 3, 3}, nullptr, same);
+  CHECK_FALSE(nn::detail::conv2d_winograd<ts::half, ts::cpu>(g));
+  // A block's operands V [16, C, tiles] and M [16, O, tiles] within 2^21 elements: 1024 tiles
+  // of 64 + 64 channels, in 7 equal blocks of 896 for 8 images of 28 x 28 tiles.
+  const auto p = nn::detail::conv2d_winograd_forward(g);
+  CHECK(p.tiles() == 8 * 28 * 28);
+  CHECK(p.block == 896);
 }
 
 namespace {

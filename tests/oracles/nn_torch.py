@@ -231,6 +231,12 @@ CONV_CASES = [
     ("stem7x7", (2, 3, 15, 13), 5, (7, 7), (2, 2), (3, 3), (1, 1), 1, False),
     ("rect", (2, 3, 6, 9), 4, (2, 3), (2, 1), (0, 1), (1, 2), 1, True),
     ("whole", (3, 2, 5, 5), 3, (5, 5), (1, 1), (0, 0), (1, 1), 1, True),
+    # 3x3 with stride 1 (Winograd on CPU): odd outputs (cut tiles), no padding (the input
+    # gradient's is 2), padding 2 (the input gradient's is 0), different paddings per side.
+    ("wino_odd", (2, 5, 9, 7), 6, (3, 3), (1, 1), (1, 1), (1, 1), 1, True),
+    ("wino_pad0", (3, 4, 8, 6), 3, (3, 3), (1, 1), (0, 0), (1, 1), 1, False),
+    ("wino_pad2", (2, 3, 5, 6), 4, (3, 3), (1, 1), (2, 2), (1, 1), 1, True),
+    ("wino_rect", (2, 4, 7, 5), 5, (3, 3), (1, 1), (0, 2), (1, 1), 1, False),
 ]
 
 

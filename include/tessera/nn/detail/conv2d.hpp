@@ -13,6 +13,11 @@
 // with their workspace sizes, so a program runs what its memory plan was made for); otherwise
 // the im2col + cuBLAS path below.
 //
+// On CPU, a 3x3 convolution with stride 1, no dilation, one group and enough channels runs its
+// forward and its input gradient as Winograd F(2x2, 3x3) (nn/detail/winograd.hpp: 16 products
+// per 2x2 outputs and channel pair instead of 36); its weight gradient, and every other
+// convolution, as GEMMs with im2col.
+//
 // im2col and col2im have two implementations. On CPU, direct loops over channels (threaded;
 // rows of a stride-1 window are copies). Elsewhere (CUDA), the device-agnostic form: the input is
 // copied into a zero-padded buffer, col is one strided copy of a 6-D view of it, and col2im is
@@ -35,6 +40,7 @@
 #include "tessera/expr/matmul.hpp"
 #include "tessera/expr/operators.hpp"
 #include "tessera/expr/reduce.hpp"
+#include "tessera/nn/detail/winograd.hpp"
 #include "tessera/tensor/storage.hpp"
 #include "tessera/tensor/tensor.hpp"
 
@@ -133,9 +139,24 @@ inline std::int64_t& conv2d_pass_columns() {
   return columns;
 }
 
+/// The fewest input and output channels with which a 3x3 convolution runs as Winograd on CPU
+/// (below, its GEMMs are too thin for the 16 products to beat im2col's 36). Tests set it to 1 to
+/// reach Winograd with few channels, or to INT64_MAX to turn it off; read when a geometry is made.
+inline std::int64_t& conv2d_winograd_min_channels() {
+  thread_local std::int64_t channels = 32;
+  return channels;
+}
+
 /// The most elements one CPU pass's col matrix may hold when it holds several images (8 MiB of
 /// float: a pass's operands stay a fraction of a shared L3).
 inline constexpr std::int64_t conv2d_pass_col_limit = std::int64_t{1} << 21;
+
+/// The most elements a Winograd block's transformed input and product may hold together
+/// (conv2d_pass_col_limit by default; tests lower it to split the tiles into many blocks).
+inline std::int64_t& conv2d_winograd_block_elements() {
+  thread_local std::int64_t elements = conv2d_pass_col_limit;
+  return elements;
+}
 
 struct conv2d_geometry {
   std::int64_t n = 0, c = 0, h = 0, w = 0;  // input [N, C, H, W]
@@ -143,6 +164,7 @@ struct conv2d_geometry {
   std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
   std::int64_t oh = 0, ow = 0;  // output [N, O, OH, OW]
   std::int64_t cpu_pass = 1;    // images per pass of the CPU loops (conv2d_pass_columns)
+  bool winograd = false;        // 3x3, stride 1: Winograd on CPU (conv2d_winograd_min_channels)
   backend::cuda::conv2d_algorithms cudnn;  // usable: cuDNN runs it (conv2d_choose_cudnn)
 
   std::int64_t in_per_group() const { return c / groups; }
@@ -215,6 +237,10 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   const std::int64_t most = std::clamp<std::int64_t>(std::min(wanted, fit), 1, images);
   const std::int64_t passes = (images + most - 1) / most;
   g.cpu_pass = (images + passes - 1) / passes;  // passes of equal size (8 images: 4 + 4, not 6 + 2)
+  // The input gradient's padding is 2 - p: at most 2 on each side.
+  g.winograd = g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 &&
+               g.groups == 1 && g.ph <= 2 && g.pw <= 2 && g.n > 0 &&
+               std::min(g.c, g.o) >= std::max<std::int64_t>(conv2d_winograd_min_channels(), 1);
   return g;
 }
 
@@ -233,6 +259,26 @@ void conv2d_choose_cudnn(conv2d_geometry& g, Device device) {
 template <class K>
 bool conv2d_generic() {
   return !std::is_same_v<K, cpu> || conv2d_use_generic_path();
+}
+
+/// True when the CPU loops run the forward and the input gradient as Winograd F(2x2, 3x3).
+template <class T, class K>
+bool conv2d_winograd(const conv2d_geometry& g) {
+  return std::is_same_v<K, cpu> &&
+         (std::is_same_v<T, float> || std::is_same_v<T, double>)&&!conv2d_use_generic_path() &&
+         g.winograd;
+}
+
+/// The forward as a Winograd problem: x [N, C, H, W] into y [N, O, OH, OW].
+inline winograd_problem conv2d_winograd_forward(const conv2d_geometry& g) {
+  return winograd_problem_of(g.n, g.c, g.h, g.w, g.o, g.ph, g.pw, conv2d_winograd_block_elements());
+}
+
+/// The input gradient as a Winograd problem: gy [N, O, OH, OW] into dx [N, C, H, W], with the
+/// weight turned and padding 2 - p.
+inline winograd_problem conv2d_winograd_input_grad(const conv2d_geometry& g) {
+  return winograd_problem_of(g.n, g.o, g.oh, g.ow, g.c, 2 - g.ph, 2 - g.pw,
+                             conv2d_winograd_block_elements());
 }
 
 /// Images per pass: on CPU the geometry's choice (one image when its positions fill the GEMM;
@@ -283,6 +329,8 @@ std::int64_t conv2d_padded_numel(const conv2d_geometry& g) {
 template <class T, class K>
 std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
   if (g.cudnn.usable) return workspace::raw_bytes(g.cudnn.forward_bytes);
+  if (conv2d_winograd<T, K>(g))
+    return workspace::bytes<T>(winograd_workspace_numel<T>(conv2d_winograd_forward(g)));
   return workspace::bytes<T>(conv2d_col_numel<K>(g)) +
          workspace::bytes<T>(conv2d_padded_numel<K>(g)) +
          workspace::bytes<T>(conv2d_gathered_numel<K>(g));
@@ -299,6 +347,11 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
     return bytes +
            workspace::raw_bytes(std::max(input ? g.cudnn.backward_data_bytes : std::size_t{0},
                                          weight ? g.cudnn.backward_filter_bytes : std::size_t{0}));
+  }
+  if (input && conv2d_winograd<T, K>(g)) {
+    // Winograd for the input gradient, after the weight's im2col path (which then plans alone).
+    bytes += workspace::bytes<T>(winograd_workspace_numel<T>(conv2d_winograd_input_grad(g)));
+    input = false;
   }
   if (input || weight) {
     bytes += workspace::bytes<T>(conv2d_col_numel<K>(g));
@@ -614,6 +667,14 @@ void conv2d_forward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, const
 template <class T, class K>
 void conv2d_forward_gemms(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
                           Tensor<T, K>& y, workspace& ws) {
+  if constexpr (std::is_same_v<K, cpu>) {
+    if (conv2d_winograd<T, K>(g)) {
+      const winograd_problem p = conv2d_winograd_forward(g);
+      winograd_conv3x3_cpu(p, x.data(), w.data(), false, y.data(), false,
+                           ws.take<T, cpu>(Shape{winograd_workspace_numel<T>(p)}));
+      return;
+    }
+  }
   const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
   Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<K>(g)});
   Tensor<T, K> padded = ws.take<T, K>(conv2d_padded_shape<K>(g));
@@ -725,6 +786,17 @@ template <class T, class K>
 void conv2d_backward_gemms(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
                            const Tensor<T, K>& gy, Tensor<T, K>* dx, bool dx_accumulate,
                            Tensor<T, K>* dw, bool dw_accumulate, workspace& ws) {
+  if constexpr (std::is_same_v<K, cpu>) {
+    if (dx != nullptr && conv2d_winograd<T, K>(g)) {
+      const winograd_problem p = conv2d_winograd_input_grad(g);
+      const Tensor<T, cpu> scratch = ws.take<T, cpu>(Shape{winograd_workspace_numel<T>(p)});
+      if (dw != nullptr) {
+        conv2d_backward_gemms<T, K>(g, x, w, gy, nullptr, false, dw, dw_accumulate, ws);
+      }
+      winograd_conv3x3_cpu(p, gy.data(), w.data(), true, dx->data(), dx_accumulate, scratch);
+      return;
+    }
+  }
   const std::int64_t per_pass = conv2d_images_per_pass<K>(g);
   Tensor<T, K> col = ws.take<T, K>(Shape{conv2d_col_numel<K>(g)});
   Tensor<T, K> padded = ws.take<T, K>(conv2d_padded_shape<K>(g));

@@ -1,0 +1,263 @@
+// Winograd's minimal filtering F(2x2, 3x3) for 3x3 convolutions with stride 1 on CPU (Lavin and
+// Gray, "Fast Algorithms for Convolutional Neural Networks", 2015). Each 2x2 block of output
+// comes from a 4x4 tile of input with 16 products per pair of channels instead of 36: per block
+// of tiles, the input tiles are transformed (V = B^T d B), 16 GEMMs give M[k] = U[k] @ V[k] with
+// the transformed weight U = G g G^T, and the output tiles are transformed back (Y = A^T M A).
+// The input gradient of such a convolution is one too (the weight turned by 180 degrees, input
+// and output channels swapped, padding 2 - p), so it runs here as well; the weight gradient stays
+// im2col + GEMM (nn/detail/conv2d.hpp decides which convolutions come here).
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/core/shape.hpp"
+#include "tessera/expr/matmul.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera::nn::detail {
+
+/// One F(2x2, 3x3) convolution: input [n, c, h, w], output [n, o, oh, ow] with
+/// oh = h + 2 ph - 2 and ow = w + 2 pw - 2, and `block` tiles transformed and multiplied at once.
+struct winograd_problem {
+  std::int64_t n = 0, c = 0, h = 0, w = 0, o = 0, ph = 0, pw = 0, oh = 0, ow = 0, block = 1;
+
+  std::int64_t tiles_h() const { return (oh + 1) / 2; }
+  std::int64_t tiles_w() const { return (ow + 1) / 2; }
+  std::int64_t tiles() const { return n * tiles_h() * tiles_w(); }
+};
+
+/// The distance between consecutive transform elements k of V or M, for `elements` per k: at
+/// least that, and 320 bytes past a multiple of 4096. At a multiple of 4096 bytes apart, the 16
+/// streams a transform reads or writes at once would all map to one set of the L1 cache, which
+/// holds 8 lines (4K aliasing: the input transform then ran at a third of its speed); 320 bytes
+/// (5 lines) apart modulo 4096, they fall in 16 different sets.
+template <class T>
+std::int64_t winograd_stream_stride(std::int64_t elements) {
+  constexpr std::int64_t page = 4096, offset = 320, size = static_cast<std::int64_t>(sizeof(T));
+  const std::int64_t bytes = elements * size;
+  const std::int64_t pad = ((offset - bytes) % page + page) % page;
+  return (bytes + pad) / size;
+}
+
+/// Workspace elements of winograd_conv3x3_cpu: U, and a block's V and M (16 streams each, of o
+/// rows of c, c rows of `block` tiles, and o rows of `block` tiles).
+template <class T>
+std::int64_t winograd_workspace_numel(const winograd_problem& p) {
+  return 16 * (winograd_stream_stride<T>(p.o * p.c) + winograd_stream_stride<T>(p.c * p.block) +
+               winograd_stream_stride<T>(p.o * p.block));
+}
+
+/// A problem whose blocks keep V and M within `limit` elements (the tiles of one pass share the
+/// transformed weight; a block's operands stay in cache between the transforms and the GEMMs).
+inline winograd_problem winograd_problem_of(std::int64_t n, std::int64_t c, std::int64_t h,
+                                            std::int64_t w, std::int64_t o, std::int64_t ph,
+                                            std::int64_t pw, std::int64_t limit) {
+  winograd_problem p{n, c, h, w, o, ph, pw, h + 2 * ph - 2, w + 2 * pw - 2, 1};
+  const std::int64_t fit =
+      std::max<std::int64_t>(1, limit / std::max<std::int64_t>(16 * (c + o), 1));
+  const std::int64_t tiles = std::max<std::int64_t>(p.tiles(), 1);
+  const std::int64_t blocks = (tiles + fit - 1) / fit;
+  p.block = (tiles + blocks - 1) / blocks;  // blocks of equal size
+  return p;
+}
+
+/// The 16 elements G g G^T of the kernels g of output channel oo and input channels [0, in):
+/// g of input channel ii at k + ii * k_step, read turned by 180 degrees with `turned`; element
+/// (r, s) of input channel ii stored at u[(r * 4 + s) * u_stride + ii]. Restrict pointers: GCC
+/// vectorises the loop over input channels.
+template <class T>
+void winograd_weight_row(const T* __restrict k, std::int64_t k_step, std::int64_t in, bool turned,
+                         T* __restrict u, std::int64_t u_stride) {
+  for (std::int64_t ii = 0; ii < in; ++ii) {
+    const T* g = k + ii * k_step;
+    T gk[3][3];
+    for (int r = 0; r < 3; ++r) {
+      for (int s = 0; s < 3; ++s) gk[r][s] = turned ? g[(2 - r) * 3 + (2 - s)] : g[r * 3 + s];
+    }
+    T gg[4][3];  // G g
+    for (int s = 0; s < 3; ++s) {
+      gg[0][s] = gk[0][s];
+      gg[1][s] = (gk[0][s] + gk[1][s] + gk[2][s]) * T(0.5);
+      gg[2][s] = (gk[0][s] - gk[1][s] + gk[2][s]) * T(0.5);
+      gg[3][s] = gk[2][s];
+    }
+    for (int r = 0; r < 4; ++r) {  // (G g) G^T
+      u[(r * 4 + 0) * u_stride + ii] = gg[r][0];
+      u[(r * 4 + 1) * u_stride + ii] = (gg[r][0] + gg[r][1] + gg[r][2]) * T(0.5);
+      u[(r * 4 + 2) * u_stride + ii] = (gg[r][0] - gg[r][1] + gg[r][2]) * T(0.5);
+      u[(r * 4 + 3) * u_stride + ii] = gg[r][2];
+    }
+  }
+}
+
+/// U[k][oo][ii] = (G g G^T)[k] (U[k] at u + k * k_stride, [out, in] contiguous) for the kernel g
+/// of output channel oo and input channel ii, from a weight [A, B, 3, 3]: g = w[oo][ii] (A = out,
+/// B = in), or with `turned` the input gradient's kernel g = w[ii][oo] turned by 180 degrees
+/// (A = in, B = out).
+template <class T>
+void winograd_weight_transform(const T* w, std::int64_t out, std::int64_t in, bool turned, T* u,
+                               std::int64_t k_stride) {
+  backend::cpu::parallel_for(0, out, 8, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t oo = first; oo < last; ++oo) {
+      if (turned) {
+        winograd_weight_row(w + oo * 9, out * 9, in, true, u + oo * in, k_stride);
+      } else {
+        winograd_weight_row(w + oo * in * 9, std::int64_t{9}, in, false, u + oo * in, k_stride);
+      }
+    }
+  });
+}
+
+/// Calls fn(image, tile_row, first_column, last_column) for the tile rows that tiles
+/// [first, last) of p cover, in order (tile t is image t / (th * tw), row (t / tw) % th, column
+/// t % tw).
+template <class Fn>
+void for_tile_rows(const winograd_problem& p, std::int64_t first, std::int64_t last, Fn&& fn) {
+  const std::int64_t tw = p.tiles_w(), th = p.tiles_h();
+  for (std::int64_t row = first / tw; row * tw < last; ++row) {
+    const std::int64_t begin = std::max<std::int64_t>(first - row * tw, 0);
+    const std::int64_t end = std::min<std::int64_t>(last - row * tw, tw);
+    fn(row / th, row % th, begin, end);
+  }
+}
+
+/// Transforms the tiles in columns [begin, end) of one row of tiles, from the four padded input
+/// rows r0..r3 (tile column c reads columns 2c .. 2c + 3), into out[k * k_stride + c - begin]
+/// for transform element k. Restrict pointers and contiguous stores per k: GCC vectorises the
+/// loop over columns.
+template <class T>
+void winograd_input_row(const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,
+                        const T* __restrict r3, std::int64_t begin, std::int64_t end,
+                        T* __restrict out, std::int64_t k_stride) {
+  for (std::int64_t col = begin; col < end; ++col) {
+    const std::int64_t x = 2 * col;
+    T b[4][4];  // B^T d, column by column
+    for (int j = 0; j < 4; ++j) {
+      b[0][j] = r0[x + j] - r2[x + j];
+      b[1][j] = r1[x + j] + r2[x + j];
+      b[2][j] = r2[x + j] - r1[x + j];
+      b[3][j] = r1[x + j] - r3[x + j];
+    }
+    T* o = out + (col - begin);
+    for (int i = 0; i < 4; ++i) {  // (B^T d) B
+      o[(i * 4 + 0) * k_stride] = b[i][0] - b[i][2];
+      o[(i * 4 + 1) * k_stride] = b[i][1] + b[i][2];
+      o[(i * 4 + 2) * k_stride] = b[i][2] - b[i][1];
+      o[(i * 4 + 3) * k_stride] = b[i][1] - b[i][3];
+    }
+  }
+}
+
+/// V[k][ci][t - first] = (B^T d B)[k] for the 4x4 input tile d of channel ci and tile t, for
+/// tiles [first, last) of x [n, c, h, w] (contiguous); zero outside the image. V[k] starts at
+/// v + k * k_stride and is [c, last - first] contiguous.
+template <class T>
+void winograd_input_transform(const winograd_problem& p, const T* x, std::int64_t first,
+                              std::int64_t last, T* v, std::int64_t k_stride) {
+  const std::int64_t count = last - first, tw = p.tiles_w();
+  const std::int64_t width = 2 * tw + 2;  // a padded input row, columns -pw .. 2 tw + 1 - pw
+  backend::cpu::parallel_for(0, p.c, 1, [&](std::int64_t c_first, std::int64_t c_last) {
+    std::vector<T> padded(static_cast<std::size_t>(4 * width));
+    for (std::int64_t ci = c_first; ci < c_last; ++ci) {
+      std::int64_t t = 0;  // tiles of the block done
+      for_tile_rows(
+          p, first, last,
+          [&](std::int64_t image, std::int64_t tile_row, std::int64_t begin, std::int64_t end) {
+            const T* plane = x + (image * p.c + ci) * p.h * p.w;
+            T* rows[4];
+            for (int i = 0; i < 4; ++i) {
+              rows[i] = padded.data() + i * width;
+              std::fill(rows[i], rows[i] + width, T(0));
+              const std::int64_t y = 2 * tile_row - p.ph + i;
+              if (y < 0 || y >= p.h) continue;
+              const std::int64_t lo = std::max<std::int64_t>(0, p.pw);
+              const std::int64_t hi = std::min<std::int64_t>(width, p.w + p.pw);
+              std::copy(plane + y * p.w + (lo - p.pw), plane + y * p.w + (hi - p.pw), rows[i] + lo);
+            }
+            winograd_input_row(rows[0], rows[1], rows[2], rows[3], begin, end, v + ci * count + t,
+                               k_stride);
+            t += end - begin;
+          });
+    }
+  });
+}
+
+/// y's 2x2 blocks of tiles [first, last) = (A^T M A) of M[k][oo][t - first] (M[k] at
+/// m + k * k_stride, [o, last - first] contiguous), set or (with `add`) added into y
+/// [n, o, oh, ow] (contiguous); the last row and column of tiles are cut to the output.
+template <class T>
+void winograd_output_transform(const winograd_problem& p, const T* m, std::int64_t first,
+                               std::int64_t last, std::int64_t k_stride, T* y, bool add) {
+  const std::int64_t count = last - first, tw = p.tiles_w();
+  backend::cpu::parallel_for(0, p.o, 1, [&](std::int64_t o_first, std::int64_t o_last) {
+    std::vector<T> rows(static_cast<std::size_t>(2 * 2 * tw));
+    for (std::int64_t oo = o_first; oo < o_last; ++oo) {
+      const T* in = m + oo * count;
+      std::int64_t t = 0;
+      for_tile_rows(
+          p, first, last,
+          [&](std::int64_t image, std::int64_t tile_row, std::int64_t begin, std::int64_t end) {
+            T* row0 = rows.data();
+            T* row1 = rows.data() + 2 * tw;
+            for (std::int64_t col = begin; col < end; ++col, ++t) {
+              T s[2][4];  // A^T M
+              for (int j = 0; j < 4; ++j) {
+                const T m0 = in[(0 * 4 + j) * k_stride + t], m1 = in[(1 * 4 + j) * k_stride + t];
+                const T m2 = in[(2 * 4 + j) * k_stride + t], m3 = in[(3 * 4 + j) * k_stride + t];
+                s[0][j] = m0 + m1 + m2;
+                s[1][j] = m1 - m2 - m3;
+              }
+              row0[2 * col] = s[0][0] + s[0][1] + s[0][2];  // (A^T M) A
+              row0[2 * col + 1] = s[0][1] - s[0][2] - s[0][3];
+              row1[2 * col] = s[1][0] + s[1][1] + s[1][2];
+              row1[2 * col + 1] = s[1][1] - s[1][2] - s[1][3];
+            }
+            T* plane = y + (image * p.o + oo) * p.oh * p.ow;
+            const std::int64_t lo = 2 * begin, hi = std::min<std::int64_t>(2 * end, p.ow);
+            for (int i = 0; i < 2; ++i) {
+              const std::int64_t out_row = 2 * tile_row + i;
+              if (out_row >= p.oh) break;
+              const T* from = i == 0 ? row0 : row1;
+              T* to = plane + out_row * p.ow;
+              if (add) {
+                for (std::int64_t e = lo; e < hi; ++e) to[e] += from[e];
+              } else {
+                std::copy(from + lo, from + hi, to + lo);
+              }
+            }
+          });
+    }
+  });
+}
+
+/// y = (or, with `add`, y +=) the F(2x2, 3x3) convolution of x [n, c, h, w] with the weight w
+/// (see winograd_weight_transform for `turned`), using `workspace`
+/// (winograd_workspace_numel<T>(p) elements). x, w, y contiguous, on the CPU.
+template <class T>
+void winograd_conv3x3_cpu(const winograd_problem& p, const T* x, const T* w, bool turned, T* y,
+                          bool add, const Tensor<T, cpu>& workspace) {
+  const std::int64_t u_stride = winograd_stream_stride<T>(p.o * p.c), u_numel = 16 * u_stride;
+  winograd_weight_transform(w, p.o, p.c, turned, workspace.data(), u_stride);
+  const std::int64_t tiles = p.tiles();
+  for (std::int64_t first = 0; first < tiles; first += p.block) {
+    const std::int64_t count = std::min(p.block, tiles - first);
+    const std::int64_t v_stride = winograd_stream_stride<T>(p.c * count);
+    const std::int64_t m_stride = winograd_stream_stride<T>(p.o * count);
+    const std::int64_t m_begin = u_numel + 16 * v_stride;
+    winograd_input_transform(p, x, first, first + count, workspace.data() + u_numel, v_stride);
+    for (std::int64_t k = 0; k < 16; ++k) {
+      Tensor<T, cpu> m_k =
+          workspace.narrow(0, m_begin + k * m_stride, p.o * count).view(Shape{p.o, count});
+      tessera::detail::matmul_into(
+          m_k, workspace.narrow(0, k * u_stride, p.o * p.c).view(Shape{p.o, p.c}),
+          workspace.narrow(0, u_numel + k * v_stride, p.c * count).view(Shape{p.c, count}));
+    }
+    winograd_output_transform(p, workspace.data() + m_begin, first, first + count, m_stride, y,
+                              add);
+  }
+}
+
+}  // namespace tessera::nn::detail
