@@ -13,10 +13,10 @@
 // with their workspace sizes, so a program runs what its memory plan was made for); otherwise
 // the im2col + cuBLAS path below.
 //
-// On CPU, a 3x3 convolution with stride 1, no dilation, one group and enough channels runs its
-// forward and its input gradient as Winograd F(2x2, 3x3) (nn/detail/winograd.hpp: 16 products
-// per 2x2 outputs and channel pair instead of 36); its weight gradient, and every other
-// convolution, as GEMMs with im2col.
+// On CPU, a 3x3 convolution with stride 1, no dilation, one group and enough channels runs as
+// Winograd F(2x2, 3x3) (nn/detail/winograd.hpp: 16 products per 2x2 outputs and channel pair
+// instead of 36), its forward and both gradients (the weight's with a BLAS); every other
+// convolution as GEMMs with im2col.
 //
 // im2col and col2im have two implementations. On CPU, direct loops over channels (threaded;
 // rows of a stride-1 window are copies). Elsewhere (CUDA), the device-agnostic form: the input is
@@ -269,7 +269,15 @@ bool conv2d_winograd(const conv2d_geometry& g) {
          g.winograd;
 }
 
-/// The forward as a Winograd problem: x [N, C, H, W] into y [N, O, OH, OW].
+/// True when the CPU loops run the weight gradient as Winograd too: it sums its GEMMs over the
+/// blocks of tiles in their output (a BLAS; the built-in GEMM does not add).
+template <class T, class K>
+bool conv2d_winograd_weight_grad(const conv2d_geometry& g) {
+  return conv2d_winograd<T, K>(g) && tessera::detail::matmul_accumulates<T, K>();
+}
+
+/// The forward as a Winograd problem: x [N, C, H, W] into y [N, O, OH, OW] (its weight gradient
+/// too).
 inline winograd_problem conv2d_winograd_forward(const conv2d_geometry& g) {
   return winograd_problem_of(g.n, g.c, g.h, g.w, g.o, g.ph, g.pw, conv2d_winograd_block_elements());
 }
@@ -279,6 +287,19 @@ inline winograd_problem conv2d_winograd_forward(const conv2d_geometry& g) {
 inline winograd_problem conv2d_winograd_input_grad(const conv2d_geometry& g) {
   return winograd_problem_of(g.n, g.o, g.oh, g.ow, g.c, 2 - g.ph, 2 - g.pw,
                              conv2d_winograd_block_elements());
+}
+
+/// Elements of the scratch that a backward's Winograd gradients share (they run one after the
+/// other), 0 when none runs as Winograd.
+template <class T, class K>
+std::int64_t conv2d_winograd_backward_numel(const conv2d_geometry& g, bool input, bool weight) {
+  if (!conv2d_winograd<T, K>(g)) return 0;
+  std::int64_t numel = 0;
+  if (input) numel = winograd_workspace_numel<T>(conv2d_winograd_input_grad(g));
+  if (weight && conv2d_winograd_weight_grad<T, K>(g)) {
+    numel = std::max(numel, winograd_workspace_numel<T>(conv2d_winograd_forward(g)));
+  }
+  return numel;
 }
 
 /// Images per pass: on CPU the geometry's choice (one image when its positions fill the GEMM;
@@ -348,10 +369,12 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
            workspace::raw_bytes(std::max(input ? g.cudnn.backward_data_bytes : std::size_t{0},
                                          weight ? g.cudnn.backward_filter_bytes : std::size_t{0}));
   }
-  if (input && conv2d_winograd<T, K>(g)) {
-    // Winograd for the input gradient, after the weight's im2col path (which then plans alone).
-    bytes += workspace::bytes<T>(winograd_workspace_numel<T>(conv2d_winograd_input_grad(g)));
+  if (const std::int64_t numel = conv2d_winograd_backward_numel<T, K>(g, input, weight);
+      numel > 0) {
+    // The Winograd gradients; an im2col weight gradient (no BLAS) plans alone, below.
+    bytes += workspace::bytes<T>(numel);
     input = false;
+    if (conv2d_winograd_weight_grad<T, K>(g)) weight = false;
   }
   if (input || weight) {
     bytes += workspace::bytes<T>(conv2d_col_numel<K>(g));
@@ -787,13 +810,21 @@ void conv2d_backward_gemms(const conv2d_geometry& g, const Tensor<T, K>& x, cons
                            const Tensor<T, K>& gy, Tensor<T, K>* dx, bool dx_accumulate,
                            Tensor<T, K>* dw, bool dw_accumulate, workspace& ws) {
   if constexpr (std::is_same_v<K, cpu>) {
-    if (dx != nullptr && conv2d_winograd<T, K>(g)) {
-      const winograd_problem p = conv2d_winograd_input_grad(g);
-      const Tensor<T, cpu> scratch = ws.take<T, cpu>(Shape{winograd_workspace_numel<T>(p)});
-      if (dw != nullptr) {
+    const bool input_winograd = dx != nullptr && conv2d_winograd<T, K>(g);
+    const bool weight_winograd = dw != nullptr && conv2d_winograd_weight_grad<T, K>(g);
+    if (input_winograd || weight_winograd) {
+      const Tensor<T, cpu> scratch = ws.take<T, cpu>(
+          Shape{conv2d_winograd_backward_numel<T, K>(g, dx != nullptr, dw != nullptr)});
+      if (weight_winograd) {
+        winograd_weight_grad_cpu(conv2d_winograd_forward(g), x.data(), gy.data(), dw->data(),
+                                 dw_accumulate, scratch);
+      } else if (dw != nullptr) {
         conv2d_backward_gemms<T, K>(g, x, w, gy, nullptr, false, dw, dw_accumulate, ws);
       }
-      winograd_conv3x3_cpu(p, gy.data(), w.data(), true, dx->data(), dx_accumulate, scratch);
+      if (input_winograd) {
+        winograd_conv3x3_cpu(conv2d_winograd_input_grad(g), gy.data(), w.data(), true, dx->data(),
+                             dx_accumulate, scratch);
+      }
       return;
     }
   }

@@ -4,8 +4,10 @@
 // of tiles, the input tiles are transformed (V = B^T d B), 16 GEMMs give M[k] = U[k] @ V[k] with
 // the transformed weight U = G g G^T, and the output tiles are transformed back (Y = A^T M A).
 // The input gradient of such a convolution is one too (the weight turned by 180 degrees, input
-// and output channels swapped, padding 2 - p), so it runs here as well; the weight gradient stays
-// im2col + GEMM (nn/detail/conv2d.hpp decides which convolutions come here).
+// and output channels swapped, padding 2 - p). The weight gradient is the forward's backward
+// through the same transforms: per tile the output gradient's 2x2 block becomes Z = A dY A^T,
+// 16 GEMMs sum dU[k] = Z[k] @ V[k]^T over the tiles, and dW = G^T dU G (nn/detail/conv2d.hpp
+// decides which convolutions come here).
 #pragma once
 
 #include <algorithm>
@@ -233,6 +235,120 @@ void winograd_output_transform(const winograd_problem& p, const T* m, std::int64
   });
 }
 
+/// Calls gemm(k) for the 16 transform elements k, the threads taking different k's: each of the
+/// 16 GEMMs then runs on one thread (a BLAS call inside a parallel region does), with operands of
+/// its own, where a threaded GEMM per k shares its packed panels between the threads and meets
+/// them 16 times per block.
+template <class Gemm>
+void winograd_for_each_k(Gemm&& gemm) {
+  backend::cpu::parallel_for(0, 16, 1, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t k = first; k < last; ++k) gemm(k);
+  });
+}
+
+/// Transforms the output-gradient tiles in columns [begin, end) of one row of tiles, from the
+/// two padded gradient rows r0, r1 (tile column c reads columns 2c, 2c + 1), into
+/// out[k * k_stride + c - begin]: Z = A g A^T, with A = [[1, 0], [1, 1], [1, -1], [0, -1]].
+template <class T>
+void winograd_grad_row(const T* __restrict r0, const T* __restrict r1, std::int64_t begin,
+                       std::int64_t end, T* __restrict out, std::int64_t k_stride) {
+  for (std::int64_t col = begin; col < end; ++col) {
+    const std::int64_t x = 2 * col;
+    const T g00 = r0[x], g01 = r0[x + 1], g10 = r1[x], g11 = r1[x + 1];
+    const T q[4][2] = {{g00, g01}, {g00 + g10, g01 + g11}, {g00 - g10, g01 - g11}, {-g10, -g11}};
+    T* o = out + (col - begin);
+    for (int i = 0; i < 4; ++i) {  // (A g) A^T
+      o[(i * 4 + 0) * k_stride] = q[i][0];
+      o[(i * 4 + 1) * k_stride] = q[i][0] + q[i][1];
+      o[(i * 4 + 2) * k_stride] = q[i][0] - q[i][1];
+      o[(i * 4 + 3) * k_stride] = -q[i][1];
+    }
+  }
+}
+
+/// Z[k][oo][t - first] = (A g A^T)[k] for the 2x2 block g of the output gradient gy
+/// [n, o, oh, ow] (contiguous) under tile t of channel oo, zero past the output, for tiles
+/// [first, last). Z[k] starts at z + k * k_stride and is [o, last - first] contiguous.
+template <class T>
+void winograd_grad_transform(const winograd_problem& p, const T* gy, std::int64_t first,
+                             std::int64_t last, T* z, std::int64_t k_stride) {
+  const std::int64_t count = last - first, width = 2 * p.tiles_w();
+  backend::cpu::parallel_for(0, p.o, 1, [&](std::int64_t o_first, std::int64_t o_last) {
+    std::vector<T> padded(static_cast<std::size_t>(2 * width));
+    for (std::int64_t oo = o_first; oo < o_last; ++oo) {
+      std::int64_t t = 0;  // tiles of the block done
+      for_tile_rows(
+          p, first, last,
+          [&](std::int64_t image, std::int64_t tile_row, std::int64_t begin, std::int64_t end) {
+            const T* plane = gy + (image * p.o + oo) * p.oh * p.ow;
+            T* rows[2];
+            for (int i = 0; i < 2; ++i) {
+              rows[i] = padded.data() + i * width;
+              const std::int64_t y = 2 * tile_row + i;
+              std::fill(rows[i] + (y < p.oh ? p.ow : 0), rows[i] + width, T(0));
+              if (y < p.oh) std::copy(plane + y * p.ow, plane + (y + 1) * p.ow, rows[i]);
+            }
+            winograd_grad_row(rows[0], rows[1], begin, end, z + oo * count + t, k_stride);
+            t += end - begin;
+          });
+    }
+  });
+}
+
+/// dw = (or, with `add`, dw +=) G^T dU G for every pair of channels: dU[k][oo][ii] at
+/// du + k * k_stride + oo * in + ii, dw [out, in, 3, 3] contiguous.
+template <class T>
+void winograd_weight_grad_output(const T* du, std::int64_t k_stride, std::int64_t out,
+                                 std::int64_t in, T* dw, bool add) {
+  backend::cpu::parallel_for(0, out, 8, [&](std::int64_t first, std::int64_t last) {
+    for (std::int64_t oo = first; oo < last; ++oo) {
+      for (std::int64_t ii = 0; ii < in; ++ii) {
+        T d[4][4];
+        for (int k = 0; k < 16; ++k) d[k / 4][k % 4] = du[k * k_stride + oo * in + ii];
+        T r[3][4];  // G^T dU, with G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]]
+        for (int s = 0; s < 4; ++s) {
+          r[0][s] = d[0][s] + (d[1][s] + d[2][s]) * T(0.5);
+          r[1][s] = (d[1][s] - d[2][s]) * T(0.5);
+          r[2][s] = (d[1][s] + d[2][s]) * T(0.5) + d[3][s];
+        }
+        T* target = dw + (oo * in + ii) * 9;
+        for (int i = 0; i < 3; ++i) {  // (G^T dU) G
+          const T row[3] = {r[i][0] + (r[i][1] + r[i][2]) * T(0.5), (r[i][1] - r[i][2]) * T(0.5),
+                            (r[i][1] + r[i][2]) * T(0.5) + r[i][3]};
+          for (int j = 0; j < 3; ++j) target[i * 3 + j] = add ? target[i * 3 + j] + row[j] : row[j];
+        }
+      }
+    }
+  });
+}
+
+/// dw = (or, with `add`, dw +=) the weight gradient of the F(2x2, 3x3) convolution of x
+/// [n, c, h, w] for the output gradient gy [n, o, oh, ow], using `workspace`
+/// (winograd_workspace_numel<T>(p) elements, as the forward's). x, gy, dw [o, c, 3, 3]
+/// contiguous, on the CPU; needs a GEMM that adds into its output (BLAS).
+template <class T>
+void winograd_weight_grad_cpu(const winograd_problem& p, const T* x, const T* gy, T* dw, bool add,
+                              const Tensor<T, cpu>& workspace) {
+  const std::int64_t u_stride = winograd_stream_stride<T>(p.o * p.c), u_numel = 16 * u_stride;
+  const std::int64_t tiles = p.tiles();
+  for (std::int64_t first = 0; first < tiles; first += p.block) {
+    const std::int64_t count = std::min(p.block, tiles - first);
+    const std::int64_t v_stride = winograd_stream_stride<T>(p.c * count);
+    const std::int64_t z_stride = winograd_stream_stride<T>(p.o * count);
+    const std::int64_t z_begin = u_numel + 16 * v_stride;
+    winograd_input_transform(p, x, first, first + count, workspace.data() + u_numel, v_stride);
+    winograd_grad_transform(p, gy, first, first + count, workspace.data() + z_begin, z_stride);
+    winograd_for_each_k([&](std::int64_t k) {
+      Tensor<T, cpu> du_k = workspace.narrow(0, k * u_stride, p.o * p.c).view(Shape{p.o, p.c});
+      tessera::detail::matmul_into(
+          du_k, workspace.narrow(0, z_begin + k * z_stride, p.o * count).view(Shape{p.o, count}),
+          workspace.narrow(0, u_numel + k * v_stride, p.c * count).view(Shape{p.c, count}).t(),
+          first > 0);
+    });
+  }
+  winograd_weight_grad_output(workspace.data(), u_stride, p.o, p.c, dw, add);
+}
+
 /// y = (or, with `add`, y +=) the F(2x2, 3x3) convolution of x [n, c, h, w] with the weight w
 /// (see winograd_weight_transform for `turned`), using `workspace`
 /// (winograd_workspace_numel<T>(p) elements). x, w, y contiguous, on the CPU.
@@ -248,13 +364,13 @@ void winograd_conv3x3_cpu(const winograd_problem& p, const T* x, const T* w, boo
     const std::int64_t m_stride = winograd_stream_stride<T>(p.o * count);
     const std::int64_t m_begin = u_numel + 16 * v_stride;
     winograd_input_transform(p, x, first, first + count, workspace.data() + u_numel, v_stride);
-    for (std::int64_t k = 0; k < 16; ++k) {
+    winograd_for_each_k([&](std::int64_t k) {
       Tensor<T, cpu> m_k =
           workspace.narrow(0, m_begin + k * m_stride, p.o * count).view(Shape{p.o, count});
       tessera::detail::matmul_into(
           m_k, workspace.narrow(0, k * u_stride, p.o * p.c).view(Shape{p.o, p.c}),
           workspace.narrow(0, u_numel + k * v_stride, p.c * count).view(Shape{p.c, count}));
-    }
+    });
     winograd_output_transform(p, workspace.data() + m_begin, first, first + count, m_stride, y,
                               add);
   }
