@@ -239,6 +239,11 @@ TEST_CASE("conv2d: which 3x3 convolutions run as Winograd on CPU", "[conv]") {
   // ResNet's 3x3 layers (64 channels and more), by default.
   CHECK(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, same));
   CHECK(winograd({8, 512, 7, 7}, {512, 512, 3, 3}, same));
+  // Fewer tiles (2x2 blocks of output, over the batch) than one per 8 channels: 8 images of
+  // 1x1 or 2 images of 7x7 (2 x 16 tiles) with 512 channels; 4 images of 7x7 suffice.
+  CHECK_FALSE(winograd({8, 512, 1, 1}, {512, 512, 3, 3}, same));
+  CHECK_FALSE(winograd({2, 512, 7, 7}, {512, 512, 3, 3}, same));
+  CHECK(winograd({4, 512, 7, 7}, {512, 512, 3, 3}, same));
   // Too few channels on either side (the default threshold is 32).
   CHECK_FALSE(winograd({8, 16, 56, 56}, {64, 16, 3, 3}, same));
   CHECK_FALSE(winograd({8, 64, 56, 56}, {16, 64, 3, 3}, same));

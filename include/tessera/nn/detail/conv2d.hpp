@@ -237,9 +237,14 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   const std::int64_t most = std::clamp<std::int64_t>(std::min(wanted, fit), 1, images);
   const std::int64_t passes = (images + most - 1) / most;
   g.cpu_pass = (images + passes - 1) / passes;  // passes of equal size (8 images: 4 + 4, not 6 + 2)
-  // The input gradient's padding is 2 - p: at most 2 on each side.
+  // The input gradient's padding is 2 - p: at most 2 on each side. The weight's transforms cost
+  // in proportion to C x O and the products save in proportion to C x O x tiles: below one tile
+  // per 8 channels (ResNet's last stage on small images or micro-batches: one 2x2 tile per image
+  // for 512 channels) Winograd was slower than im2col (bench/RESULTS.md).
+  const std::int64_t tiles = g.n * ((g.oh + 1) / 2) * ((g.ow + 1) / 2);
   g.winograd = g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 &&
                g.groups == 1 && g.ph <= 2 && g.pw <= 2 && g.n > 0 &&
+               8 * tiles >= std::max(g.c, g.o) &&
                std::min(g.c, g.o) >= std::max<std::int64_t>(conv2d_winograd_min_channels(), 1);
   return g;
 }

@@ -68,8 +68,8 @@ inline winograd_problem winograd_problem_of(std::int64_t n, std::int64_t c, std:
 
 /// The 16 elements G g G^T of the kernels g of output channel oo and input channels [0, in):
 /// g of input channel ii at k + ii * k_step, read turned by 180 degrees with `turned`; element
-/// (r, s) of input channel ii stored at u[(r * 4 + s) * u_stride + ii]. Restrict pointers: GCC
-/// vectorises the loop over input channels.
+/// (r, s) of input channel ii stored at u[(r * 4 + s) * u_stride + ii] (restrict: the stores do
+/// not make the compiler reload the kernel).
 template <class T>
 void winograd_weight_row(const T* __restrict k, std::int64_t k_step, std::int64_t in, bool turned,
                          T* __restrict u, std::int64_t u_stride) {
@@ -128,8 +128,7 @@ void for_tile_rows(const winograd_problem& p, std::int64_t first, std::int64_t l
 
 /// Transforms the tiles in columns [begin, end) of one row of tiles, from the four padded input
 /// rows r0..r3 (tile column c reads columns 2c .. 2c + 3), into out[k * k_stride + c - begin]
-/// for transform element k. Restrict pointers and contiguous stores per k: GCC vectorises the
-/// loop over columns.
+/// for transform element k (restrict: the 16 stores do not make the compiler reload the rows).
 template <class T>
 void winograd_input_row(const T* __restrict r0, const T* __restrict r1, const T* __restrict r2,
                         const T* __restrict r3, std::int64_t begin, std::int64_t end,
