@@ -113,17 +113,27 @@ void winograd_weight_transform(const T* w, std::int64_t out, std::int64_t in, bo
   });
 }
 
-/// Calls fn(image, tile_row, first_column, last_column) for the tile rows that tiles
-/// [first, last) of p cover, in order (tile t is image t / (th * tw), row (t / tw) % th, column
-/// t % tw).
-template <class Fn>
-void for_tile_rows(const winograd_problem& p, std::int64_t first, std::int64_t last, Fn&& fn) {
+/// For every channel in [0, channels), the threads sharing them: fn(channel, image, tile_row,
+/// begin, end, done, buffer) for each row of tiles that tiles [first, last) of p cover, in order,
+/// with its columns [begin, end) and the tiles of the block before it (`done`). Tile t is image
+/// t / (th * tw), row (t / tw) % th, column t % tw. `buffer` holds buffer_size elements of T,
+/// one buffer per thread.
+template <class T, class Fn>
+void for_channel_tile_rows(const winograd_problem& p, std::int64_t channels, std::int64_t first,
+                           std::int64_t last, std::int64_t buffer_size, Fn&& fn) {
   const std::int64_t tw = p.tiles_w(), th = p.tiles_h();
-  for (std::int64_t row = first / tw; row * tw < last; ++row) {
-    const std::int64_t begin = std::max<std::int64_t>(first - row * tw, 0);
-    const std::int64_t end = std::min<std::int64_t>(last - row * tw, tw);
-    fn(row / th, row % th, begin, end);
-  }
+  backend::cpu::parallel_for(0, channels, 1, [&](std::int64_t c_first, std::int64_t c_last) {
+    std::vector<T> buffer(static_cast<std::size_t>(buffer_size));
+    for (std::int64_t channel = c_first; channel < c_last; ++channel) {
+      std::int64_t done = 0;
+      for (std::int64_t row = first / tw; row * tw < last; ++row) {
+        const std::int64_t begin = std::max<std::int64_t>(first - row * tw, 0);
+        const std::int64_t end = std::min<std::int64_t>(last - row * tw, tw);
+        fn(channel, row / th, row % th, begin, end, done, buffer.data());
+        done += end - begin;
+      }
+    }
+  });
 }
 
 /// Transforms the tiles in columns [begin, end) of one row of tiles, from the four padded input
@@ -158,32 +168,26 @@ void winograd_input_row(const T* __restrict r0, const T* __restrict r1, const T*
 template <class T>
 void winograd_input_transform(const winograd_problem& p, const T* x, std::int64_t first,
                               std::int64_t last, T* v, std::int64_t k_stride) {
-  const std::int64_t count = last - first, tw = p.tiles_w();
-  const std::int64_t width = 2 * tw + 2;  // a padded input row, columns -pw .. 2 tw + 1 - pw
-  backend::cpu::parallel_for(0, p.c, 1, [&](std::int64_t c_first, std::int64_t c_last) {
-    std::vector<T> padded(static_cast<std::size_t>(4 * width));
-    for (std::int64_t ci = c_first; ci < c_last; ++ci) {
-      std::int64_t t = 0;  // tiles of the block done
-      for_tile_rows(
-          p, first, last,
-          [&](std::int64_t image, std::int64_t tile_row, std::int64_t begin, std::int64_t end) {
-            const T* plane = x + (image * p.c + ci) * p.h * p.w;
-            T* rows[4];
-            for (int i = 0; i < 4; ++i) {
-              rows[i] = padded.data() + i * width;
-              std::fill(rows[i], rows[i] + width, T(0));
-              const std::int64_t y = 2 * tile_row - p.ph + i;
-              if (y < 0 || y >= p.h) continue;
-              const std::int64_t lo = std::max<std::int64_t>(0, p.pw);
-              const std::int64_t hi = std::min<std::int64_t>(width, p.w + p.pw);
-              std::copy(plane + y * p.w + (lo - p.pw), plane + y * p.w + (hi - p.pw), rows[i] + lo);
-            }
-            winograd_input_row(rows[0], rows[1], rows[2], rows[3], begin, end, v + ci * count + t,
-                               k_stride);
-            t += end - begin;
-          });
-    }
-  });
+  const std::int64_t count = last - first;
+  const std::int64_t width = 2 * p.tiles_w() + 2;  // a padded input row, columns -pw ..
+  for_channel_tile_rows<T>(p, p.c, first, last, 4 * width,
+                           [&](std::int64_t ci, std::int64_t image, std::int64_t tile_row,
+                               std::int64_t begin, std::int64_t end, std::int64_t done, T* padded) {
+                             const T* plane = x + (image * p.c + ci) * p.h * p.w;
+                             T* rows[4];
+                             for (int i = 0; i < 4; ++i) {
+                               rows[i] = padded + i * width;
+                               std::fill(rows[i], rows[i] + width, T(0));
+                               const std::int64_t y = 2 * tile_row - p.ph + i;
+                               if (y < 0 || y >= p.h) continue;
+                               const std::int64_t lo = std::max<std::int64_t>(0, p.pw);
+                               const std::int64_t hi = std::min<std::int64_t>(width, p.w + p.pw);
+                               std::copy(plane + y * p.w + (lo - p.pw),
+                                         plane + y * p.w + (hi - p.pw), rows[i] + lo);
+                             }
+                             winograd_input_row(rows[0], rows[1], rows[2], rows[3], begin, end,
+                                                v + ci * count + done, k_stride);
+                           });
 }
 
 /// y's 2x2 blocks of tiles [first, last) = (A^T M A) of M[k][oo][t - first] (M[k] at
@@ -193,45 +197,42 @@ template <class T>
 void winograd_output_transform(const winograd_problem& p, const T* m, std::int64_t first,
                                std::int64_t last, std::int64_t k_stride, T* y, bool add) {
   const std::int64_t count = last - first, tw = p.tiles_w();
-  backend::cpu::parallel_for(0, p.o, 1, [&](std::int64_t o_first, std::int64_t o_last) {
-    std::vector<T> rows(static_cast<std::size_t>(2 * 2 * tw));
-    for (std::int64_t oo = o_first; oo < o_last; ++oo) {
-      const T* in = m + oo * count;
-      std::int64_t t = 0;
-      for_tile_rows(
-          p, first, last,
-          [&](std::int64_t image, std::int64_t tile_row, std::int64_t begin, std::int64_t end) {
-            T* row0 = rows.data();
-            T* row1 = rows.data() + 2 * tw;
-            for (std::int64_t col = begin; col < end; ++col, ++t) {
-              T s[2][4];  // A^T M
-              for (int j = 0; j < 4; ++j) {
-                const T m0 = in[(0 * 4 + j) * k_stride + t], m1 = in[(1 * 4 + j) * k_stride + t];
-                const T m2 = in[(2 * 4 + j) * k_stride + t], m3 = in[(3 * 4 + j) * k_stride + t];
-                s[0][j] = m0 + m1 + m2;
-                s[1][j] = m1 - m2 - m3;
-              }
-              row0[2 * col] = s[0][0] + s[0][1] + s[0][2];  // (A^T M) A
-              row0[2 * col + 1] = s[0][1] - s[0][2] - s[0][3];
-              row1[2 * col] = s[1][0] + s[1][1] + s[1][2];
-              row1[2 * col + 1] = s[1][1] - s[1][2] - s[1][3];
-            }
-            T* plane = y + (image * p.o + oo) * p.oh * p.ow;
-            const std::int64_t lo = 2 * begin, hi = std::min<std::int64_t>(2 * end, p.ow);
-            for (int i = 0; i < 2; ++i) {
-              const std::int64_t out_row = 2 * tile_row + i;
-              if (out_row >= p.oh) break;
-              const T* from = i == 0 ? row0 : row1;
-              T* to = plane + out_row * p.ow;
-              if (add) {
-                for (std::int64_t e = lo; e < hi; ++e) to[e] += from[e];
-              } else {
-                std::copy(from + lo, from + hi, to + lo);
-              }
-            }
-          });
-    }
-  });
+  for_channel_tile_rows<T>(
+      p, p.o, first, last, 2 * 2 * tw,
+      [&](std::int64_t oo, std::int64_t image, std::int64_t tile_row, std::int64_t begin,
+          std::int64_t end, std::int64_t done, T* rows) {
+        const T* in = m + oo * count + done;  // tile column col at in[col - begin]
+        T* row0 = rows;
+        T* row1 = rows + 2 * tw;
+        for (std::int64_t col = begin; col < end; ++col) {
+          T s[2][4];  // A^T M
+          for (int j = 0; j < 4; ++j) {
+            const T m0 = in[(0 * 4 + j) * k_stride + col - begin],
+                    m1 = in[(1 * 4 + j) * k_stride + col - begin];
+            const T m2 = in[(2 * 4 + j) * k_stride + col - begin],
+                    m3 = in[(3 * 4 + j) * k_stride + col - begin];
+            s[0][j] = m0 + m1 + m2;
+            s[1][j] = m1 - m2 - m3;
+          }
+          row0[2 * col] = s[0][0] + s[0][1] + s[0][2];  // (A^T M) A
+          row0[2 * col + 1] = s[0][1] - s[0][2] - s[0][3];
+          row1[2 * col] = s[1][0] + s[1][1] + s[1][2];
+          row1[2 * col + 1] = s[1][1] - s[1][2] - s[1][3];
+        }
+        T* plane = y + (image * p.o + oo) * p.oh * p.ow;
+        const std::int64_t lo = 2 * begin, hi = std::min<std::int64_t>(2 * end, p.ow);
+        for (int i = 0; i < 2; ++i) {
+          const std::int64_t out_row = 2 * tile_row + i;
+          if (out_row >= p.oh) break;
+          const T* from = i == 0 ? row0 : row1;
+          T* to = plane + out_row * p.ow;
+          if (add) {
+            for (std::int64_t e = lo; e < hi; ++e) to[e] += from[e];
+          } else {
+            std::copy(from + lo, from + hi, to + lo);
+          }
+        }
+      });
 }
 
 /// Calls gemm(k) for the 16 transform elements k, the threads taking different k's: each of the
@@ -272,26 +273,21 @@ template <class T>
 void winograd_grad_transform(const winograd_problem& p, const T* gy, std::int64_t first,
                              std::int64_t last, T* z, std::int64_t k_stride) {
   const std::int64_t count = last - first, width = 2 * p.tiles_w();
-  backend::cpu::parallel_for(0, p.o, 1, [&](std::int64_t o_first, std::int64_t o_last) {
-    std::vector<T> padded(static_cast<std::size_t>(2 * width));
-    for (std::int64_t oo = o_first; oo < o_last; ++oo) {
-      std::int64_t t = 0;  // tiles of the block done
-      for_tile_rows(
-          p, first, last,
-          [&](std::int64_t image, std::int64_t tile_row, std::int64_t begin, std::int64_t end) {
-            const T* plane = gy + (image * p.o + oo) * p.oh * p.ow;
-            T* rows[2];
-            for (int i = 0; i < 2; ++i) {
-              rows[i] = padded.data() + i * width;
-              const std::int64_t y = 2 * tile_row + i;
-              std::fill(rows[i] + (y < p.oh ? p.ow : 0), rows[i] + width, T(0));
-              if (y < p.oh) std::copy(plane + y * p.ow, plane + (y + 1) * p.ow, rows[i]);
-            }
-            winograd_grad_row(rows[0], rows[1], begin, end, z + oo * count + t, k_stride);
-            t += end - begin;
-          });
-    }
-  });
+  for_channel_tile_rows<T>(p, p.o, first, last, 2 * width,
+                           [&](std::int64_t oo, std::int64_t image, std::int64_t tile_row,
+                               std::int64_t begin, std::int64_t end, std::int64_t done, T* padded) {
+                             const T* plane = gy + (image * p.o + oo) * p.oh * p.ow;
+                             T* rows[2];
+                             for (int i = 0; i < 2; ++i) {
+                               rows[i] = padded + i * width;
+                               const std::int64_t y = 2 * tile_row + i;
+                               std::fill(rows[i] + (y < p.oh ? p.ow : 0), rows[i] + width, T(0));
+                               if (y < p.oh)
+                                 std::copy(plane + y * p.ow, plane + (y + 1) * p.ow, rows[i]);
+                             }
+                             winograd_grad_row(rows[0], rows[1], begin, end, z + oo * count + done,
+                                               k_stride);
+                           });
 }
 
 /// dw = (or, with `add`, dw +=) G^T dU G for every pair of channels: dU[k][oo][ii] at
