@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
+#include "parallel/training_data.hpp"
 #include "tessera/parallel.hpp"
 #include "tessera/tessera.hpp"
-#include "parallel/training_data.hpp"
 
 namespace data_parallel_training_threads_test {
 
@@ -28,8 +28,8 @@ using training_data::inputs_of;
 using training_data::labels_of;
 
 template <class T>
-auto make_mlp() {
-  return nn::Sequential(nn::Linear<T>(6, 16), nn::ReLU{}, nn::Linear<T>(16, 8), nn::Tanh{},
+auto make_mlp(std::int64_t hidden = 16) {
+  return nn::Sequential(nn::Linear<T>(6, hidden), nn::ReLU{}, nn::Linear<T>(hidden, 8), nn::Tanh{},
                         nn::Linear<T>(8, 3));
 }
 
@@ -49,8 +49,8 @@ using training_data::check_close;
 
 template <class T, class Optimizer, class Options>
 void compare_with_one_device(const std::vector<int>& ids, std::int64_t batch, Options options,
-                             double tol) {
-  INFO(ids.size() << " devices, batch " << batch);
+                             double tol, std::int64_t hidden = 16) {
+  INFO(ids.size() << " devices, batch " << batch << ", hidden width " << hidden);
   const auto x = inputs_of<T>(batch, 6, static_cast<int>(batch));
   const auto y = labels_of(batch, static_cast<int>(batch));
   auto loss_of = [](auto& model, ag::Var<T> in, ag::Var<std::int64_t> labels) {
@@ -58,14 +58,14 @@ void compare_with_one_device(const std::vector<int>& ids, std::int64_t batch, Op
   };
 
   ts::manual_seed(21);
-  auto single = make_mlp<T>();
-  auto step = ag::compile([&](ag::Var<T> in, ag::Var<std::int64_t> labels) {
-    return loss_of(single, in, labels);
-  }, ag::input<T>({batch, 6}), ag::input<std::int64_t>({batch}));
+  auto single = make_mlp<T>(hidden);
+  auto step = ag::compile(
+      [&](ag::Var<T> in, ag::Var<std::int64_t> labels) { return loss_of(single, in, labels); },
+      ag::input<T>({batch, 6}), ag::input<std::int64_t>({batch}));
   Optimizer single_opt(single.parameters(), options);
 
   ts::manual_seed(21);
-  auto model = nn::to<ts::cpu>(make_mlp<T>(), ids[0]);  // the same values, on device_ids[0]
+  auto model = nn::to<ts::cpu>(make_mlp<T>(hidden), ids[0]);  // the same values, on device_ids[0]
   par::DataParallel dp(model, ids);
   auto dp_step = dp.compile(loss_of, ag::input<T>({batch, 6}), ag::input<std::int64_t>({batch}));
   CHECK(dp_step.devices() == static_cast<int>(std::min<std::int64_t>(batch, std::ssize(ids))));
@@ -110,8 +110,19 @@ TEST_CASE("DataParallel training equals one device over the whole batch (float64
       compare_with_one_device<double, ts::optim::SGD>(
           ids, batch, ts::optim::SGDOptions{.lr = 0.1, .momentum = 0.9}, 1e-12);
       compare_with_one_device<double, ts::optim::Adam>(ids, batch,
-                                                        ts::optim::AdamOptions{.lr = 0.01}, 1e-12);
+                                                       ts::optim::AdamOptions{.lr = 0.01}, 1e-12);
     }
+  }
+}
+
+TEST_CASE("DataParallel training with gradients of several blocks (the devices share their sums)",
+          "[parallel][dp][training]") {
+  // A hidden width of 3000: weights of 18000 and 24000 elements, three blocks of the reduction
+  // each (8192 elements a block), which the device whose backward ends first helps to sum; the
+  // replicas' parameters copied by all devices, each a share of the bytes.
+  for (const std::vector<int>& ids : {std::vector<int>{0, 1}, {0, 1, 2}, {2, 0, 3}}) {
+    compare_with_one_device<double, ts::optim::SGD>(
+        ids, 7, ts::optim::SGDOptions{.lr = 0.1, .momentum = 0.9}, 1e-12, 3000);
   }
 }
 
@@ -143,10 +154,12 @@ TEST_CASE("DataParallel training with BatchNorm: each piece its own statistics",
   double want_loss = 0;
   std::int64_t first = 0;
   for (const std::int64_t size : sizes) {
-    auto piece = ag::compile([&](ag::Var<double> in, ag::Var<std::int64_t> labels) {
-      return nn::cross_entropy(reference(in), labels) *
-             (static_cast<double>(size) / static_cast<double>(batch));
-    }, ag::input<double>({size, 6}), ag::input<std::int64_t>({size}));
+    auto piece = ag::compile(
+        [&](ag::Var<double> in, ag::Var<std::int64_t> labels) {
+          return nn::cross_entropy(reference(in), labels) *
+                 (static_cast<double>(size) / static_cast<double>(batch));
+        },
+        ag::input<double>({size, 6}), ag::input<std::int64_t>({size}));
     want_loss += piece.forward(x.narrow(0, first, size), y.narrow(0, first, size)).item();
     piece.backward();
     first += size;
@@ -156,11 +169,10 @@ TEST_CASE("DataParallel training with BatchNorm: each piece its own statistics",
   (void)once.forward(x.narrow(0, 0, 4));
 
   par::DataParallel dp(model, {0, 1, 2});
-  auto dp_step = dp.compile(
-      [](auto& m, ag::Var<double> in, ag::Var<std::int64_t> labels) {
-        return nn::cross_entropy(m(in), labels);
-      },
-      ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
+  auto dp_step =
+      dp.compile([](auto& m, ag::Var<double> in,
+                    ag::Var<std::int64_t> labels) { return nn::cross_entropy(m(in), labels); },
+                 ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
   CHECK(dp_step.split_sizes() == sizes);
   const double got_loss = dp_step.forward(x, y).item();
   dp_step.backward();

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <concepts>
 #include <cstdint>
+#include <cstring>
 #include <memory>
 #include <optional>
 #include <string>
@@ -145,18 +146,15 @@ class DataParallel {
   /// The module's state dict with PyTorch's `module.` prefix on every key (what
   /// torch.nn.DataParallel saves). A plain module's load_state_dict strips it, and this
   /// wrapper's load_state_dict adds it when missing, so checkpoints move both ways.
-  StateDict state_dict() const
-    requires std::derived_from<M, nn::Module>
-  {
+  StateDict state_dict() const requires std::derived_from<M, nn::Module> {
     StateDict out;
     for (const auto& [key, value] : module_.state_dict()) out.insert("module." + key, value);
     return out;
   }
   /// Loads into the module (keys with or without the `module.` prefix); the replicas take the
   /// new values at the next call.
-  void load_state_dict(const StateDict& state_dict, bool strict = true)
-    requires std::derived_from<M, nn::Module>
-  {
+  void load_state_dict(const StateDict& state_dict,
+                       bool strict = true) requires std::derived_from<M, nn::Module> {
     module_.load_state_dict(state_dict, strict);
   }
 
@@ -227,9 +225,10 @@ class DataParallel {
         buffers.push_back(Inputs{std::tuple_element_t<I, Inputs>::empty_on(
             piece_spec(std::get<I>(all), member).shape, device(member))...});
       }
-      return DataParallelProgram<M, Kind, Program, Inputs>(this, std::move(programs), shapes,
-                                                           sizes, dim_, std::move(buffers));
-    }(std::make_index_sequence<spec_count>{});
+      return DataParallelProgram<M, Kind, Program, Inputs>(this, std::move(programs), shapes, sizes,
+                                                           dim_, std::move(buffers));
+    }
+    (std::make_index_sequence<spec_count>{});
   }
 
   /// The module applied to `x` (a tensor of Kind on any ordinal) as one batch split over the
@@ -256,10 +255,7 @@ class DataParallel {
     if constexpr (is_module) {
       if (used > 1) {
         threads_.run([&](int member) {
-          if (member > 0 && member < used) {
-            copy_buffers(member);
-            copy_parameters(member);
-          }
+          if (member < used) copy_state(member, used);
         });
       }
     }
@@ -293,6 +289,7 @@ class DataParallel {
   struct replica_copies {
     std::vector<std::pair<AnyTensor, AnyTensor>> parameters;
     std::vector<std::pair<AnyTensor, AnyTensor>> buffers;
+    std::size_t bytes = 0;  // of all pairs
   };
   void bind_copies() {
     const auto module_parameters = module_.parameters();
@@ -307,6 +304,13 @@ class DataParallel {
       const auto buffers = replica.buffers();
       for (std::size_t b = 0; b < buffers.size(); ++b) {
         copies_[m].buffers.emplace_back(buffers[b].value(), module_buffers[b].value());
+      }
+      for (const auto* pairs : {&copies_[m].buffers, &copies_[m].parameters}) {
+        for (const auto& [to, from] : *pairs) {
+          flat_copies_ = flat_copies_ && to.dtype() == from.dtype() && to.shape() == from.shape() &&
+                         to.is_contiguous() && from.is_contiguous();
+          copies_[m].bytes += to.nbytes();
+        }
       }
     }
   }
@@ -323,6 +327,47 @@ class DataParallel {
       to.copy_(from);
     }
     nn::detail::copy_training_modes(module_, replicas_[static_cast<std::size_t>(member - 1)]);
+  }
+  // Member `member`'s part (of `used` members) in copying the module's buffers, parameters and
+  // training modes into the replicas of members 1 .. used-1, all members at once. On CUDA each
+  // member copies into its own replica (its stream orders the copy before its work). CPU devices
+  // share the host's memory, so there the bytes of all replicas are cut into `used` even spans,
+  // one per member: the copy ends in 1/used of the time one thread takes.
+  void copy_state(int member, int used) {
+    if (!std::is_same_v<Kind, cpu> || !flat_copies_) {
+      if (member > 0) {
+        copy_buffers(member);
+        copy_parameters(member);
+      }
+    } else {
+      if (member > 0) {
+        nn::detail::copy_training_modes(module_, replicas_[static_cast<std::size_t>(member - 1)]);
+      }
+      std::size_t total = 0;
+      for (int m = 1; m < used; ++m) total += copies_[static_cast<std::size_t>(m)].bytes;
+      const auto share = [&](int i) {  // 64-byte aligned cuts
+        return (total * static_cast<std::size_t>(i) / static_cast<std::size_t>(used)) / 64 * 64;
+      };
+      const std::size_t first = share(member);
+      const std::size_t last = member + 1 == used ? total : share(member + 1);
+      std::size_t offset = 0;  // of the current pair in the concatenation of all pairs
+      for (int m = 1; m < used && offset < last; ++m) {
+        const replica_copies& c = copies_[static_cast<std::size_t>(m)];
+        for (const auto* pairs : {&c.buffers, &c.parameters}) {
+          for (const auto& [to, from] : *pairs) {
+            const std::size_t bytes = to.nbytes();
+            const std::size_t begin = std::max(first, offset);
+            const std::size_t end = std::min(last, offset + bytes);
+            if (begin < end) {
+              std::memcpy(static_cast<char*>(to.data_ptr()) + (begin - offset),
+                          static_cast<const char*>(from.data_ptr()) + (begin - offset),
+                          end - begin);
+            }
+            offset += bytes;
+          }
+        }
+      }
+    }
   }
 
   // A replica's output on its piece, as a tensor (a lazy expression is evaluated).
@@ -376,6 +421,7 @@ class DataParallel {
   int output_device_;
   int dim_;
   std::vector<replica_copies> copies_;  // [member]; member 0 is the module itself
+  bool flat_copies_ = true;  // every pair: same dtype and shape, both contiguous (memcpy-able)
 };
 
 /// The program of DataParallel::compile: one autograd Program per device used, run at once.
@@ -399,18 +445,25 @@ class DataParallelProgram {
     (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
     auto& dp = *owner_;
     const int used = devices();
-    // Buffers first, all replicas at once: the module's own forward (member 0) may update them
-    // (BatchNorm's running statistics). Parameters it only reads, so each replica copies its
-    // parameters in the same pass as its forward while member 0 computes.
-    if (used > 1 && dp.has_buffers()) {
+    // The module's state into the replicas first, all members at once: the module's own
+    // forward (member 0) may update its buffers (BatchNorm's running statistics). On CUDA the
+    // parameters, which member 0 only reads, are copied by each replica's thread in the same
+    // pass as its forward; on CPU all members share the copying, then all run.
+    constexpr bool on_cpu = std::is_same_v<Kind, cpu>;
+    if (used > 1 && (on_cpu || dp.has_buffers())) {
       dp.threads_.run([&](int member) {
-        if (member > 0 && member < used) dp.copy_buffers(member);
+        if (member >= used) return;
+        if (on_cpu) {
+          dp.copy_state(member, used);
+        } else if (member > 0) {
+          dp.copy_buffers(member);
+        }
       });
     }
     dp.threads_.run([&](int member) {
       if (member >= used) return;
       const auto m = static_cast<std::size_t>(member);
-      if (member > 0) dp.copy_parameters(member);
+      if (!on_cpu && member > 0) dp.copy_parameters(member);
       std::apply(
           [&](auto&... buffers) {
             (buffers.copy_(inputs.narrow(dim_, offsets_[m], sizes_[m])), ...);
@@ -484,23 +537,71 @@ class DataParallelProgram {
     }
   }
 
-  // One parameter's gradients from every device meet here (CPU devices): the last device to
-  // report a parameter's gradient final sums them into the module's (device 0's) and zeroes the
-  // replicas', block by block so each block is read and rewritten while in cache.
+  // One parameter's gradients from every device meet here (CPU devices). The last device to
+  // report a parameter's gradient final opens it: its gradients are summed into the module's
+  // (device 0's) and the replicas' zeroed, block by block so each block is read and rewritten
+  // while in cache. Any device may take an open parameter's next block: the last device to
+  // arrive takes blocks until none is left, while the others go on with their backward; a device
+  // whose backward has ended takes blocks of every open parameter until all devices have ended,
+  // so the sums of the last gradients (ready when the slowest device ends) are shared.
   struct overlapped_reduction {
+    static constexpr std::int64_t block = 8192;  // elements
+
     overlapped_reduction(int device_count, std::size_t parameters)
         : devices(device_count),
           grads(parameters, std::vector<AnyTensor>(static_cast<std::size_t>(device_count))),
-          arrived(new std::atomic<int>[parameters]()) {}
+          blocks(parameters, 0),
+          arrived(new std::atomic<int>[parameters]()),
+          opened(new std::atomic<bool>[parameters]()),
+          taken(new std::atomic<std::int64_t>[parameters]()) {}
 
-    void ready(int member, const autograd::GradientReady& r) {
-      grads[r.index][static_cast<std::size_t>(member)] = r.grad;
-      if (arrived[r.index].fetch_add(1, std::memory_order_acq_rel) + 1 != devices) return;
-      arrived[r.index].store(0, std::memory_order_relaxed);  // every device has been here
-      reduce(grads[r.index]);
+    // Before each backward, by the thread that starts the devices' backward.
+    void begin() {
+      for (std::size_t p = 0; p < grads.size(); ++p) {
+        arrived[p].store(0, std::memory_order_relaxed);
+        opened[p].store(false, std::memory_order_relaxed);
+        taken[p].store(0, std::memory_order_relaxed);
+      }
+      ended.store(0, std::memory_order_relaxed);
     }
 
-    static void reduce(const std::vector<AnyTensor>& g) {
+    void ready(int member, const autograd::GradientReady& r) {
+      const std::size_t p = r.index;
+      grads[p][static_cast<std::size_t>(member)] = r.grad;
+      if (arrived[p].fetch_add(1, std::memory_order_acq_rel) + 1 != devices) return;
+      blocks[p] = (r.grad.numel() + block - 1) / block;
+      opened[p].store(true, std::memory_order_release);
+      announce();
+      reduce_blocks(p);
+    }
+
+    // Device `member`'s backward has returned (or thrown): it takes blocks of open parameters
+    // until every device's backward has returned. Every parameter is open by then, and its last
+    // device to arrive has taken its blocks to the end, so nothing is left.
+    void end_of_backward() {
+      ended.fetch_add(1, std::memory_order_acq_rel);
+      announce();
+      for (;;) {
+        const std::uint32_t seen = news.load(std::memory_order_acquire);
+        for (std::size_t p = 0; p < grads.size(); ++p) {
+          if (opened[p].load(std::memory_order_acquire) &&
+              taken[p].load(std::memory_order_relaxed) < blocks[p]) {
+            reduce_blocks(p);
+          }
+        }
+        if (ended.load(std::memory_order_acquire) == devices) return;
+        news.wait(seen, std::memory_order_acquire);  // a parameter opened or a device ended
+      }
+    }
+
+   private:
+    void announce() {
+      news.fetch_add(1, std::memory_order_acq_rel);
+      news.notify_all();
+    }
+
+    void reduce_blocks(std::size_t p) {
+      const std::vector<AnyTensor>& g = grads[p];
       visit_dtype(g[0].dtype(), [&](auto tag) {
         using T = typename decltype(tag)::type;
         if constexpr (is_floating_point_v<T>) {  // gradients are floating
@@ -508,8 +609,10 @@ class DataParallelProgram {
           for (const AnyTensor& t : g) sources.push_back(static_cast<const T*>(t.data_ptr()));
           T* target = static_cast<T*>(g[0].data_ptr());
           const std::int64_t n = g[0].numel();
-          constexpr std::int64_t block = 8192;
-          for (std::int64_t first = 0; first < n; first += block) {
+          for (;;) {
+            const std::int64_t b = taken[p].fetch_add(1, std::memory_order_relaxed);
+            if (b >= blocks[p]) return;
+            const std::int64_t first = b * block;
             const std::int64_t last = std::min(n, first + block);
             detail::reduce_elements(ReduceOp::sum, sources.data(), static_cast<int>(g.size()),
                                     &target, 1, first, last);
@@ -524,7 +627,12 @@ class DataParallelProgram {
 
     int devices;
     std::vector<std::vector<AnyTensor>> grads;  // [parameter][device]
+    std::vector<std::int64_t> blocks;           // [parameter], set when it opens
     std::unique_ptr<std::atomic<int>[]> arrived;
+    std::unique_ptr<std::atomic<bool>[]> opened;
+    std::unique_ptr<std::atomic<std::int64_t>[]> taken;  // blocks handed out
+    std::atomic<int> ended{0};                           // devices whose backward returned
+    std::atomic<std::uint32_t> news{0};  // bumped when a parameter opens or a device ends
   };
 
   // CUDA: the replicas' gradients summed into the module's through NCCL, after the backward.
@@ -532,12 +640,20 @@ class DataParallelProgram {
   void run_backward(const Run& run) {
     auto& dp = *owner_;
     const int used = devices();
+    if (reduction_) reduction_->begin();
     dp.threads_.run([&](int member) {
       if (member >= used) return;
       if constexpr (!std::is_same_v<Kind, cpu>) {
         if (member > 0) dp.replicas_[static_cast<std::size_t>(member - 1)].zero_grad();
       }
-      run(programs_[static_cast<std::size_t>(member)]);
+      if (!reduction_) return run(programs_[static_cast<std::size_t>(member)]);
+      try {
+        run(programs_[static_cast<std::size_t>(member)]);
+      } catch (...) {
+        reduction_->end_of_backward();
+        throw;
+      }
+      reduction_->end_of_backward();
     });
     if constexpr (!std::is_same_v<Kind, cpu>) {
       if (used > 1) reduce_after_backward();
@@ -577,10 +693,9 @@ class DataParallelProgram {
   int dim_;
   std::vector<Inputs> buffers_;  // each device's input tensors (its pieces)
   std::vector<double> losses_;
-  std::shared_ptr<overlapped_reduction> reduction_;  // CPU
+  std::shared_ptr<overlapped_reduction> reduction_;   // CPU
   std::unique_ptr<Communicator<Kind>> communicator_;  // CUDA
   Result loss_;
 };
-
 
 }  // namespace tessera::parallel
