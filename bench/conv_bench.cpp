@@ -378,6 +378,9 @@ int paired_rounds() {
 /// happened to run, and the per-pair times show which side's steps change speed.
 void paired_resnet_steps(int rounds) {
   using clock = std::chrono::steady_clock;
+  // LibTorch's own default here is one thread (OpenMP's setting on this thread when LibTorch
+  // starts); the rows above set it, and so must this.
+  at::set_num_threads(ts::cpu::num_threads());
   ts::manual_seed(1);
   tessera_resnet mine;
   torch_resnet theirs(mine);

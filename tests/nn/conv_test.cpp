@@ -100,6 +100,15 @@ struct winograd_setting {
   }
 };
 
+/// Sets the parts the CPU loops split a batch into (one per thread) for its lifetime.
+struct cpu_parts {
+  std::int64_t saved;
+  explicit cpu_parts(std::int64_t parts) : saved(nn::detail::conv2d_cpu_parts()) {
+    nn::detail::conv2d_cpu_parts() = parts;
+  }
+  ~cpu_parts() { nn::detail::conv2d_cpu_parts() = saved; }
+};
+
 /// How the CPU loops cut the batch into passes: one image each, two (the last pass of an odd
 /// batch has one), or the whole batch in one pass.
 enum class passes { one, two, all };
@@ -205,12 +214,16 @@ void check_conv(const conv_case& c, passes cut) {
 TEMPLATE_TEST_CASE("conv2d matches PyTorch: forward and every gradient", "[conv][oracle]", float,
                    double) {
   for (const conv_case& c : conv_cases) {
+    // The batch (2 or 3 images) in one part, in two parts run at once (2 + 1 for 3 images), and
+    // in a part per image.
     for (passes cut : {passes::one, passes::two, passes::all}) {
+      const std::int64_t parts = cut == passes::one ? 1 : cut == passes::two ? 2 : 3;
+      cpu_parts split(parts);
       INFO(c.name << " (CPU loops, "
                   << (cut == passes::one   ? "one image"
                       : cut == passes::two ? "two images"
                                            : "the batch")
-                  << " per pass)");
+                  << " per pass, " << parts << " parts at most)");
       check_conv<TestType>(c, cut);
     }
     if (winograd_shape(c)) {
@@ -267,6 +280,33 @@ TEST_CASE("conv2d: which 3x3 convolutions run as Winograd on CPU", "[conv]") {
   const auto p = nn::detail::conv2d_winograd_forward(g);
   CHECK(p.tiles() == 8 * 28 * 28);
   CHECK(p.block == 896);
+}
+
+TEST_CASE("conv2d: how the CPU loops split a batch between threads", "[conv]") {
+  const nn::Conv2dArgs s2{.stride = 2, .padding = 1};
+  auto geometry = [&](std::int64_t n, std::int64_t parts) {
+    cpu_parts split(parts);
+    return nn::detail::conv2d_geometry_of("conv2d", {n, 16, 14, 14}, {16, 16, 3, 3}, nullptr, s2);
+  };
+  // Parts of equal size, the last one smaller, none empty: 5 images asked in 4 parts are 2 + 2 +
+  // 1; at most one part per image.
+  const auto g = geometry(5, 4);
+  CHECK(g.cpu_parts == 3);
+  using range = std::pair<std::int64_t, std::int64_t>;
+  CHECK(nn::detail::conv2d_part(g, 0) == range{0, 2});
+  CHECK(nn::detail::conv2d_part(g, 1) == range{2, 2});
+  CHECK(nn::detail::conv2d_part(g, 2) == range{4, 1});
+  CHECK(geometry(2, 8).cpu_parts == 2);
+  CHECK(geometry(8, 1).cpu_parts == 1);
+  // 0: the thread count when the geometry is made.
+  CHECK(geometry(64, 0).cpu_parts == std::min<std::int64_t>(64, ts::cpu::num_threads()));
+  // Split with a BLAS (each part's weight-gradient sum accumulates), for float and double, not
+  // on the device-agnostic path.
+  CHECK(nn::detail::conv2d_split<double, ts::cpu>(g) ==
+        ts::detail::matmul_accumulates<double, ts::cpu>());
+  CHECK_FALSE(nn::detail::conv2d_split<float, ts::cpu>(geometry(8, 1)));
+  generic_path path(true);
+  CHECK_FALSE(nn::detail::conv2d_split<float, ts::cpu>(g));
 }
 
 namespace {

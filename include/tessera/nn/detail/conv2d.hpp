@@ -31,6 +31,7 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 #include "tessera/backend/cpu/parallel.hpp"
 #include "tessera/backend/cuda/cudnn.hpp"
@@ -139,6 +140,18 @@ inline std::int64_t& conv2d_pass_columns() {
   return columns;
 }
 
+/// Parts the CPU loops split a batch into, one per thread, each part's images run on its thread
+/// with single-threaded GEMMs (0: the calling thread's thread count when a geometry is made, as
+/// long as each part keeps conv2d_pass_columns() output positions; at most the batch). One thread
+/// per part meets the others once per call, where a GEMM split between threads meets them inside
+/// every product: on this project's 2-vCPU VM, in minutes when a cache line takes 180-350 ns
+/// between the cores, the split layers ran 1.3-1.7x faster, and within 0.92-1.08x in the other
+/// minutes (bench/RESULTS.md). Tests set it; read when a geometry is made.
+inline std::int64_t& conv2d_cpu_parts() {
+  thread_local std::int64_t parts = 0;
+  return parts;
+}
+
 /// The fewest input and output channels with which a 3x3 convolution runs as Winograd on CPU
 /// (below, its GEMMs are too thin for the 16 products to beat im2col's 36). Tests set it to 1 to
 /// reach Winograd with few channels, or to INT64_MAX to turn it off; read when a geometry is made.
@@ -164,6 +177,7 @@ struct conv2d_geometry {
   std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
   std::int64_t oh = 0, ow = 0;  // output [N, O, OH, OW]
   std::int64_t cpu_pass = 1;    // images per pass of the CPU loops (conv2d_pass_columns)
+  std::int64_t cpu_parts = 1;   // parts of the batch, one per thread (conv2d_cpu_parts)
   bool winograd = false;        // 3x3, stride 1: Winograd on CPU (conv2d_winograd_min_channels)
   backend::cuda::conv2d_algorithms cudnn;  // usable: cuDNN runs it (conv2d_choose_cudnn)
 
@@ -233,7 +247,21 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
       (std::max<std::int64_t>(conv2d_pass_columns(), 1) + spatial - 1) / spatial;
   const std::int64_t fit =
       std::max<std::int64_t>(1, conv2d_pass_col_limit / std::max<std::int64_t>(col_image, 1));
-  const std::int64_t images = std::max<std::int64_t>(g.n, 1);
+  // Parts of equal size with none empty: 5 images in 4 parts are 2 + 2 + 1 (3 parts).
+  const std::int64_t images_in = std::max<std::int64_t>(g.n, 1);
+  // Each part's products pack the whole weight again, so by default a part keeps at least
+  // conv2d_pass_columns() output positions (ResNet-50 at 224x224, batch 8: the stem, layer1 and
+  // layer2 split; layer3 and layer4, whose weights are large and maps small, do not).
+  const std::int64_t by_columns =
+      images_in * spatial / std::max<std::int64_t>(conv2d_pass_columns(), 1);
+  const std::int64_t parts = std::clamp<std::int64_t>(
+      conv2d_cpu_parts() > 0 ? conv2d_cpu_parts()
+                             : std::min<std::int64_t>(tessera::cpu::num_threads(), by_columns),
+      1, images_in);
+  const std::int64_t per_part = (images_in + parts - 1) / parts;
+  g.cpu_parts = (images_in + per_part - 1) / per_part;
+  // Passes cut each part's images (the first parts have the most).
+  const std::int64_t images = per_part;
   const std::int64_t most = std::clamp<std::int64_t>(std::min(wanted, fit), 1, images);
   const std::int64_t passes = (images + most - 1) / most;
   g.cpu_pass = (images + passes - 1) / passes;  // passes of equal size (8 images: 4 + 4, not 6 + 2)
@@ -325,6 +353,28 @@ bool conv2d_gathers(const conv2d_geometry& g) {
   return !conv2d_generic<K>() && conv2d_images_per_pass<K>(g) > 1;
 }
 
+/// True when the CPU loops split the batch into g.cpu_parts parts run at once, each with its own
+/// col and gathered buffers and, for the weight's gradient, its own sum of the products (added
+/// into the gradient at the end). Only with a BLAS that accumulates (beta = 1), which the parts'
+/// own sums need; not for Winograd, which shares its 16 products between the threads itself.
+template <class T, class K>
+bool conv2d_split(const conv2d_geometry& g) {
+  if constexpr (std::is_same_v<K, cpu>) {
+    return g.cpu_parts > 1 && !conv2d_generic<K>() && !conv2d_winograd<T, K>(g) &&
+           tessera::detail::matmul_accumulates<T, K>();
+  } else {
+    return false;
+  }
+}
+
+/// The images [first, first + count) of part `part` of a split batch (count 0 past the batch).
+inline std::pair<std::int64_t, std::int64_t> conv2d_part(const conv2d_geometry& g,
+                                                         std::int64_t part) {
+  const std::int64_t per = (g.n + g.cpu_parts - 1) / g.cpu_parts;
+  const std::int64_t first = std::min(g.n, part * per);
+  return {first, std::min(per, g.n - first)};
+}
+
 /// Elements of a pass's col matrix: the patches of its images ([C * KH * KW, images * OH * OW]
 /// on CPU, [images, C * KH * KW, OH * OW] on the generic path). A 1x1 convolution reads the
 /// image itself unless the CPU loops gather several.
@@ -357,9 +407,10 @@ std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
   if (g.cudnn.usable) return workspace::raw_bytes(g.cudnn.forward_bytes);
   if (conv2d_winograd<T, K>(g))
     return workspace::bytes<T>(winograd_workspace_numel<T>(conv2d_winograd_forward(g)));
-  return workspace::bytes<T>(conv2d_col_numel<K>(g)) +
-         workspace::bytes<T>(conv2d_padded_numel<K>(g)) +
-         workspace::bytes<T>(conv2d_gathered_numel<K>(g));
+  const std::size_t parts = conv2d_split<T, K>(g) ? static_cast<std::size_t>(g.cpu_parts) : 1;
+  return parts * (workspace::bytes<T>(conv2d_col_numel<K>(g)) +
+                  workspace::bytes<T>(conv2d_gathered_numel<K>(g))) +
+         workspace::bytes<T>(conv2d_padded_numel<K>(g));
 }
 
 /// Workspace bytes of conv2d_backward for the gradients asked for.
@@ -382,9 +433,12 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
     if (conv2d_winograd_weight_grad<T, K>(g)) weight = false;
   }
   if (input || weight) {
-    bytes += workspace::bytes<T>(conv2d_col_numel<K>(g));
+    const std::size_t parts = conv2d_split<T, K>(g) ? static_cast<std::size_t>(g.cpu_parts) : 1;
+    bytes += parts * (workspace::bytes<T>(conv2d_col_numel<K>(g)) +
+                      workspace::bytes<T>(conv2d_gathered_numel<K>(g)));
     bytes += workspace::bytes<T>(conv2d_padded_numel<K>(g));
-    bytes += workspace::bytes<T>(conv2d_gathered_numel<K>(g));
+    // Each part but the first sums its weight-gradient products apart.
+    if (weight && parts > 1) bytes += (parts - 1) * workspace::bytes<T>(g.o * g.patch());
   }
   if (!tessera::detail::matmul_accumulates<T, K>()) {
     // Products added into a gradient go through a staging buffer.
@@ -691,6 +745,36 @@ void conv2d_forward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, const
   }
 }
 
+/// The part `part` of a split batch as a geometry of its own (n: the part's images).
+inline conv2d_geometry conv2d_part_geometry(const conv2d_geometry& g, std::int64_t count) {
+  conv2d_geometry part = g;
+  part.n = count;
+  part.cpu_parts = 1;
+  return part;
+}
+
+/// y = conv2d(x, w) with the batch split into g.cpu_parts parts run at once (conv2d_split): each
+/// part runs the CPU loops on its images with its own buffers from `ws`.
+template <class T>
+void conv2d_forward_parts(const conv2d_geometry& g, const Tensor<T, cpu>& x,
+                          const Tensor<T, cpu>& w, Tensor<T, cpu>& y, workspace& ws) {
+  std::vector<Tensor<T, cpu>> cols, gathered;
+  for (std::int64_t part = 0; part < g.cpu_parts; ++part) {
+    cols.push_back(ws.take<T, cpu>(Shape{conv2d_col_numel<cpu>(g)}));
+    gathered.push_back(ws.take<T, cpu>(Shape{conv2d_gathered_numel<cpu>(g)}));
+  }
+  backend::cpu::parallel_for(0, g.cpu_parts, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t part = begin; part < end; ++part) {
+      const auto [first, count] = conv2d_part(g, part);
+      if (count == 0) continue;
+      const auto i = static_cast<std::size_t>(part);
+      Tensor<T, cpu> images = y.narrow(0, first, count);
+      conv2d_forward_cpu(conv2d_part_geometry(g, count), x.narrow(0, first, count), w, images,
+                         cols[i], gathered[i]);
+    }
+  });
+}
+
 /// y = conv2d(x, w) into y (contiguous) as GEMMs: the CPU loops, or the generic path.
 template <class T, class K>
 void conv2d_forward_gemms(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
@@ -700,6 +784,12 @@ void conv2d_forward_gemms(const conv2d_geometry& g, const Tensor<T, K>& x, const
       const winograd_problem p = conv2d_winograd_forward(g);
       winograd_conv3x3_cpu(p, x.data(), w.data(), false, y.data(), false,
                            ws.take<T, cpu>(Shape{winograd_workspace_numel<T>(p)}));
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<K, cpu>) {
+    if (conv2d_split<T, K>(g)) {
+      conv2d_forward_parts(g, x, w, y, ws);
       return;
     }
   }
@@ -808,6 +898,45 @@ void conv2d_backward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, cons
   }
 }
 
+/// The input and weight gradients with the batch split into g.cpu_parts parts run at once
+/// (conv2d_split): each part runs the CPU loops on its images with its own buffers; the first
+/// part's weight-gradient products go into dw, each other part's into a sum of its own, which
+/// are added into dw after all parts, in order.
+template <class T>
+void conv2d_backward_parts(const conv2d_geometry& g, const Tensor<T, cpu>& x,
+                           const Tensor<T, cpu>& w, const Tensor<T, cpu>& gy, Tensor<T, cpu>* dx,
+                           bool dx_accumulate, Tensor<T, cpu>* dw, bool dw_accumulate,
+                           workspace& ws) {
+  std::vector<Tensor<T, cpu>> cols, gathered, sums;
+  for (std::int64_t part = 0; part < g.cpu_parts; ++part) {
+    cols.push_back(ws.take<T, cpu>(Shape{conv2d_col_numel<cpu>(g)}));
+    gathered.push_back(ws.take<T, cpu>(Shape{conv2d_gathered_numel<cpu>(g)}));
+    if (dw != nullptr && part > 0) sums.push_back(ws.take<T, cpu>(dw->shape()));
+  }
+  backend::cpu::parallel_for(0, g.cpu_parts, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t part = begin; part < end; ++part) {
+      const auto [first, count] = conv2d_part(g, part);
+      if (count == 0) continue;
+      const auto i = static_cast<std::size_t>(part);
+      // x is defined only when the weight's gradient is wanted.
+      const Tensor<T, cpu> images = x.defined() ? x.narrow(0, first, count) : Tensor<T, cpu>();
+      Tensor<T, cpu> dx_part = dx != nullptr ? dx->narrow(0, first, count) : Tensor<T, cpu>();
+      Tensor<T, cpu>* dw_part = dw == nullptr ? nullptr : part == 0 ? dw : &sums[i - 1];
+      Tensor<T, cpu> no_staging;  // the BLAS accumulates (conv2d_split)
+      conv2d_backward_cpu(conv2d_part_geometry(g, count), images, w, gy.narrow(0, first, count),
+                          dx != nullptr ? &dx_part : nullptr, dx_accumulate, dw_part,
+                          part == 0 && dw_accumulate, cols[i], gathered[i], no_staging);
+    }
+  });
+  if (dw == nullptr) return;
+  for (std::int64_t part = 1; part < g.cpu_parts; ++part) {
+    if (conv2d_part(g, part).second > 0) {
+      tessera::detail::add_into(*dw,
+                                tessera::detail::as_node(sums[static_cast<std::size_t>(part - 1)]));
+    }
+  }
+}
+
 /// The input and weight gradients of y = conv2d(x, w) for gy as GEMMs (conv2d_backward's
 /// contract; one of dx, dw defined): the CPU loops, or the generic path.
 template <class T, class K>
@@ -830,6 +959,12 @@ void conv2d_backward_gemms(const conv2d_geometry& g, const Tensor<T, K>& x, cons
         winograd_conv3x3_cpu(conv2d_winograd_input_grad(g), gy.data(), w.data(), true, dx->data(),
                              dx_accumulate, scratch);
       }
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<K, cpu>) {
+    if (conv2d_split<T, K>(g)) {
+      conv2d_backward_parts(g, x, w, gy, dx, dx_accumulate, dw, dw_accumulate, ws);
       return;
     }
   }
