@@ -146,15 +146,18 @@ class DataParallel {
   /// The module's state dict with PyTorch's `module.` prefix on every key (what
   /// torch.nn.DataParallel saves). A plain module's load_state_dict strips it, and this
   /// wrapper's load_state_dict adds it when missing, so checkpoints move both ways.
-  StateDict state_dict() const requires std::derived_from<M, nn::Module> {
+  StateDict state_dict() const
+    requires std::derived_from<M, nn::Module>
+  {
     StateDict out;
     for (const auto& [key, value] : module_.state_dict()) out.insert("module." + key, value);
     return out;
   }
   /// Loads into the module (keys with or without the `module.` prefix); the replicas take the
   /// new values at the next call.
-  void load_state_dict(const StateDict& state_dict,
-                       bool strict = true) requires std::derived_from<M, nn::Module> {
+  void load_state_dict(const StateDict& state_dict, bool strict = true)
+    requires std::derived_from<M, nn::Module>
+  {
     module_.load_state_dict(state_dict, strict);
   }
 
@@ -225,10 +228,9 @@ class DataParallel {
         buffers.push_back(Inputs{std::tuple_element_t<I, Inputs>::empty_on(
             piece_spec(std::get<I>(all), member).shape, device(member))...});
       }
-      return DataParallelProgram<M, Kind, Program, Inputs>(this, std::move(programs), shapes, sizes,
-                                                           dim_, std::move(buffers));
-    }
-    (std::make_index_sequence<spec_count>{});
+      return DataParallelProgram<M, Kind, Program, Inputs>(this, std::move(programs), shapes,
+                                                           sizes, dim_, std::move(buffers));
+    }(std::make_index_sequence<spec_count>{});
   }
 
   /// The module applied to `x` (a tensor of Kind on any ordinal) as one batch split over the
