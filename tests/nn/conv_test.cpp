@@ -298,8 +298,14 @@ TEST_CASE("conv2d: how the CPU loops split a batch between threads", "[conv]") {
   CHECK(nn::detail::conv2d_part(g, 2) == range{4, 1});
   CHECK(geometry(2, 8).cpu_parts == 2);
   CHECK(geometry(8, 1).cpu_parts == 1);
-  // 0: the thread count when the geometry is made.
-  CHECK(geometry(64, 0).cpu_parts == std::min<std::int64_t>(64, ts::cpu::num_threads()));
+  // 0: the thread count when the geometry is made, while each part keeps 1024 output positions:
+  // 8 images of 32x32 outputs may take 8 parts, 8 images of 7x7 (392 positions) one.
+  const auto big = [&] {
+    cpu_parts split(0);
+    return nn::detail::conv2d_geometry_of("conv2d", {8, 16, 64, 64}, {16, 16, 3, 3}, nullptr, s2);
+  }();
+  CHECK(big.cpu_parts == std::min<std::int64_t>(8, ts::cpu::num_threads()));
+  CHECK(geometry(8, 0).cpu_parts == 1);
   // Split with a BLAS (each part's weight-gradient sum accumulates), for float and double, not
   // on the device-agnostic path.
   CHECK(nn::detail::conv2d_split<double, ts::cpu>(g) ==

@@ -247,21 +247,20 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
       (std::max<std::int64_t>(conv2d_pass_columns(), 1) + spatial - 1) / spatial;
   const std::int64_t fit =
       std::max<std::int64_t>(1, conv2d_pass_col_limit / std::max<std::int64_t>(col_image, 1));
-  // Parts of equal size with none empty: 5 images in 4 parts are 2 + 2 + 1 (3 parts).
-  const std::int64_t images_in = std::max<std::int64_t>(g.n, 1);
   // Each part's products pack the whole weight again, so by default a part keeps at least
   // conv2d_pass_columns() output positions (ResNet-50 at 224x224, batch 8: the stem, layer1 and
   // layer2 split; layer3 and layer4, whose weights are large and maps small, do not).
+  const std::int64_t batch = std::max<std::int64_t>(g.n, 1);
   const std::int64_t by_columns =
-      images_in * spatial / std::max<std::int64_t>(conv2d_pass_columns(), 1);
+      batch * spatial / std::max<std::int64_t>(conv2d_pass_columns(), 1);
   const std::int64_t parts = std::clamp<std::int64_t>(
       conv2d_cpu_parts() > 0 ? conv2d_cpu_parts()
                              : std::min<std::int64_t>(tessera::cpu::num_threads(), by_columns),
-      1, images_in);
-  const std::int64_t per_part = (images_in + parts - 1) / parts;
-  g.cpu_parts = (images_in + per_part - 1) / per_part;
-  // Passes cut each part's images (the first parts have the most).
-  const std::int64_t images = per_part;
+      1, batch);
+  // Parts of equal size with none empty: 5 images in 4 parts are 2 + 2 + 1 (3 parts). Passes
+  // then cut each part's images.
+  const std::int64_t images = (batch + parts - 1) / parts;
+  g.cpu_parts = (batch + images - 1) / images;
   const std::int64_t most = std::clamp<std::int64_t>(std::min(wanted, fit), 1, images);
   const std::int64_t passes = (images + most - 1) / most;
   g.cpu_pass = (images + passes - 1) / passes;  // passes of equal size (8 images: 4 + 4, not 6 + 2)

@@ -136,6 +136,27 @@ void for_channel_tile_rows(const winograd_problem& p, std::int64_t channels, std
   });
 }
 
+/// Rows first_row, first_row + 1, ... of a [height, width] plane into the N rows of `buffer`
+/// (`padded` elements each, rows[i] = buffer + i * padded), the plane's column 0 at column
+/// `left`; zero where a row or a column falls outside the plane.
+template <std::size_t N, class T>
+void winograd_padded_rows(const T* plane, std::int64_t height, std::int64_t width,
+                          std::int64_t first_row, std::int64_t left, T* buffer, std::int64_t padded,
+                          T* (&rows)[N]) {
+  const std::int64_t lo = std::min(left, padded), hi = std::clamp(width + left, lo, padded);
+  for (std::size_t i = 0; i < N; ++i) {
+    rows[i] = buffer + static_cast<std::int64_t>(i) * padded;
+    const std::int64_t y = first_row + static_cast<std::int64_t>(i);
+    if (y < 0 || y >= height) {
+      std::fill(rows[i], rows[i] + padded, T(0));
+      continue;
+    }
+    std::fill(rows[i], rows[i] + lo, T(0));
+    std::copy(plane + y * width + (lo - left), plane + y * width + (hi - left), rows[i] + lo);
+    std::fill(rows[i] + hi, rows[i] + padded, T(0));
+  }
+}
+
 /// Transforms the tiles in columns [begin, end) of one row of tiles, from the four padded input
 /// rows r0..r3 (tile column c reads columns 2c .. 2c + 3), into out[k * k_stride + c - begin]
 /// for transform element k (restrict: the 16 stores do not make the compiler reload the rows).
@@ -173,18 +194,9 @@ void winograd_input_transform(const winograd_problem& p, const T* x, std::int64_
   for_channel_tile_rows<T>(p, p.c, first, last, 4 * width,
                            [&](std::int64_t ci, std::int64_t image, std::int64_t tile_row,
                                std::int64_t begin, std::int64_t end, std::int64_t done, T* padded) {
-                             const T* plane = x + (image * p.c + ci) * p.h * p.w;
                              T* rows[4];
-                             for (int i = 0; i < 4; ++i) {
-                               rows[i] = padded + i * width;
-                               std::fill(rows[i], rows[i] + width, T(0));
-                               const std::int64_t y = 2 * tile_row - p.ph + i;
-                               if (y < 0 || y >= p.h) continue;
-                               const std::int64_t lo = std::max<std::int64_t>(0, p.pw);
-                               const std::int64_t hi = std::min<std::int64_t>(width, p.w + p.pw);
-                               std::copy(plane + y * p.w + (lo - p.pw),
-                                         plane + y * p.w + (hi - p.pw), rows[i] + lo);
-                             }
+                             winograd_padded_rows(x + (image * p.c + ci) * p.h * p.w, p.h, p.w,
+                                                  2 * tile_row - p.ph, p.pw, padded, width, rows);
                              winograd_input_row(rows[0], rows[1], rows[2], rows[3], begin, end,
                                                 v + ci * count + done, k_stride);
                            });
@@ -201,16 +213,14 @@ void winograd_output_transform(const winograd_problem& p, const T* m, std::int64
       p, p.o, first, last, 2 * 2 * tw,
       [&](std::int64_t oo, std::int64_t image, std::int64_t tile_row, std::int64_t begin,
           std::int64_t end, std::int64_t done, T* rows) {
-        const T* in = m + oo * count + done;  // tile column col at in[col - begin]
         T* row0 = rows;
         T* row1 = rows + 2 * tw;
         for (std::int64_t col = begin; col < end; ++col) {
-          T s[2][4];  // A^T M
+          const T* in = m + oo * count + done + (col - begin);  // this tile's M[0]
+          T s[2][4];                                            // A^T M
           for (int j = 0; j < 4; ++j) {
-            const T m0 = in[(0 * 4 + j) * k_stride + col - begin],
-                    m1 = in[(1 * 4 + j) * k_stride + col - begin];
-            const T m2 = in[(2 * 4 + j) * k_stride + col - begin],
-                    m3 = in[(3 * 4 + j) * k_stride + col - begin];
+            const T m0 = in[(0 * 4 + j) * k_stride], m1 = in[(1 * 4 + j) * k_stride];
+            const T m2 = in[(2 * 4 + j) * k_stride], m3 = in[(3 * 4 + j) * k_stride];
             s[0][j] = m0 + m1 + m2;
             s[1][j] = m1 - m2 - m3;
           }
@@ -276,15 +286,9 @@ void winograd_grad_transform(const winograd_problem& p, const T* gy, std::int64_
   for_channel_tile_rows<T>(p, p.o, first, last, 2 * width,
                            [&](std::int64_t oo, std::int64_t image, std::int64_t tile_row,
                                std::int64_t begin, std::int64_t end, std::int64_t done, T* padded) {
-                             const T* plane = gy + (image * p.o + oo) * p.oh * p.ow;
                              T* rows[2];
-                             for (int i = 0; i < 2; ++i) {
-                               rows[i] = padded + i * width;
-                               const std::int64_t y = 2 * tile_row + i;
-                               std::fill(rows[i] + (y < p.oh ? p.ow : 0), rows[i] + width, T(0));
-                               if (y < p.oh)
-                                 std::copy(plane + y * p.ow, plane + (y + 1) * p.ow, rows[i]);
-                             }
+                             winograd_padded_rows(gy + (image * p.o + oo) * p.oh * p.ow, p.oh, p.ow,
+                                                  2 * tile_row, 0, padded, width, rows);
                              winograd_grad_row(rows[0], rows[1], begin, end, z + oo * count + done,
                                                k_stride);
                            });
