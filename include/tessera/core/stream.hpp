@@ -12,6 +12,7 @@
 #include <compare>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <ostream>
 #include <string>
 #include <vector>
@@ -44,9 +45,14 @@ struct stream_ref {
 
 class Event;
 
-/// An in-order queue of work on one device. A cheap handle: copies refer to the same queue, and a
-/// CUDA stream is destroyed when its last handle goes. `Stream(device)` makes a new stream;
-/// `default_stream(device)` and `current_stream(device)` name existing ones.
+/// An in-order queue of work on one device. A cheap handle: copies refer to the same queue.
+/// `Stream(device)` makes a new stream; `default_stream(device)` and `current_stream(device)` name
+/// existing ones. When a CUDA stream's last handle goes, its cudaStream_t is kept for the next
+/// Stream of that device and priority rather than destroyed (PyTorch's streams also live as long
+/// as the process): the pools keep a block's streams as raw handles (record_stream, asynchronous
+/// copies from pinned memory) and record events on them when the block is freed, which must
+/// stay valid after the Stream went. A recycled handle may still hold its earlier owner's work;
+/// the new owner's work queues after it, as on any stream.
 class Stream {
  public:
   /// The default stream of cpu:0.
@@ -95,6 +101,7 @@ class Stream {
   struct state {
     void* handle = nullptr;  // cudaStream_t, or a unique CPU identity
     std::uint64_t id = 0;
+    int priority = 0;
     Device device;
     state() = default;
     state(const state&) = delete;
@@ -280,6 +287,27 @@ TESSERA_API void set_current_stream(const Stream& stream) {
   streams[i] = stream;
 }
 
+#if TESSERA_CUDA
+namespace detail {
+/// The cudaStream_t handles of Streams whose last handle went: {device, priority, handle}, taken
+/// again by the next Stream of that device and priority. Leaked on purpose, like the pools: a
+/// Stream may go during static destruction.
+struct cuda_spare_streams {
+  struct entry {
+    int device;
+    int priority;
+    cudaStream_t handle;
+  };
+  std::mutex mutex;
+  std::vector<entry> spare;
+};
+inline cuda_spare_streams& spare_cuda_streams() {
+  static auto* streams = new cuda_spare_streams;
+  return *streams;
+}
+}  // namespace detail
+#endif
+
 TESSERA_API Stream::Stream(Device device, int priority) : device_(device) {
   check_device(device);
   auto created = std::make_shared<state>();
@@ -292,9 +320,23 @@ TESSERA_API Stream::Stream(Device device, int priority) : device_(device) {
     created->handle = reinterpret_cast<void*>(static_cast<std::uintptr_t>(created->id));
   } else {
 #if TESSERA_CUDA
-    detail::cuda_device_scope scope(device.index);
+    created->priority = priority;
     cudaStream_t native = nullptr;
-    TESSERA_CUDA_CHECK(cudaStreamCreateWithPriority(&native, cudaStreamNonBlocking, priority));
+    {
+      detail::cuda_spare_streams& spares = detail::spare_cuda_streams();
+      const std::lock_guard lock(spares.mutex);
+      for (auto it = spares.spare.begin(); it != spares.spare.end(); ++it) {
+        if (it->device == device.index && it->priority == priority) {
+          native = it->handle;
+          spares.spare.erase(it);
+          break;
+        }
+      }
+    }
+    if (native == nullptr) {
+      detail::cuda_device_scope scope(device.index);
+      TESSERA_CUDA_CHECK(cudaStreamCreateWithPriority(&native, cudaStreamNonBlocking, priority));
+    }
     created->handle = static_cast<void*>(native);
 #endif
   }
@@ -304,7 +346,12 @@ TESSERA_API Stream::Stream(Device device, int priority) : device_(device) {
 TESSERA_API Stream::state::~state() {
 #if TESSERA_CUDA
   if (device.is_cuda() && handle != nullptr) {
-    (void)cudaStreamDestroy(static_cast<cudaStream_t>(handle));  // may run after the runtime
+    try {  // kept for the next Stream, never destroyed (see Stream)
+      detail::cuda_spare_streams& spares = detail::spare_cuda_streams();
+      const std::lock_guard lock(spares.mutex);
+      spares.spare.push_back({device.index, priority, static_cast<cudaStream_t>(handle)});
+    } catch (...) {  // no memory for the list: the handle is leaked, still valid
+    }
   }
 #endif
 }

@@ -63,10 +63,11 @@ class cuda_stream_policy {
   cuda_stream_policy(const cuda_stream_policy&) = delete;
   cuda_stream_policy& operator=(const cuda_stream_policy&) = delete;
 
-  /// Records an event on `stream` (a stream of this device); throws cuda_error. A stream
-  /// destroyed since it was recorded on a block (a Stream whose last handle went before the
-  /// tensor did) cannot take the event: its work is waited for with the whole device's, and the
-  /// event marks a point after it.
+  /// Records an event on `stream` (a stream of this device); throws cuda_error. A Stream whose
+  /// last handle went before the block was freed left its cudaStream_t to the next Stream (core/
+  /// stream.hpp), so the handle is still valid. Should the runtime still refuse the stream (a
+  /// context torn down), its work is waited for with the whole device's, and the event marks a
+  /// point after it.
   event_type record(stream_ref stream) {
     detail::cuda_device_scope scope(device_);
     cudaEvent_t event = nullptr;
