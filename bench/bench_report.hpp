@@ -32,16 +32,11 @@ class recording_reporter : public benchmark::ConsoleReporter {
   void ReportRuns(const std::vector<Run>& runs) override {
     for (const Run& run : runs) {
       if (run.error_occurred) continue;
-      const std::string name = run.run_name.function_name;
-      const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
-      if (median || (run.run_type == Run::RT_Iteration && !medians_.count(name))) {
-        results[name] = run.GetAdjustedRealTime();
-        if (auto rate = run.counters.find("GB/s"); rate != run.counters.end()) {
-          bandwidth[name] = rate->second.value;
-        }
-        for (const auto& [key, counter] : run.counters) counters[name][key] = counter.value;
-        if (median) medians_.insert(name);
-      }
+      // Under the function's name, and for rows with arguments also under "name/args" (the
+      // rows of one function then stay apart; the last row is the plain name's).
+      const std::string& name = run.run_name.function_name;
+      if (!run.run_name.args.empty()) record(run, name + "/" + run.run_name.args);
+      record(run, name);
     }
     ConsoleReporter::ReportRuns(runs);
   }
@@ -50,6 +45,17 @@ class recording_reporter : public benchmark::ConsoleReporter {
   std::map<std::string, std::map<std::string, double>> counters;  // every user counter, by name
 
  private:
+  void record(const Run& run, const std::string& name) {
+    const bool median = run.run_type == Run::RT_Aggregate && run.aggregate_name == "median";
+    if (median || (run.run_type == Run::RT_Iteration && !medians_.count(name))) {
+      results[name] = run.GetAdjustedRealTime();
+      if (auto rate = run.counters.find("GB/s"); rate != run.counters.end()) {
+        bandwidth[name] = rate->second.value;
+      }
+      for (const auto& [key, counter] : run.counters) counters[name][key] = counter.value;
+      if (median) medians_.insert(name);
+    }
+  }
   std::set<std::string> medians_;
 };
 

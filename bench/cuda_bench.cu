@@ -1,0 +1,738 @@
+// CUDA benchmarks (issues 16 and 11), on one GPU, each against its baseline in the same run:
+// - bandwidth: the fused expressions `y = a*2 + b*c` and `sum(a * b)` over 2^26 floats, sums over
+//   the last dimension of [32, 256, 3136] (plain and with a broadcast operand) and a broadcast
+//   subtraction, against a device-to-device copy (cudaMemcpyAsync: the card's bandwidth, bytes
+//   read plus written);
+// - the pool: a tensor created and destroyed (ts::empty on cuda:0) against cudaMalloc/cudaFree
+//   and cudaMallocAsync/cudaFreeAsync of the same size;
+// - matmul: ts::matmul of 4096 x 4096 floats against cublasSgemm on the same buffers;
+// - training steps (forward, backward, SGD with momentum): MLPs, ResNet-50's convolution layers
+//   (forward + both gradients, cuDNN and im2col + cuBLAS), BatchNorm2d + ReLU, and ResNet-50
+//   steps at 224 x 224 (batch 8 and 32 on cuDNN, batch 8 on im2col + cuBLAS), with each step's
+//   peak memory and where its time goes (forward, backward, optimiser, launches). Their PyTorch 2
+//   baselines come from bench/cuda_torch_baseline.py, run just before on the same GPU: give its
+//   JSON in TESSERA_TORCH_BASELINE and the ratios torch / tessera are printed with the others.
+// Kernel rows are timed with CUDA events (manual time); training steps with the host clock, as
+// each ends in the loss's item(), which waits for the GPU. Each benchmark checks what it
+// computed against a float64 reference on the CPU (a sample of elements) and aborts on a
+// mismatch: a benchmark that computes nothing must not report a time.
+#include <benchmark/benchmark.h>
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "bench_report.hpp"
+#include "tessera/models/resnet.hpp"
+#include "tessera/tessera.hpp"
+
+namespace ts = tessera;
+namespace ag = tessera::autograd;
+namespace nn = tessera::nn;
+
+namespace {
+
+const ts::Device gpu0 = ts::Device::parse("cuda:0");
+
+void check_cuda(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) {
+    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
+    std::exit(1);
+  }
+}
+
+void fail(const std::string& what) {
+  std::fprintf(stderr, "cuda_bench: %s\n", what.c_str());
+  std::exit(1);
+}
+
+/// Times each iteration of `body` with events on the legacy default stream (Tessera's current
+/// stream unless a StreamGuard says otherwise), after one warm-up call.
+template <class F>
+void time_with_events(benchmark::State& state, F&& body) {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
+  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
+  body();
+  check_cuda(cudaDeviceSynchronize(), "warm-up");
+  for (auto _ : state) {
+    check_cuda(cudaEventRecord(start, nullptr), "cudaEventRecord");
+    body();
+    check_cuda(cudaEventRecord(stop, nullptr), "cudaEventRecord");
+    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
+    float ms = 0;
+    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
+    state.SetIterationTime(ms / 1e3);
+  }
+  check_cuda(cudaEventDestroy(start), "cudaEventDestroy");
+  check_cuda(cudaEventDestroy(stop), "cudaEventDestroy");
+}
+
+void set_bytes(benchmark::State& state, double bytes) {
+  state.counters["GB/s"] =
+      benchmark::Counter(bytes / 1e9, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ---- bandwidth ---------------------------------------------------------------------------------
+
+constexpr std::int64_t n = std::int64_t{1} << 26;  // 256 MiB per float array
+
+/// Deterministic values in [-1, 1) without a random generator (2^26 of them quickly).
+float value_at(std::int64_t i, std::uint32_t seed) {
+  const std::uint32_t h = (static_cast<std::uint32_t>(i) + seed * 0x9e3779b9u) * 2654435761u;
+  return static_cast<float>(h >> 8) / static_cast<float>(1u << 23) - 1.0f;
+}
+
+ts::Tensor<float, ts::cuda> filled(std::uint32_t seed) {
+  std::vector<float> values(static_cast<std::size_t>(n));
+  for (std::int64_t i = 0; i < n; ++i) values[static_cast<std::size_t>(i)] = value_at(i, seed);
+  return ts::from_vector<float>(values, {n}).cuda();
+}
+
+struct arrays {
+  ts::Tensor<float, ts::cuda> a = filled(1), b = filled(2), c = filled(3), y = filled(4);
+};
+arrays& bandwidth_arrays() {
+  static arrays instance;
+  return instance;
+}
+
+/// Checks 4096 spread elements of y (on the GPU) against `reference(i)`.
+template <class R>
+void check_sample(const char* what, const ts::Tensor<float, ts::cuda>& y, R reference) {
+  const auto host = y.cpu().to_vector();
+  for (std::int64_t i = 0; i < n; i += n / 4096 + 7) {
+    const double expected = reference(i);
+    const double actual = host[static_cast<std::size_t>(i)];
+    if (!(std::abs(actual - expected) <= 1e-5 * (1 + std::abs(expected)))) {
+      fail(std::string(what) + ": element " + std::to_string(i) + " is " + std::to_string(actual) +
+           ", expected " + std::to_string(expected));
+    }
+  }
+}
+
+void BM_copy_device_to_device(benchmark::State& state) {
+  auto& x = bandwidth_arrays();
+  time_with_events(state, [&] {
+    check_cuda(cudaMemcpyAsync(x.y.data(), x.a.data(), n * sizeof(float), cudaMemcpyDeviceToDevice,
+                               nullptr),
+               "cudaMemcpyAsync");
+  });
+  check_sample(__func__, x.y, [](std::int64_t i) { return double(value_at(i, 1)); });
+  set_bytes(state, 2.0 * n * sizeof(float));
+}
+BENCHMARK(BM_copy_device_to_device)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// y = a*2 + b*c: three arrays read, one written, one kernel.
+void BM_mul_add_tessera(benchmark::State& state) {
+  auto& x = bandwidth_arrays();
+  time_with_events(state, [&] { x.y = x.a * 2 + x.b * x.c; });
+  check_sample(__func__, x.y, [](std::int64_t i) {
+    return 2.0 * value_at(i, 1) + double(value_at(i, 2)) * value_at(i, 3);
+  });
+  set_bytes(state, 4.0 * n * sizeof(float));
+}
+BENCHMARK(BM_mul_add_tessera)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// sum(a * b): two arrays read, a fused reduction.
+void BM_sum_product_tessera(benchmark::State& state) {
+  auto& x = bandwidth_arrays();
+  ts::Tensor<float, ts::cuda> total;
+  time_with_events(state, [&] { total = ts::sum(x.a * x.b); });
+  double expected = 0;
+  for (std::int64_t i = 0; i < n; ++i) expected += double(value_at(i, 1)) * value_at(i, 2);
+  const double actual = total.item();
+  if (!(std::abs(actual - expected) <= 1e-4 * (1 + std::abs(expected)) + 1e-2)) {
+    fail("sum(a * b) is " + std::to_string(actual) + ", expected " + std::to_string(expected));
+  }
+  set_bytes(state, 2.0 * n * sizeof(float));
+}
+BENCHMARK(BM_sum_product_tessera)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// Sums over the last dimension of [32, 256, 3136] (ResNet-50's batch-norm sums at batch 32), plain
+// and with an operand broadcast along it, and the broadcast subtraction alone.
+const ts::Shape rows_shape{32, 256, 3136};
+struct row_operands {
+  ts::Tensor<float> x_host = ts::bench::random_tensor(rows_shape, 8);
+  ts::Tensor<float> m_host = ts::bench::random_tensor({1, 256, 1}, 9);
+  ts::Tensor<float, ts::cuda> x = x_host.cuda(), m = m_host.cuda();
+  ts::Tensor<float, ts::cuda> d = ts::empty<float, ts::cuda>(rows_shape, 0);
+};
+row_operands& row_data() {
+  static row_operands instance;
+  return instance;
+}
+
+void BM_row_sum(benchmark::State& state) {
+  auto& r = row_data();
+  const int form = static_cast<int>(state.range(0));
+  ts::Tensor<float, ts::cuda> out;
+  time_with_events(state, [&] {
+    if (form == 0) out = ts::sum(r.x, 2);
+    if (form == 1) out = ts::sum(r.x * r.x, 2);
+    if (form == 2) out = ts::sum((r.x - r.m) * (r.x - r.m), 2);
+  });
+  const auto host = out.cpu().to_vector();
+  const float* x = r.x_host.data();
+  const std::int64_t length = rows_shape[2], channels = rows_shape[1];
+  for (std::int64_t row = 0; row < rows_shape[0] * channels; row += 997) {
+    const double mean = r.m_host.data()[row % channels];
+    double expected = 0;
+    for (std::int64_t i = 0; i < length; ++i) {
+      const double v = x[row * length + i];
+      expected += form == 0 ? v : form == 1 ? v * v : (v - mean) * (v - mean);
+    }
+    const double actual = host[static_cast<std::size_t>(row)];
+    if (!(std::abs(actual - expected) <= 1e-4 * (1 + std::abs(expected)))) {
+      fail("row sum form " + std::to_string(form) + ", row " + std::to_string(row) + ": " +
+           std::to_string(actual) + ", expected " + std::to_string(expected));
+    }
+  }
+  set_bytes(state, static_cast<double>(rows_shape.numel()) * sizeof(float));
+  state.SetLabel(form == 0 ? "sum(x, 2)" : form == 1 ? "sum(x * x, 2)" : "sum((x - m)^2, 2)");
+}
+BENCHMARK(BM_row_sum)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_broadcast_subtract(benchmark::State& state) {
+  auto& r = row_data();
+  time_with_events(state, [&] { r.d = r.x - r.m; });
+  const auto host = r.d.cpu().to_vector();
+  for (std::int64_t i = 0; i < rows_shape.numel(); i += 9973) {
+    const double expected =
+        double(r.x_host.data()[i]) - r.m_host.data()[(i / rows_shape[2]) % rows_shape[1]];
+    if (host[static_cast<std::size_t>(i)] != static_cast<float>(expected)) {
+      fail("x - m: element " + std::to_string(i) + " is " +
+           std::to_string(host[static_cast<std::size_t>(i)]));
+    }
+  }
+  set_bytes(state, 2.0 * static_cast<double>(rows_shape.numel()) * sizeof(float));
+}
+BENCHMARK(BM_broadcast_subtract)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// ---- the pool ----------------------------------------------------------------------------------
+
+void BM_alloc_tessera(benchmark::State& state) {
+  const std::int64_t count = state.range(0) / 4;
+  for (auto _ : state) {
+    auto t = ts::empty<float, ts::cuda>({count}, 0);
+    benchmark::DoNotOptimize(t.data());
+  }
+}
+BENCHMARK(BM_alloc_tessera)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+
+void BM_alloc_cudamalloc(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = nullptr;
+    check_cuda(cudaMalloc(&p, bytes), "cudaMalloc");
+    benchmark::DoNotOptimize(p);
+    check_cuda(cudaFree(p), "cudaFree");
+  }
+}
+BENCHMARK(BM_alloc_cudamalloc)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+
+void BM_alloc_cudamallocasync(benchmark::State& state) {
+  const auto bytes = static_cast<std::size_t>(state.range(0));
+  for (auto _ : state) {
+    void* p = nullptr;
+    check_cuda(cudaMallocAsync(&p, bytes, nullptr), "cudaMallocAsync");
+    benchmark::DoNotOptimize(p);
+    check_cuda(cudaFreeAsync(p, nullptr), "cudaFreeAsync");
+  }
+  check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+}
+BENCHMARK(BM_alloc_cudamallocasync)->Arg(4 << 10)->Arg(1 << 20)->Arg(64 << 20)->UseRealTime();
+
+// ---- matmul ------------------------------------------------------------------------------------
+
+constexpr std::int64_t matmul_size = 4096;
+
+struct matmul_operands {
+  ts::Tensor<float> a_host = ts::bench::random_tensor({matmul_size, matmul_size}, 5);
+  ts::Tensor<float> b_host = ts::bench::random_tensor({matmul_size, matmul_size}, 6);
+  ts::Tensor<float, ts::cuda> a = a_host.cuda(), b = b_host.cuda();
+  ts::Tensor<float, ts::cuda> c = ts::zeros<float, ts::cuda>({matmul_size, matmul_size}, 0);
+};
+matmul_operands& operands() {
+  static matmul_operands instance;
+  return instance;
+}
+
+/// Checks 64 entries of the product against float64 sums.
+void check_product(const char* what, const ts::Tensor<float, ts::cuda>& c) {
+  auto& x = operands();
+  const auto out = c.cpu().to_vector();
+  const float* a = x.a_host.data();
+  const float* b = x.b_host.data();
+  for (std::int64_t k = 0; k < 64; ++k) {
+    const std::int64_t i = (k * 613) % matmul_size, j = (k * 1597 + 11) % matmul_size;
+    double expected = 0;
+    for (std::int64_t l = 0; l < matmul_size; ++l) {
+      expected += double(a[i * matmul_size + l]) * b[l * matmul_size + j];
+    }
+    const double actual = out[static_cast<std::size_t>(i * matmul_size + j)];
+    if (!(std::abs(actual - expected) <= 1e-3 * (1 + std::abs(expected)))) {
+      fail(std::string(what) + ": entry " + std::to_string(i) + "," + std::to_string(j) + " is " +
+           std::to_string(actual) + ", expected " + std::to_string(expected));
+    }
+  }
+}
+
+void set_flops(benchmark::State& state) {
+  const double m = static_cast<double>(matmul_size);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(2.0 * m * m * m / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+// ts::matmul as users call it: a new output from the pool, then cuBLAS.
+void BM_matmul_tessera(benchmark::State& state) {
+  auto& x = operands();
+  ts::Tensor<float, ts::cuda> out;
+  time_with_events(state, [&] { out = ts::matmul(x.a, x.b); });
+  check_product(__func__, out);
+  set_flops(state);
+}
+BENCHMARK(BM_matmul_tessera)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// The baseline: cublasSgemm on the same buffers (row-major C = A B as column-major C^T = B^T A^T),
+// default math mode (no TF32, as Tessera's float matmul).
+void BM_matmul_cublas(benchmark::State& state) {
+  auto& x = operands();
+  cublasHandle_t handle = nullptr;
+  if (cublasCreate(&handle) != CUBLAS_STATUS_SUCCESS) fail("cublasCreate failed");
+  const int m = static_cast<int>(matmul_size);
+  const float one = 1, zero = 0;
+  time_with_events(state, [&] {
+    if (cublasSgemm(handle, CUBLAS_OP_N, CUBLAS_OP_N, m, m, m, &one, x.b.data(), m, x.a.data(), m,
+                    &zero, x.c.data(), m) != CUBLAS_STATUS_SUCCESS) {
+      fail("cublasSgemm failed");
+    }
+  });
+  check_product(__func__, x.c);
+  cublasDestroy(handle);
+  set_flops(state);
+}
+BENCHMARK(BM_matmul_cublas)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+// ---- training steps ----------------------------------------------------------------------------
+
+template <class T, class K>
+struct Mlp : nn::Module {
+  std::vector<nn::Linear<T, K>> layers;
+  explicit Mlp(const std::vector<int>& widths) {
+    layers.reserve(widths.size());
+    for (std::size_t i = 0; i + 1 < widths.size(); ++i) {
+      layers.emplace_back(widths[i], widths[i + 1]);
+      register_module(std::to_string(i), layers.back());
+    }
+  }
+  template <class X>
+  auto forward(const X& x) const {
+    ag::Var<T, K> h = layers[0](x);
+    for (std::size_t i = 1; i < layers.size(); ++i) h = layers[i](ts::relu(h));
+    return h;
+  }
+};
+
+struct mlp_config {
+  std::string name;
+  std::vector<int> widths;
+  std::int64_t batch;
+};
+
+/// One MLP training step on cuda:0 (mse loss, SGD with momentum), the data made on the CPU.
+struct mlp_trainer {
+  Mlp<float, ts::cuda> model;
+  ts::Tensor<float, ts::cuda> x, y;
+  ag::Program<ts::Tensor<float, ts::cuda>> program;
+  ts::optim::SGD sgd;
+  explicit mlp_trainer(const mlp_config& c)
+      : model(c.widths),
+        x(ts::bench::random_tensor({c.batch, c.widths.front()}, 1).cuda()),
+        y(ts::bench::random_tensor({c.batch, c.widths.back()}, 2).cuda()),
+        program(ag::compile(
+            [this](ag::Var<float, ts::cuda> input, ag::Var<float, ts::cuda> target) {
+              return nn::mse_loss(model.forward(input), target);
+            },
+            ag::input<float, ts::cuda>(x.shape()), ag::input<float, ts::cuda>(y.shape()))),
+        sgd(model.parameters(), {.lr = 0.01, .momentum = 0.9}) {}
+  float step() {
+    sgd.zero_grad();
+    const float loss = program.forward(x, y).item();
+    program.backward();
+    sgd.step();
+    return loss;
+  }
+};
+
+/// The first loss in float64 on the CPU, from the model's initial weights and the same data.
+double mlp_first_loss_reference(const mlp_config& c, const Mlp<float, ts::cuda>& model) {
+  ts::Tensor<double> h = ts::cast<double>(ts::bench::random_tensor({c.batch, c.widths.front()}, 1));
+  for (std::size_t i = 0; i < model.layers.size(); ++i) {
+    if (i > 0) h = ts::relu(h);
+    const ts::Tensor<double> w = ts::cast<double>(model.layers[i].weight().value().cpu());
+    const ts::Tensor<double> b = ts::cast<double>(model.layers[i].bias().value().cpu());
+    h = ts::matmul(h, w.t()) + b;
+  }
+  const ts::Tensor<double> y =
+      ts::cast<double>(ts::bench::random_tensor({c.batch, c.widths.back()}, 2));
+  const ts::Tensor<double> d = h - y;
+  return ts::sum(d * d).item() / static_cast<double>(d.numel());
+}
+
+const std::vector<mlp_config>& mlp_configs() {
+  static const std::vector<mlp_config> all = {
+      {"mlp784_b256", {784, 1024, 1024, 10}, 256},
+      {"mlp4096_b2048", {4096, 4096, 4096, 4096, 1024}, 2048},
+  };
+  return all;
+}
+
+/// One MLP row: the first loss checked against float64, then the timed steps.
+void run_mlp_row(benchmark::State& state, const mlp_config& c) {
+  mlp_trainer trainer(c);
+  const double reference = mlp_first_loss_reference(c, trainer.model);
+  const float first = trainer.step();
+  if (!(std::abs(first - reference) <= 1e-4 * (1 + reference))) {
+    fail(c.name + ": first loss " + std::to_string(first) + ", float64 reference " +
+         std::to_string(reference));
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(trainer.step());
+}
+
+void register_mlp_rows() {
+  for (const mlp_config& c : mlp_configs()) {
+    benchmark::RegisterBenchmark(("mlp_step_tessera/" + c.name).c_str(),
+                                 [c](benchmark::State& state) { run_mlp_row(state, c); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+  }
+}
+
+// ResNet-50's convolution layers (conv_bench's shapes), forward and both gradients at batch 8, as
+// the compiled program of sum(conv(x) * g).
+struct layer {
+  std::string name;
+  std::int64_t c, o, k, stride, padding, hw;
+};
+const std::vector<layer>& layers() {
+  static const std::vector<layer> all = {
+      {"3x3_64_56", 64, 64, 3, 1, 1, 56},        // layer1.*.conv2
+      {"3x3_256_14", 256, 256, 3, 1, 1, 14},     // layer3.*.conv2
+      {"1x1_256to64_56", 256, 64, 1, 1, 0, 56},  // layer1.*.conv1
+      {"3x3s2_128_56", 128, 128, 3, 2, 1, 56},   // layer2.0.conv2
+      {"7x7s2_stem_224", 3, 64, 7, 2, 3, 224},   // conv1
+  };
+  return all;
+}
+constexpr std::int64_t batch = 8;
+std::int64_t out_extent(const layer& l) { return (l.hw + 2 * l.padding - l.k) / l.stride + 1; }
+
+struct conv_trainer {
+  nn::Conv2d<float, ts::cuda> conv;
+  ts::Tensor<float> x_host, g_host;
+  ts::Tensor<float, ts::cuda> x, g;
+  ag::Program<ts::Tensor<float, ts::cuda>> program;
+  explicit conv_trainer(const layer& l)
+      : conv(l.c, l.o, l.k, {.stride = l.stride, .padding = l.padding, .bias = false}),
+        x_host(ts::bench::random_tensor({batch, l.c, l.hw, l.hw}, 1)),
+        g_host(ts::bench::random_tensor({batch, l.o, out_extent(l), out_extent(l)}, 2)),
+        x(x_host.cuda()),
+        g(g_host.cuda()),
+        program(ag::compile(
+            [this](const ag::Var<float, ts::cuda>& input, const ag::Var<float, ts::cuda>& grad) {
+              return ts::sum(conv(input) * grad);
+            },
+            [&] {
+              auto spec = ag::input<float, ts::cuda>(x.shape());
+              spec.requires_grad = true;
+              return spec;
+            }(),
+            ag::input<float, ts::cuda>(g.shape()))) {}
+  float step() {
+    conv.zero_grad();
+    const float value = program.forward(x, g).item();
+    program.backward();
+    return value;
+  }
+  /// The forward value against the CPU's float64 convolution of the same weights and data.
+  void check(const std::string& what, const layer& l) {
+    const ts::Tensor<double> w = ts::cast<double>(conv.weight().value().cpu());
+    const ts::Tensor<double> x64 = ts::cast<double>(x_host);
+    const ts::Tensor<double> g64 = ts::cast<double>(g_host);
+    const ts::Tensor<double> y =
+        nn::functional::conv2d(x64, w, {.stride = l.stride, .padding = l.padding});
+    const double expected = ts::sum(y * g64).item();
+    const double actual = step();
+    if (!(std::abs(actual - expected) <= 1e-4 * (1 + std::abs(expected)))) {
+      fail(what + ": sum(conv(x) * g) is " + std::to_string(actual) + ", float64 reference " +
+           std::to_string(expected));
+    }
+  }
+};
+
+/// One convolution row on cuDNN or on im2col + cuBLAS (the switch is read when the program is
+/// traced), its value checked against float64 first.
+void run_conv_row(benchmark::State& state, const layer& l, bool cudnn, const std::string& name) {
+  const bool saved = ts::backends::cudnn::enabled.load();
+  ts::backends::cudnn::enabled = cudnn;
+  conv_trainer trainer(l);
+  trainer.check(name, l);
+  for (auto _ : state) benchmark::DoNotOptimize(trainer.step());
+  ts::backends::cudnn::enabled = saved;
+}
+
+void register_conv_rows() {
+  for (const layer& l : layers()) {
+    for (const bool cudnn : {true, false}) {
+      const std::string name = std::string(cudnn ? "conv_cudnn/" : "conv_im2col_cublas/") + l.name;
+      benchmark::RegisterBenchmark(
+          name.c_str(),
+          [l, cudnn, name](benchmark::State& state) { run_conv_row(state, l, cudnn, name); })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
+  }
+}
+
+// BatchNorm2d (training mode) and ReLU, forward and the gradients of x, weight and bias, as the
+// compiled program of sum(relu(bn(x)) * g): ResNet-50's shapes after the stem and in layer1.
+struct bn_shape {
+  std::string name;
+  std::int64_t c, hw;
+};
+const std::vector<bn_shape>& bn_shapes() {
+  static const std::vector<bn_shape> all = {{"64_112", 64, 112}, {"256_56", 256, 56}};
+  return all;
+}
+
+void BM_batchnorm_relu(benchmark::State& state) {
+  const bn_shape& b = bn_shapes()[static_cast<std::size_t>(state.range(0))];
+  nn::BatchNorm2d<float, ts::cuda> bn(b.c);
+  const auto x_host = ts::bench::random_tensor({batch, b.c, b.hw, b.hw}, 3);
+  const auto g_host = ts::bench::random_tensor({batch, b.c, b.hw, b.hw}, 4);
+  const auto x = x_host.cuda();
+  const auto g = g_host.cuda();
+  auto spec = ag::input<float, ts::cuda>(x.shape());
+  spec.requires_grad = true;
+  auto program = ag::compile(
+      [&](const ag::Var<float, ts::cuda>& input, const ag::Var<float, ts::cuda>& grad) {
+        return ts::sum(ts::relu(bn(input)) * grad);
+      },
+      spec, ag::input<float, ts::cuda>(g.shape()));
+  auto step = [&] {
+    bn.zero_grad();
+    const float value = program.forward(x, g).item();
+    program.backward();
+    return value;
+  };
+  // The forward value against float64 on the CPU (weight 1, bias 0: PyTorch's initialisation).
+  const ts::Tensor<double> x64 = ts::cast<double>(x_host);
+  const ts::Tensor<double> mean = ts::mean(ts::mean(ts::mean(x64, 0, true), 2, true), 3, true);
+  const ts::Tensor<double> centred = x64 - mean;
+  const ts::Tensor<double> var =
+      ts::mean(ts::mean(ts::mean(centred * centred, 0, true), 2, true), 3, true);
+  const ts::Tensor<double> y = ts::relu(centred / ts::sqrt(var + 1e-5));
+  const double expected = ts::sum(y * ts::cast<double>(g_host)).item();
+  const double actual = step();
+  if (!(std::abs(actual - expected) <= 1e-3 * (1 + std::abs(expected)))) {
+    fail("batchnorm " + b.name + ": sum(relu(bn(x)) * g) is " + std::to_string(actual) +
+         ", float64 reference " + std::to_string(expected));
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(step());
+  state.SetLabel(b.name);
+}
+BENCHMARK(BM_batchnorm_relu)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMillisecond);
+
+constexpr std::int64_t resnet_classes = 1000;
+
+/// A ResNet-50 training step at batch state.range(0), on cuDNN or (range(1) == 0) im2col + cuBLAS.
+/// peak_MiB is the peak of allocated memory over what was allocated before the model was made
+/// (the other rows' buffers), as the torch baseline measures it.
+void BM_resnet50_step_tessera(benchmark::State& state) {
+  const std::int64_t images = state.range(0);
+  const bool saved_cudnn = ts::backends::cudnn::enabled.load();
+  ts::backends::cudnn::enabled = state.range(1) != 0;  // read when the program is traced
+  const std::size_t allocated_before = ts::memory::allocated(gpu0);
+  auto model = ts::models::resnet50<float, ts::cuda>(resnet_classes, 0);
+  const auto x = ts::bench::random_tensor({images, 3, 224, 224}, 7).cuda();
+  std::vector<std::int64_t> label_values;
+  for (std::int64_t i = 0; i < images; ++i) label_values.push_back(i % resnet_classes);
+  const auto labels = ts::from_vector<std::int64_t>(label_values, {images}).cuda();
+  auto program = ag::compile(
+      [&](const ag::Var<float, ts::cuda>& input, const ag::Var<std::int64_t, ts::cuda>& target) {
+        return nn::cross_entropy(model(input), target);
+      },
+      ag::input<float, ts::cuda>(x.shape()), ag::input<std::int64_t, ts::cuda>(labels.shape()));
+  ts::optim::SGD sgd(model.parameters(), {.lr = 0.01, .momentum = 0.9});
+  auto step = [&] {
+    sgd.zero_grad();
+    const float loss = program.forward(x, labels).item();
+    program.backward();
+    sgd.step();
+    return loss;
+  };
+  ts::memory::reset_peak(gpu0);
+  const float first = step();
+  // Random weights, 1000 classes: the first loss is about log(1000) = 6.9.
+  if (!(first > 5.0f && first < 9.0f)) fail("resnet50 first loss " + std::to_string(first));
+  for (auto _ : state) benchmark::DoNotOptimize(step());
+  constexpr double mib = 1024.0 * 1024.0;
+  state.counters["peak_MiB"] =
+      static_cast<double>(ts::memory::peak_allocated(gpu0) - allocated_before) / mib;
+  state.counters["arena_MiB"] = static_cast<double>(program.plan().planned_bytes) / mib;
+  // Where a step's time goes, over 5 steps: each phase to its end on the GPU, the host's time to
+  // issue the backward (when it is most of the backward, the step is bound by the host), and the
+  // kernel launches (executor passes) per step.
+  using clock = std::chrono::steady_clock;
+  auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
+  double forward = 0, backward = 0, backward_issue = 0, optimiser = 0;
+  const std::int64_t launches_before = ts::profiler::kernel_launches();
+  constexpr int steps = 5;
+  for (int i = 0; i < steps; ++i) {
+    const auto t0 = clock::now();
+    sgd.zero_grad();
+    benchmark::DoNotOptimize(program.forward(x, labels).item());
+    const auto t1 = clock::now();
+    program.backward();
+    const auto t2 = clock::now();
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const auto t3 = clock::now();
+    sgd.step();
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    const auto t4 = clock::now();
+    forward += ms(t1 - t0) / steps;
+    backward_issue += ms(t2 - t1) / steps;
+    backward += ms(t3 - t1) / steps;
+    optimiser += ms(t4 - t3) / steps;
+  }
+  state.counters["fwd_ms"] = forward;
+  state.counters["bwd_ms"] = backward;
+  state.counters["bwd_issue_ms"] = backward_issue;
+  state.counters["sgd_ms"] = optimiser;
+  state.counters["launches"] =
+      static_cast<double>(ts::profiler::kernel_launches() - launches_before) / steps;
+  ts::backends::cudnn::enabled = saved_cudnn;
+}
+BENCHMARK(BM_resnet50_step_tessera)
+    ->Args({8, 1})
+    ->Args({8, 0})
+    ->Args({32, 1})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+
+/// PyTorch's rows from bench/cuda_torch_baseline.py's JSON ({"row": milliseconds, ...}).
+std::map<std::string, double> torch_rows() {
+  std::map<std::string, double> rows;
+  const char* path = std::getenv("TESSERA_TORCH_BASELINE");
+  if (path == nullptr) return rows;
+  std::ifstream in(path);
+  if (!in) fail(std::string("cannot read TESSERA_TORCH_BASELINE=") + path);
+  std::stringstream text;
+  text << in.rdbuf();
+  const std::string s = text.str();
+  std::size_t at = 0;
+  while ((at = s.find('"', at)) != std::string::npos) {
+    const std::size_t end = s.find('"', at + 1);
+    const std::size_t colon = s.find(':', end);
+    if (end == std::string::npos || colon == std::string::npos) break;
+    rows[s.substr(at + 1, end - at - 1)] = std::strtod(s.c_str() + colon + 1, nullptr);
+    at = s.find_first_of(",}", colon);
+    if (at == std::string::npos) break;
+  }
+  return rows;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (!ts::cuda::is_available()) {
+    std::printf("cuda_bench: no CUDA device is available; nothing to measure\n");
+    return 0;
+  }
+  register_mlp_rows();
+  register_conv_rows();
+  benchmark::Initialize(&argc, argv);
+  ts::bench::recording_reporter reporter;
+  benchmark::RunSpecifiedBenchmarks(&reporter);
+  auto results = reporter.results;  // milliseconds, but the pool rows: nanoseconds
+  auto& bw = reporter.bandwidth;
+  const double copy = bw.count("BM_copy_device_to_device") ? bw["BM_copy_device_to_device"] : 0;
+  std::printf("\n");
+  for (const char* row : {"BM_mul_add_tessera", "BM_sum_product_tessera", "BM_row_sum/0",
+                          "BM_row_sum/1", "BM_row_sum/2", "BM_broadcast_subtract"}) {
+    if (copy > 0 && bw.count(row)) {
+      std::printf("%s: %.0f GB/s = %.2f of the device-to-device copy (%.0f GB/s)\n", row, bw[row],
+                  bw[row] / copy, copy);
+    }
+  }
+  for (const char* size : {"4096", "1048576", "67108864"}) {
+    const std::string s = std::string("/") + size;
+    ts::bench::print_summary(
+        results,
+        {std::string("create+destroy ") + size + " bytes",
+         {{"cudaMalloc+cudaFree / pool", "BM_alloc_tessera" + s, "BM_alloc_cudamalloc" + s, 1.0},
+          {"cudaMallocAsync+cudaFreeAsync / pool", "BM_alloc_tessera" + s,
+           "BM_alloc_cudamallocasync" + s, 1.0}}});
+  }
+  ts::bench::print_summary(
+      results, {"matmul 4096 float",
+                {{"cuBLAS / ts::matmul", "BM_matmul_tessera", "BM_matmul_cublas", 0.95}}});
+  for (const layer& l : layers()) {
+    ts::bench::print_summary(
+        results,
+        {"conv " + l.name + " (fwd+bwd, batch 8)",
+         {{"im2col+cuBLAS / cuDNN", "conv_cudnn/" + l.name, "conv_im2col_cublas/" + l.name, 0}}});
+  }
+  const auto torch = torch_rows();
+  if (!torch.empty()) {
+    for (const auto& [row, ms] : torch) results["torch/" + row] = ms;
+    for (const mlp_config& c : mlp_configs()) {
+      ts::bench::print_summary(
+          results,
+          {"MLP step " + c.name,
+           {{"torch / tessera", "mlp_step_tessera/" + c.name, "torch/mlp_step/" + c.name, 1.0}}});
+    }
+    for (const layer& l : layers()) {
+      ts::bench::print_summary(
+          results, {"conv " + l.name,
+                    {{"torch / tessera", "conv_cudnn/" + l.name, "torch/conv/" + l.name, 1.0}}});
+    }
+    for (std::size_t i = 0; i < bn_shapes().size(); ++i) {
+      const std::string& name = bn_shapes()[i].name;
+      ts::bench::print_summary(results,
+                               {"batchnorm2d+relu " + name,
+                                {{"torch / tessera", "BM_batchnorm_relu/" + std::to_string(i),
+                                  "torch/bn_relu/" + name, 1.0}}});
+    }
+    ts::bench::print_summary(
+        results, {"matmul 4096 float",
+                  {{"torch / tessera", "BM_matmul_tessera", "torch/matmul_4096", 1.0}}});
+    for (const char* images : {"8", "32"}) {
+      const std::string row = std::string("BM_resnet50_step_tessera/") + images + "/1";
+      const std::string torch_row = std::string("resnet50_step_b") + images;
+      ts::bench::print_summary(results, {std::string("ResNet-50 step batch ") + images,
+                                         {{"torch / tessera", row, "torch/" + torch_row, 1.0}}});
+      const std::string torch_peak = torch_row + "_peak_MiB";
+      if (torch.count(torch_peak) && reporter.counters.count(row)) {
+        const double ours = reporter.counters[row]["peak_MiB"];
+        std::printf(
+            "ResNet-50 step batch %s peak memory: %.0f MiB, torch %.0f MiB: %.2f of "
+            "torch's (goal <= 0.8)\n",
+            images, ours, torch.at(torch_peak), ours / torch.at(torch_peak));
+      }
+    }
+  }
+  benchmark::Shutdown();
+  return 0;
+}

@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""PyTorch 2's rows for bench/cuda_bench.cu, measured on the same GPU just before it.
+
+    python3 bench/cuda_torch_baseline.py out.json
+    TESSERA_TORCH_BASELINE=out.json build/.../bench/cuda_bench
+
+The same work as cuda_bench's rows, in float32 with TF32 off (Tessera's float products are plain
+fp32; PyTorch's cuDNN convolutions would use TF32 by default): MLP training steps (mse loss, SGD
+with momentum), ResNet-50's convolution layers forward and backward at batch 8 (the gradient of
+sum(conv(x) * g) for x and the weight), BatchNorm2d + ReLU forward and backward, a 4096 matmul,
+ResNet-50 training steps at batch 8 and 32 with their peak memory, and a device-to-device copy.
+Each row is the median of timed runs after warm-up, in milliseconds; step rows end in
+loss.item() as Tessera's do.
+"""
+import json
+import statistics
+import sys
+import time
+
+import torch
+import torch.nn.functional as F
+import torchvision
+
+torch.backends.cuda.matmul.allow_tf32 = False
+torch.backends.cudnn.allow_tf32 = False
+dev = torch.device("cuda:0")
+
+
+def median_ms(fn, warmup=3, runs=20, events=False):
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(runs):
+        if events:
+            start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            stop.record()
+            stop.synchronize()
+            times.append(start.elapsed_time(stop))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times)
+
+
+rows = {}
+
+# MLP steps (cuda_bench's mlp_configs).
+for name, widths, batch in [("mlp784_b256", [784, 1024, 1024, 10], 256),
+                            ("mlp4096_b2048", [4096, 4096, 4096, 4096, 1024], 2048)]:
+    layers = []
+    for i in range(len(widths) - 1):
+        if i > 0:
+            layers.append(torch.nn.ReLU())
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+    model = torch.nn.Sequential(*layers).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.rand(batch, widths[0], device=dev) * 2 - 1
+    y = torch.rand(batch, widths[-1], device=dev) * 2 - 1
+
+    def mlp_step():
+        opt.zero_grad()
+        loss = F.mse_loss(model(x), y)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    rows[f"mlp_step/{name}"] = median_ms(mlp_step, runs=50)
+
+# Convolution layers, forward and backward (cuda_bench's layers).
+for name, c, o, k, stride, padding, hw in [("3x3_64_56", 64, 64, 3, 1, 1, 56),
+                                           ("3x3_256_14", 256, 256, 3, 1, 1, 14),
+                                           ("1x1_256to64_56", 256, 64, 1, 1, 0, 56),
+                                           ("3x3s2_128_56", 128, 128, 3, 2, 1, 56),
+                                           ("7x7s2_stem_224", 3, 64, 7, 2, 3, 224)]:
+    x = (torch.rand(8, c, hw, hw, device=dev) * 2 - 1).requires_grad_()
+    w = (torch.rand(o, c, k, k, device=dev) * 0.1).requires_grad_()
+    out = (hw + 2 * padding - k) // stride + 1
+    g = torch.rand(8, o, out, out, device=dev) * 2 - 1
+
+    def conv_step():
+        x.grad = None
+        w.grad = None
+        loss = (F.conv2d(x, w, stride=stride, padding=padding) * g).sum()
+        loss.backward()
+        return loss.item()
+
+    rows[f"conv/{name}"] = median_ms(conv_step, runs=50)
+
+# BatchNorm2d (training) and ReLU, forward and backward (cuda_bench's bn_shapes).
+for name, c, hw in [("64_112", 64, 112), ("256_56", 256, 56)]:
+    bn = torch.nn.BatchNorm2d(c).to(dev)
+    x = (torch.rand(8, c, hw, hw, device=dev) * 2 - 1).requires_grad_()
+    g = torch.rand(8, c, hw, hw, device=dev) * 2 - 1
+
+    def bn_step():
+        x.grad = None
+        bn.zero_grad()
+        loss = (torch.relu(bn(x)) * g).sum()
+        loss.backward()
+        return loss.item()
+
+    rows[f"bn_relu/{name}"] = median_ms(bn_step, runs=50)
+
+# matmul 4096 float, CUDA events.
+a = torch.rand(4096, 4096, device=dev)
+b = torch.rand(4096, 4096, device=dev)
+rows["matmul_4096"] = median_ms(lambda: torch.mm(a, b), events=True)
+
+# Device-to-device copy of 2^26 floats (cuda_bench's reference), CUDA events.
+src = torch.rand(1 << 26, device=dev)
+dst = torch.empty_like(src)
+rows["copy_2^26"] = median_ms(lambda: dst.copy_(src), events=True)
+del a, b, src, dst
+
+# ResNet-50 steps at batch 8 and 32, 224 x 224, and their peak memory over what was allocated
+# before the model was made (as cuda_bench measures its own).
+for images in (8, 32):
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    model = torchvision.models.resnet50(num_classes=1000).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.rand(images, 3, 224, 224, device=dev) * 2 - 1
+    labels = torch.arange(images, device=dev) % 1000
+
+    def resnet_step():
+        opt.zero_grad()
+        loss = F.cross_entropy(model(x), labels)
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    rows[f"resnet50_step_b{images}"] = median_ms(resnet_step, runs=20)
+    rows[f"resnet50_step_b{images}_peak_MiB"] = (torch.cuda.max_memory_allocated(dev) - base) / 2**20
+    del model, opt, x, labels
+
+json.dump(rows, open(sys.argv[1], "w"), indent=1)
+for key, value in rows.items():
+    print(f"torch {key}: {value:.3f}")
