@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "bench_report.hpp"
+#include "resnet50_layers.hpp"
 #include "tessera/models/resnet.hpp"
 #include "tessera/tessera.hpp"
 
@@ -419,24 +420,12 @@ void register_mlp_rows() {
   }
 }
 
-// ResNet-50's convolution layers (conv_bench's shapes), forward and both gradients at batch 8, as
-// the compiled program of sum(conv(x) * g).
-struct layer {
-  std::string name;
-  std::int64_t c, o, k, stride, padding, hw;
-};
-const std::vector<layer>& layers() {
-  static const std::vector<layer> all = {
-      {"3x3_64_56", 64, 64, 3, 1, 1, 56},        // layer1.*.conv2
-      {"3x3_256_14", 256, 256, 3, 1, 1, 14},     // layer3.*.conv2
-      {"1x1_256to64_56", 256, 64, 1, 1, 0, 56},  // layer1.*.conv1
-      {"3x3s2_128_56", 128, 128, 3, 2, 1, 56},   // layer2.0.conv2
-      {"7x7s2_stem_224", 3, 64, 7, 2, 3, 224},   // conv1
-  };
-  return all;
-}
+// ResNet-50's convolution layers (resnet50_layers.hpp, as conv_bench times them on the CPU),
+// forward and both gradients at batch 8, as the compiled program of sum(conv(x) * g).
+using layer = ts::bench::conv_layer;
+const std::vector<layer>& layers() { return ts::bench::resnet50_conv_layers(); }
 constexpr std::int64_t batch = 8;
-std::int64_t out_extent(const layer& l) { return (l.hw + 2 * l.padding - l.k) / l.stride + 1; }
+using ts::bench::out_extent;
 
 struct conv_trainer {
   nn::Conv2d<float, ts::cuda> conv;
