@@ -21,7 +21,40 @@
 
 #include "tessera/tensor.hpp"
 
+#if defined(TESSERA_BLAS) && TESSERA_BLAS
+#include <cblas.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#endif
+
 namespace tessera::bench {
+
+#if defined(TESSERA_BLAS) && TESSERA_BLAS
+/// OpenBLAS's threads on the calling thread set for a scope (a row of raw sgemm calls), and the
+/// thread's own setting put back after it. With OpenBLAS's OpenMP build that setting is the
+/// thread's OpenMP count, which Tessera sets when the thread's share of the cores changes and then
+/// remembers (backend/cpu/gemm.hpp): putting back any other count (the share as it is now) leaves
+/// that memory false, and Tessera's next products on the thread run with the wrong count (a
+/// pipeline stage's GEMMs on two threads beside the other stage's: serialised steps).
+class blas_threads_scope {
+ public:
+  explicit blas_threads_scope(int threads) { openblas_set_num_threads(threads); }
+  ~blas_threads_scope() { openblas_set_num_threads(before_); }
+  blas_threads_scope(const blas_threads_scope&) = delete;
+  blas_threads_scope& operator=(const blas_threads_scope&) = delete;
+
+ private:
+  static int current() {
+#if defined(_OPENMP)
+    return omp_get_max_threads();
+#else
+    return openblas_get_num_threads();
+#endif
+  }
+  int before_ = current();
+};
+#endif
 
 // Real time, because the contenders are multi-threaded (CPU time counts the main thread only).
 class recording_reporter : public benchmark::ConsoleReporter {

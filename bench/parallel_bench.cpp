@@ -268,24 +268,23 @@ struct deep_gemms {
 };
 
 void dp_gemm_limit_one_thread(benchmark::State& state) {
-  openblas_set_num_threads(1);
+  const ts::bench::blas_threads_scope one_thread(1);
   deep_gemms work(static_cast<int>(batch));
   for (auto _ : state) {
     work.run();
     benchmark::ClobberMemory();
   }
-  openblas_set_num_threads(ts::cpu::num_threads());  // what Tessera last set on this thread
 }
 
 void dp_gemm_limit_two_threads(benchmark::State& state) {
   std::vector<deep_gemms> work(2, deep_gemms(static_cast<int>(batch / 2)));
   ts::parallel::DeviceThreads<ts::cpu> threads({0, 1});
-  threads.run([](int) { openblas_set_num_threads(1); });  // each thread's own setting
+  const ts::bench::blas_threads_scope one_thread(1);  // the caller is member 0
+  threads.run([](int) { openblas_set_num_threads(1); });  // the other members' threads, theirs
   for (auto _ : state) {
     threads.run([&](int member) { work[static_cast<std::size_t>(member)].run(); });
     benchmark::ClobberMemory();
   }
-  openblas_set_num_threads(ts::cpu::num_threads());  // the caller was member 0
 }
 #endif
 

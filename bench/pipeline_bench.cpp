@@ -10,12 +10,19 @@
 //     hand-offs and two cores sharing caches and memory;
 //   - two threads running each stage's matrix products at once on their own data, no pipeline
 //     (the physical limit of two cores on this work).
-// And the seed's kind of model: ResNet-18 (torchvision's layout, 32x32 images, batch 32) on one
-// device, model parallel and GPipe with 4 and 8 micro-batches.
+// And the seed's kind of model: ResNet-18 (torchvision's layout, 32x32 and 64x64 images, batch
+// 32) on one device, model parallel and GPipe with 4 and 8 micro-batches; and the seed's own model,
+// ResNet-50 (128x128 images, batch 32, its blocks cut by balance_by_time), the same plus GPipe 16
+// and its 8 micro-batches in turn on one device (its bubble against the ideal). With
+// TESSERA_PIPELINE_BENCH_PAIRS=N, N ResNet-50 steps model parallel and GPipe 8 in alternation
+// after the rows (the median of the pairs' ratios, robust to this VM's slow and fast minutes).
 // Prints the speedups (goal: pipelined at its best split >= 1.6 x model parallel) and the plans'
 // peak memory per stage, GPipe against 1F1B.
 #include <benchmark/benchmark.h>
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -118,14 +125,19 @@ void pipeline_step(benchmark::State& state, int stages, int chunks, par::Schedul
 // again, and they make the second stage the longer one. (1 stage: everything on cpu:0.)
 constexpr std::int64_t resnet_batch = 32;
 
+// Class i % 10 for sample i.
+ts::Tensor<std::int64_t> class_labels(std::int64_t count) {
+  std::vector<std::int64_t> v(static_cast<std::size_t>(count));
+  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int64_t>(i % 10);
+  return ts::from_vector<std::int64_t>(v, {count});
+}
+
 template <class Model>
 void resnet_run(benchmark::State& state, Model model, std::int64_t side, std::vector<int> balance,
-                int chunks) {
+                int chunks, std::int64_t batch_size = resnet_batch) {
   ts::manual_seed(1);
-  const auto x = ts::randn<float>({resnet_batch, 3, side, side});
-  std::vector<std::int64_t> v(static_cast<std::size_t>(resnet_batch));
-  for (std::size_t i = 0; i < v.size(); ++i) v[i] = static_cast<std::int64_t>(i % 10);
-  const auto y = ts::from_vector<std::int64_t>(v, {resnet_batch});
+  const auto x = ts::randn<float>({batch_size, 3, side, side});
+  const auto y = class_labels(batch_size);
   ts::cpu::set_num_threads(balance.size() == 1 ? 1 : 2);
   par::Pipeline pipe(
       model,
@@ -147,19 +159,104 @@ void resnet_step(benchmark::State& state, int stages, int chunks) {
              stages == 1 ? std::vector<int>{6} : std::vector<int>{3, 3}, chunks);
 }
 
-// The stages from balance_by_time on one micro-batch (the run's label says which).
-void resnet_blocks_step(benchmark::State& state, int stages, int chunks) {
-  ts::manual_seed(0);
-  auto model = ts::models::resnet18<float>(10).blocks();
-  std::vector<int> balance{10};
+// A model's blocks() (stem, every block, head) on side x side images, the stages from
+// balance_by_time on one micro-batch (the run's label says which).
+template <class Model>
+void blocks_step(benchmark::State& state, const Model& net, std::int64_t side,
+                 std::int64_t batch_size, int stages, int chunks) {
+  auto model = net.blocks();
+  std::vector<int> balance{static_cast<int>(model.size())};
   if (stages == 2) {
     ts::manual_seed(2);
-    const auto sample = ts::randn<float>({(resnet_batch + chunks - 1) / chunks, 3, 64, 64});
+    const auto sample = ts::randn<float>({(batch_size + chunks - 1) / chunks, 3, side, side});
     balance = par::balance_by_time(2, model, sample);
     state.SetLabel("balance {" + std::to_string(balance[0]) + ", " + std::to_string(balance[1]) +
                    "}");
   }
-  resnet_run(state, std::move(model), 64, std::move(balance), chunks);
+  resnet_run(state, std::move(model), side, std::move(balance), chunks, batch_size);
+}
+
+void resnet_blocks_step(benchmark::State& state, int stages, int chunks) {
+  ts::manual_seed(0);
+  blocks_step(state, ts::models::resnet18<float>(10), 64, resnet_batch, stages, chunks);
+}
+
+// The seed's own model: torchvision's ResNet-50 (Bottleneck blocks), 10 classes, on 128x128
+// images at batch 32 (the seed: 224x224, batch 120, on GPUs; a step here at 224 takes seconds).
+constexpr std::int64_t resnet50_side = 128;
+void resnet50_blocks_step(benchmark::State& state, int stages, int chunks) {
+  ts::manual_seed(0);
+  blocks_step(state, ts::models::resnet50<float>(10), resnet50_side, resnet_batch, stages, chunks);
+}
+
+/// Rounds of the paired ResNet-50 measurement (TESSERA_PIPELINE_BENCH_PAIRS, default 0: off).
+int paired_rounds() {
+  const char* env = std::getenv("TESSERA_PIPELINE_BENCH_PAIRS");
+  return env ? std::atoi(env) : 0;
+}
+
+/// ResNet-50's steps model parallel and pipelined (GPipe, `chunks` micro-batches) in alternation,
+/// in one process (two models with the same weights, the same data, one warm-up step each, each
+/// cut by balance_by_time on what its stages see: the whole batch, one micro-batch). Both sides
+/// of a pair run in the same seconds of this noisy VM, so the median of the pairs' ratios
+/// compares the schedules, not the minutes in which each row happened to run.
+void paired_resnet50_steps(int rounds, int chunks) {
+  using clock = std::chrono::steady_clock;
+  ts::cpu::set_num_threads(2);
+  ts::manual_seed(1);
+  const auto x = ts::randn<float>({resnet_batch, 3, resnet50_side, resnet50_side});
+  const auto y = class_labels(resnet_batch);
+  ts::manual_seed(0);
+  auto whole_model = ts::models::resnet50<float>(10).blocks();
+  ts::manual_seed(0);
+  auto micro_model = ts::models::resnet50<float>(10).blocks();
+  ts::manual_seed(2);
+  const std::vector<int> whole_cut = par::balance_by_time(2, whole_model, x);
+  const std::vector<int> micro_cut = par::balance_by_time(
+      2, micro_model, x.narrow(0, 0, (resnet_batch + chunks - 1) / chunks).contiguous());
+  par::Pipeline serial(whole_model, {.balance = whole_cut, .chunks = 1,
+                                     .checkpoint = par::Checkpoint::never});
+  par::Pipeline piped(micro_model, {.balance = micro_cut, .chunks = chunks,
+                                    .checkpoint = par::Checkpoint::never});
+  auto serial_step = serial.compile(loss_fn, ag::input<float>(x.shape()),
+                                    ag::input<std::int64_t>(y.shape()));
+  auto piped_step = piped.compile(loss_fn, ag::input<float>(x.shape()),
+                                  ag::input<std::int64_t>(y.shape()));
+  // One step: its time in ms and its loss.
+  auto run = [&](auto& step) {
+    const auto t0 = clock::now();
+    const float loss = step.forward(x, y).item();
+    step.backward();
+    return std::pair{std::chrono::duration<double, std::milli>(clock::now() - t0).count(), loss};
+  };
+  const float first_serial = run(serial_step).second;
+  const float first_piped = run(piped_step).second;
+  // The same weights and data; the losses differ a little, since BatchNorm normalises each
+  // micro-batch with its own statistics.
+  if (!std::isfinite(first_serial) || !std::isfinite(first_piped)) {
+    std::printf("paired ResNet-50 steps: a loss is not finite (%g, %g)\n",
+                static_cast<double>(first_serial), static_cast<double>(first_piped));
+    return;
+  }
+  std::vector<double> ratios;
+  std::printf("\nResNet-50 (%lldx%lld, batch %lld) steps, %d pairs in alternation, model parallel "
+              "{%d, %d} ms / gpipe %d {%d, %d} ms:",
+              static_cast<long long>(resnet50_side), static_cast<long long>(resnet50_side),
+              static_cast<long long>(resnet_batch), rounds, whole_cut[0], whole_cut[1], chunks,
+              micro_cut[0], micro_cut[1]);
+  for (int r = 0; r < rounds; ++r) {
+    const double a = run(serial_step).first;
+    const double b = run(piped_step).first;
+    std::printf(" %.0f/%.0f", a, b);
+    ratios.push_back(a / b);
+  }
+  std::sort(ratios.begin(), ratios.end());
+  const std::size_t n = ratios.size();
+  const double median = n % 2 == 1 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
+  std::printf("\n  model parallel / pipelined: median of the pairs %.2f (goal >= 1.6: %s), "
+              "range %.2f-%.2f\n",
+              median, median >= 1.6 ? "met" : "MISSED", ratios.front(), ratios.back());
+  ts::cpu::set_num_threads(ts::cpu::core_count());
 }
 
 #if TESSERA_BLAS
@@ -197,22 +294,21 @@ struct stage_gemms {
 void stage_gemms_two_threads(benchmark::State& state) {
   std::vector<stage_gemms> work{stage_gemms(3, true), stage_gemms(3, false)};
   par::DeviceThreads<ts::cpu> threads({0, 1});
-  threads.run([](int) { openblas_set_num_threads(1); });
+  const ts::bench::blas_threads_scope one_thread(1);  // the caller is member 0
+  threads.run([](int) { openblas_set_num_threads(1); });  // the other member's thread, its own
   for (auto _ : state) {
     threads.run([&](int member) { work[static_cast<std::size_t>(member)].run(); });
     benchmark::ClobberMemory();
   }
-  openblas_set_num_threads(ts::cpu::num_threads());
 }
 void stage_gemms_one_thread(benchmark::State& state) {
   std::vector<stage_gemms> work{stage_gemms(3, true), stage_gemms(3, false)};
-  openblas_set_num_threads(1);
+  const ts::bench::blas_threads_scope one_thread(1);
   for (auto _ : state) {
     work[0].run();
     work[1].run();
     benchmark::ClobberMemory();
   }
-  openblas_set_num_threads(ts::cpu::num_threads());
 }
 #endif
 
@@ -250,6 +346,12 @@ int main(int argc, char** argv) {
   add_resnet("resnet18_64_model_parallel", resnet_blocks_step, 2, 1);
   add_resnet("resnet18_64_gpipe_4", resnet_blocks_step, 2, 4);
   add_resnet("resnet18_64_gpipe_8", resnet_blocks_step, 2, 8);
+  add_resnet("resnet50_one_device", resnet50_blocks_step, 1, 1);
+  add_resnet("resnet50_model_parallel", resnet50_blocks_step, 2, 1);
+  add_resnet("resnet50_gpipe_4", resnet50_blocks_step, 2, 4);
+  add_resnet("resnet50_gpipe_8", resnet50_blocks_step, 2, 8);
+  add_resnet("resnet50_gpipe_16", resnet50_blocks_step, 2, 16);
+  add_resnet("resnet50_one_device_8_micro", resnet50_blocks_step, 1, 8);
 #if TESSERA_BLAS
   benchmark::RegisterBenchmark("stage_gemms_one_thread", stage_gemms_one_thread)
       ->UseRealTime()->Unit(benchmark::kMillisecond);
@@ -279,14 +381,20 @@ int main(int argc, char** argv) {
        {{"one thread / two threads (the limit)", "stage_gemms_two_threads",
          "stage_gemms_one_thread", 0}}},
   };
-  // The ResNet-18 rows: each layout, pipelined with 4 and 8 micro-batches.
-  const std::pair<std::string, std::string> layouts[] = {
-      {"resnet18", "32x32, batch 32"}, {"resnet18_64", "64x64, batch 32, blocks, balance_by_time"}};
-  for (const auto& [prefix, label] : layouts) {
-    for (const char* chunks : {"4", "8"}) {
+  // The ResNet rows: each layout, pipelined with 4, 8 (and 16) micro-batches.
+  struct layout {
+    std::string prefix, label;
+    std::vector<const char*> chunks;
+  };
+  const layout layouts[] = {
+      {"resnet18", "ResNet-18 (32x32, batch 32)", {"4", "8"}},
+      {"resnet18_64", "ResNet-18 (64x64, batch 32, blocks, balance_by_time)", {"4", "8"}},
+      {"resnet50", "ResNet-50 (128x128, batch 32, blocks, balance_by_time)", {"4", "8", "16"}}};
+  for (const auto& [prefix, label, chunk_list] : layouts) {
+    for (const char* chunks : chunk_list) {
       const std::string pipelined = prefix + "_gpipe_" + chunks;
       lines.push_back(
-          {"ResNet-18 (" + label + "): pipelined (gpipe " + chunks + ") vs model parallel",
+          {label + ": pipelined (gpipe " + chunks + ") vs model parallel",
            {{"model parallel / pipelined (goal >= 1.6)", pipelined, prefix + "_model_parallel",
              1.6},
             {"one device / pipelined", pipelined, prefix + "_one_device", 0}}});
@@ -294,17 +402,17 @@ int main(int argc, char** argv) {
   }
   for (const auto& line : lines) ts::bench::print_summary(r, line);
   // The bubble: the same micro-batches in turn on one device, against the pipeline.
-  const int micro[] = {4, 8, 16};
-  for (int m : micro) {
-    const std::string serial = "one_device_" + std::to_string(m) + "_micro";
-    const std::string pipe = "gpipe_" + std::to_string(m);
+  const std::pair<std::string, int> bubbles[] = {{"", 4}, {"", 8}, {"", 16}, {"resnet50_", 8}};
+  for (const auto& [prefix, m] : bubbles) {
+    const std::string serial = prefix + "one_device_" + std::to_string(m) + "_micro";
+    const std::string pipe = prefix + "gpipe_" + std::to_string(m);
     if (!r.count(serial) || !r.count(pipe)) continue;
     const double ideal = r.at(serial) * (m + 1) / (2.0 * m);
-    std::printf("gpipe %2d micro-batches: %.1f ms; ideal (M + K - 1) / (M K) x serial %.1f ms = "
-                "%.1f ms; measured / ideal = %.2f; speedup over the serial micro-batches %.2f "
+    std::printf("%sgpipe %2d micro-batches: %.1f ms; ideal (M + K - 1) / (M K) x serial %.1f ms "
+                "= %.1f ms; measured / ideal = %.2f; speedup over the serial micro-batches %.2f "
                 "(ideal %.2f)\n",
-                m, r.at(pipe), r.at(serial), ideal, r.at(pipe) / ideal, r.at(serial) / r.at(pipe),
-                2.0 * m / (m + 1));
+                prefix.c_str(), m, r.at(pipe), r.at(serial), ideal, r.at(pipe) / ideal,
+                r.at(serial) / r.at(pipe), 2.0 * m / (m + 1));
   }
   if (plans().count("gpipe_8") && plans().count("1f1b_8")) {
     for (std::size_t s = 0; s < 2; ++s) {
@@ -322,5 +430,6 @@ int main(int argc, char** argv) {
                   s, mg / (1 << 20), mo / (1 << 20), mo / mg);
     }
   }
+  if (paired_rounds() > 0) paired_resnet50_steps(paired_rounds(), 8);
   return 0;
 }
