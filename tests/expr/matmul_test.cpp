@@ -528,4 +528,37 @@ TEST_CASE("set_blas_enabled switches the path process-wide", "[matmul][blas]") {
   CHECK(cpu_backend::uses_blas<double>() == cpu_backend::has_blas);
 }
 
+#if defined(OPENBLAS_VERSION) && defined(_OPENMP)
+TEST_CASE("BLAS products take the thread's share even after the program set OpenBLAS's threads",
+          "[matmul][blas][threads]") {
+  // OpenBLAS's OpenMP build runs a product on the calling thread's OpenMP count, which Tessera
+  // sets to the thread's share before each product; a program may change it in between.
+  if (openblas_get_parallel() != 2) {
+    WARN("this OpenBLAS is not its OpenMP build: its thread count is not the thread's OpenMP one");
+    return;
+  }
+  struct restore_share {
+    ~restore_share() { ts::cpu::set_num_threads(ts::cpu::core_count()); }
+  } restore;
+  std::mt19937 rng(5);
+  const auto a = random_tensor<float>({16, 8}, rng);
+  const auto b = random_tensor<float>({8, 4}, rng);
+  for (const int share : {1, 3}) {
+    ts::cpu::set_num_threads(share);
+    (void)ts::matmul(a, b);  // the share is applied
+    REQUIRE(omp_get_max_threads() == share);
+    for (const int other : {share + 1, share + 4}) {
+      openblas_set_num_threads(other);  // behind Tessera's back
+      REQUIRE(omp_get_max_threads() == other);
+      const auto product = ts::matmul(a, b);
+      CHECK(omp_get_max_threads() == share);
+      omp_set_num_threads(other + 1);  // the same through OpenMP
+      const auto again = ts::matmul(a, b);
+      CHECK(omp_get_max_threads() == share);
+      CHECK(again.to_vector() == product.to_vector());
+    }
+  }
+}
+#endif
+
 }  // namespace matmul_test

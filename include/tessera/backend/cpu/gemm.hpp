@@ -632,10 +632,12 @@ namespace detail {
 /// OpenBLAS runs its own threads; give it the calling thread's share of the cores, as Tessera's
 /// own loops get. With OpenBLAS's OpenMP build (the one Tessera's CMake prefers) the count is the
 /// calling thread's OpenMP setting, so two threads driving two devices each get their own share
-/// and one pool of threads serves both libraries; it is only changed when the share changed.
+/// and one pool of threads serves both libraries. The count OpenBLAS would use is read at each
+/// call (the thread's OpenMP count, or OpenBLAS's own for its other builds) and set only when it
+/// differs: remembering what Tessera set last was wrong as soon as the program itself called
+/// omp_set_num_threads or openblas_set_num_threads on the thread.
 inline void sync_blas_threads() {
 #if defined(OPENBLAS_VERSION)
-  thread_local int applied = 0;
 #if defined(__SANITIZE_THREAD__)
   // Under ThreadSanitizer BLAS runs on the calling thread: OpenBLAS's OpenMP threads synchronise
   // inside libgomp, which TSan does not see, so their writes would be reported as races.
@@ -643,10 +645,13 @@ inline void sync_blas_threads() {
 #else
   const int wanted = tessera::cpu::num_threads();
 #endif
-  if (applied != wanted) {
-    openblas_set_num_threads(wanted);
-    applied = wanted;
-  }
+#if defined(_OPENMP)
+  static const bool openmp_build = openblas_get_parallel() == 2;
+  const int current = openmp_build ? omp_get_max_threads() : openblas_get_num_threads();
+#else
+  const int current = openblas_get_num_threads();
+#endif
+  if (current != wanted) openblas_set_num_threads(wanted);
 #endif
 }
 
