@@ -15,7 +15,8 @@
 // ResNet-50 (128x128 images, batch 32, its blocks cut by balance_by_time), the same plus GPipe 16
 // and its 8 micro-batches in turn on one device (its bubble against the ideal). With
 // TESSERA_PIPELINE_BENCH_PAIRS=N, N ResNet-50 steps model parallel and GPipe 8 in alternation
-// after the rows (the median of the pairs' ratios, robust to this VM's slow and fast minutes).
+// after the rows (the median of the pairs' ratios, robust to this VM's slow and fast minutes);
+// TESSERA_PIPELINE_BENCH_PAIRS_BATCH and _CHUNKS change the pairs' batch (32) and micro-batches (8).
 // Prints the speedups (goal: pipelined at its best split >= 1.6 x model parallel) and the plans'
 // peak memory per stage, GPipe against 1F1B.
 #include <benchmark/benchmark.h>
@@ -189,10 +190,10 @@ void resnet50_blocks_step(benchmark::State& state, int stages, int chunks) {
   blocks_step(state, ts::models::resnet50<float>(10), resnet50_side, resnet_batch, stages, chunks);
 }
 
-/// Rounds of the paired ResNet-50 measurement (TESSERA_PIPELINE_BENCH_PAIRS, default 0: off).
-int paired_rounds() {
-  const char* env = std::getenv("TESSERA_PIPELINE_BENCH_PAIRS");
-  return env ? std::atoi(env) : 0;
+/// An integer from the environment, or `fallback` when unset.
+int env_int(const char* name, int fallback) {
+  const char* env = std::getenv(name);
+  return env ? std::atoi(env) : fallback;
 }
 
 /// ResNet-50's steps model parallel and pipelined (GPipe, `chunks` micro-batches) in alternation,
@@ -200,12 +201,12 @@ int paired_rounds() {
 /// cut by balance_by_time on what its stages see: the whole batch, one micro-batch). Both sides
 /// of a pair run in the same seconds of this noisy VM, so the median of the pairs' ratios
 /// compares the schedules, not the minutes in which each row happened to run.
-void paired_resnet50_steps(int rounds, int chunks) {
+void paired_resnet50_steps(int rounds, std::int64_t batch_size, int chunks) {
   using clock = std::chrono::steady_clock;
   ts::cpu::set_num_threads(2);
   ts::manual_seed(1);
-  const auto x = ts::randn<float>({resnet_batch, 3, resnet50_side, resnet50_side});
-  const auto y = class_labels(resnet_batch);
+  const auto x = ts::randn<float>({batch_size, 3, resnet50_side, resnet50_side});
+  const auto y = class_labels(batch_size);
   ts::manual_seed(0);
   auto whole_model = ts::models::resnet50<float>(10).blocks();
   ts::manual_seed(0);
@@ -213,7 +214,7 @@ void paired_resnet50_steps(int rounds, int chunks) {
   ts::manual_seed(2);
   const std::vector<int> whole_cut = par::balance_by_time(2, whole_model, x);
   const std::vector<int> micro_cut = par::balance_by_time(
-      2, micro_model, x.narrow(0, 0, (resnet_batch + chunks - 1) / chunks).contiguous());
+      2, micro_model, x.narrow(0, 0, (batch_size + chunks - 1) / chunks).contiguous());
   par::Pipeline serial(whole_model, {.balance = whole_cut, .chunks = 1,
                                      .checkpoint = par::Checkpoint::never});
   par::Pipeline piped(micro_model, {.balance = micro_cut, .chunks = chunks,
@@ -242,7 +243,7 @@ void paired_resnet50_steps(int rounds, int chunks) {
   std::printf("\nResNet-50 (%lldx%lld, batch %lld) steps, %d pairs in alternation, model parallel "
               "{%d, %d} ms / gpipe %d {%d, %d} ms:",
               static_cast<long long>(resnet50_side), static_cast<long long>(resnet50_side),
-              static_cast<long long>(resnet_batch), rounds, whole_cut[0], whole_cut[1], chunks,
+              static_cast<long long>(batch_size), rounds, whole_cut[0], whole_cut[1], chunks,
               micro_cut[0], micro_cut[1]);
   for (int r = 0; r < rounds; ++r) {
     const double a = run(serial_step).first;
@@ -430,6 +431,9 @@ int main(int argc, char** argv) {
                   s, mg / (1 << 20), mo / (1 << 20), mo / mg);
     }
   }
-  if (paired_rounds() > 0) paired_resnet50_steps(paired_rounds(), 8);
+  if (const int rounds = env_int("TESSERA_PIPELINE_BENCH_PAIRS", 0); rounds > 0) {
+    paired_resnet50_steps(rounds, env_int("TESSERA_PIPELINE_BENCH_PAIRS_BATCH", resnet_batch),
+                          env_int("TESSERA_PIPELINE_BENCH_PAIRS_CHUNKS", 8));
+  }
   return 0;
 }

@@ -632,10 +632,11 @@ namespace detail {
 /// OpenBLAS runs its own threads; give it the calling thread's share of the cores, as Tessera's
 /// own loops get. With OpenBLAS's OpenMP build (the one Tessera's CMake prefers) the count is the
 /// calling thread's OpenMP setting, so two threads driving two devices each get their own share
-/// and one pool of threads serves both libraries. The count OpenBLAS would use is read at each
-/// call (the thread's OpenMP count, or OpenBLAS's own for its other builds) and set only when it
-/// differs: remembering what Tessera set last was wrong as soon as the program itself called
-/// omp_set_num_threads or openblas_set_num_threads on the thread.
+/// and one pool of threads serves both libraries. Where Tessera has OpenMP too, that count is read
+/// before each product and set only when it differs from the share: a program's own
+/// omp_set_num_threads or openblas_set_num_threads in between cannot leave it wrong. Otherwise
+/// (OpenBLAS's other builds keep one count for the process; without OpenMP Tessera cannot read an
+/// OpenMP build's per-thread count) it is set when this thread last set another.
 inline void sync_blas_threads() {
 #if defined(OPENBLAS_VERSION)
 #if defined(__SANITIZE_THREAD__)
@@ -647,11 +648,16 @@ inline void sync_blas_threads() {
 #endif
 #if defined(_OPENMP)
   static const bool openmp_build = openblas_get_parallel() == 2;
-  const int current = openmp_build ? omp_get_max_threads() : openblas_get_num_threads();
-#else
-  const int current = openblas_get_num_threads();
+  if (openmp_build) {
+    if (omp_get_max_threads() != wanted) openblas_set_num_threads(wanted);
+    return;
+  }
 #endif
-  if (current != wanted) openblas_set_num_threads(wanted);
+  thread_local int applied = 0;
+  if (applied != wanted) {
+    openblas_set_num_threads(wanted);
+    applied = wanted;
+  }
 #endif
 }
 
