@@ -33,10 +33,11 @@ namespace tessera::bench {
 #if defined(TESSERA_BLAS) && TESSERA_BLAS
 /// OpenBLAS's threads on the calling thread set for a scope (a row of raw sgemm calls), and the
 /// thread's own setting put back after it. With OpenBLAS's OpenMP build that setting is the
-/// thread's OpenMP count, which Tessera sets when the thread's share of the cores changes and then
-/// remembers (backend/cpu/gemm.hpp): putting back any other count (the share as it is now) leaves
-/// that memory false, and Tessera's next products on the thread run with the wrong count (a
-/// pipeline stage's GEMMs on two threads beside the other stage's: serialised steps).
+/// thread's OpenMP count. Putting back another count (the share as it is now) once left
+/// Tessera's next products on the thread with the wrong count, when Tessera remembered what it
+/// had set instead of reading it (a pipeline stage's GEMMs on two threads beside the other
+/// stage's: serialised steps); a build without OpenMP in Tessera still remembers
+/// (backend/cpu/gemm.hpp).
 class blas_threads_scope {
  public:
   explicit blas_threads_scope(int threads) { openblas_set_num_threads(threads); }
