@@ -26,6 +26,21 @@ torch.backends.cudnn.allow_tf32 = False
 dev = torch.device("cuda:0")
 
 
+def sgd_step(model, loss_of):
+    """One training step of Tessera's rows: SGD with momentum, zero_grad, loss, backward, step;
+    returns the loss."""
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+
+    def step():
+        opt.zero_grad()
+        loss = loss_of()
+        loss.backward()
+        opt.step()
+        return loss.item()
+
+    return step
+
+
 def median_ms(fn, warmup=3, runs=20, events=False):
     for _ in range(warmup):
         fn()
@@ -57,17 +72,9 @@ for name, widths, batch in [("mlp784_b256", [784, 1024, 1024, 10], 256),
             layers.append(torch.nn.ReLU())
         layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
     model = torch.nn.Sequential(*layers).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.rand(batch, widths[0], device=dev) * 2 - 1
     y = torch.rand(batch, widths[-1], device=dev) * 2 - 1
-
-    def mlp_step():
-        opt.zero_grad()
-        loss = F.mse_loss(model(x), y)
-        loss.backward()
-        opt.step()
-        return loss.item()
-
+    mlp_step = sgd_step(model, lambda: F.mse_loss(model(x), y))
     rows[f"mlp_step/{name}"] = median_ms(mlp_step, runs=50)
 
 # Convolution layers, forward and backward (cuda_bench's layers).
@@ -123,20 +130,12 @@ for images in (8, 32):
     base = torch.cuda.memory_allocated(dev)
     torch.cuda.reset_peak_memory_stats(dev)
     model = torchvision.models.resnet50(num_classes=1000).to(dev)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
     x = torch.rand(images, 3, 224, 224, device=dev) * 2 - 1
     labels = torch.arange(images, device=dev) % 1000
-
-    def resnet_step():
-        opt.zero_grad()
-        loss = F.cross_entropy(model(x), labels)
-        loss.backward()
-        opt.step()
-        return loss.item()
-
+    resnet_step = sgd_step(model, lambda: F.cross_entropy(model(x), labels))
     rows[f"resnet50_step_b{images}"] = median_ms(resnet_step, runs=20)
     rows[f"resnet50_step_b{images}_peak_MiB"] = (torch.cuda.max_memory_allocated(dev) - base) / 2**20
-    del model, opt, x, labels
+    del model, x, labels, resnet_step  # the step holds the optimiser
 
 json.dump(rows, open(sys.argv[1], "w"), indent=1)
 for key, value in rows.items():
