@@ -51,9 +51,9 @@ const std::vector<layer>& layers() { return ts::bench::resnet50_conv_layers(); }
 constexpr std::int64_t batch = 8;
 using ts::bench::out_extent;
 
-/// A 3x3 layer with stride 1: Tessera runs it as Winograd F(2x2, 3x3) on CPU (its forward and
-/// input gradient); its rows are also timed on the im2col path.
-bool winograd_layer(const layer& l) { return l.k == 3 && l.stride == 1; }
+/// A 3x3 layer with stride 1 or 2: Tessera runs it as Winograd F(2x2, 3x3) on CPU (its forward
+/// and both gradients); its rows are also timed on the im2col path.
+bool winograd_layer(const layer& l) { return l.k == 3 && (l.stride == 1 || l.stride == 2); }
 
 /// Makes the convolutions traced in its lifetime run as im2col + GEMM (no Winograd).
 struct without_winograd {

@@ -19,6 +19,8 @@ inline const std::vector<conv_layer>& resnet50_conv_layers() {
       {"3x3_256_14", 256, 256, 3, 1, 1, 14},     // layer3.*.conv2
       {"1x1_256to64_56", 256, 64, 1, 1, 0, 56},  // layer1.*.conv1
       {"3x3s2_128_56", 128, 128, 3, 2, 1, 56},   // layer2.0.conv2
+      {"3x3s2_256_28", 256, 256, 3, 2, 1, 28},   // layer3.0.conv2
+      {"3x3s2_512_14", 512, 512, 3, 2, 1, 14},   // layer4.0.conv2
       {"7x7s2_stem_224", 3, 64, 7, 2, 3, 224},   // conv1
   };
   return all;

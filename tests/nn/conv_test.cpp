@@ -58,12 +58,18 @@ const conv_case conv_cases[] = {
     {"wino_pad0", 3, 3, 1, 0, 1, 1, false},
     {"wino_pad2", 4, 3, 1, 2, 1, 1, true},
     {"wino_rect", 5, 3, 1, {0, 2}, 1, 1, false},
+    {"wino_s2_odd", 6, 3, 2, 1, 1, 1, true},
+    {"wino_s2_pad0", 3, 3, 2, 0, 1, 1, false},
+    {"wino_s2_pad2", 4, 3, 2, 2, 1, 1, true},
+    {"wino_s2_rect", 5, 3, 2, {0, 2}, 1, 1, false},
 };
 
-/// True for the cases that Winograd F(2x2, 3x3) takes on CPU (given enough channels).
+/// True for the cases that Winograd F(2x2, 3x3) takes on CPU (given enough channels): stride 1
+/// with padding up to 2, or stride 2.
 bool winograd_shape(const conv_case& c) {
-  return c.kernel == nn::Int2(3) && c.stride == nn::Int2(1) && c.dilation == nn::Int2(1) &&
-         c.groups == 1 && c.padding.h <= 2 && c.padding.w <= 2;
+  const bool stride1 = c.stride == nn::Int2(1) && c.padding.h <= 2 && c.padding.w <= 2;
+  return c.kernel == nn::Int2(3) && (stride1 || c.stride == nn::Int2(2)) &&
+         c.dilation == nn::Int2(1) && c.groups == 1;
 }
 
 /// Sets the device-agnostic (CUDA) im2col path for its lifetime.
@@ -229,11 +235,18 @@ TEMPLATE_TEST_CASE("conv2d matches PyTorch: forward and every gradient", "[conv]
     if (winograd_shape(c)) {
       // Winograd with these few channels: all tiles in one block, then 3 tiles per block (blocks
       // that end inside a row of tiles and inside an image).
-      const std::int64_t in =
-          oracle().tensor<TestType>(std::string("conv.") + c.name + ".x").size(1);
+      const ts::Tensor<TestType> x =
+          oracle().tensor<TestType>(std::string("conv.") + c.name + ".x");
+      const std::int64_t elements = c.stride == nn::Int2(1) ? 16 : 25;
       for (const std::int64_t tiles : {std::int64_t{1} << 20, std::int64_t{3}}) {
-        winograd_setting winograd(1, tiles * 16 * (in + c.out));
+        winograd_setting winograd(1, tiles * elements * (x.size(1) + c.out));
         INFO(c.name << " (Winograd, " << tiles << " tiles per block at most)");
+        // The case's sizes are ones Winograd takes (else this would test im2col again).
+        const ts::Shape w{c.out, x.size(1) / c.groups, c.kernel.h, c.kernel.w};
+        const nn::Conv2dArgs a{.stride = c.stride, .padding = c.padding, .dilation = c.dilation,
+                               .groups = c.groups};
+        REQUIRE(nn::detail::conv2d_winograd<TestType, ts::cpu>(
+            nn::detail::conv2d_geometry_of("conv2d", x.shape(), w, nullptr, a)));
         check_conv<TestType>(c, passes::all);
       }
     }
@@ -260,8 +273,22 @@ TEST_CASE("conv2d: which 3x3 convolutions run as Winograd on CPU", "[conv]") {
   // Too few channels on either side (the default threshold is 32).
   CHECK_FALSE(winograd({8, 16, 56, 56}, {64, 16, 3, 3}, same));
   CHECK_FALSE(winograd({8, 64, 56, 56}, {16, 64, 3, 3}, same));
-  // Stride, dilation, groups, padding 3 (the input gradient's would be -1), other kernels.
-  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = 2, .padding = 1}));
+  // Stride 2 (ResNet's downsampling 3x3 layers), with any padding; not stride 3 or 2 by 1.
+  const nn::Conv2dArgs s2{.stride = 2, .padding = 1};
+  CHECK(winograd({8, 128, 56, 56}, {128, 128, 3, 3}, s2));
+  CHECK(winograd({8, 256, 28, 28}, {256, 256, 3, 3}, s2));
+  CHECK(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = 2, .padding = 3}));
+  // With stride 2, a tile per channel: 4 images of 7 x 7 tiles for 256 channels are too few.
+  CHECK_FALSE(winograd({4, 256, 28, 28}, {256, 256, 3, 3}, s2));
+  CHECK(winograd({6, 256, 28, 28}, {256, 256, 3, 3}, s2));
+  // And outputs that fill their tiles: 7 x 7 outputs in 4 x 4 tiles (25 x 16 products against
+  // 9 x 49) are not, even with tiles enough; 6 x 6 are.
+  CHECK_FALSE(winograd({64, 512, 14, 14}, {512, 512, 3, 3}, s2));
+  CHECK(winograd({64, 512, 12, 12}, {512, 512, 3, 3}, s2));
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = 3, .padding = 1}));
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = {2, 1}, .padding = 1}));
+  // Dilation, groups, padding 3 with stride 1 (the input gradient's would be -1), other kernels.
+  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = 2, .padding = 1, .dilation = 2}));
   CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.padding = 2, .dilation = 2}));
   CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 32, 3, 3}, {.padding = 1, .groups = 2}));
   CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.padding = 3}));
@@ -280,6 +307,13 @@ TEST_CASE("conv2d: which 3x3 convolutions run as Winograd on CPU", "[conv]") {
   const auto p = nn::detail::conv2d_winograd_forward(g);
   CHECK(p.tiles() == 8 * 28 * 28);
   CHECK(p.block == 896);
+  // With stride 2, V [25, C, tiles] and M [25, O, tiles]: 327 tiles of 128 + 128 channels fit,
+  // so 8 images of 14 x 14 tiles (outputs 28 x 28) are 5 equal blocks of 314.
+  const auto p2 = nn::detail::conv2d_winograd_forward(
+      nn::detail::conv2d_geometry_of("conv2d", {8, 128, 56, 56}, {128, 128, 3, 3}, nullptr, s2));
+  CHECK(p2.oh == 28);
+  CHECK(p2.tiles() == 8 * 14 * 14);
+  CHECK(p2.block == 314);
 }
 
 TEST_CASE("conv2d: how the CPU loops split a batch between threads", "[conv]") {

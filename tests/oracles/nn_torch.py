@@ -237,6 +237,13 @@ CONV_CASES = [
     ("wino_pad0", (3, 4, 8, 6), 3, (3, 3), (1, 1), (0, 0), (1, 1), 1, False),
     ("wino_pad2", (2, 3, 5, 6), 4, (3, 3), (1, 1), (2, 2), (1, 1), 1, True),
     ("wino_rect", (2, 4, 7, 5), 5, (3, 3), (1, 1), (0, 2), (1, 1), 1, False),
+    # 3x3 with stride 2 (Winograd on CPU too, as is "stride2"): an odd output height (13 x 14,
+    # cut tiles), no padding, padding 2 (tiles of padding only at the edges), different paddings
+    # per side with an odd output width (4 x 13). Sizes that Winograd takes with stride 2.
+    ("wino_s2_odd", (2, 5, 25, 27), 6, (3, 3), (2, 2), (1, 1), (1, 1), 1, True),
+    ("wino_s2_pad0", (3, 4, 10, 9), 3, (3, 3), (2, 2), (0, 0), (1, 1), 1, False),
+    ("wino_s2_pad2", (2, 3, 6, 5), 4, (3, 3), (2, 2), (2, 2), (1, 1), 1, True),
+    ("wino_s2_rect", (2, 4, 9, 25), 5, (3, 3), (2, 2), (0, 2), (1, 1), 1, False),
 ]
 
 

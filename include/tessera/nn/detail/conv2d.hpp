@@ -13,10 +13,10 @@
 // with their workspace sizes, so a program runs what its memory plan was made for); otherwise
 // the im2col + cuBLAS path below.
 //
-// On CPU, a 3x3 convolution with stride 1, no dilation, one group and enough channels runs as
-// Winograd F(2x2, 3x3) (nn/detail/winograd.hpp: 16 products per 2x2 outputs and channel pair
-// instead of 36), its forward and both gradients (the weight's with a BLAS); every other
-// convolution as GEMMs with im2col.
+// On CPU, a 3x3 convolution with stride 1 or 2, no dilation, one group and enough channels runs
+// as Winograd F(2x2, 3x3) (nn/detail/winograd.hpp: 16 products per 2x2 outputs and channel pair
+// instead of 36 with stride 1, 25 with stride 2), its forward and both gradients (the weight's
+// with a BLAS); every other convolution as GEMMs with im2col.
 //
 // im2col and col2im have two implementations. On CPU, direct loops over channels (threaded;
 // rows of a stride-1 window are copies). Elsewhere (CUDA), the device-agnostic form: the input is
@@ -178,7 +178,7 @@ struct conv2d_geometry {
   std::int64_t oh = 0, ow = 0;  // output [N, O, OH, OW]
   std::int64_t cpu_pass = 1;    // images per pass of the CPU loops (conv2d_pass_columns)
   std::int64_t cpu_parts = 1;   // parts of the batch, one per thread (conv2d_cpu_parts)
-  bool winograd = false;        // 3x3, stride 1: Winograd on CPU (conv2d_winograd_min_channels)
+  bool winograd = false;  // 3x3, stride 1 or 2: Winograd on CPU (conv2d_winograd_min_channels)
   backend::cuda::conv2d_algorithms cudnn;  // usable: cuDNN runs it (conv2d_choose_cudnn)
 
   std::int64_t in_per_group() const { return c / groups; }
@@ -268,10 +268,20 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   // in proportion to C x O and the products save in proportion to C x O x tiles: below one tile
   // per 8 channels (ResNet's last stage on small images or micro-batches: one 2x2 tile per image
   // for 512 channels) Winograd was slower than im2col (bench/RESULTS.md).
-  const std::int64_t tiles = g.n * ((g.oh + 1) / 2) * ((g.ow + 1) / 2);
-  g.winograd = g.kh == 3 && g.kw == 3 && g.sh == 1 && g.sw == 1 && g.dh == 1 && g.dw == 1 &&
-               g.groups == 1 && g.ph <= 2 && g.pw <= 2 && g.n > 0 &&
-               8 * tiles >= std::max(g.c, g.o) &&
+  //
+  // With stride 2 (any padding: its input gradient runs the forward backwards) a tile saves
+  // less, 25 products against 36, so it needs a tile per channel, and outputs that fill their
+  // tiles well: with odd sizes the cut tiles' products are lost (ResNet-50's layer4 opening at
+  // 224x224, 7x7 outputs in 4x4 tiles: 25 x 16 products per image against 9 x 49 direct). At
+  // batch 8, 224x224 that keeps layer2's and layer3's (1.03-1.29x faster than im2col, 28x28 and
+  // 14x14 outputs) and leaves layer4's (0.71-0.73x).
+  const std::int64_t tiles_hw = ((g.oh + 1) / 2) * ((g.ow + 1) / 2), tiles = g.n * tiles_hw;
+  const bool stride1 =
+      g.sh == 1 && g.sw == 1 && g.ph <= 2 && g.pw <= 2 && 8 * tiles >= std::max(g.c, g.o);
+  const bool stride2 = g.sh == 2 && g.sw == 2 && tiles >= std::max(g.c, g.o) &&
+                       4 * 25 * tiles_hw <= 3 * 9 * g.oh * g.ow;
+  g.winograd = g.kh == 3 && g.kw == 3 && (stride1 || stride2) && g.dh == 1 && g.dw == 1 &&
+               g.groups == 1 && g.n > 0 &&
                std::min(g.c, g.o) >= std::max<std::int64_t>(conv2d_winograd_min_channels(), 1);
   return g;
 }
@@ -293,7 +303,8 @@ bool conv2d_generic() {
   return !std::is_same_v<K, cpu> || conv2d_use_generic_path();
 }
 
-/// True when the CPU loops run the forward and the input gradient as Winograd F(2x2, 3x3).
+/// True when the CPU loops run the forward and the input gradient as Winograd F(2x2, 3x3) (with
+/// stride 1 or 2).
 template <class T, class K>
 bool conv2d_winograd(const conv2d_geometry& g) {
   return std::is_same_v<K, cpu> &&
@@ -311,12 +322,15 @@ bool conv2d_winograd_weight_grad(const conv2d_geometry& g) {
 /// The forward as a Winograd problem: x [N, C, H, W] into y [N, O, OH, OW] (its weight gradient
 /// too).
 inline winograd_problem conv2d_winograd_forward(const conv2d_geometry& g) {
-  return winograd_problem_of(g.n, g.c, g.h, g.w, g.o, g.ph, g.pw, conv2d_winograd_block_elements());
+  return winograd_problem_of(g.n, g.c, g.h, g.w, g.o, g.ph, g.pw, conv2d_winograd_block_elements(),
+                             g.sh);
 }
 
-/// The input gradient as a Winograd problem: gy [N, O, OH, OW] into dx [N, C, H, W], with the
-/// weight turned and padding 2 - p.
+/// The input gradient as a Winograd problem: with stride 1, gy [N, O, OH, OW] into dx
+/// [N, C, H, W], with the weight turned and padding 2 - p; with stride 2, the forward's problem
+/// run backwards (winograd_s2_input_grad_cpu).
 inline winograd_problem conv2d_winograd_input_grad(const conv2d_geometry& g) {
+  if (g.sh == 2) return conv2d_winograd_forward(g);
   return winograd_problem_of(g.n, g.o, g.oh, g.ow, g.c, 2 - g.ph, 2 - g.pw,
                              conv2d_winograd_block_elements());
 }
@@ -954,7 +968,10 @@ void conv2d_backward_gemms(const conv2d_geometry& g, const Tensor<T, K>& x, cons
       } else if (dw != nullptr) {
         conv2d_backward_gemms<T, K>(g, x, w, gy, nullptr, false, dw, dw_accumulate, ws);
       }
-      if (input_winograd) {
+      if (input_winograd && g.sh == 2) {
+        winograd_s2_input_grad_cpu(conv2d_winograd_input_grad(g), gy.data(), w.data(), dx->data(),
+                                   dx_accumulate, scratch);
+      } else if (input_winograd) {
         winograd_conv3x3_cpu(conv2d_winograd_input_grad(g), gy.data(), w.data(), true, dx->data(),
                              dx_accumulate, scratch);
       }
