@@ -14,7 +14,8 @@
 //   a fresh start, reporting its peak resident set growth (VmHWM - VmRSS at start), the same
 //   measure for both; Tessera's pool peak is printed beside it.
 //
-// - with TESSERA_CONV_BENCH_PAIRS=N: N ResNet-50 steps of each in alternation, after the rows.
+// - with TESSERA_CONV_BENCH_PAIRS=N: N ResNet-50 steps of each in alternation, after the rows,
+//   then for each layer N pairs of 3 calls of each in alternation.
 //
 // Arguments: Google Benchmark's (e.g. --benchmark_filter=conv_). TESSERA_CONV_BENCH_SIZE=N
 // scales the ResNet input (default 224) for a quick run.
@@ -51,9 +52,13 @@ const std::vector<layer>& layers() { return ts::bench::resnet50_conv_layers(); }
 constexpr std::int64_t batch = 8;
 using ts::bench::out_extent;
 
-/// A 3x3 layer with stride 1 or 2: Tessera runs it as Winograd F(2x2, 3x3) on CPU (its forward
-/// and both gradients); its rows are also timed on the im2col path.
-bool winograd_layer(const layer& l) { return l.k == 3 && (l.stride == 1 || l.stride == 2); }
+/// A layer that Tessera runs as Winograd F(2x2, 3x3) on CPU at batch 8 (its forward and both
+/// gradients; the library's own choice): its rows are also timed on the im2col path.
+bool winograd_layer(const layer& l) {
+  const nn::Conv2dArgs args{.stride = l.stride, .padding = l.padding};
+  return nn::detail::conv2d_winograd<float, ts::cpu>(nn::detail::conv2d_geometry_of(
+      "conv2d", ts::Shape{batch, l.c, l.hw, l.hw}, ts::Shape{l.o, l.c, l.k, l.k}, nullptr, args));
+}
 
 /// Makes the convolutions traced in its lifetime run as im2col + GEMM (no Winograd).
 struct without_winograd {
@@ -363,8 +368,39 @@ int paired_rounds() {
 /// one warm-up step each): both sides of each pair run in the same seconds of this noisy VM, so
 /// the median of the per-pair ratios compares the code, not the minutes in which each row
 /// happened to run, and the per-pair times show which side's steps change speed.
-void paired_resnet_steps(int rounds) {
+/// Times `steps` calls of mine() and then of theirs(), `rounds` times in alternation, so that
+/// both sides of a pair run in the same minutes of the VM; prints each pair and the median of
+/// the pairs' ratios (theirs / mine). False when a value is not finite.
+template <class Mine, class Theirs>
+bool paired(const std::string& title, int rounds, int steps, Mine&& mine, Theirs&& theirs) {
   using clock = std::chrono::steady_clock;
+  std::vector<double> mine_ms, theirs_ms, ratios;
+  for (int r = 0; r < rounds; ++r) {
+    const auto t0 = clock::now();
+    float a = 0, b = 0;
+    for (int i = 0; i < steps; ++i) a = mine();
+    const auto t1 = clock::now();
+    for (int i = 0; i < steps; ++i) b = theirs();
+    const auto t2 = clock::now();
+    if (!std::isfinite(a) || !std::isfinite(b)) {
+      std::printf("%s: a value is not finite (%g, %g)\n", title.c_str(), a, b);
+      return false;
+    }
+    mine_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count() / steps);
+    theirs_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count() / steps);
+    ratios.push_back(theirs_ms.back() / mine_ms.back());
+  }
+  std::printf("\n%s, %d pairs in alternation (tessera ms / torch ms):", title.c_str(), rounds);
+  for (int r = 0; r < rounds; ++r) std::printf(" %.1f/%.1f", mine_ms[r], theirs_ms[r]);
+  std::sort(ratios.begin(), ratios.end());
+  const std::size_t n = ratios.size();
+  const double ratio = n % 2 == 1 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
+  std::printf("\n  median of the pairs' torch / tessera = %.2f (goal >= 1: %s)\n", ratio,
+              ratio >= 1.0 ? "met" : "MISSED");
+  return true;
+}
+
+void paired_resnet_steps(int rounds) {
   // LibTorch's own default here is one thread (OpenMP's setting on this thread when LibTorch
   // starts); the rows above set it, and so must this.
   at::set_num_threads(ts::cpu::num_threads());
@@ -373,32 +409,25 @@ void paired_resnet_steps(int rounds) {
   torch_resnet theirs(mine);
   theirs.step();
   mine.step();
-  std::vector<double> mine_ms, theirs_ms;
-  for (int r = 0; r < rounds; ++r) {
-    const auto t0 = clock::now();
-    const float a = mine.step();
-    const auto t1 = clock::now();
-    const float b = theirs.step();
-    const auto t2 = clock::now();
-    if (!std::isfinite(a) || !std::isfinite(b)) {
-      std::printf("paired ResNet-50 steps: a loss is not finite (%g, %g)\n", a, b);
+  paired("ResNet-50 training step", rounds, 1, [&] { return mine.step(); },
+         [&] { return theirs.step(); });
+}
+
+/// Each layer's forward + backward, Tessera's and LibTorch's in alternation (`rounds` pairs of
+/// 3 calls each): the layer rows run Tessera's and LibTorch's minutes apart.
+void paired_layer_steps(int rounds) {
+  at::set_num_threads(ts::cpu::num_threads());
+  for (const layer& l : layers()) {
+    ts::manual_seed(1);
+    tessera_conv mine(l);
+    torch_conv theirs(l, mine);
+    theirs.step();
+    mine.step();
+    if (!paired("conv " + l.name + " (batch 8, forward + backward)", rounds, 3,
+                [&] { return mine.step(); }, [&] { return theirs.step(); })) {
       return;
     }
-    mine_ms.push_back(std::chrono::duration<double, std::milli>(t1 - t0).count());
-    theirs_ms.push_back(std::chrono::duration<double, std::milli>(t2 - t1).count());
   }
-  std::printf("\nResNet-50 training step, %d pairs in alternation (tessera ms / torch ms):",
-              rounds);
-  std::vector<double> ratios;
-  for (int r = 0; r < rounds; ++r) {
-    std::printf(" %.0f/%.0f", mine_ms[r], theirs_ms[r]);
-    ratios.push_back(theirs_ms[r] / mine_ms[r]);
-  }
-  std::sort(ratios.begin(), ratios.end());
-  const std::size_t n = ratios.size();
-  const double ratio = n % 2 == 1 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
-  std::printf("\n  median of the pairs' torch / tessera = %.2f (goal >= 1: %s)\n", ratio,
-              ratio >= 1.0 ? "met" : "MISSED");
 }
 #endif
 
@@ -511,7 +540,10 @@ int main(int argc, char** argv) {
     const double ratio = mine.first / theirs.first;
     std::printf("  tessera / torch = %.2f (goal <= 0.8: %s)\n", ratio, ratio <= 0.8 ? "met" : "MISSED");
   }
-  if (paired_rounds() > 0) paired_resnet_steps(paired_rounds());
+  if (paired_rounds() > 0) {
+    paired_resnet_steps(paired_rounds());
+    paired_layer_steps(paired_rounds());
+  }
 #else
   std::printf("torch: LibTorch not found at configure time\n");
 #endif
