@@ -106,6 +106,15 @@ struct winograd_setting {
   }
 };
 
+/// Sets the col elements of a chunk of output rows (one row per chunk at 1) for its lifetime.
+struct chunk_elements {
+  std::int64_t saved;
+  explicit chunk_elements(std::int64_t elements) : saved(nn::detail::conv2d_chunk_elements()) {
+    nn::detail::conv2d_chunk_elements() = elements;
+  }
+  ~chunk_elements() { nn::detail::conv2d_chunk_elements() = saved; }
+};
+
 /// Sets the parts the CPU loops split a batch into (one per thread) for its lifetime.
 struct cpu_parts {
   std::int64_t saved;
@@ -232,6 +241,14 @@ TEMPLATE_TEST_CASE("conv2d matches PyTorch: forward and every gradient", "[conv]
                   << " per pass, " << parts << " parts at most)");
       check_conv<TestType>(c, cut);
     }
+    // Images in chunks of one output row (one group, patches of at most 512 rows), in one part
+    // and in two.
+    for (const std::int64_t parts : {1, 2}) {
+      cpu_parts split(parts);
+      chunk_elements chunks(1);
+      INFO(c.name << " (CPU loops, one output row per chunk, " << parts << " parts at most)");
+      check_conv<TestType>(c, passes::one);
+    }
     if (winograd_shape(c)) {
       // Winograd with these few channels: all tiles in one block, then 3 tiles per block (blocks
       // that end inside a row of tiles and inside an image).
@@ -314,6 +331,23 @@ TEST_CASE("conv2d: which 3x3 convolutions run as Winograd on CPU", "[conv]") {
   CHECK(p2.oh == 28);
   CHECK(p2.tiles() == 8 * 14 * 14);
   CHECK(p2.block == 314);
+}
+
+TEST_CASE("conv2d: which images the CPU loops cut into chunks of output rows", "[conv]") {
+  auto chunk = [](const ts::Shape& x, const ts::Shape& w, const nn::Conv2dArgs& a) {
+    return nn::detail::conv2d_geometry_of("conv2d", x, w, nullptr, a).cpu_chunk;
+  };
+  // ResNet's 7x7 stem at 224x224: 147 patch rows of 112 columns a row, 7 rows (784 columns,
+  // 115,248 elements) within 2^17 elements per chunk.
+  CHECK(chunk({8, 3, 224, 224}, {64, 3, 7, 7}, {.stride = 2, .padding = 3}) == 7);
+  // Not at 64x64 (a col of 150,528 elements: not two chunks' worth), not a 1x1, not with
+  // patches over 512 rows (3x3 on 64 channels: 576), not grouped.
+  CHECK(chunk({8, 3, 64, 64}, {64, 3, 7, 7}, {.stride = 2, .padding = 3}) == 0);
+  CHECK(chunk({8, 256, 56, 56}, {64, 256, 1, 1}, {}) == 0);
+  CHECK(chunk({8, 64, 112, 112}, {64, 64, 3, 3}, {.stride = 1, .padding = 1}) == 0);
+  CHECK(chunk({8, 32, 112, 112}, {32, 16, 3, 3}, {.padding = 1, .groups = 2}) == 0);
+  // 3x3 on 32 channels (288 patch rows) at 112x112: 4 rows of 112 columns per chunk.
+  CHECK(chunk({8, 32, 112, 112}, {32, 32, 3, 3}, {.padding = 1}) == 4);
 }
 
 TEST_CASE("conv2d: how the CPU loops split a batch between threads", "[conv]") {

@@ -160,6 +160,14 @@ inline std::int64_t& conv2d_winograd_min_channels() {
   return channels;
 }
 
+/// The most elements a chunk of one image's col matrix holds when the CPU loops cut an image's
+/// output rows into chunks (conv2d_geometry::cpu_chunk; 512 KiB of float, a core's L2 here).
+/// Tests lower it to reach chunks of one output row; read when a geometry is made.
+inline std::int64_t& conv2d_chunk_elements() {
+  thread_local std::int64_t elements = std::int64_t{1} << 17;
+  return elements;
+}
+
 /// The most elements one CPU pass's col matrix may hold when it holds several images (8 MiB of
 /// float: a pass's operands stay a fraction of a shared L3).
 inline constexpr std::int64_t conv2d_pass_col_limit = std::int64_t{1} << 21;
@@ -178,6 +186,7 @@ struct conv2d_geometry {
   std::int64_t oh = 0, ow = 0;  // output [N, O, OH, OW]
   std::int64_t cpu_pass = 1;    // images per pass of the CPU loops (conv2d_pass_columns)
   std::int64_t cpu_parts = 1;   // parts of the batch, one per thread (conv2d_cpu_parts)
+  std::int64_t cpu_chunk = 0;   // output rows per chunk of an image (0: whole images)
   bool winograd = false;  // 3x3, stride 1 or 2: Winograd on CPU (conv2d_winograd_min_channels)
   backend::cuda::conv2d_algorithms cudnn;  // usable: cuDNN runs it (conv2d_choose_cudnn)
 
@@ -264,6 +273,17 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   const std::int64_t most = std::clamp<std::int64_t>(std::min(wanted, fit), 1, images);
   const std::int64_t passes = (images + most - 1) / most;
   g.cpu_pass = (images + passes - 1) / passes;  // passes of equal size (8 images: 4 + 4, not 6 + 2)
+  // An image whose col matrix is large next to a core's L2 but whose patch is short (the 7x7
+  // stem: 147 rows of 12544 columns, 7.4 MB) runs in chunks of output rows, so that each chunk's
+  // col is written by im2col, read by the GEMMs and by col2im while it stays in L2 (the stem
+  // spent a third of its time around its GEMMs: im2col, col2im and the BLAS's zeroing of its
+  // outputs, all over 7.4 MB). Not for long patches: a chunk's GEMM packs the weight again.
+  const std::int64_t patch = g.c / std::max<std::int64_t>(g.groups, 1) * g.kh * g.kw;
+  if (g.cpu_pass == 1 && g.groups == 1 && !g.pointwise() && patch <= 512 && g.ow > 0) {
+    const std::int64_t rows =
+        std::max<std::int64_t>(1, conv2d_chunk_elements() / (patch * g.ow));
+    if (2 * rows <= g.oh) g.cpu_chunk = rows;  // two chunks at least
+  }
   // The input gradient's padding is 2 - p: at most 2 on each side. The weight's transforms cost
   // in proportion to C x O and the products save in proportion to C x O x tiles: below one tile
   // per 8 channels (ResNet's last stage on small images or micro-batches: one 2x2 tile per image
@@ -360,6 +380,13 @@ std::int64_t conv2d_images_per_pass(const conv2d_geometry& g) {
   }
 }
 
+/// Output rows per chunk of an image in the CPU loops (g.cpu_chunk), 0 when images run whole
+/// (and on the generic path).
+template <class K>
+std::int64_t conv2d_chunk_rows(const conv2d_geometry& g) {
+  return std::is_same_v<K, cpu> && !conv2d_use_generic_path() ? g.cpu_chunk : 0;
+}
+
 /// True when the CPU loops gather a pass's images into one GEMM operand (several per pass).
 template <class K>
 bool conv2d_gathers(const conv2d_geometry& g) {
@@ -394,13 +421,15 @@ inline std::pair<std::int64_t, std::int64_t> conv2d_part(const conv2d_geometry& 
 template <class K>
 std::int64_t conv2d_col_numel(const conv2d_geometry& g) {
   if (g.pointwise() && !conv2d_gathers<K>(g)) return 0;
+  if (const std::int64_t rows = conv2d_chunk_rows<K>(g); rows > 0) return g.patch() * rows * g.ow;
   return conv2d_images_per_pass<K>(g) * g.c * g.kh * g.kw * g.spatial();
 }
 
 /// Elements of the buffer a gathering CPU pass multiplies into (forward) or gathers the upstream
-/// gradient into (backward): [O, images * OH * OW].
+/// gradient into (backward): [O, images * OH * OW]; with chunks, a chunk's forward output.
 template <class K>
 std::int64_t conv2d_gathered_numel(const conv2d_geometry& g) {
+  if (const std::int64_t rows = conv2d_chunk_rows<K>(g); rows > 0) return g.o * rows * g.ow;
   return conv2d_gathers<K>(g) ? conv2d_images_per_pass<K>(g) * g.o * g.spatial() : 0;
 }
 /// The zero-padded copy of a pass's images that the generic path reads ([0] when none is used).
@@ -477,8 +506,10 @@ inline std::pair<std::int64_t, std::int64_t> inside_columns(const conv2d_geometr
 
 /// col [C * KH * KW, OH * OW] of one contiguous image [C, H, W] (CPU), row r at col + r * ld.
 template <class T>
-void im2col_cpu(const conv2d_geometry& g, const T* image, T* col, std::int64_t ld) {
-  const std::int64_t spatial = g.spatial();
+void im2col_cpu(const conv2d_geometry& g, const T* image, T* col, std::int64_t ld,
+                std::int64_t y_first = 0, std::int64_t y_last = -1) {
+  if (y_last < 0) y_last = g.oh;
+  const std::int64_t spatial = (y_last - y_first) * g.ow;
   const std::int64_t rows = g.c * g.kh * g.kw;
   backend::cpu::parallel_for(0, rows, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(spatial, 1)),
                              [&](std::int64_t first, std::int64_t last) {
@@ -488,8 +519,8 @@ void im2col_cpu(const conv2d_geometry& g, const T* image, T* col, std::int64_t l
       T* row = col + r * ld;
       const std::int64_t shift = j * g.dw - g.pw;
       const auto [lo, hi] = inside_columns(g, shift);
-      for (std::int64_t y = 0; y < g.oh; ++y) {
-        T* out = row + y * g.ow;
+      for (std::int64_t y = y_first; y < y_last; ++y) {
+        T* out = row + (y - y_first) * g.ow;
         const std::int64_t ih = y * g.sh - g.ph + i * g.dh;
         if (ih < 0 || ih >= g.h) {
           std::fill(out, out + g.ow, T(0));
@@ -517,9 +548,11 @@ void im2col_cpu(const conv2d_geometry& g, const T* image, T* col, std::int64_t l
 }
 
 /// image [C, H, W] += col2im(col) (CPU), row r of col at col + r * ld: threads own channels, so
-/// no two write one element.
+/// no two write one element. col holds output rows [y_first, y_last) (all by default).
 template <class T>
-void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image, std::int64_t ld) {
+void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image, std::int64_t ld,
+                    std::int64_t y_first = 0, std::int64_t y_last = -1) {
+  if (y_last < 0) y_last = g.oh;
   backend::cpu::parallel_for(0, g.c, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t c = first; c < last; ++c) {
       T* plane = image + c * g.h * g.w;
@@ -528,11 +561,11 @@ void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image, std::int64
           const T* row = col + ((c * g.kh + i) * g.kw + j) * ld;
           const std::int64_t shift = j * g.dw - g.pw;
           const auto [lo, hi] = inside_columns(g, shift);
-          for (std::int64_t y = 0; y < g.oh; ++y) {
+          for (std::int64_t y = y_first; y < y_last; ++y) {
             const std::int64_t ih = y * g.sh - g.ph + i * g.dh;
             if (ih < 0 || ih >= g.h) continue;
             T* out = plane + ih * g.w;
-            const T* in = row + y * g.ow;
+            const T* in = row + (y - y_first) * g.ow;
             if (g.sw != 2) {
               for (std::int64_t x = lo; x < hi; ++x) out[x * g.sw + shift] += in[x];
             } else if (lo < hi) {
@@ -729,15 +762,73 @@ void conv2d_im2col_generic(const conv2d_geometry& g, const Tensor<T, K>& x, std:
   im2col_generic(g, images, pad_b, col_b);
 }
 
+/// The forward in chunks of g.cpu_chunk output rows per image (one group): per chunk, col
+/// [patch, rows * OW] = im2col of those rows, out [O, rows * OW] = W @ col in `out_buffer`, and
+/// out's rows copied into y's.
+template <class T>
+void conv2d_forward_chunks(const conv2d_geometry& g, const Tensor<T, cpu>& x,
+                           const Tensor<T, cpu>& w2, Tensor<T, cpu>& y, Tensor<T, cpu>& col,
+                           Tensor<T, cpu>& out_buffer) {
+  const std::int64_t spatial = g.spatial(), patch = g.patch();
+  for (std::int64_t image = 0; image < g.n; ++image) {
+    const T* in = x.data() + image * g.c * g.h * g.w;
+    T* plane = y.data() + image * g.o * spatial;
+    for (std::int64_t y0 = 0; y0 < g.oh; y0 += g.cpu_chunk) {
+      const std::int64_t y1 = std::min(y0 + g.cpu_chunk, g.oh), columns = (y1 - y0) * g.ow;
+      im2col_cpu(g, in, col.data(), columns, y0, y1);
+      Tensor<T, cpu> out = out_buffer.narrow(0, 0, g.o * columns).view(Shape{g.o, columns});
+      tessera::detail::matmul_into(out, w2,
+                                   col.narrow(0, 0, patch * columns).view(Shape{patch, columns}));
+      for (std::int64_t oo = 0; oo < g.o; ++oo) {
+        std::copy(out.data() + oo * columns, out.data() + (oo + 1) * columns,
+                  plane + oo * spatial + y0 * g.ow);
+      }
+    }
+  }
+}
+
+/// The input and weight gradients in chunks of g.cpu_chunk output rows per image (one group;
+/// conv2d_backward_cpu's contract, dx already zeroed or accumulating): per chunk, with gy's
+/// columns of those rows, dW += gy' @ col^T after an im2col, and dcol = W^T @ gy' (in col's
+/// place), which col2im adds into dx.
+template <class T>
+void conv2d_backward_chunks(const conv2d_geometry& g, const Tensor<T, cpu>& x,
+                            const Tensor<T, cpu>& w2, const Tensor<T, cpu>& gy,
+                            Tensor<T, cpu>* dx, Tensor<T, cpu>* dw, bool dw_accumulate,
+                            Tensor<T, cpu>& col, Tensor<T, cpu>& staging) {
+  const std::int64_t spatial = g.spatial(), patch = g.patch();
+  for (std::int64_t image = 0; image < g.n; ++image) {
+    const Tensor<T, cpu> gy_image = gy.select(0, image).view(Shape{g.o, spatial});
+    for (std::int64_t y0 = 0; y0 < g.oh; y0 += g.cpu_chunk) {
+      const std::int64_t y1 = std::min(y0 + g.cpu_chunk, g.oh), columns = (y1 - y0) * g.ow;
+      const Tensor<T, cpu> gy_chunk = gy_image.narrow(1, y0 * g.ow, columns);
+      const Tensor<T, cpu> col2 = col.narrow(0, 0, patch * columns).view(Shape{patch, columns});
+      if (dw != nullptr) {
+        // x is defined only when the weight's gradient is wanted.
+        im2col_cpu(g, x.data() + image * g.c * g.h * g.w, col.data(), columns, y0, y1);
+        conv2d_weight_grad_gemms(g, *dw, gy_chunk, col2, dw_accumulate || image > 0 || y0 > 0,
+                                 staging);
+      }
+      if (dx == nullptr) continue;
+      conv2d_input_grad_gemms(g, col2, w2, gy_chunk, false, staging);
+      col2im_add_cpu(g, col.data(), dx->data() + image * g.c * g.h * g.w, columns, y0, y1);
+    }
+  }
+}
+
 /// y = conv2d(x, w) into y [N, O, OH, OW] (contiguous), the CPU loops: per pass of b images,
 /// out [O, b * OH * OW] = W @ col, written into y directly when b is 1 and through `gathered`
-/// otherwise.
+/// otherwise (or in chunks of output rows: conv2d_forward_chunks).
 template <class T>
 void conv2d_forward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, const Tensor<T, cpu>& w,
                         Tensor<T, cpu>& y, Tensor<T, cpu>& col, Tensor<T, cpu>& gathered) {
   const std::int64_t per_pass = conv2d_images_per_pass<cpu>(g);
   const std::int64_t spatial = g.spatial(), col_rows = g.c * g.kh * g.kw;
   const Tensor<T, cpu> w2 = w.view(Shape{g.o, g.patch()});
+  if (conv2d_chunk_rows<cpu>(g) > 0) {
+    conv2d_forward_chunks(g, x, w2, y, col, gathered);
+    return;
+  }
   for (std::int64_t first = 0; first < g.n; first += per_pass) {
     const std::int64_t b = std::min(per_pass, g.n - first), columns = b * spatial;
     Tensor<T, cpu> right;
@@ -860,7 +951,7 @@ void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tenso
 /// The input and weight gradients of y = conv2d(x, w) for gy, the CPU loops (conv2d_backward's
 /// contract): per pass of b images, with gy' [O, b * OH * OW] (gy itself when b is 1),
 /// dW += gy' @ col^T and dcol = W^T @ gy', which col2im adds into dx (a 1x1 convolution's dcol is
-/// dx's pass itself).
+/// dx's pass itself); or in chunks of output rows (conv2d_backward_chunks).
 template <class T>
 void conv2d_backward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, const Tensor<T, cpu>& w,
                          const Tensor<T, cpu>& gy, Tensor<T, cpu>* dx, bool dx_accumulate,
@@ -870,6 +961,10 @@ void conv2d_backward_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x, cons
   const std::int64_t spatial = g.spatial(), col_rows = g.c * g.kh * g.kw;
   const Tensor<T, cpu> w2 = w.view(Shape{g.o, g.patch()});
   if (dx != nullptr && !dx_accumulate && !g.pointwise()) dx->zero_();
+  if (conv2d_chunk_rows<cpu>(g) > 0) {
+    conv2d_backward_chunks(g, x, w2, gy, dx, dw, dw_accumulate, col, staging);
+    return;
+  }
   for (std::int64_t first = 0; first < g.n; first += per_pass) {
     const std::int64_t b = std::min(per_pass, g.n - first), columns = b * spatial;
     Tensor<T, cpu> gy2 = gy.select(0, first).view(Shape{g.o, spatial});
