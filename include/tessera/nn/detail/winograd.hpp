@@ -465,6 +465,43 @@ void winograd_weight_grad_output(const T* du, std::int64_t k_stride, std::int64_
   });
 }
 
+/// One block of tiles in a Winograd call's workspace, p.elements() streams each: U [o, c] for
+/// every k, then the block's c-side operand (V, or the input gradient's dV) [c, count] and its
+/// o-side one (M, or the output gradient's Z) [o, count].
+template <class T>
+struct winograd_block {
+  const Tensor<T, cpu>& workspace;
+  const winograd_problem& p;
+  std::int64_t first, count, u_stride, c_stride, o_stride;
+
+  std::int64_t c_begin() const { return p.elements() * u_stride; }
+  std::int64_t o_begin() const { return c_begin() + p.elements() * c_stride; }
+  T* c_side() const { return workspace.data() + c_begin(); }
+  T* o_side() const { return workspace.data() + o_begin(); }
+  Tensor<T, cpu> u(std::int64_t k) const {
+    return workspace.narrow(0, k * u_stride, p.o * p.c).view(Shape{p.o, p.c});
+  }
+  Tensor<T, cpu> c(std::int64_t k) const {
+    return workspace.narrow(0, c_begin() + k * c_stride, p.c * count).view(Shape{p.c, count});
+  }
+  Tensor<T, cpu> o(std::int64_t k) const {
+    return workspace.narrow(0, o_begin() + k * o_stride, p.o * count).view(Shape{p.o, count});
+  }
+};
+
+/// Calls fn(block) for the blocks of p.block tiles in order, over `workspace`
+/// (winograd_workspace_numel<T>(p) elements, U first).
+template <class T, class Fn>
+void winograd_for_each_block(const winograd_problem& p, const Tensor<T, cpu>& workspace, Fn&& fn) {
+  const std::int64_t u_stride = winograd_stream_stride<T>(p.o * p.c), tiles = p.tiles();
+  for (std::int64_t first = 0; first < tiles; first += p.block) {
+    const std::int64_t count = std::min(p.block, tiles - first);
+    fn(winograd_block<T>{workspace, p, first, count, u_stride,
+                         winograd_stream_stride<T>(p.c * count),
+                         winograd_stream_stride<T>(p.o * count)});
+  }
+}
+
 /// dw = (or, with `add`, dw +=) the weight gradient of the F(2x2, 3x3) convolution (stride
 /// p.stride) of x
 /// [n, c, h, w] for the output gradient gy [n, o, oh, ow], using `workspace`
@@ -473,24 +510,17 @@ void winograd_weight_grad_output(const T* du, std::int64_t k_stride, std::int64_
 template <class T>
 void winograd_weight_grad_cpu(const winograd_problem& p, const T* x, const T* gy, T* dw, bool add,
                               const Tensor<T, cpu>& workspace) {
-  const std::int64_t u_stride = winograd_stream_stride<T>(p.o * p.c);
-  const std::int64_t u_numel = p.elements() * u_stride, tiles = p.tiles();
-  for (std::int64_t first = 0; first < tiles; first += p.block) {
-    const std::int64_t count = std::min(p.block, tiles - first);
-    const std::int64_t v_stride = winograd_stream_stride<T>(p.c * count);
-    const std::int64_t z_stride = winograd_stream_stride<T>(p.o * count);
-    const std::int64_t z_begin = u_numel + p.elements() * v_stride;
-    winograd_input_transform(p, x, first, first + count, workspace.data() + u_numel, v_stride);
-    winograd_grad_transform(p, gy, first, first + count, workspace.data() + z_begin, z_stride);
+  winograd_for_each_block(p, workspace, [&](const winograd_block<T>& b) {
+    const std::int64_t last = b.first + b.count;
+    winograd_input_transform(p, x, b.first, last, b.c_side(), b.c_stride);
+    winograd_grad_transform(p, gy, b.first, last, b.o_side(), b.o_stride);
     winograd_for_each_k(p, [&](std::int64_t k) {
-      Tensor<T, cpu> du_k = workspace.narrow(0, k * u_stride, p.o * p.c).view(Shape{p.o, p.c});
-      tessera::detail::matmul_into(
-          du_k, workspace.narrow(0, z_begin + k * z_stride, p.o * count).view(Shape{p.o, count}),
-          workspace.narrow(0, u_numel + k * v_stride, p.c * count).view(Shape{p.c, count}).t(),
-          first > 0);
+      Tensor<T, cpu> du_k = b.u(k);
+      tessera::detail::matmul_into(du_k, b.o(k), b.c(k).t(), b.first > 0);
     });
-  }
-  winograd_weight_grad_output(workspace.data(), u_stride, p.o, p.c, dw, add, p.stride);
+  });
+  winograd_weight_grad_output(workspace.data(), winograd_stream_stride<T>(p.o * p.c), p.o, p.c, dw,
+                              add, p.stride);
 }
 
 /// y = (or, with `add`, y +=) the F(2x2, 3x3) convolution (stride p.stride) of x [n, c, h, w]
@@ -499,25 +529,17 @@ void winograd_weight_grad_cpu(const winograd_problem& p, const T* x, const T* gy
 template <class T>
 void winograd_conv3x3_cpu(const winograd_problem& p, const T* x, const T* w, bool turned, T* y,
                           bool add, const Tensor<T, cpu>& workspace) {
-  const std::int64_t u_stride = winograd_stream_stride<T>(p.o * p.c);
-  const std::int64_t u_numel = p.elements() * u_stride, tiles = p.tiles();
-  winograd_weight_transform(w, p.o, p.c, turned, workspace.data(), u_stride, p.stride);
-  for (std::int64_t first = 0; first < tiles; first += p.block) {
-    const std::int64_t count = std::min(p.block, tiles - first);
-    const std::int64_t v_stride = winograd_stream_stride<T>(p.c * count);
-    const std::int64_t m_stride = winograd_stream_stride<T>(p.o * count);
-    const std::int64_t m_begin = u_numel + p.elements() * v_stride;
-    winograd_input_transform(p, x, first, first + count, workspace.data() + u_numel, v_stride);
+  winograd_weight_transform(w, p.o, p.c, turned, workspace.data(),
+                            winograd_stream_stride<T>(p.o * p.c), p.stride);
+  winograd_for_each_block(p, workspace, [&](const winograd_block<T>& b) {
+    const std::int64_t last = b.first + b.count;
+    winograd_input_transform(p, x, b.first, last, b.c_side(), b.c_stride);
     winograd_for_each_k(p, [&](std::int64_t k) {
-      Tensor<T, cpu> m_k =
-          workspace.narrow(0, m_begin + k * m_stride, p.o * count).view(Shape{p.o, count});
-      tessera::detail::matmul_into(
-          m_k, workspace.narrow(0, k * u_stride, p.o * p.c).view(Shape{p.o, p.c}),
-          workspace.narrow(0, u_numel + k * v_stride, p.c * count).view(Shape{p.c, count}));
+      Tensor<T, cpu> m_k = b.o(k);
+      tessera::detail::matmul_into(m_k, b.u(k), b.c(k));
     });
-    winograd_output_transform(p, workspace.data() + m_begin, first, first + count, m_stride, y,
-                              add);
-  }
+    winograd_output_transform(p, b.o_side(), b.first, last, b.o_stride, y, add);
+  });
 }
 
 /// Adds B dV B^T of the stride-2 tiles [first, last) into dx [n, c, h, w] (contiguous), for
@@ -582,25 +604,17 @@ void winograd_s2_input_grad_transform(const winograd_problem& p, const T* dv, st
 template <class T>
 void winograd_s2_input_grad_cpu(const winograd_problem& p, const T* gy, const T* w, T* dx,
                                 bool add, const Tensor<T, cpu>& workspace) {
-  const std::int64_t u_stride = winograd_stream_stride<T>(p.o * p.c);
-  const std::int64_t u_numel = p.elements() * u_stride, tiles = p.tiles();
-  winograd_weight_transform(w, p.o, p.c, false, workspace.data(), u_stride, p.stride);
-  for (std::int64_t first = 0; first < tiles; first += p.block) {
-    const std::int64_t count = std::min(p.block, tiles - first);
-    const std::int64_t dv_stride = winograd_stream_stride<T>(p.c * count);
-    const std::int64_t z_stride = winograd_stream_stride<T>(p.o * count);
-    const std::int64_t z_begin = u_numel + p.elements() * dv_stride;
-    winograd_grad_transform(p, gy, first, first + count, workspace.data() + z_begin, z_stride);
+  winograd_weight_transform(w, p.o, p.c, false, workspace.data(),
+                            winograd_stream_stride<T>(p.o * p.c), p.stride);
+  winograd_for_each_block(p, workspace, [&](const winograd_block<T>& b) {
+    const std::int64_t last = b.first + b.count;
+    winograd_grad_transform(p, gy, b.first, last, b.o_side(), b.o_stride);
     winograd_for_each_k(p, [&](std::int64_t k) {
-      Tensor<T, cpu> dv_k =
-          workspace.narrow(0, u_numel + k * dv_stride, p.c * count).view(Shape{p.c, count});
-      tessera::detail::matmul_into(
-          dv_k, workspace.narrow(0, k * u_stride, p.o * p.c).view(Shape{p.o, p.c}).t(),
-          workspace.narrow(0, z_begin + k * z_stride, p.o * count).view(Shape{p.o, count}));
+      Tensor<T, cpu> dv_k = b.c(k);
+      tessera::detail::matmul_into(dv_k, b.u(k).t(), b.o(k));
     });
-    winograd_s2_input_grad_transform(p, workspace.data() + u_numel, first, first + count,
-                                     dv_stride, dx, !add);
-  }
+    winograd_s2_input_grad_transform(p, b.c_side(), b.first, last, b.c_stride, dx, !add);
+  });
 }
 
 }  // namespace tessera::nn::detail
