@@ -305,7 +305,8 @@ TEST_CASE("conv2d: which 3x3 convolutions run as Winograd on CPU", "[conv]") {
   CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = 3, .padding = 1}));
   CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = {2, 1}, .padding = 1}));
   // Dilation, groups, padding 3 with stride 1 (the input gradient's would be -1), other kernels.
-  CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = 2, .padding = 1, .dilation = 2}));
+  CHECK_FALSE(
+      winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.stride = 2, .padding = 1, .dilation = 2}));
   CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.padding = 2, .dilation = 2}));
   CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 32, 3, 3}, {.padding = 1, .groups = 2}));
   CHECK_FALSE(winograd({8, 64, 56, 56}, {64, 64, 3, 3}, {.padding = 3}));

@@ -276,7 +276,7 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   // An image whose col matrix is large next to a core's L2 but whose patch is short (the 7x7
   // stem: 147 rows of 12544 columns, 7.4 MB) runs in chunks of output rows, so that each chunk's
   // col is written by im2col, read by the GEMMs and by col2im while it stays in L2 (the stem
-  // spent a third of its time around its GEMMs: im2col, col2im and the BLAS's zeroing of its
+  // spent a fifth of its time around its GEMMs: im2col, col2im and the BLAS's zeroing of its
   // outputs, all over 7.4 MB). Not for long patches: a chunk's GEMM packs the weight again.
   const std::int64_t patch = g.c / std::max<std::int64_t>(g.groups, 1) * g.kh * g.kw;
   if (g.cpu_pass == 1 && g.groups == 1 && !g.pointwise() && patch <= 512 && g.ow > 0) {

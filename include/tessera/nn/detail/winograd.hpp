@@ -48,9 +48,10 @@ struct winograd_problem {
 
 /// The distance between consecutive transform elements k of V or M, for `elements` per k: at
 /// least that, and 320 bytes past a multiple of 4096. At a multiple of 4096 bytes apart, the 16
-/// streams a transform reads or writes at once would all map to one set of the L1 cache, which
-/// holds 8 lines (4K aliasing: the input transform then ran at a third of its speed); 320 bytes
-/// (5 lines) apart modulo 4096, they fall in 16 different sets.
+/// (with stride 2, 25) streams a transform reads or writes at once would all map to one set of
+/// the L1 cache, which holds 8 lines (4K aliasing: the input transform then ran at a third of its
+/// speed); 320 bytes (5 lines) apart modulo 4096, they fall in different sets (5 k mod 64 differs
+/// for every k below 64).
 template <class T>
 std::int64_t winograd_stream_stride(std::int64_t elements) {
   constexpr std::int64_t page = 4096, offset = 320, size = static_cast<std::int64_t>(sizeof(T));
@@ -63,8 +64,9 @@ std::int64_t winograd_stream_stride(std::int64_t elements) {
 /// each, of o rows of c, c rows of `block` tiles, and o rows of `block` tiles).
 template <class T>
 std::int64_t winograd_workspace_numel(const winograd_problem& p) {
-  return p.elements() * (winograd_stream_stride<T>(p.o * p.c) + winograd_stream_stride<T>(p.c * p.block) +
-               winograd_stream_stride<T>(p.o * p.block));
+  return p.elements() *
+         (winograd_stream_stride<T>(p.o * p.c) + winograd_stream_stride<T>(p.c * p.block) +
+          winograd_stream_stride<T>(p.o * p.block));
 }
 
 /// A problem whose blocks keep V and M within `limit` elements (the tiles of one pass share the
@@ -268,24 +270,23 @@ void winograd_input_transform(const winograd_problem& p, const T* x, std::int64_
                               std::int64_t last, T* v, std::int64_t k_stride) {
   const std::int64_t count = last - first, side = p.stride == 1 ? 4 : 5;
   const std::int64_t width = p.step() * p.tiles_w() + side - p.step();  // columns -pw ..
-  for_channel_tile_rows<T>(p, p.c, first, last, side * width,
-                           [&](std::int64_t ci, std::int64_t image, std::int64_t tile_row,
-                               std::int64_t begin, std::int64_t end, std::int64_t done, T* padded) {
-                             const T* plane = x + (image * p.c + ci) * p.h * p.w;
-                             T* out = v + ci * count + done;
-                             const std::int64_t top = p.step() * tile_row - p.ph;
-                             if (p.stride == 1) {
-                               T* rows[4];
-                               winograd_padded_rows(plane, p.h, p.w, top, p.pw, padded, width, rows);
-                               winograd_input_row(rows[0], rows[1], rows[2], rows[3], begin, end,
-                                                  out, k_stride);
-                             } else {
-                               T* rows[5];
-                               winograd_padded_rows(plane, p.h, p.w, top, p.pw, padded, width, rows);
-                               const T* const read[5] = {rows[0], rows[1], rows[2], rows[3], rows[4]};
-                               winograd_s2_input_row(read, begin, end, out, k_stride);
-                             }
-                           });
+  auto row_of_tiles = [&](std::int64_t ci, std::int64_t image, std::int64_t tile_row,
+                          std::int64_t begin, std::int64_t end, std::int64_t done, T* padded) {
+    const T* plane = x + (image * p.c + ci) * p.h * p.w;
+    T* out = v + ci * count + done;
+    const std::int64_t top = p.step() * tile_row - p.ph;
+    if (p.stride == 1) {
+      T* rows[4];
+      winograd_padded_rows(plane, p.h, p.w, top, p.pw, padded, width, rows);
+      winograd_input_row(rows[0], rows[1], rows[2], rows[3], begin, end, out, k_stride);
+    } else {
+      T* rows[5];
+      winograd_padded_rows(plane, p.h, p.w, top, p.pw, padded, width, rows);
+      const T* const read[5] = {rows[0], rows[1], rows[2], rows[3], rows[4]};
+      winograd_s2_input_row(read, begin, end, out, k_stride);
+    }
+  };
+  for_channel_tile_rows<T>(p, p.c, first, last, side * width, row_of_tiles);
 }
 
 /// y's 2x2 blocks of tiles [first, last) = (A^T M A) of M[k][oo][t - first] (M[k] at
