@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <set>
@@ -155,6 +156,20 @@ inline double core_round_trip_ns() {
   }
   std::sort(runs.begin(), runs.end());
   return runs[1];
+}
+
+/// An integer from the environment variable `name`, or `fallback` when it is unset.
+inline std::int64_t env_int(const char* name, std::int64_t fallback) {
+  const char* env = std::getenv(name);
+  return env ? std::atoll(env) : fallback;
+}
+
+/// The median of `values` (the mean of the middle two for an even count; 0 when empty).
+inline double median_of(std::vector<double> values) {
+  if (values.empty()) return 0;
+  std::sort(values.begin(), values.end());
+  const std::size_t n = values.size();
+  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 /// Prints core_round_trip_ns() with `when` (e.g. "before the rows").

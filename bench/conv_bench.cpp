@@ -98,28 +98,35 @@ struct tessera_conv {
   }
 };
 
-/// The GEMMs of a convolution layer alone, on preallocated operands: per pass of the CPU loops
-/// (one image, or several side by side when an image has few output positions), as the layer
-/// runs them.
+/// The GEMMs of a convolution layer alone, on preallocated operands, as the CPU loops run them:
+/// per pass (one image, or several side by side when an image has few output positions), or per
+/// chunk of output rows when the layer cuts its images into chunks.
 struct conv_gemms {
   ts::Tensor<float> w, col, y, dw, dcol;
-  std::int64_t per_pass = 1, p = 0;
+  std::vector<std::int64_t> calls;  // the columns of each call's three GEMMs
   explicit conv_gemms(const layer& l) {
-    const std::int64_t k = l.c * l.k * l.k;
-    p = out_extent(l) * out_extent(l);
-    per_pass = nn::detail::conv2d_geometry_of("conv_gemms", ts::Shape{batch, l.c, l.hw, l.hw},
-                                              ts::Shape{l.o, l.c, l.k, l.k}, nullptr,
-                                              {.stride = l.stride, .padding = l.padding})
-                   .cpu_pass;
+    const std::int64_t k = l.c * l.k * l.k, side = out_extent(l);
+    const auto g = nn::detail::conv2d_geometry_of(
+        "conv_gemms", ts::Shape{batch, l.c, l.hw, l.hw}, ts::Shape{l.o, l.c, l.k, l.k}, nullptr,
+        {.stride = l.stride, .padding = l.padding});
+    for (std::int64_t first = 0; first < batch; first += g.cpu_pass) {
+      if (g.cpu_chunk == 0) {
+        calls.push_back(std::min(g.cpu_pass, batch - first) * side * side);
+        continue;
+      }
+      for (std::int64_t row = 0; row < side; row += g.cpu_chunk) {
+        calls.push_back(std::min(g.cpu_chunk, side - row) * side);
+      }
+    }
+    const std::int64_t most = *std::max_element(calls.begin(), calls.end());
     w = random_tensor({l.o, k}, 3);
-    col = random_tensor({k, per_pass * p}, 4);
-    y = random_tensor({l.o, per_pass * p}, 5);
+    col = random_tensor({k, most}, 4);
+    y = random_tensor({l.o, most}, 5);
     dw = ts::zeros<float>({l.o, k});
-    dcol = ts::zeros<float>({k, per_pass * p});
+    dcol = ts::zeros<float>({k, most});
   }
   void run() {
-    for (std::int64_t first = 0; first < batch; first += per_pass) {
-      const std::int64_t columns = std::min(per_pass, batch - first) * p;
+    for (const std::int64_t columns : calls) {
       auto y_pass = y.narrow(1, 0, columns);
       auto dcol_pass = dcol.narrow(1, 0, columns);
       const auto col_pass = col.narrow(1, 0, columns);
@@ -223,10 +230,7 @@ TORCH_MODULE(TorchResNet50);
 
 constexpr std::int64_t classes = 10;
 
-std::int64_t image_size() {
-  const char* env = std::getenv("TESSERA_CONV_BENCH_SIZE");
-  return env ? std::atoll(env) : 224;
-}
+std::int64_t image_size() { return ts::bench::env_int("TESSERA_CONV_BENCH_SIZE", 224); }
 
 struct tessera_resnet {
   ts::models::ResNet50<float> model{classes};
@@ -358,16 +362,11 @@ void register_benchmarks(int threads) {
 }
 
 #if TESSERA_BENCH_TORCH
-/// Rounds of the paired ResNet-50 measurement (TESSERA_CONV_BENCH_PAIRS, default 0: off).
+/// Rounds of the paired measurements (TESSERA_CONV_BENCH_PAIRS, default 0: off).
 int paired_rounds() {
-  const char* env = std::getenv("TESSERA_CONV_BENCH_PAIRS");
-  return env ? std::atoi(env) : 0;
+  return static_cast<int>(ts::bench::env_int("TESSERA_CONV_BENCH_PAIRS", 0));
 }
 
-/// ResNet-50 steps of Tessera and LibTorch in alternation, in one process (same weights and data,
-/// one warm-up step each): both sides of each pair run in the same seconds of this noisy VM, so
-/// the median of the per-pair ratios compares the code, not the minutes in which each row
-/// happened to run, and the per-pair times show which side's steps change speed.
 /// Times `steps` calls of mine() and then of theirs(), `rounds` times in alternation, so that
 /// both sides of a pair run in the same minutes of the VM; prints each pair and the median of
 /// the pairs' ratios (theirs / mine). False when a value is not finite.
@@ -392,14 +391,14 @@ bool paired(const std::string& title, int rounds, int steps, Mine&& mine, Theirs
   }
   std::printf("\n%s, %d pairs in alternation (tessera ms / torch ms):", title.c_str(), rounds);
   for (int r = 0; r < rounds; ++r) std::printf(" %.1f/%.1f", mine_ms[r], theirs_ms[r]);
-  std::sort(ratios.begin(), ratios.end());
-  const std::size_t n = ratios.size();
-  const double ratio = n % 2 == 1 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
+  const double ratio = ts::bench::median_of(ratios);
   std::printf("\n  median of the pairs' torch / tessera = %.2f (goal >= 1: %s)\n", ratio,
               ratio >= 1.0 ? "met" : "MISSED");
   return true;
 }
 
+/// ResNet-50 steps of Tessera and LibTorch in alternation, in one process (same weights and data,
+/// one warm-up step each); the per-pair times show which side's steps change speed.
 void paired_resnet_steps(int rounds) {
   // LibTorch's own default here is one thread (OpenMP's setting on this thread when LibTorch
   // starts); the rows above set it, and so must this.

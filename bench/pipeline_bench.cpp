@@ -190,12 +190,6 @@ void resnet50_blocks_step(benchmark::State& state, int stages, int chunks) {
   blocks_step(state, ts::models::resnet50<float>(10), resnet50_side, resnet_batch, stages, chunks);
 }
 
-/// An integer from the environment, or `fallback` when unset.
-int env_int(const char* name, int fallback) {
-  const char* env = std::getenv(name);
-  return env ? std::atoi(env) : fallback;
-}
-
 /// ResNet-50's steps model parallel and pipelined (GPipe, `chunks` micro-batches) in alternation,
 /// in one process (two models with the same weights, the same data, one warm-up step each, each
 /// cut by balance_by_time on what its stages see: the whole batch, one micro-batch). Both sides
@@ -251,12 +245,11 @@ void paired_resnet50_steps(int rounds, std::int64_t batch_size, int chunks) {
     std::printf(" %.0f/%.0f", a, b);
     ratios.push_back(a / b);
   }
-  std::sort(ratios.begin(), ratios.end());
-  const std::size_t n = ratios.size();
-  const double median = n % 2 == 1 ? ratios[n / 2] : 0.5 * (ratios[n / 2 - 1] + ratios[n / 2]);
+  const double median = ts::bench::median_of(ratios);
+  const auto [low, high] = std::minmax_element(ratios.begin(), ratios.end());
   std::printf("\n  model parallel / pipelined: median of the pairs %.2f (goal >= 1.6: %s), "
               "range %.2f-%.2f\n",
-              median, median >= 1.6 ? "met" : "MISSED", ratios.front(), ratios.back());
+              median, median >= 1.6 ? "met" : "MISSED", *low, *high);
   ts::cpu::set_num_threads(ts::cpu::core_count());
 }
 
@@ -431,9 +424,11 @@ int main(int argc, char** argv) {
                   s, mg / (1 << 20), mo / (1 << 20), mo / mg);
     }
   }
-  if (const int rounds = env_int("TESSERA_PIPELINE_BENCH_PAIRS", 0); rounds > 0) {
+  using ts::bench::env_int;
+  const auto rounds = static_cast<int>(env_int("TESSERA_PIPELINE_BENCH_PAIRS", 0));
+  if (rounds > 0) {
     paired_resnet50_steps(rounds, env_int("TESSERA_PIPELINE_BENCH_PAIRS_BATCH", resnet_batch),
-                          env_int("TESSERA_PIPELINE_BENCH_PAIRS_CHUNKS", 8));
+                          static_cast<int>(env_int("TESSERA_PIPELINE_BENCH_PAIRS_CHUNKS", 8)));
   }
   return 0;
 }

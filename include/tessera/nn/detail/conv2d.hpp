@@ -278,10 +278,9 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   // col is written by im2col, read by the GEMMs and by col2im while it stays in L2 (the stem
   // spent a fifth of its time around its GEMMs: im2col, col2im and the BLAS's zeroing of its
   // outputs, all over 7.4 MB). Not for long patches: a chunk's GEMM packs the weight again.
-  const std::int64_t patch = g.c / std::max<std::int64_t>(g.groups, 1) * g.kh * g.kw;
-  if (g.cpu_pass == 1 && g.groups == 1 && !g.pointwise() && patch <= 512 && g.ow > 0) {
+  if (g.cpu_pass == 1 && g.groups == 1 && !g.pointwise() && g.patch() <= 512 && g.ow > 0) {
     const std::int64_t rows =
-        std::max<std::int64_t>(1, conv2d_chunk_elements() / (patch * g.ow));
+        std::max<std::int64_t>(1, conv2d_chunk_elements() / (g.patch() * g.ow));
     if (2 * rows <= g.oh) g.cpu_chunk = rows;  // two chunks at least
   }
   // The input gradient's padding is 2 - p: at most 2 on each side. The weight's transforms cost

@@ -39,8 +39,11 @@ struct winograd_problem {
 
   /// Transform elements per tile (products per 2x2 outputs and pair of channels).
   std::int64_t elements() const { return stride == 1 ? 16 : 25; }
-  /// Input rows (and columns) from one tile to the next.
+  /// Input rows (and columns) from one tile to the next, and a tile's input rows (and columns).
   std::int64_t step() const { return 2 * stride; }
+  std::int64_t side() const { return stride == 1 ? 4 : 5; }
+  /// Columns of a padded input row that covers a row of tiles (from column -pw).
+  std::int64_t padded_width() const { return step() * tiles_w() + side() - step(); }
   std::int64_t tiles_h() const { return (oh + 1) / 2; }
   std::int64_t tiles_w() const { return (ow + 1) / 2; }
   std::int64_t tiles() const { return n * tiles_h() * tiles_w(); }
@@ -231,16 +234,13 @@ void winograd_input_row(const T* __restrict r0, const T* __restrict r1, const T*
 }
 
 /// Transforms the stride-2 tiles in columns [begin, end) of one row of tiles, from the five
-/// padded input rows r[0..4] (tile column c reads columns 4c .. 4c + 4), into
+/// padded input rows r0..r4 (tile column c reads columns 4c .. 4c + 4), into
 /// out[k * k_stride + c - begin]: B^T d = (d0 - d2, d1, d2, d3, d4 - d2) along each dimension.
 template <class T>
-void winograd_s2_input_row(const T* const (&r)[5], std::int64_t begin, std::int64_t end,
+void winograd_s2_input_row(const T* __restrict r0, const T* __restrict r1,
+                           const T* __restrict r2, const T* __restrict r3,
+                           const T* __restrict r4, std::int64_t begin, std::int64_t end,
                            T* __restrict out, std::int64_t k_stride) {
-  const T* __restrict r0 = r[0];
-  const T* __restrict r1 = r[1];
-  const T* __restrict r2 = r[2];
-  const T* __restrict r3 = r[3];
-  const T* __restrict r4 = r[4];
   for (std::int64_t col = begin; col < end; ++col) {
     const std::int64_t x = 4 * col;
     T b[5][5];  // B^T d, column by column
@@ -268,8 +268,7 @@ void winograd_s2_input_row(const T* const (&r)[5], std::int64_t begin, std::int6
 template <class T>
 void winograd_input_transform(const winograd_problem& p, const T* x, std::int64_t first,
                               std::int64_t last, T* v, std::int64_t k_stride) {
-  const std::int64_t count = last - first, side = p.stride == 1 ? 4 : 5;
-  const std::int64_t width = p.step() * p.tiles_w() + side - p.step();  // columns -pw ..
+  const std::int64_t count = last - first, width = p.padded_width();
   auto row_of_tiles = [&](std::int64_t ci, std::int64_t image, std::int64_t tile_row,
                           std::int64_t begin, std::int64_t end, std::int64_t done, T* padded) {
     const T* plane = x + (image * p.c + ci) * p.h * p.w;
@@ -282,11 +281,11 @@ void winograd_input_transform(const winograd_problem& p, const T* x, std::int64_
     } else {
       T* rows[5];
       winograd_padded_rows(plane, p.h, p.w, top, p.pw, padded, width, rows);
-      const T* const read[5] = {rows[0], rows[1], rows[2], rows[3], rows[4]};
-      winograd_s2_input_row(read, begin, end, out, k_stride);
+      winograd_s2_input_row(rows[0], rows[1], rows[2], rows[3], rows[4], begin, end, out,
+                            k_stride);
     }
   };
-  for_channel_tile_rows<T>(p, p.c, first, last, side * width, row_of_tiles);
+  for_channel_tile_rows<T>(p, p.c, first, last, p.side() * width, row_of_tiles);
 }
 
 /// y's 2x2 blocks of tiles [first, last) = (A^T M A) of M[k][oo][t - first] (M[k] at
@@ -422,45 +421,59 @@ void winograd_grad_transform(const winograd_problem& p, const T* gy, std::int64_
                            });
 }
 
+/// g = G^T dU G (stride 1) for one pair of channels, dU's element k at d[k * k_stride].
+template <class T>
+void winograd_weight_grad_tile(const T* d, std::int64_t k_stride, T (&g)[3][3]) {
+  T u[4][4];
+  for (int k = 0; k < 16; ++k) u[k / 4][k % 4] = d[k * k_stride];
+  T r[3][4];  // G^T dU, with G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]]
+  for (int s = 0; s < 4; ++s) {
+    r[0][s] = u[0][s] + (u[1][s] + u[2][s]) * T(0.5);
+    r[1][s] = (u[1][s] - u[2][s]) * T(0.5);
+    r[2][s] = (u[1][s] + u[2][s]) * T(0.5) + u[3][s];
+  }
+  for (int i = 0; i < 3; ++i) {  // (G^T dU) G
+    g[i][0] = r[i][0] + (r[i][1] + r[i][2]) * T(0.5);
+    g[i][1] = (r[i][1] - r[i][2]) * T(0.5);
+    g[i][2] = (r[i][1] + r[i][2]) * T(0.5) + r[i][3];
+  }
+}
+
+/// g = G^T dU G (stride 2) for one pair of channels, dU's element k at d[k * k_stride], with
+/// G^T = [[1, 0, 1, 0, 0], [0, 1, 0, 1, 0], [0, 0, 1, 0, 1]].
+template <class T>
+void winograd_s2_weight_grad_tile(const T* d, std::int64_t k_stride, T (&g)[3][3]) {
+  T u[5][5];
+  for (int k = 0; k < 25; ++k) u[k / 5][k % 5] = d[k * k_stride];
+  T r[3][5];  // G^T dU
+  for (int s = 0; s < 5; ++s) {
+    r[0][s] = u[0][s] + u[2][s];
+    r[1][s] = u[1][s] + u[3][s];
+    r[2][s] = u[2][s] + u[4][s];
+  }
+  for (int i = 0; i < 3; ++i) {  // (G^T dU) G
+    g[i][0] = r[i][0] + r[i][2];
+    g[i][1] = r[i][1] + r[i][3];
+    g[i][2] = r[i][2] + r[i][4];
+  }
+}
+
 /// dw = (or, with `add`, dw +=) G^T dU G for every pair of channels: dU[k][oo][ii] at
 /// du + k * k_stride + oo * in + ii, dw [out, in, 3, 3] contiguous.
 template <class T>
 void winograd_weight_grad_output(const T* du, std::int64_t k_stride, std::int64_t out,
                                  std::int64_t in, T* dw, bool add, std::int64_t stride = 1) {
   backend::cpu::parallel_for(0, out, 8, [&](std::int64_t first, std::int64_t last) {
-    for (std::int64_t oo = first; oo < last && stride == 2; ++oo) {
+    for (std::int64_t oo = first; oo < last; ++oo) {
       for (std::int64_t ii = 0; ii < in; ++ii) {
-        T d[5][5];
-        for (int k = 0; k < 25; ++k) d[k / 5][k % 5] = du[k * k_stride + oo * in + ii];
-        T r[3][5];  // G^T dU, with G^T = [[1, 0, 1, 0, 0], [0, 1, 0, 1, 0], [0, 0, 1, 0, 1]]
-        for (int s = 0; s < 5; ++s) {
-          r[0][s] = d[0][s] + d[2][s];
-          r[1][s] = d[1][s] + d[3][s];
-          r[2][s] = d[2][s] + d[4][s];
+        T g[3][3];
+        if (stride == 1) {
+          winograd_weight_grad_tile(du + oo * in + ii, k_stride, g);
+        } else {
+          winograd_s2_weight_grad_tile(du + oo * in + ii, k_stride, g);
         }
         T* target = dw + (oo * in + ii) * 9;
-        for (int i = 0; i < 3; ++i) {  // (G^T dU) G
-          const T row[3] = {r[i][0] + r[i][2], r[i][1] + r[i][3], r[i][2] + r[i][4]};
-          for (int j = 0; j < 3; ++j) target[i * 3 + j] = add ? target[i * 3 + j] + row[j] : row[j];
-        }
-      }
-    }
-    for (std::int64_t oo = first; oo < last && stride == 1; ++oo) {
-      for (std::int64_t ii = 0; ii < in; ++ii) {
-        T d[4][4];
-        for (int k = 0; k < 16; ++k) d[k / 4][k % 4] = du[k * k_stride + oo * in + ii];
-        T r[3][4];  // G^T dU, with G^T = [[1, 1/2, 1/2, 0], [0, 1/2, -1/2, 0], [0, 1/2, 1/2, 1]]
-        for (int s = 0; s < 4; ++s) {
-          r[0][s] = d[0][s] + (d[1][s] + d[2][s]) * T(0.5);
-          r[1][s] = (d[1][s] - d[2][s]) * T(0.5);
-          r[2][s] = (d[1][s] + d[2][s]) * T(0.5) + d[3][s];
-        }
-        T* target = dw + (oo * in + ii) * 9;
-        for (int i = 0; i < 3; ++i) {  // (G^T dU) G
-          const T row[3] = {r[i][0] + (r[i][1] + r[i][2]) * T(0.5), (r[i][1] - r[i][2]) * T(0.5),
-                            (r[i][1] + r[i][2]) * T(0.5) + r[i][3]};
-          for (int j = 0; j < 3; ++j) target[i * 3 + j] = add ? target[i * 3 + j] + row[j] : row[j];
-        }
+        for (int e = 0; e < 9; ++e) target[e] = add ? target[e] + g[e / 3][e % 3] : g[e / 3][e % 3];
       }
     }
   });
@@ -552,7 +565,7 @@ void winograd_conv3x3_cpu(const winograd_problem& p, const T* x, const T* w, boo
 template <class T>
 void winograd_s2_input_grad_transform(const winograd_problem& p, const T* dv, std::int64_t first,
                                       std::int64_t last, std::int64_t k_stride, T* dx, bool zero) {
-  const std::int64_t count = last - first, width = 4 * p.tiles_w() + 1;
+  const std::int64_t count = last - first, width = p.padded_width();
   for_channel_tile_rows<T>(
       p, p.c, first, last, 5 * width,
       [&](std::int64_t ci, std::int64_t image, std::int64_t tile_row, std::int64_t begin,
