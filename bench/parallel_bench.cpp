@@ -14,11 +14,13 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "bench_report.hpp"
@@ -179,22 +181,32 @@ auto deep_loss = [](auto& model, ag::Var<float> in, ag::Var<std::int64_t> labels
   return nn::cross_entropy(model(in), labels);
 };
 
-void dp_step_one_device(benchmark::State& state) {
-  ts::cpu::set_num_threads(1);
-  ts::manual_seed(0);
+// One device with one thread: the whole batch in one compiled program.
+struct dp_one_device {
   mlp_deep m;
-  const auto x = ts::randn<float>({batch, 784});
-  const auto y = ts::from_vector<std::int64_t>(mlp_labels(), {batch});
-  auto step = ag::compile([&](ag::Var<float> in, ag::Var<std::int64_t> labels) {
-    return deep_loss(m.net, in, labels);
-  }, ag::input<float>({batch, 784}), ag::input<std::int64_t>({batch}));
-  for (auto _ : state) {
+  ts::Tensor<float> x;
+  ts::Tensor<std::int64_t> y;
+  ag::Program<ts::Tensor<float>> step;
+  dp_one_device()
+      : m(seeded()),
+        x(ts::randn<float>({batch, 784})),
+        y(ts::from_vector<std::int64_t>(mlp_labels(), {batch})),
+        step(ag::compile([this](ag::Var<float> in, ag::Var<std::int64_t> labels) {
+          return deep_loss(m.net, in, labels);
+        }, ag::input<float>({batch, 784}), ag::input<std::int64_t>({batch}))) {}
+  static mlp_deep seeded() {
+    ts::manual_seed(0);
+    return mlp_deep{};
+  }
+  void run() {
     m.net.zero_grad();
     benchmark::DoNotOptimize(step.forward(x, y).data());
     step.backward();
   }
-  ts::cpu::set_num_threads(ts::cpu::core_count());
-}
+  // The thread counts it runs with (and restores).
+  void begin() { ts::cpu::set_num_threads(1); }
+  void end() { ts::cpu::set_num_threads(ts::cpu::core_count()); }
+};
 
 // One thread for each device, whatever else runs (the main thread's own loops, zero_grad here,
 // run on cpu:0's one thread too, so no OpenMP team of two spins beside the devices' threads).
@@ -204,30 +216,35 @@ void one_thread_per_device(int threads) {
 }
 
 // A DataParallel step over cpu:0 and cpu:1; with `replicas_only`, just the two replicas' own
-// programs, run at once on pieces split beforehand (no copies of parameters or pieces, no sum).
-void dp_step(benchmark::State& state, bool replicas_only) {
-  one_thread_per_device(1);
-  ts::manual_seed(0);
+// programs, run at once on pieces split beforehand (no copies of pieces, no sum).
+struct dp_two_devices {
   mlp_deep m;
-  const auto x = ts::randn<float>({batch, 784});
-  const auto y = ts::from_vector<std::int64_t>(mlp_labels(), {batch});
-  ts::parallel::DataParallel dp(m.net, {0, 1});
-  auto step = dp.compile(deep_loss, ag::input<float>({batch, 784}),
-                         ag::input<std::int64_t>({batch}));
-  if (!replicas_only) {
-    for (auto _ : state) {
-      m.net.zero_grad();
+  ts::Tensor<float> x;
+  ts::Tensor<std::int64_t> y;
+  ts::parallel::DataParallel<decltype(mlp_deep::net)> dp;
+  decltype(dp.compile(deep_loss, ag::input<float>({1, 784}), ag::input<std::int64_t>({1}))) step;
+  std::vector<ts::Tensor<float>> xs;
+  std::vector<ts::Tensor<std::int64_t>> ys;
+  ts::parallel::DeviceThreads<ts::cpu> threads{{0, 1}};
+  bool replicas_only;
+  explicit dp_two_devices(bool replicas_only_)
+      : m(dp_one_device::seeded()),
+        x(ts::randn<float>({batch, 784})),
+        y(ts::from_vector<std::int64_t>(mlp_labels(), {batch})),
+        dp(m.net, {0, 1}),
+        step(dp.compile(deep_loss, ag::input<float>({batch, 784}),
+                        ag::input<std::int64_t>({batch}))),
+        replicas_only(replicas_only_) {
+    const std::int64_t half = batch / 2;
+    xs = {x.narrow(0, 0, half).contiguous(), x.narrow(0, half, half).to(1)};
+    ys = {y.narrow(0, 0, half).contiguous(), y.narrow(0, half, half).to(1)};
+  }
+  void run() {
+    if (!replicas_only) {
+      dp.module().zero_grad();
       benchmark::DoNotOptimize(step.forward(x, y).data());
       step.backward();
-    }
-  } else {
-    const std::int64_t half = batch / 2;
-    const std::vector<ts::Tensor<float>> xs{x.narrow(0, 0, half).contiguous(),
-                                            x.narrow(0, half, half).to(1)};
-    const std::vector<ts::Tensor<std::int64_t>> ys{y.narrow(0, 0, half).contiguous(),
-                                                   y.narrow(0, half, half).to(1)};
-    ts::parallel::DeviceThreads<ts::cpu> threads({0, 1});
-    for (auto _ : state) {
+    } else {
       threads.run([&](int member) {
         const auto i = static_cast<std::size_t>(member);
         benchmark::DoNotOptimize(step.program(member).forward(xs[i], ys[i]).data());
@@ -235,7 +252,17 @@ void dp_step(benchmark::State& state, bool replicas_only) {
       });
     }
   }
-  one_thread_per_device(0);
+  void begin() { one_thread_per_device(1); }
+  void end() { one_thread_per_device(0); }
+};
+
+// A row of Google Benchmark: Work made, then run under its thread counts (begin, end).
+template <class Work, class... Args>
+void timed_rows(benchmark::State& state, Args... args) {
+  Work work(args...);
+  work.begin();
+  for (auto _ : state) work.run();
+  work.end();
 }
 
 #if TESSERA_BLAS
@@ -267,26 +294,88 @@ struct deep_gemms {
   std::vector<float> x, w1, h1, w2, h2, w3, o, g1, g2, dw;
 };
 
-void dp_gemm_limit_one_thread(benchmark::State& state) {
-  const ts::bench::blas_threads_scope one_thread(1);
-  deep_gemms work(static_cast<int>(batch));
-  for (auto _ : state) {
+struct gemm_limit_one_thread {
+  deep_gemms work{static_cast<int>(batch)};
+  void run() {
     work.run();
     benchmark::ClobberMemory();
   }
-}
+  void begin() { scope = std::make_unique<ts::bench::blas_threads_scope>(1); }
+  void end() { scope.reset(); }
+  std::unique_ptr<ts::bench::blas_threads_scope> scope;
+};
 
-void dp_gemm_limit_two_threads(benchmark::State& state) {
-  std::vector<deep_gemms> work(2, deep_gemms(static_cast<int>(batch / 2)));
-  ts::parallel::DeviceThreads<ts::cpu> threads({0, 1});
-  const ts::bench::blas_threads_scope one_thread(1);  // the caller is member 0
-  threads.run([](int) { openblas_set_num_threads(1); });  // the other members' threads, theirs
-  for (auto _ : state) {
+struct gemm_limit_two_threads {
+  std::vector<deep_gemms> work{2, deep_gemms(static_cast<int>(batch / 2))};
+  ts::parallel::DeviceThreads<ts::cpu> threads{{0, 1}};
+  gemm_limit_two_threads() {
+    threads.run([](int) { openblas_set_num_threads(1); });  // each member's thread, its own
+  }
+  void run() {
     threads.run([&](int member) { work[static_cast<std::size_t>(member)].run(); });
     benchmark::ClobberMemory();
   }
-}
+  // The caller is member 0.
+  void begin() { scope = std::make_unique<ts::bench::blas_threads_scope>(1); }
+  void end() { scope.reset(); }
+  std::unique_ptr<ts::bench::blas_threads_scope> scope;
+};
 #endif
+
+/// Rounds of the paired DataParallel measurement (TESSERA_PARALLEL_BENCH_PAIRS, default 0: off).
+/// Each round times `steps` steps of every DataParallel row one after another, so that the
+/// ratios of a round come from the same minutes of the VM (its speed moves in phases of
+/// seconds); prints each round's times and the medians of the rounds' ratios.
+void paired_dp_rounds(int rounds, int steps) {
+  using clock = std::chrono::steady_clock;
+  dp_one_device one;
+  dp_two_devices two(false);
+  dp_two_devices replicas(true);
+#if TESSERA_BLAS
+  gemm_limit_one_thread g1;
+  gemm_limit_two_threads g2;
+#endif
+  auto time = [&](auto& work) {
+    work.begin();
+    work.run();  // one step first: the thread counts just changed
+    const auto t0 = clock::now();
+    for (int i = 0; i < steps; ++i) work.run();
+    const auto t1 = clock::now();
+    work.end();
+    return std::chrono::duration<double, std::milli>(t1 - t0).count() / steps;
+  };
+  std::vector<double> speedups, outside, limits, shares;
+  std::printf("\nDataParallel rows, %d rounds of %d steps each in alternation (ms: one device, "
+              "two devices, replicas only, sgemm one thread, sgemm two threads):\n",
+              rounds, steps);
+  for (int r = 0; r < rounds; ++r) {
+    const double t_one = time(one), t_two = time(two), t_replicas = time(replicas);
+    speedups.push_back(t_one / t_two);
+    outside.push_back(1.0 - t_replicas / t_two);
+    std::printf("  %.2f %.2f %.2f", t_one, t_two, t_replicas);
+#if TESSERA_BLAS
+    const double t_g1 = time(g1), t_g2 = time(g2);
+    limits.push_back(t_g1 / t_g2);
+    shares.push_back(speedups.back() / limits.back());
+    std::printf(" %.2f %.2f", t_g1, t_g2);
+#endif
+    std::printf("\n");
+  }
+  const double speedup = ts::bench::median_of(speedups);
+  const double out = ts::bench::median_of(outside);
+  std::printf("  medians of the rounds: speedup of 2 devices x 1 thread over 1 device x 1 thread "
+              "= %.2f (goal >= 1.8: %s; range %.2f-%.2f); outside the replicas' programs = "
+              "%.1f%% (goal <= 10%%: %s)\n",
+              speedup, speedup >= 1.8 ? "met" : "MISSED",
+              *std::min_element(speedups.begin(), speedups.end()),
+              *std::max_element(speedups.begin(), speedups.end()), 100 * out,
+              out <= 0.10 ? "met" : "MISSED");
+  if (!limits.empty()) {
+    std::printf("  sgemm calls alone, 2 threads over 1 (the split's limit) = %.2f; DataParallel "
+                "reaches %.0f%% of it\n",
+                ts::bench::median_of(limits), 100 * ts::bench::median_of(shares));
+  }
+}
 
 #if TESSERA_BENCH_TORCH
 // The same step in LibTorch 1.13 eager mode (autograd, F::cross_entropy, SGD), the same initial
@@ -371,12 +460,12 @@ int main(int argc, char** argv) {
 #if TESSERA_BLAS
   benchmark::RegisterBenchmark("mlp784_step_gemm_limit", mlp_step_gemm_limit)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
-  benchmark::RegisterBenchmark("dp_step_one_device", dp_step_one_device)->UseRealTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("dp_step_two_devices", dp_step, false)->UseRealTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("dp_step_replicas_only", dp_step, true)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("dp_step_one_device", timed_rows<dp_one_device>)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("dp_step_two_devices", timed_rows<dp_two_devices, bool>, false)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("dp_step_replicas_only", timed_rows<dp_two_devices, bool>, true)->UseRealTime()->Unit(benchmark::kMillisecond);
 #if TESSERA_BLAS
-  benchmark::RegisterBenchmark("dp_gemm_limit_one_thread", dp_gemm_limit_one_thread)->UseRealTime()->Unit(benchmark::kMillisecond);
-  benchmark::RegisterBenchmark("dp_gemm_limit_two_threads", dp_gemm_limit_two_threads)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("dp_gemm_limit_one_thread", timed_rows<gemm_limit_one_thread>)->UseRealTime()->Unit(benchmark::kMillisecond);
+  benchmark::RegisterBenchmark("dp_gemm_limit_two_threads", timed_rows<gemm_limit_two_threads>)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
   // LibTorch last: after its first step the raw sgemm calls run about 2x slower in this process
   // (measured: 8.6 ms against 4.6 ms), so nothing is timed after it.
@@ -384,6 +473,11 @@ int main(int argc, char** argv) {
   benchmark::RegisterBenchmark("mlp784_step_torch", mlp_step_torch)->UseRealTime()->Unit(benchmark::kMillisecond);
 #endif
   ts::bench::print_core_round_trip("before the rows");
+  // Before the rows: LibTorch's row slows the sgemm calls after it.
+  if (const auto rounds = ts::bench::env_int("TESSERA_PARALLEL_BENCH_PAIRS", 0); rounds > 0) {
+    paired_dp_rounds(static_cast<int>(rounds),
+                     static_cast<int>(ts::bench::env_int("TESSERA_PARALLEL_BENCH_STEPS", 20)));
+  }
   ts::bench::recording_reporter reporter;
   benchmark::RunSpecifiedBenchmarks(&reporter);
   benchmark::Shutdown();

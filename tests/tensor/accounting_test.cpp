@@ -76,6 +76,47 @@ TEST_CASE("storage is released when the last handle goes", "[accounting]") {
   CHECK(ts::memory::allocated(cpu0) == base);
 }
 
+TEST_CASE("an alias on another CPU device shares the bytes and keeps them alive",
+          "[accounting]") {
+  const ts::Device cpu1 = ts::Device::parse("cpu:1");
+  const auto base0 = ts::memory::allocated(cpu0);
+  const auto base1 = ts::memory::allocated(cpu1);
+  const auto count1 = ts::memory::stats(cpu1).allocations.allocated;
+  ts::Tensor<float> alias;
+  {
+    auto t = ts::arange<float>(0, 1000);  // 4000 B -> 4096 on cpu:0
+    const ts::Storage shared = ts::Storage::alias(t.storage(), cpu1);
+    CHECK(shared.is_alias());
+    CHECK_FALSE(t.storage().is_alias());
+    CHECK(shared.device() == cpu1);
+    CHECK(shared.data() == t.storage().data());
+    CHECK(shared.bytes() == t.storage().bytes());
+    CHECK(t.storage().use_count() == 2);  // the alias holds one reference to its owner
+    alias = ts::Tensor<float>(shared, t.shape(), t.strides(), t.storage_offset()).narrow(0, 10, 5);
+    t.narrow(0, 10, 1).fill_(-1.0f);  // a write through the owner is read through the alias
+  }
+  CHECK(alias.device() == cpu1);
+  CHECK(alias.to_vector() == std::vector<float>{-1, 11, 12, 13, 14});
+  // The bytes stay counted on the owner's device, nothing on the alias's.
+  CHECK(ts::memory::allocated(cpu0) - base0 == 4096);
+  CHECK(ts::memory::allocated(cpu1) == base1);
+  CHECK(ts::memory::stats(cpu1).allocations.allocated == count1);
+  alias = ts::Tensor<float>();  // the last handle: the owner's bytes go back to cpu:0's pool
+  CHECK(ts::memory::allocated(cpu0) == base0);
+  CHECK(ts::memory::allocated(cpu1) == base1);
+}
+
+TEST_CASE("an alias of CPU storage on a CUDA device is refused, naming both devices",
+          "[accounting][errors]") {
+  auto t = ts::zeros<float>({4});
+  const auto uses = t.storage().use_count();
+  const ts::Device cuda0{ts::DeviceType::cuda, 0};
+  CHECK_THROWS_AS(ts::Storage::alias(t.storage(), cuda0), ts::device_error);
+  CHECK_THROWS_WITH(ts::Storage::alias(t.storage(), cuda0),
+                    Catch::Matchers::Contains("cpu:0") && Catch::Matchers::Contains("cuda:0"));
+  CHECK(t.storage().use_count() == uses);
+}
+
 TEST_CASE("failed calls change no statistic", "[accounting][errors]") {
   auto t = ts::zeros<float>({2, 3});
   const auto before = ts::memory::stats(cpu0);

@@ -2,9 +2,10 @@
 // The module lives on device_ids[0]; persistent replicas on the other devices are made once.
 // dp(x) splits the batch along `dim` into even pieces (sizes differ by at most one; a batch
 // smaller than the device count uses that many devices), copies the module's parameters and
-// buffers into the replicas' existing tensors, runs every piece at once (one host thread per
-// device, each on its share of the cores: parallel::DeviceThreads) and gathers the outputs on
-// `output_device`. dp.compile(fn, specs...) trains: one autograd Program per device for its
+// buffers into the replicas' existing tensors (on CPU devices, which share the host's memory,
+// the replicas' parameters are aliases of the module's and only the buffers are copied), runs
+// every piece at once (one host thread per device, each on its share of the cores:
+// parallel::DeviceThreads) and gathers the outputs on `output_device`. dp.compile(fn, specs...) trains: one autograd Program per device for its
 // replica and piece, run at once, the replicas' gradients summed into the module's.
 #pragma once
 
@@ -254,8 +255,9 @@ class DataParallel {
     std::vector<Out> outputs(static_cast<std::size_t>(used));
     // First every replica takes the module's state, then all run: the module's own forward on
     // device_ids[0] may update its buffers (BatchNorm's running statistics) while running.
+    constexpr bool on_cpu = std::is_same_v<Kind, cpu>;
     if constexpr (is_module) {
-      if (used > 1) {
+      if (used > 1 && (!on_cpu || has_buffers())) {
         threads_.run([&](int member) {
           if (member < used) copy_state(member, used);
         });
@@ -263,6 +265,9 @@ class DataParallel {
     }
     threads_.run([&](int member) {
       if (member >= used) return;
+      if constexpr (is_module && on_cpu) {
+        if (member > 0) copy_training_modes(member);
+      }
       M& replica = member == 0 ? module_ : replicas_[static_cast<std::size_t>(member - 1)];
       const auto i = static_cast<std::size_t>(member);
       const Tensor<T, Kind> piece = x.narrow(d, offsets[i], sizes[i]).to(device_ids()[i]);
@@ -288,6 +293,9 @@ class DataParallel {
   // Pairs (replica's tensor, module's tensor) of every parameter and buffer, found once: a
   // replica is bound to the module's tensors as they are at construction (load_state_dict copies
   // into them; a module moved elsewhere afterwards no longer fits its DataParallel anyway).
+  // On CPU devices a replica's parameters are aliases of the module's (Storage::alias: the
+  // devices share the host's memory and the replicas only read them), so only the buffers,
+  // which a replica's forward writes (BatchNorm's running statistics), are copied.
   struct replica_copies {
     std::vector<std::pair<AnyTensor, AnyTensor>> parameters;
     std::vector<std::pair<AnyTensor, AnyTensor>> buffers;
@@ -301,7 +309,16 @@ class DataParallel {
       const M& replica = replicas_[m - 1];
       const auto parameters = replica.parameters();
       for (std::size_t p = 0; p < parameters.size(); ++p) {
-        copies_[m].parameters.emplace_back(parameters[p].value(), module_parameters[p].value());
+        const AnyTensor from = module_parameters[p].value();
+        if constexpr (std::is_same_v<Kind, cpu>) {
+          parameters[p].set_value(from.visit([&](auto typed) {
+            return AnyTensor(decltype(typed)(Storage::alias(typed.storage(), device(static_cast<int>(m))),
+                                             typed.shape(), typed.strides(),
+                                             typed.storage_offset()));
+          }));
+        } else {
+          copies_[m].parameters.emplace_back(parameters[p].value(), from);
+        }
       }
       const auto buffers = replica.buffers();
       for (std::size_t b = 0; b < buffers.size(); ++b) {
@@ -323,28 +340,31 @@ class DataParallel {
       to.copy_(from);
     }
   }
-  // The module's parameters and training modes into member m's replica (m > 0).
+  // The module's training modes into member m's replica (m > 0).
+  void copy_training_modes(int member) {
+    nn::detail::copy_training_modes(module_, replicas_[static_cast<std::size_t>(member - 1)]);
+  }
+  // The module's parameters and training modes into member m's replica (m > 0; on CPU the
+  // parameters are aliases, and there is nothing to copy).
   void copy_parameters(int member) {
     for (const auto& [to, from] : copies_[static_cast<std::size_t>(member)].parameters) {
       to.copy_(from);
     }
-    nn::detail::copy_training_modes(module_, replicas_[static_cast<std::size_t>(member - 1)]);
+    copy_training_modes(member);
   }
-  // Member `member`'s part (of `used` members) in copying the module's buffers, parameters and
-  // training modes into the replicas of members 1 .. used-1, all members at once. On CUDA each
-  // member copies into its own replica (its stream orders the copy before its work). CPU devices
-  // share the host's memory, so there the bytes of all replicas are cut into `used` even spans,
-  // one per member: the copy ends in 1/used of the time one thread takes.
+  // Member `member`'s part (of `used` members) in copying the module's buffers, and on CUDA its
+  // parameters and training modes, into the replicas of members 1 .. used-1, all members at
+  // once. On CUDA each member copies into its own replica (its stream orders the copy before its
+  // work). CPU devices share the host's memory, so there the bytes of all replicas' buffers are
+  // cut into `used` even spans, one per member: the copy ends in 1/used of the time one thread
+  // takes. (On CPU the training modes are the caller's to copy.)
   void copy_state(int member, int used) {
     if (!std::is_same_v<Kind, cpu> || !flat_copies_) {
       if (member > 0) {
         copy_buffers(member);
-        copy_parameters(member);
+        if (!std::is_same_v<Kind, cpu>) copy_parameters(member);
       }
     } else {
-      if (member > 0) {
-        nn::detail::copy_training_modes(module_, replicas_[static_cast<std::size_t>(member - 1)]);
-      }
       std::size_t total = 0;
       for (int m = 1; m < used; ++m) total += copies_[static_cast<std::size_t>(m)].bytes;
       const auto share = [&](int i) {  // 64-byte aligned cuts
@@ -354,19 +374,16 @@ class DataParallel {
       const std::size_t last = member + 1 == used ? total : share(member + 1);
       std::size_t offset = 0;  // of the current pair in the concatenation of all pairs
       for (int m = 1; m < used && offset < last; ++m) {
-        const replica_copies& c = copies_[static_cast<std::size_t>(m)];
-        for (const auto* pairs : {&c.buffers, &c.parameters}) {
-          for (const auto& [to, from] : *pairs) {
-            const std::size_t bytes = to.nbytes();
-            const std::size_t begin = std::max(first, offset);
-            const std::size_t end = std::min(last, offset + bytes);
-            if (begin < end) {
-              std::memcpy(static_cast<char*>(to.data_ptr()) + (begin - offset),
-                          static_cast<const char*>(from.data_ptr()) + (begin - offset),
-                          end - begin);
-            }
-            offset += bytes;
+        for (const auto& [to, from] : copies_[static_cast<std::size_t>(m)].buffers) {
+          const std::size_t bytes = to.nbytes();
+          const std::size_t begin = std::max(first, offset);
+          const std::size_t end = std::min(last, offset + bytes);
+          if (begin < end) {
+            std::memcpy(static_cast<char*>(to.data_ptr()) + (begin - offset),
+                        static_cast<const char*>(from.data_ptr()) + (begin - offset),
+                        end - begin);
           }
+          offset += bytes;
         }
       }
     }
@@ -447,12 +464,13 @@ class DataParallelProgram {
     (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
     auto& dp = *owner_;
     const int used = devices();
-    // The module's state into the replicas first, all members at once: the module's own
-    // forward (member 0) may update its buffers (BatchNorm's running statistics). On CUDA the
+    // The module's buffers into the replicas first, all members at once: the module's own
+    // forward (member 0) may update them (BatchNorm's running statistics). On CUDA the
     // parameters, which member 0 only reads, are copied by each replica's thread in the same
-    // pass as its forward; on CPU all members share the copying, then all run.
+    // pass as its forward; on CPU the replicas' parameters are the module's (aliases), and all
+    // members share the buffers' copy, then all run.
     constexpr bool on_cpu = std::is_same_v<Kind, cpu>;
-    if (used > 1 && (on_cpu || dp.has_buffers())) {
+    if (used > 1 && dp.has_buffers()) {
       dp.threads_.run([&](int member) {
         if (member >= used) return;
         if (on_cpu) {
@@ -465,7 +483,13 @@ class DataParallelProgram {
     dp.threads_.run([&](int member) {
       if (member >= used) return;
       const auto m = static_cast<std::size_t>(member);
-      if (!on_cpu && member > 0) dp.copy_parameters(member);
+      if (member > 0) {
+        if (on_cpu) {
+          dp.copy_training_modes(member);
+        } else {
+          dp.copy_parameters(member);
+        }
+      }
       std::apply(
           [&](auto&... buffers) {
             (buffers.copy_(inputs.narrow(dim_, offsets_[m], sizes_[m])), ...);

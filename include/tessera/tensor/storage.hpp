@@ -27,11 +27,19 @@ struct storage_block {
   stream_ref stream;
   // Pinned host memory from memory::detail::pinned_allocate, not from the device's pool.
   bool pinned = false;
+  // Storage::alias: the block whose bytes these are (one reference held); nullptr otherwise,
+  // and in every block a thread keeps for reuse.
+  storage_block* owner = nullptr;
 
   Device device() const noexcept {
     return Device{static_cast<DeviceType>(device_type), device_index};
   }
 };
+
+[[noreturn, gnu::noinline, gnu::cold]] inline void throw_alias_error(Device owner, Device device) {
+  throw device_error("Storage::alias: only CPU storage can be aliased on a CPU device; the owner is "
+                     "on " + owner.str() + ", the alias would be on " + device.str());
+}
 
 /// The calling thread's spare storage blocks (up to `capacity`), so that creating and destroying
 /// a tensor costs no heap call once a thread has freed one: a block freed by any thread is kept
@@ -124,6 +132,28 @@ class Storage {
                 [&] { return memory::detail::pinned_allocate(bytes); });
   }
 
+  /// A handle on CPU device `device` to the bytes of `owner` (a CPU storage), which it keeps
+  /// alive: virtual CPU devices share the host's memory, so one device's code may read another's
+  /// bytes in place (DataParallel's replicas read the module's parameters so, with nothing copied
+  /// at each step). The bytes stay counted in the owner's pool. Throws device_error naming the
+  /// devices when either is not a CPU device.
+  static Storage alias(const Storage& owner, Device device) {
+    if (!device.is_cpu() || (owner.defined() && !owner.device().is_cpu())) {
+      detail::throw_alias_error(owner.device(), device);
+    }
+    if (!owner.defined()) return Storage{};
+    detail::storage_block* block = detail::storage_block_cache::take();
+    owner.block_->references.fetch_add(1, std::memory_order_relaxed);
+    block->data = owner.block_->data;
+    block->bytes = owner.block_->bytes;
+    block->device_type = static_cast<std::int32_t>(device.type);
+    block->device_index = device.index;
+    block->stream = stream_ref{};
+    block->pinned = false;
+    block->owner = owner.block_;
+    return Storage(block);
+  }
+
   Storage(const Storage& other) noexcept : block_(other.block_) { retain(); }
   Storage(Storage&& other) noexcept : block_(std::exchange(other.block_, nullptr)) {}
   Storage& operator=(const Storage& other) noexcept {
@@ -147,6 +177,8 @@ class Storage {
   std::size_t bytes() const noexcept { return block_ ? block_->bytes : 0; }
   Device device() const noexcept { return block_ ? block_->device() : Device{}; }
   stream_ref stream() const noexcept { return block_ ? block_->stream : stream_ref{}; }
+  /// True for a handle made by alias().
+  bool is_alias() const noexcept { return block_ != nullptr && block_->owner != nullptr; }
   /// True for storage from allocate_pinned.
   bool is_pinned() const noexcept { return block_ != nullptr && block_->pinned; }
   /// Number of handles (tensors, views) sharing this storage.
@@ -187,7 +219,9 @@ class Storage {
   void release() noexcept {
     if (block_ && (block_->references.load(std::memory_order_acquire) == 1 ||
                    block_->references.fetch_sub(1, std::memory_order_acq_rel) == 1)) {
-      if (block_->pinned) [[unlikely]] {
+      if (block_->owner != nullptr) [[unlikely]] {
+        Storage owner(std::exchange(block_->owner, nullptr));  // released at the end of scope
+      } else if (block_->pinned) [[unlikely]] {
         memory::detail::pinned_deallocate(block_->data, block_->bytes);
       } else if (!memory::detail::deallocate_cached(block_->device(), block_->data,
                                                     block_->bytes)) {
