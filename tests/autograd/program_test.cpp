@@ -352,6 +352,79 @@ TEST_CASE("accumulating four quarter batches (loss / 4) gives the full batch's g
   }
 }
 
+TEST_CASE("zero_grad keeps each gradient's buffer and leaves its zeros to the next writer",
+          "[autograd][program]") {
+  nn::Linear<double> fc(3, 2);
+  nn::Linear<double> spare(3, 2);  // no program uses it
+  auto once = ag::compile([&](ag::Var<double> a) { return ts::sum(fc(a)); },
+                          ag::input<double>({4, 3}));
+  // The weight used twice: two contributions to each gradient in one backward.
+  auto twice = ag::compile(
+      [&](ag::Var<double> a, ag::Var<double> b) { return ts::sum(fc(a)) + ts::sum(fc(b)); },
+      ag::input<double>({4, 3}), ag::input<double>({4, 3}));
+  const auto x = random_tensor<double>({4, 3}, 31);
+  const auto z = random_tensor<double>({4, 3}, 32);
+  // d sum(x W^T + b) / dW[i][j] = sum_n x[n][j] and / db[i] = 4, in double from the inputs.
+  auto dw_of = [](const ts::Tensor<double>& in, double times) {
+    const auto v = in.to_vector();
+    std::vector<double> dw(6, 0.0);
+    for (std::size_t i = 0; i < 2; ++i) {
+      for (std::size_t n = 0; n < 4; ++n) {
+        for (std::size_t j = 0; j < 3; ++j) dw[i * 3 + j] += times * v[n * 3 + j];
+      }
+    }
+    return dw;
+  };
+  auto check = [](const ts::Tensor<double>& got, const std::vector<double>& want) {
+    const auto g = got.to_vector();
+    REQUIRE(g.size() == want.size());
+    for (std::size_t i = 0; i < g.size(); ++i) CHECK(g[i] == Approx(want[i]).margin(1e-12));
+  };
+  once.forward(x);
+  once.backward();  // new gradients: written by their first contribution
+  check(fc.weight().grad(), dw_of(x, 1));
+  check(fc.bias().grad(), {4, 4});
+  once.forward(x);
+  once.backward();  // added
+  check(fc.weight().grad(), dw_of(x, 2));
+  check(fc.bias().grad(), {8, 8});
+
+  const ts::Tensor<double> held = fc.weight().grad();  // shares the buffer
+  fc.zero_grad();
+  spare.zero_grad();
+  CHECK_FALSE(spare.weight().grad().defined());  // no gradient: none made
+  check(held, dw_of(x, 2));  // nothing written yet
+  once.forward(x);
+  once.backward();  // written, not added to the old values
+  check(fc.weight().grad(), dw_of(x, 1));
+  check(fc.bias().grad(), {4, 4});
+  CHECK(fc.weight().grad().data() == held.data());  // in the same buffer
+
+  fc.zero_grad();
+  twice.forward(x, z);
+  twice.backward();  // the first contribution writes, the second adds
+  std::vector<double> both = dw_of(x, 1);
+  const std::vector<double> from_z = dw_of(z, 1);
+  for (std::size_t i = 0; i < both.size(); ++i) both[i] += from_z[i];
+  check(fc.weight().grad(), both);
+  check(fc.bias().grad(), {8, 8});
+
+  // Read before any backward writes them, the gradients are zeros: through the typed handle,
+  // through ParameterRef (what the optimisers read: an SGD step moves nothing), and in handles
+  // sharing the buffer once they are written.
+  fc.zero_grad();
+  const std::vector<double> weight_before = fc.weight().value().to_vector();
+  ts::optim::SGD sgd(fc.parameters(), {.lr = 0.5});
+  sgd.step();
+  CHECK(fc.weight().value().to_vector() == weight_before);
+  check(held, std::vector<double>(6, 0.0));
+  check(fc.bias().grad(), {0, 0});
+  sgd.zero_grad();
+  once.forward(x);
+  once.backward();
+  check(fc.weight().grad(), dw_of(x, 1));
+}
+
 TEST_CASE("a gradient hook fires once per parameter when its gradient is final",
           "[autograd][program]") {
   Mlp<float> model(4, 8, 2);

@@ -238,6 +238,49 @@ TEST_CASE("a parameter without a gradient is named, or reduced when asked", "[dd
   }
 }
 
+TEST_CASE("a parameter one rank does not use gets the ranks' average, step after step",
+          "[ddp]") {
+  // zero_grad leaves a gradient's zeros unwritten; rank 0 never writes the unused head's, and
+  // its bucket still holds the last step's average unless DDP writes the zeros before reducing.
+  dist::ProcessGroup pg;
+  const std::int64_t n = 4;
+  const auto global_x = inputs_of<double>(n * pg.size(), 6, 11);
+  const auto x = rows_of(global_x, pg.rank(), n);
+  const auto y = rows_of(labels_of(n * pg.size(), 12), pg.rank(), n);
+  const bool both = pg.rank() != 0;
+  TwoHeads model;
+  par::DistributedDataParallel ddp(model, {.find_unused_parameters = true});
+  auto step = ddp.compile(
+      [both](TwoHeads& m, ag::Var<double> in, ag::Var<std::int64_t> labels) -> ag::Var<double> {
+        if (both) return nn::cross_entropy(m.used(in), labels) + ts::sum(m.unused(in));
+        return nn::cross_entropy(m.used(in), labels);
+      },
+      ag::input<double>({n, 6}), ag::input<std::int64_t>({n}));
+  // d sum(x W^T + b) / dW[i][j] = sum of x[., j] over the rows, / db[i] = n: averaged over the
+  // ranks, where rank 0 adds nothing.
+  const auto all = global_x.to_vector();
+  std::vector<double> want_weight(18, 0.0);
+  for (std::int64_t row = n; row < n * pg.size(); ++row) {
+    for (std::size_t i = 0; i < 3; ++i) {
+      for (std::size_t j = 0; j < 6; ++j) {
+        want_weight[i * 6 + j] += all[static_cast<std::size_t>(row) * 6 + j] / pg.size();
+      }
+    }
+  }
+  const double want_bias = static_cast<double>(n * (pg.size() - 1)) / pg.size();
+  for (int i = 0; i < 3; ++i) {
+    model.zero_grad();
+    step.forward(x, y);
+    step.backward();
+    const auto weight = model.unused.weight().grad().to_vector();
+    const auto bias = model.unused.bias().grad().to_vector();
+    for (std::size_t k = 0; k < weight.size(); ++k) {
+      CHECK(weight[k] == Approx(want_weight[k]).margin(1e-12));
+    }
+    for (const double b : bias) CHECK(b == Approx(want_bias).margin(1e-12));
+  }
+}
+
 TEST_CASE("modules that differ between ranks are refused on every rank, naming the first",
           "[ddp]") {
   dist::ProcessGroup pg;

@@ -93,6 +93,7 @@ struct step {
   std::vector<char> accumulate;    // backward: per contribution
   int scratch_instance = -1;       // the step's scratch (forward, recompute or backward)
   std::vector<std::size_t> ready;  // parameters whose gradient is final after this step
+  std::vector<std::size_t> first;  // parameters whose gradient this step contributes to first
 };
 
 struct instance {
@@ -161,6 +162,9 @@ class program_state {
   std::vector<int> input_ids;
   std::vector<int> output_ids;
   std::vector<step> schedule;
+  // [parameter]: the backward step and the position among its contributions of the first
+  // contribution to the parameter's gradient; (-1, -1) for none.
+  std::vector<std::pair<int, int>> first_contribution;
   std::vector<instance> instances;
   std::vector<buffer> buffers;
   std::vector<std::pair<Device, std::size_t>> arena_sizes;
@@ -346,11 +350,18 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
         "Program::backward: call forward first (backward needs the values of a forward "
         "run, and each forward allows one backward)");
   }
-  for (const auto& p : g->parameters) {
-    if (g->values[static_cast<std::size_t>(p.value_id)].grad >= 0) {
-      table
-          .tensors[static_cast<std::size_t>(g->values[static_cast<std::size_t>(p.value_id)].grad)] =
-          p.grad();
+  // Each parameter's gradient: its first contribution adds to it, or writes it when its zeros
+  // are unwritten (a new gradient, or one after zero_grad).
+  for (std::size_t p = 0; p < g->parameters.size(); ++p) {
+    const parameter_binding& binding = g->parameters[p];
+    const int gid = g->values[static_cast<std::size_t>(binding.value_id)].grad;
+    if (gid < 0) continue;
+    auto [grad, zero] = binding.grad_for_backward();
+    table.tensors[static_cast<std::size_t>(gid)] = std::move(grad);
+    const auto [at, position] = first_contribution[p];
+    if (at >= 0) {  // (a gradient no step contributes to keeps its unwritten zeros)
+      schedule[static_cast<std::size_t>(at)].accumulate[static_cast<std::size_t>(position)] =
+          zero ? 0 : 1;
     }
   }
   forwarded = false;
@@ -372,6 +383,7 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
         node& n = *g->nodes[static_cast<std::size_t>(s.node)];
         bind_scratch(s);
         n.backward(table, s.accumulate);
+        for (std::size_t p : s.first) g->parameters[p].written();
         break;
       }
     }
@@ -542,6 +554,7 @@ TESSERA_API void program_state::make_schedule(Checkpoint::Balance by) {
   written[static_cast<std::size_t>(g->values[static_cast<std::size_t>(output_ids[0])].grad)] = 1;
   std::vector<char> recomputed(static_cast<std::size_t>(segments), segments == 1 ? 1 : 0);
   std::vector<int> last_contribution(g->values.size(), -1);
+  std::vector<std::pair<int, int>> first_of(g->values.size(), {-1, -1});
   for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
     if (!live_nodes_[static_cast<std::size_t>(i)]) continue;
     const int seg = segment[static_cast<std::size_t>(i)];
@@ -566,6 +579,11 @@ TESSERA_API void program_state::make_schedule(Checkpoint::Balance by) {
       const int gid = g->values[static_cast<std::size_t>(t)].grad;
       const bool external =
           g->values[static_cast<std::size_t>(gid)].role == value_role::parameter_gradient;
+      if (external && !written[static_cast<std::size_t>(gid)]) {
+        first_of[static_cast<std::size_t>(gid)] = {static_cast<int>(schedule.size()),
+                                                   static_cast<int>(b.accumulate.size())};
+      }
+      // A parameter's gradient: run_backward sets its first contribution's flag at each run.
       b.accumulate.push_back(external || written[static_cast<std::size_t>(gid)] ? 1 : 0);
       written[static_cast<std::size_t>(gid)] = 1;
       last_contribution[static_cast<std::size_t>(gid)] = static_cast<int>(schedule.size());
@@ -573,11 +591,14 @@ TESSERA_API void program_state::make_schedule(Checkpoint::Balance by) {
     schedule.push_back(std::move(b));
     ++plan.backward_steps;
   }
+  first_contribution.assign(g->parameters.size(), {-1, -1});
   for (std::size_t p = 0; p < g->parameters.size(); ++p) {
     const int gid = g->values[static_cast<std::size_t>(g->parameters[p].value_id)].grad;
     if (gid >= 0 && last_contribution[static_cast<std::size_t>(gid)] >= 0) {
       schedule[static_cast<std::size_t>(last_contribution[static_cast<std::size_t>(gid)])]
           .ready.push_back(p);
+      first_contribution[p] = first_of[static_cast<std::size_t>(gid)];
+      schedule[static_cast<std::size_t>(first_contribution[p].first)].first.push_back(p);
     }
   }
 }

@@ -11,6 +11,7 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "tessera/autograd/parameter.hpp"
@@ -66,7 +67,10 @@ struct parameter_binding {
   std::shared_ptr<void> slot;  // keeps the slot alive
   const void* identity = nullptr;
   std::function<AnyTensor()> value;
-  std::function<AnyTensor()> grad;          // the slot's grad, created (zeros) when undefined
+  // The slot's grad for a backward, created when undefined, and whether it is zero unwritten
+  // (created, or after zero_grad): then the first contribution writes it, and written() says so.
+  std::function<std::pair<AnyTensor, bool>()> grad_for_backward;
+  std::function<void()> written;
   std::function<bool()> has_grad;
   int value_id = -1;
 };
@@ -223,13 +227,14 @@ class graph {
     binding.identity = slot.get();
     parameter_slot<T, K>* raw = slot.get();
     binding.value = [raw]() -> AnyTensor { return raw->value; };
-    binding.grad = [raw]() -> AnyTensor {
+    binding.grad_for_backward = [raw]() -> std::pair<AnyTensor, bool> {
       if (!raw->grad.defined()) {
         raw->grad = Tensor<T, K>::empty_on(raw->value.shape(), raw->value.device());
-        raw->grad.zero_();
+        raw->grad_zero = true;
       }
-      return raw->grad;
+      return {raw->grad, raw->grad_zero};
     };
+    binding.written = [raw] { raw->grad_zero = false; };
     binding.has_grad = [raw] { return raw->grad.defined(); };
     binding.value_id = add_value(std::move(info));
     parameters.push_back(std::move(binding));

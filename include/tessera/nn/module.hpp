@@ -235,8 +235,10 @@ class Module {
   Module& eval() { return train(false); }
   bool is_training() const noexcept { return state_->training; }
 
-  /// Zeroes every existing gradient in place (one pass each, nothing allocated); parameters
-  /// without a gradient are left without one. Buffers are not touched.
+  /// Zeroes every existing gradient, keeping its buffer (nothing allocated); parameters without
+  /// a gradient are left without one. Buffers are not touched. The zeros are not written now:
+  /// the next backward writes each gradient instead of adding it, and reading a gradient before
+  /// that writes its zeros (Parameter::zero_grad).
   void zero_grad();
 
   const std::string& type_name() const noexcept { return state_->type_name; }
@@ -436,10 +438,7 @@ TESSERA_API Module& Module::to(int index) {
 }
 
 TESSERA_API void Module::zero_grad() {
-  for (const auto& [name, parameter] : named_parameters()) {
-    const AnyTensor grad = parameter.grad();
-    if (grad.defined()) grad.visit([](auto typed) { typed.zero_(); });
-  }
+  for (const ParameterRef& parameter : parameters()) parameter.zero_grad();
 }
 
 TESSERA_API Module::Module(std::string type_name)

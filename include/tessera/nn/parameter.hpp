@@ -79,7 +79,13 @@ class Parameter {
   /// handle (as `*shared_ptr`): `p.value() = t` makes every handle see t.
   Tensor<T, K>& value() const noexcept { return slot_->value; }
   /// The gradient: undefined until a backward (or a caller) sets it; backward adds into it.
-  Tensor<T, K>& grad() const noexcept { return slot_->grad; }
+  /// After zero_grad() this writes the zeros that zero_grad() left unwritten.
+  Tensor<T, K>& grad() const { return slot_->gradient(); }
+  /// The gradient is zero from now on, its buffer kept. Nothing is written now: the next
+  /// backward writes the gradient instead of adding it, and grad() writes zeros when read first.
+  /// A Tensor handle to the gradient taken before keeps the values it had (as in PyTorch, whose
+  /// zero_grad sets gradients to None). Nothing happens when there is no gradient.
+  void zero_grad() const noexcept { slot_->zero_grad(); }
   bool requires_grad() const noexcept { return slot_->requires_grad; }
   /// Sets requires_grad (PyTorch's requires_grad_); returns this handle.
   const Parameter& requires_grad_(bool on = true) const noexcept {
@@ -144,8 +150,11 @@ class ParameterRef {
 
   /// The current value (shares storage). Undefined when the parameter has no value.
   AnyTensor value() const { return ops().value(slot_.get()); }
-  /// The current gradient (shares storage); undefined when there is none.
+  /// The current gradient (shares storage); undefined when there is none. Writes the zeros that
+  /// zero_grad() left unwritten.
   AnyTensor grad() const { return ops().grad(slot_.get()); }
+  /// The gradient is zero from now on, its buffer kept (see Parameter::zero_grad).
+  void zero_grad() const { ops().zero_grad(slot_.get()); }
   /// Replaces the gradient by `grad` (shared, not copied), or clears it when `grad` is
   /// undefined. Throws dtype_error, device_mismatch_error or shape_error, naming both values,
   /// when it does not match the parameter's value.
@@ -197,8 +206,9 @@ class ParameterRef {
   struct slot_ops {
     AnyTensor (*value)(const void*);
     void (*set_value)(void*, const AnyTensor&);
-    AnyTensor (*grad)(const void*);
+    AnyTensor (*grad)(void*);
     void (*set_grad)(void*, const AnyTensor&);
+    void (*zero_grad)(void*);
     bool (*requires_grad)(const void*);
     void (*set_requires_grad)(void*, bool);
   };
@@ -213,14 +223,15 @@ class ParameterRef {
         static_cast<autograd::parameter_slot<T, K>*>(s)->value =
             detail::typed_for_slot<T, K>(v, "ParameterRef::set_value");
       },
-      [](const void* s) -> AnyTensor {
-        const auto& g = static_cast<const autograd::parameter_slot<T, K>*>(s)->grad;
+      [](void* s) -> AnyTensor {
+        const auto& g = static_cast<autograd::parameter_slot<T, K>*>(s)->gradient();
         return g.defined() ? AnyTensor(g) : AnyTensor();
       },
       [](void* s, const AnyTensor& g) {
-        static_cast<autograd::parameter_slot<T, K>*>(s)->grad =
-            detail::typed_for_slot<T, K>(g, "ParameterRef::set_grad");
+        static_cast<autograd::parameter_slot<T, K>*>(s)->set_grad(
+            detail::typed_for_slot<T, K>(g, "ParameterRef::set_grad"));
       },
+      [](void* s) { static_cast<autograd::parameter_slot<T, K>*>(s)->zero_grad(); },
       [](const void* s) {
         return static_cast<const autograd::parameter_slot<T, K>*>(s)->requires_grad;
       },

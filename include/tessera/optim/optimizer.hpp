@@ -176,8 +176,9 @@ class Optimizer {
   /// step count included, stays as it is).
   virtual void step() = 0;
 
-  /// Zeroes every existing gradient in place (nothing is allocated; parameters without a
-  /// gradient keep none).
+  /// Zeroes every existing gradient, keeping its buffer (nothing is allocated; parameters
+  /// without a gradient keep none). As Module::zero_grad, the zeros are written only if a
+  /// gradient is read before the next backward writes it.
   void zero_grad();
 
   const std::vector<nn::ParameterRef>& parameters() const noexcept { return parameters_; }
@@ -588,10 +589,7 @@ TESSERA_API void Optimizer::check_state_indices(const StateDict& state_dict) con
 }
 
 TESSERA_API void Optimizer::zero_grad() {
-  for (const auto& parameter : parameters_) {
-    const AnyTensor grad = parameter.grad();
-    if (grad.defined()) grad.visit([](auto typed) { typed.zero_(); });
-  }
+  for (const auto& parameter : parameters_) parameter.zero_grad();
 }
 #endif  // TESSERA_DEFINITIONS
 

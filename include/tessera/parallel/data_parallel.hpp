@@ -170,7 +170,7 @@ class DataParallel {
   /// pieces' losses weighted by their sizes: the one-device loss) and its backward() adds the
   /// whole batch's gradient into the module's parameters on device_ids[0], so an optimiser over
   /// module().parameters() works unchanged. The replicas' gradients are summed into the
-  /// module's and zeroed at each backward, and only the module's BatchNorm running statistics
+  /// module's at each backward, and only the module's BatchNorm running statistics
   /// are kept. The program uses this DataParallel's replicas and threads: keep it alive while
   /// the program is used.
   template <class Fn, class... Args>
@@ -506,8 +506,9 @@ class DataParallelProgram {
   /// Every device's backward at once; the replicas' gradients are summed into the module's
   /// (which accumulate, as Program::backward's do). On CPU devices each parameter's gradients are
   /// summed as soon as every device has it final (Program::on_gradient_ready), by the last device
-  /// to get there, while the others go on with their backward, and the replicas' gradients are
-  /// zeroed in the same pass; on CUDA, after the backward, through NCCL.
+  /// to get there, while the others go on with their backward; on CUDA, after the backward,
+  /// through NCCL. The replicas' programs write their gradients (zero_grad before each backward
+  /// leaves their zeros unwritten), so nothing zeroes them.
   void backward() {
     run_backward([](auto& program) { program.backward(); });
   }
@@ -565,8 +566,7 @@ class DataParallelProgram {
 
   // One parameter's gradients from every device meet here (CPU devices). The last device to
   // report a parameter's gradient final opens it: its gradients are summed into the module's
-  // (device 0's) and the replicas' zeroed, block by block so each block is read and rewritten
-  // while in cache. Any device may take an open parameter's next block: the last device to
+  // (device 0's), block by block. Any device may take an open parameter's next block: the last device to
   // arrive takes blocks until none is left, while the others go on with their backward; a device
   // whose backward has ended takes blocks of every open parameter until all devices have ended,
   // so the sums of the last gradients (ready when the slowest device ends) are shared.
@@ -642,10 +642,6 @@ class DataParallelProgram {
             const std::int64_t last = std::min(n, first + block);
             detail::reduce_elements(ReduceOp::sum, sources.data(), static_cast<int>(g.size()),
                                     &target, 1, first, last);
-            for (std::size_t m = 1; m < g.size(); ++m) {
-              std::fill(static_cast<T*>(g[m].data_ptr()) + first,
-                        static_cast<T*>(g[m].data_ptr()) + last, T(0));
-            }
           }
         }
       });
@@ -669,9 +665,8 @@ class DataParallelProgram {
     if (reduction_) reduction_->begin();
     dp.threads_.run([&](int member) {
       if (member >= used) return;
-      if constexpr (!std::is_same_v<Kind, cpu>) {
-        if (member > 0) dp.replicas_[static_cast<std::size_t>(member - 1)].zero_grad();
-      }
+      // The replicas' gradients zero (unwritten): their programs write them, not add to them.
+      if (member > 0) dp.replicas_[static_cast<std::size_t>(member - 1)].zero_grad();
       if (!reduction_) return run(programs_[static_cast<std::size_t>(member)]);
       try {
         run(programs_[static_cast<std::size_t>(member)]);

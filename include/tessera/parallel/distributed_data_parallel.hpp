@@ -158,6 +158,9 @@ class gradient_reducer {
                     "{.find_unused_parameters = true} to reduce its current gradient anyway, or "
                     "set requires_grad_(false) on it");
       }
+      // Its current gradient, read through grad(): zeros that zero_grad() left unwritten are
+      // written into the bucket before it is reduced.
+      static_cast<void>(slots_[s].parameter.grad());
       reported_[s] = 1;
       --buckets_[slots_[s].bucket].pending;
     }
