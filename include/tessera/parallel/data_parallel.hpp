@@ -5,8 +5,9 @@
 // buffers into the replicas' existing tensors (on CPU devices, which share the host's memory,
 // the replicas' parameters are aliases of the module's and only the buffers are copied), runs
 // every piece at once (one host thread per device, each on its share of the cores:
-// parallel::DeviceThreads) and gathers the outputs on `output_device`. dp.compile(fn, specs...) trains: one autograd Program per device for its
-// replica and piece, run at once, the replicas' gradients summed into the module's.
+// parallel::DeviceThreads) and gathers the outputs on `output_device`. dp.compile(fn,
+// specs...) trains: one autograd Program per device for its replica and piece, run at once, the
+// replicas' gradients summed into the module's.
 #pragma once
 
 #include <algorithm>
@@ -311,10 +312,10 @@ class DataParallel {
       for (std::size_t p = 0; p < parameters.size(); ++p) {
         const AnyTensor from = module_parameters[p].value();
         if constexpr (std::is_same_v<Kind, cpu>) {
+          const Device here = device(static_cast<int>(m));
           parameters[p].set_value(from.visit([&](auto typed) {
-            return AnyTensor(decltype(typed)(Storage::alias(typed.storage(), device(static_cast<int>(m))),
-                                             typed.shape(), typed.strides(),
-                                             typed.storage_offset()));
+            return AnyTensor(decltype(typed)(Storage::alias(typed.storage(), here), typed.shape(),
+                                             typed.strides(), typed.storage_offset()));
           }));
         } else {
           copies_[m].parameters.emplace_back(parameters[p].value(), from);
@@ -566,10 +567,11 @@ class DataParallelProgram {
 
   // One parameter's gradients from every device meet here (CPU devices). The last device to
   // report a parameter's gradient final opens it: its gradients are summed into the module's
-  // (device 0's), block by block. Any device may take an open parameter's next block: the last device to
-  // arrive takes blocks until none is left, while the others go on with their backward; a device
-  // whose backward has ended takes blocks of every open parameter until all devices have ended,
-  // so the sums of the last gradients (ready when the slowest device ends) are shared.
+  // (device 0's), block by block. Any device may take an open parameter's next block: the last
+  // device to arrive takes blocks until none is left, while the others go on with their
+  // backward; a device whose backward has ended takes blocks of every open parameter until all
+  // devices have ended, so the sums of the last gradients (ready when the slowest device ends)
+  // are shared.
   struct overlapped_reduction {
     static constexpr std::int64_t block = 8192;  // elements
 

@@ -36,9 +36,10 @@ struct storage_block {
   }
 };
 
-[[noreturn, gnu::noinline, gnu::cold]] inline void throw_alias_error(Device owner, Device device) {
-  throw device_error("Storage::alias: only CPU storage can be aliased on a CPU device; the owner is "
-                     "on " + owner.str() + ", the alias would be on " + device.str());
+[[noreturn, gnu::noinline, gnu::cold]] inline void throw_alias_error(Device owner,
+                                                                     Device device) {
+  throw device_error("Storage::alias: only CPU storage can be aliased on a CPU device; the "
+                     "owner is on " + owner.str() + ", the alias would be on " + device.str());
 }
 
 /// The calling thread's spare storage blocks (up to `capacity`), so that creating and destroying
