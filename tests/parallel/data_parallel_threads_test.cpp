@@ -75,6 +75,23 @@ TEST_CASE("replicate makes an independent deep copy on another ordinal", "[paral
   CHECK_THROWS_AS(par::replicate(model, 9), ts::device_error);
 }
 
+TEST_CASE("on CPU devices the replicas' parameters are the module's bytes, not copies",
+          "[parallel][dp]") {
+  // A model without buffers: nothing of it needs a copy on the replicas' devices.
+  auto model = nn::Sequential(nn::Linear<double>(300, 200), nn::ReLU{}, nn::Linear<double>(200, 4));
+  const ts::Device cpu1{ts::DeviceType::cpu, 1};
+  const auto before = ts::memory::allocated(cpu1);
+  par::DataParallel dp(model, {0, 1});
+  CHECK(ts::memory::allocated(cpu1) == before);  // 481 KB of parameters were it copies
+  // The replica computes with the module's current values: a change to the module (what an
+  // optimiser's step does) is in the next output, with nothing copied at the call.
+  const auto x = ts::from_vector<double>(std::vector<double>(2 * 300, 0.5), {2, 300});
+  model.get<2>().bias().value().fill_(3.0);
+  model.get<2>().weight().value().fill_(0.0);
+  const auto y = dp(x).to_vector();  // row 0 on cpu:0, row 1 on the replica on cpu:1
+  CHECK(y == std::vector<double>(8, 3.0));
+}
+
 TEST_CASE("DataParallel's forward equals the module on the whole batch", "[parallel][dp]") {
   for (const std::vector<int>& ids : {std::vector<int>{0}, {0, 1}, {0, 1, 2}, {2, 0, 3}}) {
     for (const std::int64_t batch : {1, 2, 7, 64}) {
