@@ -295,7 +295,8 @@ struct deep_gemms {
 };
 
 struct gemm_limit_one_thread {
-  deep_gemms work{static_cast<int>(batch)};
+  explicit gemm_limit_one_thread(std::int64_t rows = batch) : work(static_cast<int>(rows)) {}
+  deep_gemms work;
   void run() {
     work.run();
     benchmark::ClobberMemory();
@@ -334,6 +335,7 @@ void paired_dp_rounds(int rounds, int steps) {
 #if TESSERA_BLAS
   gemm_limit_one_thread g1;
   gemm_limit_two_threads g2;
+  gemm_limit_one_thread g_half(batch / 2);  // a member's calls with the other core idle
 #endif
   auto time = [&](auto& work) {
     work.begin();
@@ -344,9 +346,10 @@ void paired_dp_rounds(int rounds, int steps) {
     work.end();
     return std::chrono::duration<double, std::milli>(t1 - t0).count() / steps;
   };
-  std::vector<double> speedups, outside, limits, shares;
+  std::vector<double> speedups, outside, limits, shares, interference;
   std::printf("\nDataParallel rows, %d rounds of %d steps each in alternation (ms: one device, "
-              "two devices, replicas only, sgemm one thread, sgemm two threads):\n",
+              "two devices, replicas only, sgemm one thread, sgemm two threads, sgemm half batch "
+              "one thread alone):\n",
               rounds, steps);
   for (int r = 0; r < rounds; ++r) {
     const double t_one = time(one), t_two = time(two), t_replicas = time(replicas);
@@ -354,10 +357,11 @@ void paired_dp_rounds(int rounds, int steps) {
     outside.push_back(1.0 - t_replicas / t_two);
     std::printf("  %.2f %.2f %.2f", t_one, t_two, t_replicas);
 #if TESSERA_BLAS
-    const double t_g1 = time(g1), t_g2 = time(g2);
+    const double t_g1 = time(g1), t_g2 = time(g2), t_half = time(g_half);
     limits.push_back(t_g1 / t_g2);
     shares.push_back(speedups.back() / limits.back());
-    std::printf(" %.2f %.2f", t_g1, t_g2);
+    interference.push_back(t_g2 / t_half);
+    std::printf(" %.2f %.2f %.2f", t_g1, t_g2, t_half);
 #endif
     std::printf("\n");
   }
@@ -374,6 +378,9 @@ void paired_dp_rounds(int rounds, int steps) {
     std::printf("  sgemm calls alone, 2 threads over 1 (the split's limit) = %.2f; DataParallel "
                 "reaches %.0f%% of it\n",
                 ts::bench::median_of(limits), 100 * ts::bench::median_of(shares));
+    std::printf("  a half batch's sgemm calls take %.2fx as long with the other core running its "
+                "own half as with that core idle (1.00: the cores do not slow each other)\n",
+                ts::bench::median_of(interference));
   }
 }
 

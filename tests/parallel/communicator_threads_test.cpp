@@ -6,6 +6,7 @@
 // Labelled `threads` (the members work on their own threads), so the TSan build runs it.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -46,8 +47,11 @@ TEMPLATE_TEST_CASE("all_reduce and reduce match a float64 reference", "[communic
     Communicator<ts::cpu> comm(first_devices(members));
     for (std::int64_t n : sizes) {
       for (ReduceOp op : ops_of<T>()) {
-        for (bool all : {true, false}) {
-          CAPTURE(members, n, ts::parallel::to_string(op), all);
+        // all_reduce, then reduce into the last member and into the first (a reduce's target is
+        // then the second source or the first: different loops for two members).
+        for (int root : {-1, members - 1, 0}) {
+          const bool all = root < 0;
+          CAPTURE(members, n, ts::parallel::to_string(op), all, root);
           std::vector<ts::Tensor<T>> tensors;
           std::vector<std::vector<T>> inputs;
           for (int m = 0; m < members; ++m) {
@@ -55,7 +59,6 @@ TEMPLATE_TEST_CASE("all_reduce and reduce match a float64 reference", "[communic
                                                n, op == ReduceOp::product));
             inputs.push_back(tensors.back().to_vector());
           }
-          const int root = members - 1;
           if (all) {
             comm.all_reduce(tensors, op);
           } else {
@@ -76,6 +79,52 @@ TEMPLATE_TEST_CASE("all_reduce and reduce match a float64 reference", "[communic
                 FAIL_CHECK("reduce changed non-root member " << m << " at " << i);
                 break;
               }
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("max and min propagate NaN from either member, into any target", "[communicator]") {
+  // torch.maximum's rule: NaN wins whichever member holds it. Two members take the single-pass
+  // loops (target: the first member, the second, both), three members the blocked one.
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const std::vector<std::vector<float>> inputs{{nan, 1.0f, 5.0f, -2.0f, nan},
+                                               {3.0f, nan, -1.0f, 4.0f, nan},
+                                               {0.5f, 0.5f, 9.0f, -7.0f, 0.5f}};
+  for (int members : {2, 3}) {
+    Communicator<ts::cpu> comm(first_devices(members));
+    for (ReduceOp op : {ReduceOp::max, ReduceOp::min}) {
+      for (int root : {-1, 0, members - 1}) {
+        CAPTURE(members, ts::parallel::to_string(op), root);
+        std::vector<ts::Tensor<float>> tensors;
+        for (int m = 0; m < members; ++m) {
+          tensors.push_back(ts::from_vector<float>(inputs[static_cast<std::size_t>(m)], {5},
+                                                   comm.device_ids()[static_cast<std::size_t>(m)]));
+        }
+        if (root < 0) {
+          comm.all_reduce(tensors, op);
+        } else {
+          comm.reduce(tensors, root, op);
+        }
+        for (int m = 0; m < members; ++m) {
+          if (root >= 0 && m != root) continue;
+          const std::vector<float> got = tensors[static_cast<std::size_t>(m)].to_vector();
+          for (std::size_t i = 0; i < got.size(); ++i) {
+            bool any_nan = false;
+            double want = op == ReduceOp::max ? -1e300 : 1e300;
+            for (int k = 0; k < members; ++k) {
+              const float v = inputs[static_cast<std::size_t>(k)][i];
+              any_nan = any_nan || std::isnan(v);
+              want = op == ReduceOp::max ? std::max<double>(want, v) : std::min<double>(want, v);
+            }
+            CAPTURE(m, i);
+            if (any_nan) {
+              CHECK(std::isnan(got[i]));
+            } else {
+              CHECK(got[i] == want);
             }
           }
         }

@@ -93,13 +93,71 @@ inline A combine(A a, A b) noexcept {
   }
 }
 
+// The loops of reduce_two, restrict-qualified parameters each (GCC trusts restrict on
+// parameters): t[i] = x[i] op t[i] or t[i] op y[i], out[i] = x[i] op y[i], and both of a
+// two-member all_reduce's buffers set to their combination.
+template <ReduceOp Op, class T>
+inline T combine_values(T x, T y) noexcept {
+  using A = reduce_accumulator_t<T>;
+  return static_cast<T>(combine<Op>(static_cast<A>(x), static_cast<A>(y)));
+}
+template <ReduceOp Op, class T>
+void combine_into_first(T* __restrict t, const T* __restrict y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) t[i] = combine_values<Op>(t[i], y[i]);
+}
+template <ReduceOp Op, class T>
+void combine_into_second(const T* __restrict x, T* __restrict t, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) t[i] = combine_values<Op>(x[i], t[i]);
+}
+template <ReduceOp Op, class T>
+void combine_to(const T* __restrict x, const T* __restrict y, T* __restrict out, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) out[i] = combine_values<Op>(x[i], y[i]);
+}
+template <ReduceOp Op, class T>
+void combine_both(T* __restrict x, T* __restrict y, std::int64_t n) {
+  for (std::int64_t i = 0; i < n; ++i) x[i] = y[i] = combine_values<Op>(x[i], y[i]);
+}
+
+/// Two sources a and b combined in one pass, no partial buffer, where the targets are one buffer
+/// (a source or neither) or exactly a and b (a two-member all_reduce). Returns false, having
+/// done nothing, for any other aliasing.
+template <ReduceOp Op, class T>
+bool reduce_two(const T* a, const T* b, T* const* targets, int target_count, std::int64_t first,
+                std::int64_t last) {
+  if (a == b) return false;
+  const std::int64_t n = last - first;
+  if (target_count == 1) {
+    T* t = targets[0];
+    if (t == a) {
+      combine_into_first<Op>(t + first, b + first, n);
+    } else if (t == b) {
+      combine_into_second<Op>(a + first, t + first, n);
+    } else {
+      combine_to<Op>(a + first, b + first, t + first, n);
+    }
+    return true;
+  }
+  if (target_count == 2 && targets[0] == a && targets[1] == b) {
+    combine_both<Op>(targets[0] + first, targets[1] + first, n);
+    return true;
+  }
+  return false;
+}
+
 /// targets[t][i] = op over s of sources[s][i], for i in [first, last), each target written after
 /// every source of that block was read (so targets may be sources: in-place). Combines in member
-/// order, in the accumulator type, blocks of 1024 elements so the partial stays in L1.
+/// order, in the accumulator type, blocks of 1024 elements so the partial stays in L1 (two
+/// sources: reduce_two's single pass where it applies).
 template <ReduceOp Op, class T>
 void reduce_elements(const T* const* sources, int source_count, T* const* targets,
                      int target_count, std::int64_t first, std::int64_t last) {
   using A = reduce_accumulator_t<T>;
+  if constexpr (Op != ReduceOp::avg) {
+    if (source_count == 2 &&
+        reduce_two<Op>(sources[0], sources[1], targets, target_count, first, last)) {
+      return;
+    }
+  }
   constexpr std::int64_t block = 1024;
   A partial[block];
   for (std::int64_t begin = first; begin < last; begin += block) {
