@@ -15,6 +15,7 @@
 #include <concepts>
 #include <cstdint>
 #include <cstring>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -506,9 +507,9 @@ class DataParallelProgram {
 
   /// Every device's backward at once; the replicas' gradients are summed into the module's
   /// (which accumulate, as Program::backward's do). On CPU devices each parameter's gradients are
-  /// summed as soon as every device has it final (Program::on_gradient_ready), by the last device
-  /// to get there, while the others go on with their backward; on CUDA, after the backward,
-  /// through NCCL. The replicas' programs write their gradients (zero_grad before each backward
+  /// summed as soon as every device has it final (Program::on_gradient_ready): the last device
+  /// to get there sums its share of the blocks and goes on, the devices that end their backward
+  /// first sum the rest; on CUDA, after the backward, through NCCL. The replicas' programs write their gradients (zero_grad before each backward
   /// leaves their zeros unwritten), so nothing zeroes them.
   void backward() {
     run_backward([](auto& program) { program.backward(); });
@@ -568,10 +569,11 @@ class DataParallelProgram {
   // One parameter's gradients from every device meet here (CPU devices). The last device to
   // report a parameter's gradient final opens it: its gradients are summed into the module's
   // (device 0's), block by block. Any device may take an open parameter's next block: the last
-  // device to arrive takes blocks until none is left, while the others go on with their
-  // backward; a device whose backward has ended takes blocks of every open parameter until all
-  // devices have ended, so the sums of the last gradients (ready when the slowest device ends)
-  // are shared.
+  // device to arrive takes its share (1/devices of the blocks) and goes back to its backward;
+  // a device whose backward has ended takes blocks of every open parameter until all devices
+  // have ended. The devices that were ahead end first and take the rest, so no device carries
+  // a whole sum while the others wait for it, and the sums of the last gradients (ready when
+  // the slowest device ends) are shared.
   struct overlapped_reduction {
     static constexpr std::int64_t block = 8192;  // elements
 
@@ -600,12 +602,15 @@ class DataParallelProgram {
       blocks[p] = (r.grad.numel() + block - 1) / block;
       opened[p].store(true, std::memory_order_release);
       announce();
-      reduce_blocks(p);
+      // This device's share of the blocks only: the others, ahead of it in their backward, end
+      // it sooner and take the rest (end_of_backward), or this device does at its own end.
+      reduce_blocks(p, (blocks[p] + devices - 1) / devices);
     }
 
     // Device `member`'s backward has returned (or thrown): it takes blocks of open parameters
-    // until every device's backward has returned. Every parameter is open by then, and its last
-    // device to arrive has taken its blocks to the end, so nothing is left.
+    // until every device's backward has returned. Every parameter is open by then, and the last
+    // device to end takes every block still left before it returns, so none is left; each
+    // device returns only when its own blocks are summed.
     void end_of_backward() {
       ended.fetch_add(1, std::memory_order_acq_rel);
       announce();
@@ -628,7 +633,9 @@ class DataParallelProgram {
       news.notify_all();
     }
 
-    void reduce_blocks(std::size_t p) {
+    // Sums blocks of parameter p, at most `most` of them, until none is left.
+    void reduce_blocks(std::size_t p,
+                       std::int64_t most = std::numeric_limits<std::int64_t>::max()) {
       const std::vector<AnyTensor>& g = grads[p];
       visit_dtype(g[0].dtype(), [&](auto tag) {
         using T = typename decltype(tag)::type;
@@ -637,7 +644,7 @@ class DataParallelProgram {
           for (const AnyTensor& t : g) sources.push_back(static_cast<const T*>(t.data_ptr()));
           T* target = static_cast<T*>(g[0].data_ptr());
           const std::int64_t n = g[0].numel();
-          for (;;) {
+          for (std::int64_t done = 0; done < most; ++done) {
             const std::int64_t b = taken[p].fetch_add(1, std::memory_order_relaxed);
             if (b >= blocks[p]) return;
             const std::int64_t first = b * block;
