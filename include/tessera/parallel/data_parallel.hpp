@@ -509,8 +509,9 @@ class DataParallelProgram {
   /// (which accumulate, as Program::backward's do). On CPU devices each parameter's gradients are
   /// summed as soon as every device has it final (Program::on_gradient_ready): the last device
   /// to get there sums its share of the blocks and goes on, the devices that end their backward
-  /// first sum the rest; on CUDA, after the backward, through NCCL. The replicas' programs write their gradients (zero_grad before each backward
-  /// leaves their zeros unwritten), so nothing zeroes them.
+  /// first sum the rest; on CUDA, after the backward, through NCCL. The replicas' programs write
+  /// their gradients (zero_grad before each backward leaves their zeros unwritten), so nothing
+  /// zeroes them.
   void backward() {
     run_backward([](auto& program) { program.backward(); });
   }

@@ -47,9 +47,9 @@ void check_device_ids(const std::vector<int>& device_ids, const char* what) {
   }
 }
 
-/// A pause for a thread that spins on a flag another core will set (x86 PAUSE, ARM YIELD: the
-/// core yields its pipeline to a sibling hyperthread and leaves the spin without a memory-order
-/// flush).
+/// A pause for a thread that spins on a flag another core will set (x86 PAUSE, ARM YIELD): the
+/// core gives its pipeline to a sibling hyperthread meanwhile, and leaves the spin without the
+/// pipeline flush a tight loop of loads costs when the flag changes.
 inline void cpu_relax() noexcept {
 #if defined(__x86_64__) || defined(__i386__)
   __builtin_ia32_pause();
@@ -216,7 +216,10 @@ class DeviceThreads {
   // How long a worker spins for its next task, and the caller for the workers' end, before
   // sleeping on the condition variable (detail::spin_until).
   static constexpr std::chrono::microseconds spin_limit{50};
-  std::mutex mutex_;  // guards the task and the sleeps; the atomics are also written under it
+  // Guards the task and the sleeps. generation_ and stopping_ change under it, so a worker that
+  // checks them under it before sleeping cannot miss a change; pending_ changes outside it, and
+  // the last worker takes it before notifying done_ (the caller checks under it too).
+  std::mutex mutex_;
   std::condition_variable start_;
   std::condition_variable done_;
   std::atomic<std::uint64_t> generation_{0};  // bumped for each task
