@@ -10,6 +10,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -192,6 +193,91 @@ TEST_CASE("DataParallel training with BatchNorm: each piece its own statistics",
               {first_piece_only.get<1>().running_mean().value().to_vector(),
                first_piece_only.get<1>().running_var().value().to_vector()},
               1e-15);
+}
+
+// One Linear applied twice: its weight's gradient has two contributions, so the devices sum it
+// in shared blocks after their products (10000 elements: two blocks), while every other
+// weight's gradient is one product, which the devices compute into the module's gradient at once.
+struct TwiceNet : nn::Module {
+  nn::Linear<double> in, shared, out;
+  TwiceNet() : in(6, 100), shared(100, 100), out(100, 3) {
+    register_module("in", in);
+    register_module("shared", shared);
+    register_module("out", out);
+  }
+  template <class X>
+  auto forward(const X& x) const {
+    return out(ts::relu(shared(ts::tanh(shared(ts::relu(in(x)))))));
+  }
+};
+
+TEST_CASE("DataParallel: a weight used twice, and gradients accumulated over two backwards",
+          "[parallel][dp][training]") {
+  auto loss_of = [](auto& m, ag::Var<double> in, ag::Var<std::int64_t> labels) {
+    return nn::cross_entropy(m.forward(in), labels);
+  };
+  const std::int64_t batch = 9;
+  const auto x1 = inputs_of<double>(batch, 6, 5), x2 = inputs_of<double>(batch, 6, 6);
+  const auto y1 = labels_of(batch, 5), y2 = labels_of(batch, 6);
+  ts::manual_seed(8);
+  TwiceNet single;
+  auto step = ag::compile(
+      [&](ag::Var<double> in, ag::Var<std::int64_t> labels) { return loss_of(single, in, labels); },
+      ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
+  // No zero_grad between: the second backward adds to the first's gradients.
+  const double want1 = step.forward(x1, y1).item();
+  step.backward();
+  const double want2 = step.forward(x2, y2).item();
+  step.backward();
+  for (const std::vector<int>& ids : {std::vector<int>{0, 1}, {2, 0, 1}}) {
+    INFO(ids.size() << " devices");
+    ts::manual_seed(8);
+    TwiceNet model = nn::to<ts::cpu>(TwiceNet{}, ids[0]);
+    par::DataParallel dp(model, ids);
+    auto dp_step =
+        dp.compile(loss_of, ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
+    const double got1 = dp_step.forward(x1, y1).item();
+    dp_step.backward();
+    const double got2 = dp_step.forward(x2, y2).item();
+    dp_step.backward();
+    CHECK(std::abs(got1 - want1) <= 1e-12 * (1 + std::abs(want1)));
+    CHECK(std::abs(got2 - want2) <= 1e-12 * (1 + std::abs(want2)));
+    check_close(values_and_grads<double>(dp.module()), values_and_grads<double>(single), 1e-12);
+  }
+}
+
+TEST_CASE("DataParallel: a device whose backward throws releases the others; the next step works",
+          "[parallel][dp][errors]") {
+  // Device 1's gradient hook throws at the last layer's first gradient, while device 0 goes on
+  // to the next layers' weight products, which wait for every device: they must give up, and
+  // the caller gets device 1's error, not a hang or a stand-in.
+  auto loss_of = [](auto& m, ag::Var<double> in, ag::Var<std::int64_t> labels) {
+    return nn::cross_entropy(m(in), labels);
+  };
+  const auto x = inputs_of<double>(8, 6, 9);
+  const auto y = labels_of(8, 9);
+  ts::manual_seed(3);
+  auto single = make_mlp<double>();
+  auto step = ag::compile(
+      [&](ag::Var<double> in, ag::Var<std::int64_t> labels) { return loss_of(single, in, labels); },
+      ag::input<double>({8, 6}), ag::input<std::int64_t>({8}));
+  ts::manual_seed(3);
+  auto model = make_mlp<double>();
+  par::DataParallel dp(model, {0, 1});
+  auto dp_step = dp.compile(loss_of, ag::input<double>({8, 6}), ag::input<std::int64_t>({8}));
+  bool fail = true;
+  dp_step.program(1).on_gradient_ready([&fail](const ag::GradientReady&) {
+    if (fail) throw std::runtime_error("a hook on device 1 failed");
+  });
+  (void)dp_step.forward(x, y);
+  CHECK_THROWS_WITH(dp_step.backward(), "a hook on device 1 failed");
+  fail = false;
+  model.zero_grad();
+  (void)dp_step.forward(x, y);
+  dp_step.backward();
+  (void)step.forward(x, y);
+  step.backward();
+  check_close(values_and_grads<double>(model), values_and_grads<double>(single), 1e-12);
 }
 
 TEST_CASE("DataParallel programs refuse inputs of the wrong shape", "[parallel][dp][errors]") {

@@ -536,11 +536,11 @@ class matmul_node final : public node {
       const auto target = table.template grad<T, K>(inputs[0]);
       if (ta_) {
         // A = X^T: dX = (g B^T)^T = B g^T
-        product_into(table, target, b, g.t(), accumulate[next++] != 0);
+        product_into(table, inputs[0], target, b, g.t(), accumulate[next++] != 0);
       } else {
         // dA = g @ B^T (B shared or batched)
         const auto bt = b.dim() == 3 ? b.transpose(1, 2) : b.t();
-        product_into(table, target, g, bt, accumulate[next++] != 0);
+        product_into(table, inputs[0], target, g, bt, accumulate[next++] != 0);
       }
     }
     if (needs_b_) {
@@ -551,17 +551,20 @@ class matmul_node final : public node {
       const auto g2 = shared ? g.reshape({g.size(0) * g.size(1), g.size(2)}) : g;
       if (tb_) {
         // B = X^T: dX = (A^T g)^T = g^T A
-        product_into(table, target, g2.t(), a2, accumulate[next++] != 0);
+        product_into(table, inputs[1], target, g2.t(), a2, accumulate[next++] != 0);
       } else {
         const auto at = a2.dim() == 3 ? a2.transpose(1, 2) : a2.t();
-        product_into(table, target, at, g2, accumulate[next++] != 0);
+        product_into(table, inputs[1], target, at, g2, accumulate[next++] != 0);
       }
     }
   }
 
  private:
-  static void product_into(value_table& table, Tensor<T, K> target, const Tensor<T, K>& x,
-                           const Tensor<T, K>& y, bool accumulate) {
+  // target (+)= x @ y, a contribution to the gradient of `value`, unless the program's caller
+  // takes it (a parameter's product: value_table::hand_over_product).
+  static void product_into(value_table& table, int value, Tensor<T, K> target,
+                           const Tensor<T, K>& x, const Tensor<T, K>& y, bool accumulate) {
+    if (table.hand_over_product(value, target, x, y, accumulate)) return;
     Tensor<T, K> staging;
     if (accumulate && !tessera::detail::matmul_accumulates<T, K>()) {
       table.scratch_offset = table.scratch_begin;

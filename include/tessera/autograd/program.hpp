@@ -165,6 +165,9 @@ class program_state {
   // [parameter]: the backward step and the position among its contributions of the first
   // contribution to the parameter's gradient; (-1, -1) for none.
   std::vector<std::pair<int, int>> first_contribution;
+  // [value id] -> the parameter whose gradient this value is, when one step contributes to it
+  // (the gradients a product hook may take); -1 otherwise.
+  std::vector<int> sole_contribution_parameter;
   std::vector<instance> instances;
   std::vector<buffer> buffers;
   std::vector<std::pair<Device, std::size_t>> arena_sizes;
@@ -554,6 +557,7 @@ TESSERA_API void program_state::make_schedule(Checkpoint::Balance by) {
   written[static_cast<std::size_t>(g->values[static_cast<std::size_t>(output_ids[0])].grad)] = 1;
   std::vector<char> recomputed(static_cast<std::size_t>(segments), segments == 1 ? 1 : 0);
   std::vector<int> last_contribution(g->values.size(), -1);
+  std::vector<int> contributions(g->values.size(), 0);
   std::vector<std::pair<int, int>> first_of(g->values.size(), {-1, -1});
   for (int i = static_cast<int>(nodes.size()) - 1; i >= 0; --i) {
     if (!live_nodes_[static_cast<std::size_t>(i)]) continue;
@@ -586,14 +590,19 @@ TESSERA_API void program_state::make_schedule(Checkpoint::Balance by) {
       // A parameter's gradient: run_backward sets its first contribution's flag at each run.
       b.accumulate.push_back(external || written[static_cast<std::size_t>(gid)] ? 1 : 0);
       written[static_cast<std::size_t>(gid)] = 1;
+      ++contributions[static_cast<std::size_t>(gid)];
       last_contribution[static_cast<std::size_t>(gid)] = static_cast<int>(schedule.size());
     }
     schedule.push_back(std::move(b));
     ++plan.backward_steps;
   }
   first_contribution.assign(g->parameters.size(), {-1, -1});
+  sole_contribution_parameter.assign(g->values.size(), -1);
   for (std::size_t p = 0; p < g->parameters.size(); ++p) {
     const int gid = g->values[static_cast<std::size_t>(g->parameters[p].value_id)].grad;
+    if (gid >= 0 && contributions[static_cast<std::size_t>(gid)] == 1) {
+      sole_contribution_parameter[static_cast<std::size_t>(gid)] = static_cast<int>(p);
+    }
     if (gid >= 0 && last_contribution[static_cast<std::size_t>(gid)] >= 0) {
       schedule[static_cast<std::size_t>(last_contribution[static_cast<std::size_t>(gid)])]
           .ready.push_back(p);
@@ -907,6 +916,8 @@ TESSERA_API void add_output(program_state& state, int id);
 TESSERA_API void finish_trace(program_state& state);
 TESSERA_API void add_gradient_hook(program_state& state,
                                    std::function<void(const GradientReady&)> hook);
+TESSERA_API void set_product_hook(program_state& state,
+                                  std::function<bool(ParameterProduct&)> hook);
 
 template <class R>
 int bind_result(const R& r) {
@@ -1035,6 +1046,14 @@ class Program {
   void on_gradient_ready(std::function<void(const GradientReady&)> hook) {
     detail::add_gradient_hook(*state_, std::move(hook));
   }
+  /// Offers `hook` the product of every matmul backward that is a parameter's only gradient
+  /// contribution (ParameterProduct: target (+)= x @ y, the parameter's index): when it returns
+  /// true it has written the product itself and the program does not. DataParallel computes the
+  /// devices' products straight into the module's gradient this way. One hook per program; an
+  /// empty function removes it.
+  void on_parameter_product(std::function<bool(ParameterProduct&)> hook) {
+    detail::set_product_hook(*state_, std::move(hook));
+  }
 
  private:
   static constexpr std::size_t output_count() {
@@ -1066,6 +1085,22 @@ namespace detail {
 TESSERA_API void add_gradient_hook(program_state& state,
                                    std::function<void(const GradientReady&)> hook) {
   state.hooks.push_back(std::move(hook));
+}
+TESSERA_API void set_product_hook(program_state& state,
+                                  std::function<bool(ParameterProduct&)> hook) {
+  if (!hook) {
+    state.table.product_hook = nullptr;
+    return;
+  }
+  state.table.product_hook = [&state, hook = std::move(hook)](int gradient_id,
+                                                              ParameterProduct& product) {
+    const int p = gradient_id < 0 ? -1
+                                  : state.sole_contribution_parameter[static_cast<std::size_t>(
+                                        gradient_id)];
+    if (p < 0) return false;
+    product.index = static_cast<std::size_t>(p);
+    return hook(product);
+  };
 }
 TESSERA_API std::unique_ptr<program_state> start_trace(const Options& options) {
   auto state = std::make_unique<program_state>();

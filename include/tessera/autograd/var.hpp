@@ -26,6 +26,15 @@ class Var;
 /// Training keeps what backward needs; inference keeps nothing for backward (a smaller plan).
 enum class Mode { training, inference };
 
+/// A product a program hands to its caller (Program::on_parameter_product): the contribution
+/// target (+)= x @ y of a matmul's backward to the gradient of parameter `index`, the
+/// parameter's only contribution; `accumulate`: add into target (else overwrite it).
+struct ParameterProduct {
+  std::size_t index = 0;
+  AnyTensor target, x, y;
+  bool accumulate = false;
+};
+
 namespace detail {
 
 using tessera::detail::symbolic_expression;
@@ -123,6 +132,19 @@ class node {
 /// The run-time tensors of a program's values. A gradient is looked up by the value it belongs to.
 class value_table {
  public:
+  // Set by a program with an on_parameter_product hook: called with a gradient value id; true
+  // when the hook has written the product.
+  std::function<bool(int gradient_id, tessera::autograd::ParameterProduct& product)>
+      product_hook;
+  /// Offers the product target (+)= x @ y, a contribution to the gradient of `value`, to the
+  /// program's hook; false: the caller computes it.
+  template <class T, class K>
+  bool hand_over_product(int value, const Tensor<T, K>& target, const Tensor<T, K>& x,
+                         const Tensor<T, K>& y, bool accumulate) {
+    if (!product_hook) return false;
+    tessera::autograd::ParameterProduct product{0, target, x, y, accumulate};
+    return product_hook(grad_of[static_cast<std::size_t>(value)], product);
+  }
   std::vector<AnyTensor> tensors;
   std::vector<int> grad_of;   // value id -> gradient value id (-1: none)
   // The current step's scratch: bytes [scratch_begin, scratch_end) of the arena `scratch`;

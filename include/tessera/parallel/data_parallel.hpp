@@ -12,6 +12,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <cstring>
@@ -28,6 +29,7 @@
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/expr/assign.hpp"
+#include "tessera/expr/matmul.hpp"
 #include "tessera/nn/module.hpp"
 #include "tessera/nn/sequential.hpp"
 #include "tessera/parallel/communicator.hpp"
@@ -81,6 +83,48 @@ inline void check_module_on(const nn::Module& module, Device device, const char*
     }
   }
 }
+
+/// Thrown in a device's thread when another device's failure ends a meeting_point's wait.
+struct meeting_aborted {};
+
+/// A barrier for a fixed team of threads that spins briefly, then sleeps; abort() releases every
+/// waiter (now and until reset()) with meeting_aborted, so a device that throws cannot leave the
+/// others waiting for it.
+class meeting_point {
+ public:
+  void arrive_and_wait(int count) {
+    const std::uint32_t seen = generation_.load(std::memory_order_acquire);
+    if (arrived_.fetch_add(1, std::memory_order_acq_rel) + 1 == count) {
+      arrived_.store(0, std::memory_order_relaxed);
+      generation_.fetch_add(1, std::memory_order_release);
+      generation_.notify_all();
+    } else {
+      auto moved = [&] {
+        return generation_.load(std::memory_order_acquire) != seen ||
+               aborted_.load(std::memory_order_acquire);
+      };
+      while (!spin_until(moved, std::chrono::microseconds(50))) {
+        generation_.wait(seen, std::memory_order_acquire);
+      }
+    }
+    if (aborted_.load(std::memory_order_acquire)) throw meeting_aborted{};
+  }
+  void abort() {
+    aborted_.store(true, std::memory_order_release);
+    generation_.fetch_add(1, std::memory_order_release);
+    generation_.notify_all();
+  }
+  /// Between uses, with no thread inside.
+  void reset() {
+    arrived_.store(0, std::memory_order_relaxed);
+    aborted_.store(false, std::memory_order_relaxed);
+  }
+
+ private:
+  std::atomic<int> arrived_{0};
+  std::atomic<std::uint32_t> generation_{0};
+  std::atomic<bool> aborted_{false};
+};
 
 /// R of an autograd::Program<R>: the tensor its forward returns.
 template <class P>
@@ -553,6 +597,9 @@ class DataParallelProgram {
             [state = reduction_, member = static_cast<int>(m)](const autograd::GradientReady& r) {
               state->ready(member, r);
             });
+        programs_[m].on_parameter_product(
+            [state = reduction_, member = static_cast<int>(m)](
+                autograd::ParameterProduct& product) { return state->product(member, product); });
       }
     } else {
       communicator_ = std::make_unique<Communicator<Kind>>(used);
@@ -581,6 +628,11 @@ class DataParallelProgram {
     overlapped_reduction(int device_count, std::size_t parameters)
         : devices(device_count),
           grads(parameters, std::vector<AnyTensor>(static_cast<std::size_t>(device_count))),
+          operands(parameters, std::vector<std::pair<AnyTensor, AnyTensor>>(
+                                   static_cast<std::size_t>(device_count))),
+          target(parameters),
+          first_accumulates(parameters, 0),
+          fused(parameters, 0),
           blocks(parameters, 0),
           arrived(new std::atomic<int>[parameters]()),
           opened(new std::atomic<bool>[parameters]()),
@@ -592,12 +644,68 @@ class DataParallelProgram {
         arrived[p].store(0, std::memory_order_relaxed);
         opened[p].store(false, std::memory_order_relaxed);
         taken[p].store(0, std::memory_order_relaxed);
+        fused[p] = 0;
       }
       ended.store(0, std::memory_order_relaxed);
+      meeting.reset();
     }
+
+    // Program::on_parameter_product: a parameter's gradient that is one matmul's product, target
+    // (+)= x @ y on every device over its piece. Instead of each device writing its own and the
+    // sum after, every device's x and y meet here and each device computes its block of rows of
+    // the module's gradient from all of them: device 0's product first (with device 0's
+    // accumulate flag), the others' added by the GEMM itself (beta = 1). Nothing is left to sum,
+    // and each device does the same GEMM work as before. Taken only where BLAS adds in place
+    // (float and double) and every operand is 2-D, which every device decides alike.
+    bool product(int member, autograd::ParameterProduct& product) {
+      if (product.target.dim() != 2 || product.x.dim() != 2 || product.y.dim() != 2 ||
+          !product.target.is_contiguous()) {
+        return false;
+      }
+      bool in_place = false;
+      visit_dtype(product.target.dtype(), [&](auto tag) {
+        using T = typename decltype(tag)::type;
+        if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+          in_place = tessera::detail::matmul_accumulates<T, cpu>();
+        }
+      });
+      if (!in_place) return false;
+      const std::size_t p = product.index;
+      const auto m = static_cast<std::size_t>(member);
+      operands[p][m] = {product.x, product.y};
+      if (member == 0) {
+        target[p] = product.target;
+        first_accumulates[p] = product.accumulate ? 1 : 0;
+        fused[p] = 1;
+      }
+      meeting.arrive_and_wait(devices);  // every device's operands are here
+      const std::int64_t rows = target[p].shape()[0];
+      const std::int64_t first = rows * member / devices;
+      const std::int64_t last = rows * (member + 1) / devices;
+      if (first < last) {
+        visit_dtype(target[p].dtype(), [&](auto tag) {
+          using T = typename decltype(tag)::type;
+          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
+            Tensor<T, cpu> block = target[p].template as<T, cpu>().narrow(0, first, last - first);
+            for (int k = 0; k < devices; ++k) {
+              const auto& [x, y] = operands[p][static_cast<std::size_t>(k)];
+              tessera::detail::matmul_into(
+                  block, x.template as<T, cpu>().narrow(0, first, last - first),
+                  y.template as<T, cpu>(), k > 0 || first_accumulates[p] != 0);
+            }
+          }
+        });
+      }
+      meeting.arrive_and_wait(devices);  // no device reuses its operands' buffers before
+      return true;
+    }
+
+    // A device's backward has thrown: the others, waiting for it in product(), stop.
+    void abort() { meeting.abort(); }
 
     void ready(int member, const autograd::GradientReady& r) {
       const std::size_t p = r.index;
+      if (fused[p]) return;  // product() wrote the module's gradient
       grads[p][static_cast<std::size_t>(member)] = r.grad;
       if (arrived[p].fetch_add(1, std::memory_order_acq_rel) + 1 != devices) return;
       blocks[p] = (r.grad.numel() + block - 1) / block;
@@ -659,6 +767,13 @@ class DataParallelProgram {
 
     int devices;
     std::vector<std::vector<AnyTensor>> grads;  // [parameter][device]
+    // product(): every device's operands, the module's gradient and device 0's accumulate flag,
+    // [parameter]; fused: this backward's product() wrote it (set by device 0 before a meeting).
+    std::vector<std::vector<std::pair<AnyTensor, AnyTensor>>> operands;  // [parameter][device]
+    std::vector<AnyTensor> target;
+    std::vector<char> first_accumulates;
+    std::vector<char> fused;
+    detail::meeting_point meeting;
     std::vector<std::int64_t> blocks;           // [parameter], set when it opens
     std::unique_ptr<std::atomic<int>[]> arrived;
     std::unique_ptr<std::atomic<bool>[]> opened;
@@ -680,7 +795,11 @@ class DataParallelProgram {
       if (!reduction_) return run(programs_[static_cast<std::size_t>(member)]);
       try {
         run(programs_[static_cast<std::size_t>(member)]);
+      } catch (const detail::meeting_aborted&) {
+        reduction_->end_of_backward();  // another device's failure, which run() rethrows
+        return;
       } catch (...) {
+        reduction_->abort();
         reduction_->end_of_backward();
         throw;
       }
