@@ -216,7 +216,9 @@ void one_thread_per_device(int threads) {
 }
 
 // A DataParallel step over cpu:0 and cpu:1; with `replicas_only`, just the two replicas' own
-// programs, run at once on pieces split beforehand (no copies of pieces, no sum).
+// programs, run at once on pieces split beforehand (no copies of pieces, no hand-off between
+// forward and backward, no sums of biases). The weights' gradients are computed by both
+// programs into the module's (DataParallel's fused products), so that work is in both rows.
 struct dp_two_devices {
   mlp_deep m;
   ts::Tensor<float> x;

@@ -449,6 +449,92 @@ TEST_CASE("a gradient hook fires once per parameter when its gradient is final",
   CHECK(matched == program.parameter_count());
 }
 
+TEST_CASE("a product hook is offered each weight's product when it is the gradient's only one",
+          "[autograd][program]") {
+  // fc1 is applied twice (two contributions: never offered); fc2's weight has one product. The
+  // hook computes what it takes in float64 loops from the operands it is given, so the gradients
+  // match the program's own only if target, x, y and accumulate are what the product needs.
+  ts::manual_seed(6);
+  nn::Linear<double> fc1(4, 4), fc2(4, 3);
+  auto build = [&] {
+    return ag::compile(
+        [&](ag::Var<double> input) {
+          return ts::sum(ts::tanh(fc2(ts::relu(fc1(ts::tanh(fc1(input)))))));
+        },
+        ag::input<double>({5, 4}));
+  };
+  const auto x = ts::randn<double>({5, 4});
+  auto gradients = [&] {
+    std::vector<std::vector<double>> out;
+    for (nn::Linear<double>* fc : {&fc1, &fc2}) {
+      out.push_back(fc->weight().grad().to_vector());
+      out.push_back(fc->bias().grad().to_vector());
+    }
+    return out;
+  };
+  auto check_same = [](const std::vector<std::vector<double>>& got,
+                       const std::vector<std::vector<double>>& expected) {
+    REQUIRE(got.size() == expected.size());
+    for (std::size_t t = 0; t < got.size(); ++t) {
+      REQUIRE(got[t].size() == expected[t].size());
+      for (std::size_t i = 0; i < got[t].size(); ++i) {
+        CHECK(std::abs(got[t][i] - expected[t][i]) <= 1e-12 * (1 + std::abs(expected[t][i])));
+      }
+    }
+  };
+  auto plain = build();
+  auto hooked = build();
+  std::vector<std::size_t> offered;
+  bool take = true;
+  hooked.on_parameter_product([&](ag::ParameterProduct& product) {
+    offered.push_back(product.index);
+    if (!take) return false;
+    const auto xs = product.x.as<double>().to_vector();
+    const auto ys = product.y.as<double>().to_vector();
+    const std::int64_t m = product.x.shape()[0], k = product.x.shape()[1], n = product.y.shape()[1];
+    REQUIRE(product.target.shape() == ts::Shape{m, n});
+    std::vector<double> out = product.target.as<double>().to_vector();
+    for (std::int64_t i = 0; i < m; ++i) {
+      for (std::int64_t j = 0; j < n; ++j) {
+        double v = 0;
+        for (std::int64_t q = 0; q < k; ++q) {
+          v += xs[static_cast<std::size_t>(i * k + q)] * ys[static_cast<std::size_t>(q * n + j)];
+        }
+        auto& o = out[static_cast<std::size_t>(i * n + j)];
+        o = product.accumulate ? o + v : v;
+      }
+    }
+    product.target.as<double>().copy_(ts::from_vector<double>(out, {m, n}));
+    return true;
+  });
+  for (int round = 0; round < 2; ++round) {  // the second adds to the first's gradients
+    plain.forward(x);
+    plain.backward();
+  }
+  const auto want = gradients();
+  fc1.zero_grad();
+  fc2.zero_grad();
+  for (int round = 0; round < 2; ++round) {
+    hooked.forward(x);
+    hooked.backward();
+  }
+  check_same(gradients(), want);
+  // Offered: fc2's weight only (fc1's has two contributions, the biases are sums), per backward.
+  REQUIRE(offered.size() == 2);
+  CHECK(offered[0] == offered[1]);
+  CHECK(hooked.parameter_count() == 4);
+  // Declined: the program computes the product itself.
+  take = false;
+  fc1.zero_grad();
+  fc2.zero_grad();
+  for (int round = 0; round < 2; ++round) {
+    hooked.forward(x);
+    hooked.backward();
+  }
+  check_same(gradients(), want);
+  CHECK(offered.size() == 4);
+}
+
 TEST_CASE("model parallel: a differentiable to(i) between virtual CPU devices", "[autograd][program]") {
   ts::manual_seed(3);
   nn::Linear<float> first(5, 6, true, 0), second(6, 2, true, 1);

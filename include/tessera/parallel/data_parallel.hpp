@@ -550,10 +550,12 @@ class DataParallelProgram {
   }
 
   /// Every device's backward at once; the replicas' gradients are summed into the module's
-  /// (which accumulate, as Program::backward's do). On CPU devices each parameter's gradients are
-  /// summed as soon as every device has it final (Program::on_gradient_ready): the last device
-  /// to get there sums its share of the blocks and goes on, the devices that end their backward
-  /// first sum the rest; on CUDA, after the backward, through NCCL. The replicas' programs write
+  /// (which accumulate, as Program::backward's do). On CPU devices a weight gradient that is one
+  /// matmul's product is computed by all devices at once into the module's gradient, each a
+  /// block of rows from every device's operands (Program::on_parameter_product); every other
+  /// gradient is summed as soon as every device has it final (Program::on_gradient_ready): the
+  /// last device to get there sums its share of the blocks and goes on, the devices that end
+  /// their backward first sum the rest. On CUDA, after the backward, through NCCL. The replicas' programs write
   /// their gradients (zero_grad before each backward leaves their zeros unwritten), so nothing
   /// zeroes them.
   void backward() {
