@@ -507,31 +507,25 @@ TEST_CASE("a product hook is offered each weight's product when it is the gradie
     product.target.as<double>().copy_(ts::from_vector<double>(out, {m, n}));
     return true;
   });
-  for (int round = 0; round < 2; ++round) {  // the second adds to the first's gradients
-    plain.forward(x);
-    plain.backward();
-  }
-  const auto want = gradients();
-  fc1.zero_grad();
-  fc2.zero_grad();
-  for (int round = 0; round < 2; ++round) {
-    hooked.forward(x);
-    hooked.backward();
-  }
-  check_same(gradients(), want);
+  // From zero gradients, two backwards: the second adds to the first's gradients.
+  auto two_backwards = [&](auto& program) {
+    fc1.zero_grad();
+    fc2.zero_grad();
+    for (int round = 0; round < 2; ++round) {
+      program.forward(x);
+      program.backward();
+    }
+    return gradients();
+  };
+  const auto want = two_backwards(plain);
+  check_same(two_backwards(hooked), want);
   // Offered: fc2's weight only (fc1's has two contributions, the biases are sums), per backward.
   REQUIRE(offered.size() == 2);
   CHECK(offered[0] == offered[1]);
   CHECK(hooked.parameter_count() == 4);
   // Declined: the program computes the product itself.
   take = false;
-  fc1.zero_grad();
-  fc2.zero_grad();
-  for (int round = 0; round < 2; ++round) {
-    hooked.forward(x);
-    hooked.backward();
-  }
-  check_same(gradients(), want);
+  check_same(two_backwards(hooked), want);
   CHECK(offered.size() == 4);
 }
 
