@@ -555,9 +555,9 @@ class DataParallelProgram {
   /// block of rows from every device's operands (Program::on_parameter_product); every other
   /// gradient is summed as soon as every device has it final (Program::on_gradient_ready): the
   /// last device to get there sums its share of the blocks and goes on, the devices that end
-  /// their backward first sum the rest. On CUDA, after the backward, through NCCL. The replicas' programs write
-  /// their gradients (zero_grad before each backward leaves their zeros unwritten), so nothing
-  /// zeroes them.
+  /// their backward first sum the rest. On CUDA, after the backward, through NCCL. The
+  /// replicas' programs write their gradients (zero_grad before each backward leaves their zeros
+  /// unwritten), so nothing zeroes them.
   void backward() {
     run_backward([](auto& program) { program.backward(); });
   }
@@ -699,6 +699,9 @@ class DataParallelProgram {
         });
       }
       meeting.arrive_and_wait(devices);  // no device reuses its operands' buffers before
+      // Nothing kept past the product (the operands are views of the programs' arenas).
+      operands[p][m] = {};
+      if (member == 0) target[p] = AnyTensor{};
       return true;
     }
 
