@@ -165,9 +165,6 @@ class program_state {
   // [parameter]: the backward step and the position among its contributions of the first
   // contribution to the parameter's gradient; (-1, -1) for none.
   std::vector<std::pair<int, int>> first_contribution;
-  // [value id] -> the parameter whose gradient this value is, when one step contributes to it
-  // (the gradients a product hook may take); -1 otherwise.
-  std::vector<int> sole_contribution_parameter;
   std::vector<instance> instances;
   std::vector<buffer> buffers;
   std::vector<std::pair<Device, std::size_t>> arena_sizes;
@@ -597,11 +594,11 @@ TESSERA_API void program_state::make_schedule(Checkpoint::Balance by) {
     ++plan.backward_steps;
   }
   first_contribution.assign(g->parameters.size(), {-1, -1});
-  sole_contribution_parameter.assign(g->values.size(), -1);
+  table.product_parameter.assign(g->values.size(), -1);
   for (std::size_t p = 0; p < g->parameters.size(); ++p) {
     const int gid = g->values[static_cast<std::size_t>(g->parameters[p].value_id)].grad;
     if (gid >= 0 && contributions[static_cast<std::size_t>(gid)] == 1) {
-      sole_contribution_parameter[static_cast<std::size_t>(gid)] = static_cast<int>(p);
+      table.product_parameter[static_cast<std::size_t>(gid)] = static_cast<int>(p);
     }
     if (gid >= 0 && last_contribution[static_cast<std::size_t>(gid)] >= 0) {
       schedule[static_cast<std::size_t>(last_contribution[static_cast<std::size_t>(gid)])]
@@ -1088,19 +1085,7 @@ TESSERA_API void add_gradient_hook(program_state& state,
 }
 TESSERA_API void set_product_hook(program_state& state,
                                   std::function<bool(ParameterProduct&)> hook) {
-  if (!hook) {
-    state.table.product_hook = nullptr;
-    return;
-  }
-  state.table.product_hook = [&state, hook = std::move(hook)](int gradient_id,
-                                                              ParameterProduct& product) {
-    const int p = gradient_id < 0 ? -1
-                                  : state.sole_contribution_parameter[static_cast<std::size_t>(
-                                        gradient_id)];
-    if (p < 0) return false;
-    product.index = static_cast<std::size_t>(p);
-    return hook(product);
-  };
+  state.table.product_hook = std::move(hook);
 }
 TESSERA_API std::unique_ptr<program_state> start_trace(const Options& options) {
   auto state = std::make_unique<program_state>();

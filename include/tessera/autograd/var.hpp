@@ -132,18 +132,23 @@ class node {
 /// The run-time tensors of a program's values. A gradient is looked up by the value it belongs to.
 class value_table {
  public:
-  // Set by a program with an on_parameter_product hook: called with a gradient value id; true
-  // when the hook has written the product.
-  std::function<bool(int gradient_id, tessera::autograd::ParameterProduct& product)>
-      product_hook;
+  // Program::on_parameter_product's hook (empty: none), and [gradient value id] -> the
+  // parameter whose gradient it is when one step contributes to it, else -1 (the products the
+  // hook is offered; set by the program's schedule).
+  std::function<bool(tessera::autograd::ParameterProduct& product)> product_hook;
+  std::vector<int> product_parameter;
   /// Offers the product target (+)= x @ y, a contribution to the gradient of `value`, to the
-  /// program's hook; false: the caller computes it.
+  /// program's hook when it is a parameter's only contribution; false: the caller computes it.
   template <class T, class K>
   bool hand_over_product(int value, const Tensor<T, K>& target, const Tensor<T, K>& x,
                          const Tensor<T, K>& y, bool accumulate) {
     if (!product_hook) return false;
-    tessera::autograd::ParameterProduct product{0, target, x, y, accumulate};
-    return product_hook(grad_of[static_cast<std::size_t>(value)], product);
+    const int gradient = grad_of[static_cast<std::size_t>(value)];
+    const int p = gradient < 0 ? -1 : product_parameter[static_cast<std::size_t>(gradient)];
+    if (p < 0) return false;
+    tessera::autograd::ParameterProduct product{static_cast<std::size_t>(p), target, x, y,
+                                                accumulate};
+    return product_hook(product);
   }
   std::vector<AnyTensor> tensors;
   std::vector<int> grad_of;   // value id -> gradient value id (-1: none)

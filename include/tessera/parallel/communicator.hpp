@@ -46,6 +46,15 @@ inline const char* to_string(ReduceOp op) noexcept {
   return "?";
 }
 
+namespace detail {
+/// Member `member`'s share [first, last) of n elements split over `members` (differing by at
+/// most one): what each member's thread reduces, copies or multiplies.
+inline std::pair<std::int64_t, std::int64_t> member_share(std::int64_t n, int member,
+                                                          int members) noexcept {
+  return {n * member / members, n * (member + 1) / members};
+}
+}  // namespace detail
+
 /// Sizes of `parts` pieces of `n` that differ by at most one, the larger ones first: 7 over 3 is
 /// {3, 2, 2}; with fewer items than parts the last pieces are empty (2 over 3 is {1, 1, 0}).
 /// std::invalid_argument for n < 0 or parts < 1.
@@ -659,8 +668,7 @@ class Communicator {
 
   // Member `member`'s share [first, last) of n elements.
   std::pair<std::int64_t, std::int64_t> share(std::int64_t n, int member) const noexcept {
-    const std::int64_t members = size();
-    return {n * member / members, n * (member + 1) / members};
+    return detail::member_share(n, member, size());
   }
 
   template <class P, class T>

@@ -12,7 +12,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <cstring>
@@ -103,7 +102,7 @@ class meeting_point {
         return generation_.load(std::memory_order_acquire) != seen ||
                aborted_.load(std::memory_order_acquire);
       };
-      while (!spin_until(moved, std::chrono::microseconds(50))) {
+      while (!spin_until(moved)) {
         generation_.wait(seen, std::memory_order_acquire);
       }
     }
@@ -630,15 +629,13 @@ class DataParallelProgram {
     overlapped_reduction(int device_count, std::size_t parameters)
         : devices(device_count),
           grads(parameters, std::vector<AnyTensor>(static_cast<std::size_t>(device_count))),
-          operands(parameters, std::vector<std::pair<AnyTensor, AnyTensor>>(
-                                   static_cast<std::size_t>(device_count))),
-          target(parameters),
-          first_accumulates(parameters, 0),
           fused(parameters, 0),
           blocks(parameters, 0),
           arrived(new std::atomic<int>[parameters]()),
           opened(new std::atomic<bool>[parameters]()),
-          taken(new std::atomic<std::int64_t>[parameters]()) {}
+          taken(new std::atomic<std::int64_t>[parameters]()) {
+      shared.operands.resize(static_cast<std::size_t>(device_count));
+    }
 
     // Before each backward, by the thread that starts the devices' backward.
     void begin() {
@@ -664,45 +661,43 @@ class DataParallelProgram {
           !product.target.is_contiguous()) {
         return false;
       }
-      bool in_place = false;
+      bool taken = false;
       visit_dtype(product.target.dtype(), [&](auto tag) {
         using T = typename decltype(tag)::type;
         if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-          in_place = tessera::detail::matmul_accumulates<T, cpu>();
+          if (tessera::detail::matmul_accumulates<T, cpu>()) {
+            fused_product<T>(member, product);
+            taken = true;
+          }
         }
       });
-      if (!in_place) return false;
-      const std::size_t p = product.index;
+      return taken;
+    }
+
+    template <class T>
+    void fused_product(int member, const autograd::ParameterProduct& product) {
       const auto m = static_cast<std::size_t>(member);
-      operands[p][m] = {product.x, product.y};
+      shared.operands[m] = {product.x, product.y};
       if (member == 0) {
-        target[p] = product.target;
-        first_accumulates[p] = product.accumulate ? 1 : 0;
-        fused[p] = 1;
+        shared.target = product.target;
+        shared.accumulate = product.accumulate;
+        fused[product.index] = 1;
       }
       meeting.arrive_and_wait(devices);  // every device's operands are here
-      const std::int64_t rows = target[p].shape()[0];
-      const std::int64_t first = rows * member / devices;
-      const std::int64_t last = rows * (member + 1) / devices;
-      if (first < last) {
-        visit_dtype(target[p].dtype(), [&](auto tag) {
-          using T = typename decltype(tag)::type;
-          if constexpr (std::is_same_v<T, float> || std::is_same_v<T, double>) {
-            Tensor<T, cpu> block = target[p].template as<T, cpu>().narrow(0, first, last - first);
-            for (int k = 0; k < devices; ++k) {
-              const auto& [x, y] = operands[p][static_cast<std::size_t>(k)];
-              tessera::detail::matmul_into(
-                  block, x.template as<T, cpu>().narrow(0, first, last - first),
-                  y.template as<T, cpu>(), k > 0 || first_accumulates[p] != 0);
-            }
-          }
-        });
+      const auto [first, last] = detail::member_share(shared.target.shape()[0], member, devices);
+      const std::int64_t rows = last - first;
+      if (rows > 0) {
+        Tensor<T, cpu> block = shared.target.template as<T, cpu>().narrow(0, first, rows);
+        for (std::size_t k = 0; k < shared.operands.size(); ++k) {
+          const auto& [x, y] = shared.operands[k];
+          tessera::detail::matmul_into(block, x.template as<T, cpu>().narrow(0, first, rows),
+                                       y.template as<T, cpu>(), k > 0 || shared.accumulate);
+        }
       }
-      meeting.arrive_and_wait(devices);  // no device reuses its operands' buffers before
+      meeting.arrive_and_wait(devices);  // every device has read the operands: they may change
       // Nothing kept past the product (the operands are views of the programs' arenas).
-      operands[p][m] = {};
-      if (member == 0) target[p] = AnyTensor{};
-      return true;
+      shared.operands[m] = {};
+      if (member == 0) shared.target = AnyTensor{};
     }
 
     // A device's backward has thrown: the others, waiting for it in product(), stop.
@@ -772,12 +767,15 @@ class DataParallelProgram {
 
     int devices;
     std::vector<std::vector<AnyTensor>> grads;  // [parameter][device]
-    // product(): every device's operands, the module's gradient and device 0's accumulate flag,
-    // [parameter]; fused: this backward's product() wrote it (set by device 0 before a meeting).
-    std::vector<std::vector<std::pair<AnyTensor, AnyTensor>>> operands;  // [parameter][device]
-    std::vector<AnyTensor> target;
-    std::vector<char> first_accumulates;
+    // [parameter]: this backward's product() wrote it (set by device 0 before a meeting).
     std::vector<char> fused;
+    // The product the devices are at (one at a time: they pass the meetings together): every
+    // device's operands, the module's gradient and device 0's accumulate flag.
+    struct current_product {
+      std::vector<std::pair<AnyTensor, AnyTensor>> operands;  // [device]
+      AnyTensor target;
+      bool accumulate = false;
+    } shared;
     detail::meeting_point meeting;
     std::vector<std::int64_t> blocks;           // [parameter], set when it opens
     std::unique_ptr<std::atomic<int>[]> arrived;

@@ -58,14 +58,18 @@ inline void cpu_relax() noexcept {
 #endif
 }
 
-/// Spins until ready() or until `limit` has passed; returns ready()'s last answer. A thread that
+/// How long a thread of a device team spins for its next step (DeviceThreads' tasks and ends,
+/// DataParallel's meetings) before it sleeps.
+inline constexpr std::chrono::microseconds spin_limit{50};
+
+/// Spins until ready() or until spin_limit has passed; returns ready()'s last answer. A thread that
 /// goes to sleep on a condition variable is woken by the kernel tens of microseconds after the
 /// notify (35-130 us measured on the 2-core CI VM, more the longer it slept), which a hand-off
 /// between a device's forward and its backward pays on the critical path; a short spin catches
-/// the next task while it is only microseconds away and costs at most `limit` of one core.
+/// the next task while it is only microseconds away and costs at most spin_limit of one core.
 template <class Ready>
-bool spin_until(Ready ready, std::chrono::microseconds limit) {
-  const auto deadline = std::chrono::steady_clock::now() + limit;
+bool spin_until(Ready ready) {
+  const auto deadline = std::chrono::steady_clock::now() + spin_limit;
   for (;;) {
     for (int i = 0; i < 64; ++i) {
       if (ready()) return true;
@@ -145,7 +149,7 @@ class DeviceThreads {
     execute(0);
     {
       auto finished = [this] { return pending_.load(std::memory_order_acquire) == 0; };
-      if (!detail::spin_until(finished, spin_limit)) {
+      if (!detail::spin_until(finished)) {
         std::unique_lock lock(mutex_);
         done_.wait(lock, finished);
       }
@@ -184,7 +188,7 @@ class DeviceThreads {
              generation_.load(std::memory_order_acquire) != seen;
     };
     for (;;) {
-      if (!detail::spin_until(woken, spin_limit)) {
+      if (!detail::spin_until(woken)) {
         std::unique_lock lock(mutex_);
         start_.wait(lock, woken);
       }
@@ -213,9 +217,6 @@ class DeviceThreads {
   std::vector<int> device_ids_;
   std::vector<std::thread> workers_;
   std::mutex run_mutex_;  // one run() at a time
-  // How long a worker spins for its next task, and the caller for the workers' end, before
-  // sleeping on the condition variable (detail::spin_until).
-  static constexpr std::chrono::microseconds spin_limit{50};
   // Guards the task and the sleeps. generation_ and stopping_ change under it, so a worker that
   // checks them under it before sleeping cannot miss a change; pending_ changes outside it, and
   // the last worker takes it before notifying done_ (the caller checks under it too).
