@@ -509,6 +509,9 @@ TEST_CASE("a product hook is offered each weight's product when it is the gradie
     product.target.as<double>().copy_(ts::from_vector<double>(out, {m, n}));
     return true;
   });
+  // A parameter whose product the hook took gets no ready call: the program did not write it.
+  std::vector<std::size_t> ready;
+  hooked.on_gradient_ready([&](const ag::GradientReady& r) { ready.push_back(r.index); });
   // From zero gradients, two backwards: the second adds to the first's gradients.
   auto two_backwards = [&](auto& program) {
     fc1.zero_grad();
@@ -527,10 +530,19 @@ TEST_CASE("a product hook is offered each weight's product when it is the gradie
   CHECK(offered == std::vector<std::size_t>{2, 2});
   const void* fc2_weight_grad = fc2.weight().grad().data();
   CHECK(targets == std::vector<const void*>(2, fc2_weight_grad));
-  // Declined: the program computes the product itself.
+  const auto count = [&](std::size_t index) {
+    return std::count(ready.begin(), ready.end(), index);
+  };
+  CHECK(ready.size() == 2 * (hooked.parameter_count() - 1));
+  CHECK(count(2) == 0);
+  CHECK(count(0) == 2);
+  // Declined: the program computes the product itself, and says so when it is final.
   take = false;
+  ready.clear();
   check_same(two_backwards(hooked), want);
   CHECK(offered.size() == 4);
+  CHECK(ready.size() == 2 * hooked.parameter_count());
+  CHECK(count(2) == 2);
 }
 
 TEST_CASE("model parallel: a differentiable to(i) between virtual CPU devices", "[autograd][program]") {

@@ -365,6 +365,7 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
     }
   }
   forwarded = false;
+  std::fill(table.product_taken.begin(), table.product_taken.end(), char{0});
   for (const step& s : schedule) {
     switch (s.kind) {
       case step::forward:
@@ -388,6 +389,7 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
       }
     }
     for (std::size_t p : s.ready) {
+      if (table.product_taken[p]) continue;  // the product hook wrote it, not this program
       const auto& binding = g->parameters[p];
       GradientReady ready{p, binding.identity,
                           table.tensors[static_cast<std::size_t>(
@@ -595,6 +597,7 @@ TESSERA_API void program_state::make_schedule(Checkpoint::Balance by) {
   }
   first_contribution.assign(g->parameters.size(), {-1, -1});
   table.product_parameter.assign(g->values.size(), -1);
+  table.product_taken.assign(g->parameters.size(), 0);
   for (std::size_t p = 0; p < g->parameters.size(); ++p) {
     const int gid = g->values[static_cast<std::size_t>(g->parameters[p].value_id)].grad;
     if (gid >= 0 && contributions[static_cast<std::size_t>(gid)] == 1) {
@@ -1045,9 +1048,10 @@ class Program {
   }
   /// Offers `hook` the product of every matmul backward that is a parameter's only gradient
   /// contribution (ParameterProduct: target (+)= x @ y, the parameter's index): when it returns
-  /// true it has written the product itself and the program does not. DataParallel computes the
-  /// devices' products straight into the module's gradient this way. One hook per program; an
-  /// empty function removes it.
+  /// true it has written the product itself and the program does not, and in that backward the
+  /// parameter gets no on_gradient_ready call (the program never wrote its gradient tensor).
+  /// DataParallel computes the devices' products straight into the module's gradient this way.
+  /// One hook per program; an empty function removes it.
   void on_parameter_product(std::function<bool(ParameterProduct&)> hook) {
     detail::set_product_hook(*state_, std::move(hook));
   }

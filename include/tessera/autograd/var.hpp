@@ -132,11 +132,13 @@ class node {
 /// The run-time tensors of a program's values. A gradient is looked up by the value it belongs to.
 class value_table {
  public:
-  // Program::on_parameter_product's hook (empty: none), and [gradient value id] -> the
-  // parameter whose gradient it is when one step contributes to it, else -1 (the products the
-  // hook is offered; set by the program's schedule).
+  // Program::on_parameter_product's hook (empty: none); [gradient value id] -> the parameter
+  // whose gradient it is when one step contributes to it, else -1 (the products the hook is
+  // offered; set by the program's schedule); [parameter]: the hook took its product in this
+  // backward (cleared when each backward starts).
   std::function<bool(tessera::autograd::ParameterProduct& product)> product_hook;
   std::vector<int> product_parameter;
+  std::vector<char> product_taken;
   /// Offers the product target (+)= x @ y, a contribution to the gradient of `value`, to the
   /// program's hook when it is a parameter's only contribution; false: the caller computes it.
   template <class T, class K>
@@ -148,7 +150,9 @@ class value_table {
     if (p < 0) return false;
     tessera::autograd::ParameterProduct product{static_cast<std::size_t>(p), target, x, y,
                                                 accumulate};
-    return product_hook(product);
+    if (!product_hook(product)) return false;
+    product_taken[static_cast<std::size_t>(p)] = 1;
+    return true;
   }
   std::vector<AnyTensor> tensors;
   std::vector<int> grad_of;   // value id -> gradient value id (-1: none)

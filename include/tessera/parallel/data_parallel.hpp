@@ -629,7 +629,6 @@ class DataParallelProgram {
     overlapped_reduction(int device_count, std::size_t parameters)
         : devices(device_count),
           grads(parameters, std::vector<AnyTensor>(static_cast<std::size_t>(device_count))),
-          fused(parameters, 0),
           blocks(parameters, 0),
           arrived(new std::atomic<int>[parameters]()),
           opened(new std::atomic<bool>[parameters]()),
@@ -643,7 +642,6 @@ class DataParallelProgram {
         arrived[p].store(0, std::memory_order_relaxed);
         opened[p].store(false, std::memory_order_relaxed);
         taken[p].store(0, std::memory_order_relaxed);
-        fused[p] = 0;
       }
       ended.store(0, std::memory_order_relaxed);
       meeting.reset();
@@ -681,7 +679,6 @@ class DataParallelProgram {
       if (member == 0) {
         shared.target = product.target;
         shared.accumulate = product.accumulate;
-        fused[product.index] = 1;
       }
       meeting.arrive_and_wait(devices);  // every device's operands are here
       const auto [first, last] = detail::member_share(shared.target.shape()[0], member, devices);
@@ -704,8 +701,7 @@ class DataParallelProgram {
     void abort() { meeting.abort(); }
 
     void ready(int member, const autograd::GradientReady& r) {
-      const std::size_t p = r.index;
-      if (fused[p]) return;  // product() wrote the module's gradient
+      const std::size_t p = r.index;  // (never a parameter whose product() was taken)
       grads[p][static_cast<std::size_t>(member)] = r.grad;
       if (arrived[p].fetch_add(1, std::memory_order_acq_rel) + 1 != devices) return;
       blocks[p] = (r.grad.numel() + block - 1) / block;
@@ -717,7 +713,8 @@ class DataParallelProgram {
     }
 
     // Device `member`'s backward has returned (or thrown): it takes blocks of open parameters
-    // until every device's backward has returned. Every parameter is open by then, and the last
+    // until every device's backward has returned. Every parameter it sums (those product() did
+    // not take) is open by then, and the last
     // device to end takes every block still left before it returns, so none is left; each
     // device returns only when its own blocks are summed.
     void end_of_backward() {
@@ -767,8 +764,6 @@ class DataParallelProgram {
 
     int devices;
     std::vector<std::vector<AnyTensor>> grads;  // [parameter][device]
-    // [parameter]: this backward's product() wrote it (set by device 0 before a meeting).
-    std::vector<char> fused;
     // The product the devices are at (one at a time: they pass the meetings together): every
     // device's operands, the module's gradient and device 0's accumulate flag.
     struct current_product {
