@@ -1,9 +1,11 @@
 // Reductions on CUDA devices, reading the expression through its evaluator (nothing stored):
-// full reductions run cub::DeviceReduce over a transform iterator that evaluates element i;
-// reductions along a dimension run one block per output (cub::BlockReduce) when rows are long,
-// or one thread per output when rows are short or the kept dimensions are the contiguous ones;
-// softmax runs one block per row. Operators are shared with the CPU (backend/cpu/reduce.hpp).
-// Included only by nvcc-compiled units.
+// full reductions give each block a slice of the elements and merge the blocks' partials in a
+// second, one-block launch (two small kernels per reduction, where cub::DeviceReduce compiled a
+// policy's tile kernels for each: most of a unit's ptxas time); reductions along a dimension run
+// one block per output (cub::BlockReduce) when rows are long, or one thread per output when rows
+// are short or the kept dimensions are the contiguous ones; softmax runs one block per row.
+// Operators are shared with the CPU (backend/cpu/reduce.hpp). Included only by nvcc-compiled
+// units.
 #pragma once
 
 #include "tessera/core/config.hpp"
@@ -13,14 +15,11 @@
 #include <array>
 #include <cstdint>
 
-#include <thrust/iterator/counting_iterator.h>
-#include <thrust/iterator/transform_iterator.h>
-#include <thrust/iterator/transform_output_iterator.h>
 #include <cub/block/block_reduce.cuh>
-#include <cub/device/device_reduce.cuh>
 
 #include "tessera/backend/cpu/reduce.hpp"
 #include "tessera/backend/cuda/executor.cuh"
+#include "tessera/backend/cuda/reduce_plan.hpp"
 #include "tessera/backend/evaluator.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/profiler.hpp"
@@ -34,14 +33,14 @@ namespace tessera::backend::cuda {
 template <class T>
 inline constexpr bool fits_kernel_parameters = sizeof(T) <= 4096;
 
-// ---- full reductions through CUB -------------------------------------------------------------
+// ---- full reductions: blocks over slices, then one block over their partials ---------------
 
 /// Element i (row-major) of an expression whose leaves are all contiguous, lifted to Op's
 /// accumulator.
 template <class Op, class V, class Evaluator>
 struct linear_element {
   Evaluator evaluator;
-  __host__ __device__ typename Op::acc_type operator()(std::int64_t i) const {
+  __device__ typename Op::acc_type operator()(std::int64_t i) const {
     return Op::lift(read_as<V>(evaluator, linear_access{i}), i);
   }
 };
@@ -51,7 +50,7 @@ template <class Op, class V, class Evaluator>
 struct strided_element {
   Evaluator evaluator;
   strided_layout_args layout;
-  __host__ __device__ typename Op::acc_type operator()(std::int64_t i) const {
+  __device__ typename Op::acc_type operator()(std::int64_t i) const {
     std::int64_t index[max_dims];
     std::int64_t rest = i;
     for (int d = layout.rank - 1; d >= 0; --d) {
@@ -70,81 +69,8 @@ struct merge_fn {
   }
 };
 
-template <class Out, class Finish>
-struct finish_fn {
-  std::int64_t count;
-  template <class Acc>
-  __host__ __device__ Out operator()(const Acc& acc) const {
-    return Finish::template apply<Out>(acc, count);
-  }
-};
-
-template <class Out>
-__global__ void write_value_kernel(Out* out, Out value) {
-  *out = value;
-}
-
-/// cub::DeviceReduce::Reduce with its temporary storage from the device's pool.
-template <class Input, class Output, class Merge, class Acc>
-void device_reduce(Input input, Output output, std::int64_t n, Merge merge, Acc init,
-                   stream_ref stream) {
-  std::size_t bytes = 0;
-  TESSERA_CUDA_CHECK(
-      cub::DeviceReduce::Reduce(nullptr, bytes, input, output, n, merge, init, stream.native()));
-  int ordinal = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&ordinal));
-  const Device device{DeviceType::cuda, ordinal};
-  bytes = std::max<std::size_t>(bytes, 1);
-  void* temporary = memory::allocate(device, bytes, stream);
-  const cudaError_t status =
-      cub::DeviceReduce::Reduce(temporary, bytes, input, output, n, merge, init, stream.native());
-  // Freed on the stream that used it: the pool hands it out again only after that work.
-  memory::deallocate(device, temporary, bytes, stream);
-  TESSERA_CUDA_CHECK(status);
-}
-
-/// CUDA twin of backend::cpu::reduce_all: *out (device memory) = Finish(Op over every element),
-/// on the current device and `stream`. Counts one launch (CUB runs two kernels).
-template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
-void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
-                MakeEvaluator&& make_evaluator, stream_ref stream = tessera::detail::current_cuda_stream()) {
-  using acc_type = typename Op::acc_type;
-  profiler::count_launch();
-  const std::int64_t n = shape.numel();
-  if (n == 0) {
-    write_value_kernel<<<1, 1, 0, stream.native()>>>(
-        out, Finish::template apply<Out>(Op::identity(), 0));
-    TESSERA_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  auto output = thrust::make_transform_output_iterator(out, finish_fn<Out, Finish>{n});
-  if (cpu::all_row_major(shape, leaf_strides)) {
-    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-    using element = linear_element<Op, V, decltype(evaluator)>;
-    static_assert(fits_kernel_parameters<element>,
-                  "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
-                  "of parameters); split the statement into two");
-    auto input = thrust::make_transform_iterator(thrust::counting_iterator<std::int64_t>(0),
-                                                 element{evaluator});
-    device_reduce(input, output, n, merge_fn<Op>{}, acc_type(Op::identity()), stream);
-    return;
-  }
-  const cpu::strided_layout<static_cast<int>(L)> merged(shape, leaf_strides);
-  strided_layout_args layout;
-  layout.rank = merged.shape.size();
-  for (int d = 0; d < layout.rank; ++d) layout.sizes[d] = merged.shape[d];
-  auto evaluator = make_evaluator(merged.strides.data(), layout.rank);
-  using element = strided_element<Op, V, decltype(evaluator)>;
-  static_assert(fits_kernel_parameters<element>,
-                "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
-                "of parameters); split the statement into two");
-  auto input = thrust::make_transform_iterator(thrust::counting_iterator<std::int64_t>(0),
-                                               element{evaluator, layout});
-  device_reduce(input, output, n, merge_fn<Op>{}, acc_type(Op::identity()), stream);
-}
-
-// ---- rows: one output (or one softmax row) per position of the kept dimensions
-// -------------------
+/// Elements a thread of a full reduction loads before folding them (independent loads in flight).
+inline constexpr int full_reduction_unroll = 8;
 
 /// Pairwise combination of one thread's blocks of values (the device twin of cpu::cascade). An
 /// exact operator (max, min, argmax, integer sums) has nothing to round, so it keeps one
@@ -181,6 +107,148 @@ struct device_cascade<Op, true> {
 
 /// Values a thread folds before its block joins its cascade.
 inline constexpr int thread_block_values = 16;
+
+/// Folds a thread's values, in the order they come (positions increasing), thread_block_values
+/// at a time into its cascade.
+template <class Op>
+struct thread_fold {
+  using acc_type = typename Op::acc_type;
+  device_cascade<Op> sums;
+  acc_type block = Op::identity();
+  int filled = 0;
+
+  __device__ void add(const acc_type& value) {
+    block = Op::step(block, value);
+    if (++filled == thread_block_values) {
+      sums.push(block);
+      block = Op::identity();
+      filled = 0;
+    }
+  }
+  __device__ acc_type result() {
+    sums.push(block);
+    return sums.result();
+  }
+};
+
+/// Block b merges its slice of the elements; with one block it writes the result itself, else
+/// its partial.
+template <class Op, class Finish, class Out, class Element>
+__global__ void __launch_bounds__(threads_per_block)
+    reduce_all_kernel(Out* out, typename Op::acc_type* partials, Element element, std::int64_t n,
+                      full_reduction_plan plan) {
+  using acc_type = typename Op::acc_type;
+  using block_reduce = cub::BlockReduce<acc_type, threads_per_block>;
+  __shared__ typename block_reduce::TempStorage temporary;
+  const std::int64_t last = plan.last(blockIdx.x, n);
+  const std::int64_t stride = blockDim.x;
+  std::int64_t i = plan.first(blockIdx.x) + threadIdx.x;
+  thread_fold<Op> fold;
+  for (; i + (full_reduction_unroll - 1) * stride < last; i += full_reduction_unroll * stride) {
+    acc_type values[full_reduction_unroll];
+#pragma unroll
+    for (int k = 0; k < full_reduction_unroll; ++k) values[k] = element(i + k * stride);
+#pragma unroll
+    for (int k = 0; k < full_reduction_unroll; ++k) fold.add(values[k]);
+  }
+  for (; i < last; i += stride) fold.add(element(i));
+  const acc_type total = block_reduce(temporary).Reduce(fold.result(), merge_fn<Op>{});
+  if (threadIdx.x == 0) {
+    if (gridDim.x == 1) {
+      *out = Finish::template apply<Out>(total, n);
+    } else {
+      partials[blockIdx.x] = total;
+    }
+  }
+}
+
+/// One block merges the partials of reduce_all_kernel's blocks (in block order per thread) and
+/// writes the result. It depends on the operator and the output only, not on the expression.
+template <class Op, class Finish, class Out>
+__global__ void __launch_bounds__(threads_per_block)
+    reduce_partials_kernel(Out* out, const typename Op::acc_type* partials, std::int64_t count,
+                           std::int64_t n) {
+  using acc_type = typename Op::acc_type;
+  using block_reduce = cub::BlockReduce<acc_type, threads_per_block>;
+  __shared__ typename block_reduce::TempStorage temporary;
+  thread_fold<Op> fold;
+  for (std::int64_t b = threadIdx.x; b < count; b += blockDim.x) fold.add(partials[b]);
+  const acc_type total = block_reduce(temporary).Reduce(fold.result(), merge_fn<Op>{});
+  if (threadIdx.x == 0) *out = Finish::template apply<Out>(total, n);
+}
+
+template <class Out>
+__global__ void write_value_kernel(Out* out, Out value) {
+  *out = value;
+}
+
+/// Launches reduce_all_kernel over `element` (and reduce_partials_kernel when it takes several
+/// blocks; the partials come from the device's pool, freed on `stream`).
+template <class Op, class Finish, class Out, class Element>
+void launch_reduce_all(Out* out, const Element& element, std::int64_t n, stream_ref stream) {
+  using acc_type = typename Op::acc_type;
+  static_assert(fits_kernel_parameters<Element>,
+                "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
+                "of parameters); split the statement into two");
+  // Blocks resident on the device at once (8 per SM at 256 threads).
+  const std::int64_t max_blocks = static_cast<std::int64_t>(multiprocessor_count()) * 8;
+  const full_reduction_plan plan =
+      full_reduction_plan::make(n, threads_per_block, max_blocks, full_reduction_min_per_thread);
+  if (plan.blocks == 1) {
+    reduce_all_kernel<Op, Finish, Out><<<1, threads_per_block, 0, stream.native()>>>(
+        out, nullptr, element, n, plan);
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  int ordinal = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&ordinal));
+  const Device device{DeviceType::cuda, ordinal};
+  const std::size_t bytes = static_cast<std::size_t>(plan.blocks) * sizeof(acc_type);
+  auto* partials = static_cast<acc_type*>(memory::allocate(device, bytes, stream));
+  reduce_all_kernel<Op, Finish, Out>
+      <<<static_cast<unsigned>(plan.blocks), threads_per_block, 0, stream.native()>>>(
+          out, partials, element, n, plan);
+  cudaError_t status = cudaGetLastError();
+  if (status == cudaSuccess) {
+    reduce_partials_kernel<Op, Finish, Out><<<1, threads_per_block, 0, stream.native()>>>(
+        out, partials, plan.blocks, n);
+    status = cudaGetLastError();
+  }
+  // Freed on the stream that used it: the pool hands it out again only after that work.
+  memory::deallocate(device, partials, bytes, stream);
+  TESSERA_CUDA_CHECK(status);
+}
+
+/// CUDA twin of backend::cpu::reduce_all: *out (device memory) = Finish(Op over every element),
+/// on the current device and `stream`. Counts one launch (two kernels when the input is large).
+template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
+void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
+                MakeEvaluator&& make_evaluator, stream_ref stream = tessera::detail::current_cuda_stream()) {
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) {
+    write_value_kernel<<<1, 1, 0, stream.native()>>>(
+        out, Finish::template apply<Out>(Op::identity(), 0));
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  if (cpu::all_row_major(shape, leaf_strides)) {
+    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    launch_reduce_all<Op, Finish>(out, linear_element<Op, V, decltype(evaluator)>{evaluator}, n,
+                                  stream);
+    return;
+  }
+  const cpu::strided_layout<static_cast<int>(L)> merged(shape, leaf_strides);
+  strided_layout_args layout;
+  layout.rank = merged.shape.size();
+  for (int d = 0; d < layout.rank; ++d) layout.sizes[d] = merged.shape[d];
+  auto evaluator = make_evaluator(merged.strides.data(), layout.rank);
+  launch_reduce_all<Op, Finish>(
+      out, strided_element<Op, V, decltype(evaluator)>{evaluator, layout}, n, stream);
+}
+
+// ---- rows: one output (or one softmax row) per position of the kept dimensions
+// -------------------
 
 /// The kept dimensions (merged) and the reduced one; the output's strides over them for softmax.
 struct row_layout {
@@ -244,19 +312,11 @@ __global__ void __launch_bounds__(threads_per_block)
   const std::int64_t extent = rows.layout.extent;
   for (std::int64_t o = blockIdx.x; o < outputs; o += gridDim.x) {
     const auto placed = rows.row(o);
-    device_cascade<Op> sums;
-    acc_type block = Op::identity();
-    int filled = 0;
+    thread_fold<Op> fold;
     for (std::int64_t r = threadIdx.x; r < extent; r += blockDim.x) {
-      block = Op::step(block, Op::lift(rows.template get<V>(placed, o, r), r));
-      if (++filled == thread_block_values) {
-        sums.push(block);
-        block = Op::identity();
-        filled = 0;
-      }
+      fold.add(Op::lift(rows.template get<V>(placed, o, r), r));
     }
-    sums.push(block);
-    const acc_type total = block_reduce(temporary).Reduce(sums.result(), merge_fn<Op>{});
+    const acc_type total = block_reduce(temporary).Reduce(fold.result(), merge_fn<Op>{});
     if (threadIdx.x == 0) out[o] = Finish::template apply<Out>(total, extent);
     __syncthreads();  // the temporary storage is reused by the next output
   }
