@@ -6,10 +6,15 @@
 # gives a CMake target; the header is precompiled once per mode, timed on its own line, and the
 # unit compiled with it included first, as CMake does). The budgets (issue 9) are in the last
 # column; LibTorch's <torch/torch.h> alone is timed for scale when installed.
-#   bash bench/compile_time.sh [runs=3]
+# With nvcc (issue 45), the CUDA training program bench/compile_time/training_cuda.cpp: by nvcc
+# header-only and in compiled mode, and by g++ in compiled mode against a tessera::compiled built
+# with CUDA; each with the number of kernels its object holds (bench/cuda_kernels.py); then
+# tessera::compiled itself by nvcc (one run: it takes minutes), with its kernel count.
+#   bash bench/compile_time.sh [runs=3] [cpu|cuda|all=all]
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 runs=${1:-3}
+parts=${2:-all}
 cxx=${CXX:-g++}
 flags=(-std=c++20 -O2 -fopenmp -Iinclude)
 # As CMake builds a user's unit when a CBLAS is found (the default on the CI machine).
@@ -32,6 +37,7 @@ median_cpu() {
 echo "machine: $(nproc) cores, load average $(cut -d' ' -f1-3 /proc/loadavg); $("$cxx" --version | head -1)"
 echo "CPU seconds (user + sys), median of $runs, $cxx ${flags[*]} -c"
 
+if [ "$parts" != cuda ]; then
 # The precompiled header of each mode, as CMake makes it: a wrapper that includes
 # <tessera/tessera.hpp>, precompiled to <dir>/tessera_pch.hpp.gch, included first in each unit
 # (-Winvalid-pch says so if it could not be used).
@@ -73,4 +79,44 @@ if [ -f /usr/include/torch/csrc/api/include/torch/torch.h ]; then
   torch=$(median_cpu "$cxx" -std=c++17 -O2 -I/usr/include/torch/csrc/api/include -fsyntax-only \
     -x c++ bench/compile_time/torch_only.cpp)
   echo "<torch/torch.h> alone, -fsyntax-only: ${torch} s"
+fi
+fi
+
+# ---- CUDA ------------------------------------------------------------------------------------
+if [ "$parts" != cpu ]; then
+  nvcc=${NVCC:-$(command -v nvcc || echo /usr/local/cuda/bin/nvcc)}
+  if [ ! -x "$nvcc" ]; then
+    echo "no nvcc: the CUDA rows are skipped"
+    exit 0
+  fi
+  cuda_include=$(dirname "$(dirname "$(readlink -f "$nvcc")")")/include
+  # As CMake builds Tessera's CUDA units: Hopper, the relaxed constexpr Tessera needs, OpenMP
+  # for the host code, cuDNN when its header is there.
+  nvcc_flags=(-std=c++20 -O2 -arch=sm_90 --expt-relaxed-constexpr -Xcompiler=-fopenmp -Iinclude)
+  gxx_cuda_flags=("${flags[@]}" -DTESSERA_CUDA=1 -I"$cuda_include")
+  if compgen -G "$cuda_include/cudnn*.h" >/dev/null || [ -f /usr/include/cudnn.h ]; then
+    nvcc_flags+=(-DTESSERA_CUDNN=1)
+    gxx_cuda_flags+=(-DTESSERA_CUDNN=1)
+  fi
+  for flag in "${flags[@]}"; do
+    [ "$flag" = -DTESSERA_BLAS=1 ] && nvcc_flags+=(-DTESSERA_BLAS=1)
+  done
+  echo
+  echo "CUDA: $("$nvcc" --version | tail -1); nvcc ${nvcc_flags[*]} -c"
+  unit=bench/compile_time/training_cuda.cpp
+  kernels() { python3 bench/cuda_kernels.py --count "$1"; }
+  printf '%-44s %10s %8s %8s\n' "CUDA training program" "CPU s" "kernels" "budget"
+  t=$(median_cpu "$nvcc" "${nvcc_flags[@]}" -x cu -c "$unit" -o "$out/header.o")
+  printf '%-44s %10s %8s %8s\n' "nvcc, header-only" "$t" "$(kernels "$out/header.o")" 60
+  t=$(median_cpu "$nvcc" "${nvcc_flags[@]}" -DTESSERA_COMPILED=1 -x cu -c "$unit" -o "$out/compiled.o")
+  printf '%-44s %10s %8s %8s\n' "nvcc, compiled mode" "$t" "$(kernels "$out/compiled.o")" 30
+  t=$(median_cpu "$cxx" "${gxx_cuda_flags[@]}" -DTESSERA_COMPILED=1 -c "$unit" -o "$out/gxx.o")
+  printf '%-44s %10s %8s %8s\n' "g++ .cpp, compiled mode (CUDA library)" "$t" - 8
+  saved_runs=$runs
+  runs=1
+  t=$(median_cpu "$nvcc" "${nvcc_flags[@]}" -DTESSERA_COMPILED=1 -DTESSERA_IMPLEMENTATION=1 \
+    -x cu -c cmake/tessera_compiled.cpp -o "$out/library.o")
+  runs=$saved_runs
+  printf '%-44s %10s %8s %8s\n' "tessera::compiled with CUDA (once, 1 run)" "$t" \
+    "$(kernels "$out/library.o")" 300
 fi

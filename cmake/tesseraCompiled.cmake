@@ -15,10 +15,17 @@ function(tessera_add_compiled_library source with_cuda)
   target_compile_definitions(tessera_compiled PUBLIC TESSERA_COMPILED=1
                                               PRIVATE TESSERA_IMPLEMENTATION=1)
   if(with_cuda)
-    # nvcc compiles the library, so the optimisers' update kernels and every other CUDA path it
-    # holds are real kernels, callable from g++ units as well.
+    # nvcc compiles the library, so the kernels of the library's layers, losses, optimisers,
+    # copies and of every primitive that g++ units run their CUDA expressions with are in it.
     set_source_files_properties(${source} PROPERTIES LANGUAGE CUDA)
     target_compile_options(tessera_compiled PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+    # The GPU generations the kernels are built for: TESSERA_CUDA_ARCHITECTURES (a CMake list,
+    # e.g. "80;90"), Hopper by default. Each architecture compiles every kernel again: about
+    # half of the library's build per architecture added.
+    if(NOT TESSERA_CUDA_ARCHITECTURES)
+      set(TESSERA_CUDA_ARCHITECTURES 90)
+    endif()
+    set_target_properties(tessera_compiled PROPERTIES CUDA_ARCHITECTURES "${TESSERA_CUDA_ARCHITECTURES}")
   endif()
 endfunction()
 

@@ -23,47 +23,109 @@
 // arguments are compiled once, in tessera::compiled, and only declared to its users' units. Here,
 // after every header, so that each member's definition is visible to the library's explicit
 // instantiation.
-TESSERA_INSTANTIATE(class tessera::Tensor<float, tessera::cpu>)
-TESSERA_INSTANTIATE(class tessera::Tensor<double, tessera::cpu>)
-TESSERA_INSTANTIATE(class tessera::Tensor<std::int64_t, tessera::cpu>)
 TESSERA_INSTANTIATE(class tessera::memory::pool_resource<
                     tessera::memory::limit_resource_adaptor<tessera::memory::host_memory_resource>,
                     tessera::memory::pytorch_size_policy, tessera::memory::host_stream_policy>)
 TESSERA_INSTANTIATE(struct tessera::detail::safetensors::codec<0>)
-// The fixed-type templates a float training program on CPU uses whatever its model: Linear, the
-// GEMM paths, the autograd nodes of matmul, softmax and views, and the copies and fills they use.
-TESSERA_INSTANTIATE(class tessera::nn::Linear<float, tessera::cpu>)
-TESSERA_INSTANTIATE(void tessera::detail::matmul_into<float, tessera::cpu>(
-    tessera::Tensor<float, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::Tensor<float, tessera::cpu>&, bool))
-TESSERA_INSTANTIATE(void tessera::detail::matmul_add_into<float, tessera::cpu>(
-    tessera::Tensor<float, tessera::cpu>, const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::Tensor<float, tessera::cpu>&, bool, const tessera::Tensor<float, tessera::cpu>&))
-TESSERA_INSTANTIATE(class tessera::autograd::detail::matmul_node<float, tessera::cpu>)
-TESSERA_INSTANTIATE(class tessera::autograd::detail::softmax_node<float, tessera::cpu, true>)
-TESSERA_INSTANTIATE(class tessera::autograd::detail::softmax_node<float, tessera::cpu, false>)
-TESSERA_INSTANTIATE(class tessera::autograd::detail::view_node<float, tessera::cpu>)
-TESSERA_INSTANTIATE(class tessera::autograd::detail::view_node<std::int64_t, tessera::cpu>)
-TESSERA_INSTANTIATE(int tessera::autograd::detail::graph::add_parameter<float, tessera::cpu>(
-    const std::shared_ptr<tessera::autograd::parameter_slot<float, tessera::cpu>>&))
-TESSERA_INSTANTIATE(tessera::Tensor<std::int64_t, tessera::cpu>
-                        tessera::arange<std::int64_t, tessera::cpu>(double, double, double, int))
-TESSERA_INSTANTIATE(void tessera::Tensor<float, tessera::cpu>::copy_from<float, tessera::cpu>(
-    const tessera::Tensor<float, tessera::cpu>&))
-TESSERA_INSTANTIATE(
-    void tessera::Tensor<std::int64_t, tessera::cpu>::copy_from<std::int64_t, tessera::cpu>(
-        const tessera::Tensor<std::int64_t, tessera::cpu>&))
-TESSERA_INSTANTIATE(
-    void tessera::detail::add_into<float, tessera::cpu, tessera::Tensor<float, tessera::cpu>>(
-        const tessera::Tensor<float, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&))
-TESSERA_INSTANTIATE(
-    tessera::Tensor<float, tessera::cpu> tessera::AnyTensor::as<float, tessera::cpu>() const)
-TESSERA_INSTANTIATE(tessera::Tensor<float, tessera::cpu>
-                        tessera::autograd::detail::value_table::get<float, tessera::cpu>(
-                            int, const tessera::Shape&, bool) const)
-TESSERA_INSTANTIATE(tessera::Tensor<float, tessera::cpu>
-                        tessera::autograd::detail::value_table::scratch_tensor<float, tessera::cpu>(
-                            const tessera::Shape&))
+// The fixed-type templates a float training program uses on device kind K whatever its model:
+// Linear, the GEMM paths, the autograd nodes of matmul, softmax and views, the fused nodes the
+// library's layers record (a bias added to a product, an activation of a value), the copies and
+// fills they use, sums and means of a tensor (a bias's gradient, a mean loss), and traced
+// cross_entropy and nll_loss (one node), their targets' check and the kernels of their options.
+// With CUDA, tessera::compiled is compiled by nvcc and holds these kernels; a unit that uses only
+// them needs no kernel of its own, and may be compiled by g++.
+#define TESSERA_UNARY_OF_VAR(op, K) \
+  tessera::unary_expr<tessera::ops::op, tessera::autograd::Var<float, K>>
+#define TESSERA_BINARY_OF_VARS(op, K)                                      \
+  tessera::binary_expr<tessera::ops::op, tessera::autograd::Var<float, K>, \
+                       tessera::autograd::Var<float, K>>
+#define TESSERA_INSTANTIATE_KIND(K)                                                               \
+  TESSERA_INSTANTIATE(class tessera::Tensor<float, K>)                                            \
+  TESSERA_INSTANTIATE(class tessera::Tensor<double, K>)                                           \
+  TESSERA_INSTANTIATE(class tessera::Tensor<std::int64_t, K>)                                     \
+  TESSERA_INSTANTIATE(class tessera::nn::Linear<float, K>)                                        \
+  TESSERA_INSTANTIATE(void tessera::detail::matmul_into<float, K>(                                \
+      tessera::Tensor<float, K>&, const tessera::Tensor<float, K>&,                               \
+      const tessera::Tensor<float, K>&, bool))                                                    \
+  TESSERA_INSTANTIATE(void tessera::detail::matmul_add_into<float, K>(                            \
+      tessera::Tensor<float, K>, const tessera::Tensor<float, K>&,                                \
+      const tessera::Tensor<float, K>&, bool, const tessera::Tensor<float, K>&))                  \
+  TESSERA_INSTANTIATE(class tessera::autograd::detail::matmul_node<float, K>)                     \
+  TESSERA_INSTANTIATE(class tessera::autograd::detail::softmax_node<float, K, true>)              \
+  TESSERA_INSTANTIATE(class tessera::autograd::detail::softmax_node<float, K, false>)             \
+  TESSERA_INSTANTIATE(class tessera::autograd::detail::view_node<float, K>)                       \
+  TESSERA_INSTANTIATE(class tessera::autograd::detail::view_node<std::int64_t, K>)                \
+  TESSERA_INSTANTIATE(                                                                            \
+      class tessera::autograd::detail::fused_node<float, K, TESSERA_BINARY_OF_VARS(add, K)>)      \
+  TESSERA_INSTANTIATE(                                                                            \
+      class tessera::autograd::detail::fused_node<float, K, TESSERA_UNARY_OF_VAR(relu, K)>)       \
+  TESSERA_INSTANTIATE(                                                                            \
+      class tessera::autograd::detail::fused_node<float, K, TESSERA_UNARY_OF_VAR(sigmoid, K)>)    \
+  TESSERA_INSTANTIATE(                                                                            \
+      class tessera::autograd::detail::fused_node<float, K, TESSERA_UNARY_OF_VAR(tanh, K)>)       \
+  TESSERA_INSTANTIATE(int tessera::autograd::detail::graph::add_parameter<float, K>(              \
+      const std::shared_ptr<tessera::autograd::parameter_slot<float, K>>&))                       \
+  TESSERA_INSTANTIATE(tessera::Tensor<std::int64_t, K> tessera::arange<std::int64_t, K>(          \
+      double, double, double, int))                                                               \
+  TESSERA_INSTANTIATE(                                                                            \
+      void tessera::Tensor<float, K>::copy_from<float, K>(const tessera::Tensor<float, K>&))      \
+  TESSERA_INSTANTIATE(void tessera::Tensor<std::int64_t, K>::copy_from<std::int64_t, K>(          \
+      const tessera::Tensor<std::int64_t, K>&))                                                   \
+  TESSERA_INSTANTIATE(void tessera::detail::add_into<float, K, tessera::Tensor<float, K>>(        \
+      const tessera::Tensor<float, K>&, const tessera::Tensor<float, K>&))                        \
+  TESSERA_INSTANTIATE(tessera::Tensor<float, K> tessera::AnyTensor::as<float, K>() const)         \
+  TESSERA_INSTANTIATE(                                                                            \
+      tessera::Tensor<float, K> tessera::autograd::detail::value_table::get<float, K>(            \
+          int, const tessera::Shape&, bool) const)                                                \
+  TESSERA_INSTANTIATE(                                                                            \
+      tessera::Tensor<float, K> tessera::autograd::detail::value_table::scratch_tensor<float, K>( \
+          const tessera::Shape&))                                                                 \
+  TESSERA_INSTANTIATE(                                                                            \
+      void tessera::detail::reduce_all_into<tessera::backend::sum_op<float>,                      \
+                                            tessera::backend::finish_value, float,                \
+                                            tessera::detail::tensor_leaf<float, K>>(              \
+          const tessera::Tensor<float, K>&, const tessera::detail::tensor_leaf<float, K>&,        \
+          const char*))                                                                           \
+  TESSERA_INSTANTIATE(                                                                            \
+      void tessera::detail::reduce_all_into<tessera::backend::sum_op<float>,                      \
+                                            tessera::backend::finish_mean, float,                 \
+                                            tessera::detail::tensor_leaf<float, K>>(              \
+          const tessera::Tensor<float, K>&, const tessera::detail::tensor_leaf<float, K>&,        \
+          const char*))                                                                           \
+  TESSERA_INSTANTIATE(                                                                            \
+      void tessera::detail::reduce_dim_into<tessera::backend::sum_op<float>,                      \
+                                            tessera::backend::finish_value, float,                \
+                                            tessera::detail::tensor_leaf<float, K>>(              \
+          const tessera::Tensor<float, K>&, const tessera::detail::tensor_leaf<float, K>&, int,   \
+          const char*))                                                                           \
+  TESSERA_INSTANTIATE(                                                                            \
+      void tessera::detail::reduce_dim_into<tessera::backend::sum_op<float>,                      \
+                                            tessera::backend::finish_mean, float,                 \
+                                            tessera::detail::tensor_leaf<float, K>>(              \
+          const tessera::Tensor<float, K>&, const tessera::detail::tensor_leaf<float, K>&, int,   \
+          const char*))                                                                           \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::cross_entropy_node<float, K>)                    \
+  TESSERA_INSTANTIATE(bool tessera::nn::detail::check_targets<K>(                                 \
+      const tessera::Tensor<std::int64_t, K>&, std::int64_t, std::int64_t, const char*))          \
+  TESSERA_INSTANTIATE(void tessera::nn::detail::class_loss_forward<float, K>(                     \
+      const tessera::Tensor<float, K>&, const tessera::Tensor<float, K>&,                         \
+      const tessera::Tensor<std::int64_t, K>&, const tessera::Tensor<std::int64_t, K>&,           \
+      const tessera::Tensor<float, K>&, const tessera::nn::detail::class_loss_options&,           \
+      const tessera::nn::detail::class_loss_buffers<float, K>&))                                  \
+  TESSERA_INSTANTIATE(void tessera::nn::detail::class_loss_backward<float, K>(                    \
+      const tessera::Tensor<float, K>&, bool, const tessera::Tensor<float, K>&,                   \
+      const tessera::Tensor<float, K>&, const tessera::Tensor<std::int64_t, K>&,                  \
+      const tessera::Tensor<std::int64_t, K>&, const tessera::Tensor<float, K>&,                  \
+      const tessera::nn::detail::class_loss_options&,                                             \
+      const tessera::nn::detail::class_loss_buffers<float, K>&))
+
+TESSERA_INSTANTIATE_KIND(tessera::cpu)
+#if TESSERA_CUDA
+TESSERA_INSTANTIATE_KIND(tessera::cuda)
+#endif
+#undef TESSERA_INSTANTIATE_KIND
+#undef TESSERA_UNARY_OF_VAR
+#undef TESSERA_BINARY_OF_VARS
 TESSERA_INSTANTIATE(void tessera::fill_normal<float>(float*, std::int64_t, std::uint64_t,
                                                      std::uint64_t, double, double))
 TESSERA_INSTANTIATE(void tessera::fill_uniform<float>(float*, std::int64_t, std::uint64_t,
@@ -79,42 +141,3 @@ TESSERA_INSTANTIATE(struct tessera::backend::cpu::split_layout<3>)
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<1>)
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<2>)
 TESSERA_INSTANTIATE(struct tessera::backend::cpu::memory_order_layout<3>)
-// Sums and means of a float tensor (a bias's gradient, a mean loss), whatever the program.
-TESSERA_INSTANTIATE(void tessera::detail::reduce_all_into<
-                    tessera::backend::sum_op<float>, tessera::backend::finish_value, float,
-                    tessera::detail::tensor_leaf<float, tessera::cpu>>(
-    const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::detail::tensor_leaf<float, tessera::cpu>&, const char*))
-TESSERA_INSTANTIATE(void tessera::detail::reduce_all_into<
-                    tessera::backend::sum_op<float>, tessera::backend::finish_mean, float,
-                    tessera::detail::tensor_leaf<float, tessera::cpu>>(
-    const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::detail::tensor_leaf<float, tessera::cpu>&, const char*))
-TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<
-                    tessera::backend::sum_op<float>, tessera::backend::finish_value, float,
-                    tessera::detail::tensor_leaf<float, tessera::cpu>>(
-    const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
-TESSERA_INSTANTIATE(void tessera::detail::reduce_dim_into<
-                    tessera::backend::sum_op<float>, tessera::backend::finish_mean, float,
-                    tessera::detail::tensor_leaf<float, tessera::cpu>>(
-    const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::detail::tensor_leaf<float, tessera::cpu>&, int, const char*))
-// Traced cross_entropy and nll_loss (one node), their targets' check and the kernels of their
-// options (eager and traced).
-TESSERA_INSTANTIATE(class tessera::nn::detail::cross_entropy_node<float, tessera::cpu>)
-TESSERA_INSTANTIATE(bool tessera::nn::detail::check_targets<tessera::cpu>(
-    const tessera::Tensor<std::int64_t, tessera::cpu>&, std::int64_t, std::int64_t, const char*))
-TESSERA_INSTANTIATE(void tessera::nn::detail::class_loss_forward<float, tessera::cpu>(
-    const tessera::Tensor<float, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::Tensor<std::int64_t, tessera::cpu>&,
-    const tessera::Tensor<std::int64_t, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::nn::detail::class_loss_options&,
-    const tessera::nn::detail::class_loss_buffers<float, tessera::cpu>&))
-TESSERA_INSTANTIATE(void tessera::nn::detail::class_loss_backward<float, tessera::cpu>(
-    const tessera::Tensor<float, tessera::cpu>&, bool, const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::Tensor<std::int64_t, tessera::cpu>&,
-    const tessera::Tensor<std::int64_t, tessera::cpu>&, const tessera::Tensor<float, tessera::cpu>&,
-    const tessera::nn::detail::class_loss_options&,
-    const tessera::nn::detail::class_loss_buffers<float, tessera::cpu>&))

@@ -20,28 +20,10 @@ using tessera::where_expr;
 using tessera::detail::scalar_leaf;
 using tessera::detail::tensor_leaf;
 
-template <class E>
-struct is_unary : std::false_type {};
-template <class Op, class A>
-struct is_unary<unary_expr<Op, A>> : std::true_type {
-  using op = Op;
-};
-template <class E>
-struct is_binary : std::false_type {};
-template <class Op, class A, class B>
-struct is_binary<binary_expr<Op, A, B>> : std::true_type {
-  using op = Op;
-};
-template <class E>
-struct is_where : std::false_type {};
-template <class C, class A, class B>
-struct is_where<where_expr<C, A, B>> : std::true_type {};
-template <class E>
-struct is_cast : std::false_type {};
-template <class U, class A>
-struct is_cast<unary_expr<ops::cast_to<U>, A>> : std::true_type {
-  using target = U;
-};
+using tessera::detail::is_binary;
+using tessera::detail::is_cast;
+using tessera::detail::is_unary;
+using tessera::detail::is_where;
 
 /// True when a Var of floating dtype (a possible gradient target) is a leaf of E.
 template <class E>

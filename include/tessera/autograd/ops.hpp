@@ -146,8 +146,9 @@ class expression_gradients {
     auto emit = [this](const auto& leaf, const auto& gradient) {
       using L = std::remove_cvref_t<decltype(leaf)>;
       using GE = std::remove_cvref_t<decltype(gradient)>;
-      auto job = std::make_unique<gradient_job_of<typename L::value_type, typename L::device_kind, GE>>(
-          gradient);
+      auto job =
+          std::make_unique<gradient_job_of<typename L::value_type, typename L::device_kind, GE>>(
+              gradient);
       job->target = leaf.id();
       job->full_shape = gradient.shape();
       job->target_shape = leaf.shape();
@@ -287,14 +288,11 @@ class fused_node final : public expression_backward_node {
  public:
   explicit fused_node(E e) : expression_(std::move(e)) { inputs = distinct_vars(expression_); }
   const char* name() const override { return "fused"; }
-  void trace_backward(graph* g) {
-    if constexpr (is_floating_point_v<T>) {
-      gradients_.build(expression_, Var<T, K>(g, output, expression_.shape(), true));
-    }
-  }
-  void forward(value_table& table) override {
-    tessera::detail::run_expression(table.template get<T, K>(output), rebind(expression_, table));
-  }
+  // Out of the class (not inline): where the node's type is compiled in tessera::compiled
+  // (an extern template), a unit that records it instantiates none of its kernels (nvcc's
+  // front end instantiates a class's inline virtual functions even then).
+  void trace_backward(graph* g);
+  void forward(value_table& table) override;
   std::vector<int> inplace_candidates() const override {
     std::vector<int> ids;
     for_each_var(expression_, [&](const auto& var) {
@@ -318,6 +316,18 @@ class fused_node final : public expression_backward_node {
   bool in_place_ = false;
 };
 
+template <class T, class K, class E>
+void fused_node<T, K, E>::forward(value_table& table) {
+  tessera::detail::run_expression(table.template get<T, K>(output), rebind(expression_, table));
+}
+
+template <class T, class K, class E>
+void fused_node<T, K, E>::trace_backward(graph* g) {
+  if constexpr (is_floating_point_v<T>) {
+    gradients_.build(expression_, Var<T, K>(g, output, expression_.shape(), true));
+  }
+}
+
 /// sum or mean of an expression, over everything or along one dim: reads the expression without
 /// storing it; the gradient is the expression's, with the upstream gradient broadcast back.
 template <class Out, class K, class E, bool Mean>
@@ -328,23 +338,7 @@ class reduce_node final : public expression_backward_node {
     inputs = distinct_vars(expression_);
   }
   const char* name() const override { return Mean ? "mean" : "sum"; }
-  void trace_backward(graph* g) {
-    if constexpr (is_floating_point_v<Out>) {
-      Shape upstream_shape;  // 0-dim for a full reduction: broadcasts everywhere
-      std::int64_t count = expression_.shape().numel();
-      if (dim_ >= 0) {
-        upstream_shape = expression_.shape();
-        count = upstream_shape[dim_];
-        upstream_shape[dim_] = 1;
-      }
-      const Var<Out, K> upstream(g, output, upstream_shape, true);
-      if constexpr (Mean) {
-        gradients_.build(expression_, bin<ops::multiply>(upstream, lit(1.0 / static_cast<double>(count))));
-      } else {
-        gradients_.build(expression_, upstream);
-      }
-    }
-  }
+  void trace_backward(graph* g);  // out of the class, as fused_node's
   void forward(value_table& table) override {
     using V = typename E::value_type;
     using op = backend::sum_op<accumulate_t<V>>;
@@ -363,6 +357,26 @@ class reduce_node final : public expression_backward_node {
   int dim_;
   bool keepdim_;
 };
+
+template <class Out, class K, class E, bool Mean>
+void reduce_node<Out, K, E, Mean>::trace_backward(graph* g) {
+  if constexpr (is_floating_point_v<Out>) {
+    Shape upstream_shape;  // 0-dim for a full reduction: broadcasts everywhere
+    std::int64_t count = expression_.shape().numel();
+    if (dim_ >= 0) {
+      upstream_shape = expression_.shape();
+      count = upstream_shape[dim_];
+      upstream_shape[dim_] = 1;
+    }
+    const Var<Out, K> upstream(g, output, upstream_shape, true);
+    if constexpr (Mean) {
+      gradients_.build(expression_,
+                       bin<ops::multiply>(upstream, lit(1.0 / static_cast<double>(count))));
+    } else {
+      gradients_.build(expression_, upstream);
+    }
+  }
+}
 
 /// A node with one differentiable input: backward adds to that input's gradient when it needs
 /// one, reading the output's gradient and the forward values saved() names.
@@ -497,7 +511,10 @@ template <class T, class K>
 class matmul_node final : public node {
  public:
   matmul_node(int a, bool a_transposed, int b, bool b_transposed, Shape a_shape, Shape b_shape)
-      : ta_(a_transposed), tb_(b_transposed), a_shape_(std::move(a_shape)), b_shape_(std::move(b_shape)) {
+      : ta_(a_transposed),
+        tb_(b_transposed),
+        a_shape_(std::move(a_shape)),
+        b_shape_(std::move(b_shape)) {
     inputs = {a, b};
   }
   const char* name() const override { return "matmul"; }
@@ -681,8 +698,8 @@ class cat_node final : public node {
     std::size_t next = 0;
     for (std::size_t i = 0; i < inputs.size(); ++i) {
       if (needs_[i]) {
-        store_gradient(table.template grad<T, K>(inputs[i]), as_node(g.narrow(dim_, start, sizes_[i])),
-                       accumulate[next++] != 0, table);
+        store_gradient(table.template grad<T, K>(inputs[i]),
+                       as_node(g.narrow(dim_, start, sizes_[i])), accumulate[next++] != 0, table);
       }
       start += sizes_[i];
     }
@@ -800,8 +817,9 @@ namespace tessera::autograd {
 
 template <Dtype T, DeviceKind K>
 template <class E>
-  requires tessera::detail::symbolic_expression<E> && (!detail::is_var<E>::value)
-Var<T, K>::Var(const E& expression) : Var(detail::bind_expression<T, K>(expression)) {}
+requires tessera::detail::symbolic_expression<E> &&
+    (!detail::is_var<E>::value)Var<T, K>::Var(const E& expression)
+    : Var(detail::bind_expression<T, K>(expression)) {}
 
 template <Dtype T, DeviceKind K>
 Var<T, K> Var<T, K>::view(const Shape& shape) const {
@@ -813,8 +831,9 @@ Var<T, K> Var<T, K>::view(const Shape& shape) const {
                       me.strides.str() + " cannot be viewed as " + target.str() +
                       " without a copy; use reshape");
   }
-  return detail::add_view(*this, std::make_unique<detail::view_node<T, K>>(id(), detail::view_kind::view, target),
-                          target, *strides, 0);
+  return detail::add_view(
+      *this, std::make_unique<detail::view_node<T, K>>(id(), detail::view_kind::view, target),
+      target, *strides, 0);
 }
 
 template <Dtype T, DeviceKind K>
@@ -835,10 +854,10 @@ Var<T, K> Var<T, K>::transpose(std::int64_t a, std::int64_t b) const {
   std::swap(shape[da], shape[db]);
   std::swap(strides[da], strides[db]);
   const bool matrix = me.shape.size() == 2;  // `me` dangles once the view is added
-  auto out = detail::add_view(*this,
-                              std::make_unique<detail::view_node<T, K>>(
-                                  id(), detail::view_kind::transpose, shape, da, db),
-                              shape, strides, 0);
+  auto out = detail::add_view(
+      *this,
+      std::make_unique<detail::view_node<T, K>>(id(), detail::view_kind::transpose, shape, da, db),
+      shape, strides, 0);
   if (matrix && da != db) {
     graph_->values[static_cast<std::size_t>(out.id())].transposed_matrix = true;
   }
@@ -859,15 +878,16 @@ template <Dtype T, DeviceKind K>
 Var<T, K> Var<T, K>::permute(const Shape& dims) const {
   const auto& me = info();
   if (dims.size() != me.shape.size()) {
-    throw shape_error("permute: " + std::to_string(dims.size()) + " dimensions given for a Var of shape " +
-                      me.shape.str());
+    throw shape_error("permute: " + std::to_string(dims.size()) +
+                      " dimensions given for a Var of shape " + me.shape.str());
   }
   Shape shape, strides, order;
   std::vector<bool> seen(static_cast<std::size_t>(me.shape.size()), false);
   for (int i = 0; i < dims.size(); ++i) {
     const int d = Shape::normalize_dim(dims[i], me.shape.size(), "permute");
     if (seen[static_cast<std::size_t>(d)]) {
-      throw shape_error("permute: dimension " + std::to_string(d) + " appears twice in " + dims.str());
+      throw shape_error("permute: dimension " + std::to_string(d) + " appears twice in " +
+                        dims.str());
     }
     seen[static_cast<std::size_t>(d)] = true;
     shape.push_back(me.shape[d]);
@@ -913,7 +933,8 @@ std::vector<Var<T, K>> Var<T, K>::split(std::int64_t split_size, std::int64_t di
 
 template <Dtype T, DeviceKind K>
 std::vector<Var<T, K>> Var<T, K>::chunk(std::int64_t chunks, std::int64_t dim) const {
-  if (chunks <= 0) throw shape_error("chunk: chunks must be positive, got " + std::to_string(chunks));
+  if (chunks <= 0)
+    throw shape_error("chunk: chunks must be positive, got " + std::to_string(chunks));
   const int d = Shape::normalize_dim(dim, shape_.size(), "chunk");
   return split(std::max<std::int64_t>(1, (shape_[d] + chunks - 1) / chunks), d);
 }
@@ -976,7 +997,7 @@ Var<T, K2> Var<T, K>::to(int index) const {
 /// Uniform random numbers in [0, 1) of `x`'s dtype (floating), shape and device, drawn anew at
 /// every forward (a traced ts::rand: dropout masks).
 template <class X>
-  requires tessera::detail::symbolic_expression<X>
+requires tessera::detail::symbolic_expression<X>
 auto rand_like(const X& x) {
   using T = tessera::detail::floating_of<typename X::value_type>;
   using K = typename X::device_kind;
@@ -1059,13 +1080,13 @@ auto record_softmax(const E& e, std::int64_t dim) {
 }  // namespace autograd::detail
 
 template <class E>
-  requires detail::symbolic_expression<E>
+requires detail::symbolic_expression<E>
 auto sum(const E& e) {
-  return autograd::detail::record_reduce<detail::sum_result_t<typename E::value_type>, false>(e, -1,
-                                                                                            false);
+  return autograd::detail::record_reduce<detail::sum_result_t<typename E::value_type>, false>(
+      e, -1, false);
 }
 template <class E>
-  requires detail::symbolic_expression<E>
+requires detail::symbolic_expression<E>
 auto sum(const E& e, std::int64_t dim, bool keepdim = false) {
   if (e.shape().size() == 0) return sum(e);
   const int d = detail::reduction_dim(e.shape(), dim, "sum");
@@ -1073,14 +1094,14 @@ auto sum(const E& e, std::int64_t dim, bool keepdim = false) {
       e, d, keepdim);
 }
 template <class E>
-  requires detail::symbolic_expression<E>
+requires detail::symbolic_expression<E>
 auto mean(const E& e) {
   static_assert(is_floating_point_v<typename E::value_type>,
                 "mean: the input is not floating point; cast first, e.g. mean(ts::cast<float>(x))");
   return autograd::detail::record_reduce<typename E::value_type, true>(e, -1, false);
 }
 template <class E>
-  requires detail::symbolic_expression<E>
+requires detail::symbolic_expression<E>
 auto mean(const E& e, std::int64_t dim, bool keepdim = false) {
   static_assert(is_floating_point_v<typename E::value_type>,
                 "mean: the input is not floating point; cast first, e.g. mean(ts::cast<float>(x))");
@@ -1089,36 +1110,34 @@ auto mean(const E& e, std::int64_t dim, bool keepdim = false) {
   return autograd::detail::record_reduce<typename E::value_type, true>(e, d, keepdim);
 }
 // max and min of everything (0-dim) or along a dim; the gradient goes to the extreme elements.
-#define TESSERA_TRACED_EXTREMUM(name, is_max)                                       \
-  template <class E>                                                                \
-    requires detail::symbolic_expression<E>                                         \
-  auto name(const E& e) {                                                           \
-    return autograd::detail::record_extremum<is_max>(e, 0, false, true);            \
-  }                                                                                 \
-  template <class E>                                                                \
-    requires detail::symbolic_expression<E>                                         \
-  auto name(const E& e, std::int64_t dim, bool keepdim = false) {                   \
-    return autograd::detail::record_extremum<is_max>(e, dim, keepdim, false);       \
+#define TESSERA_TRACED_EXTREMUM(name, is_max)                                                    \
+  template <class E>                                                                             \
+  requires detail::symbolic_expression<E>                                                        \
+  auto name(const E& e) { return autograd::detail::record_extremum<is_max>(e, 0, false, true); } \
+  template <class E>                                                                             \
+  requires detail::symbolic_expression<E>                                                        \
+  auto name(const E& e, std::int64_t dim, bool keepdim = false) {                                \
+    return autograd::detail::record_extremum<is_max>(e, dim, keepdim, false);                    \
   }
 TESSERA_TRACED_EXTREMUM(max, true)
 TESSERA_TRACED_EXTREMUM(min, false)
 #undef TESSERA_TRACED_EXTREMUM
 
 template <class E>
-  requires detail::symbolic_expression<E>
+requires detail::symbolic_expression<E>
 auto softmax(const E& e, std::int64_t dim) {
   return autograd::detail::record_softmax<false>(e, dim);
 }
 template <class E>
-  requires detail::symbolic_expression<E>
+requires detail::symbolic_expression<E>
 auto log_softmax(const E& e, std::int64_t dim) {
   return autograd::detail::record_softmax<true>(e, dim);
 }
 
 /// matmul of Vars (or expressions of Vars, bound first; a Tensor operand is a constant).
 template <class A, class B>
-  requires(detail::symbolic_expression<A> || detail::symbolic_expression<B>)
-auto matmul(const A& a, const B& b) {
+requires(detail::symbolic_expression<A> || detail::symbolic_expression<B>) auto matmul(const A& a,
+                                                                                       const B& b) {
   autograd::detail::graph* g = [&] {
     if constexpr (detail::symbolic_expression<A>) {
       return autograd::detail::graph_of(a);
@@ -1142,8 +1161,10 @@ auto matmul(const A& a, const B& b) {
   }
   const bool batched_a = va.dim() == 3, batched_b = vb.dim() == 3;
   if ((batched_a && batched_b && va.size(0) != vb.size(0)) || (!batched_a && batched_b)) {
-    throw shape_error("matmul: autograd supports [m, k] x [k, n], [B, m, k] x [B, k, n] and "
-                      "[B, m, k] x [k, n]; got " + va.shape().str() + " and " + vb.shape().str());
+    throw shape_error(
+        "matmul: autograd supports [m, k] x [k, n], [B, m, k] x [B, k, n] and "
+        "[B, m, k] x [k, n]; got " +
+        va.shape().str() + " and " + vb.shape().str());
   }
   if (batched_a && !batched_b && vb.info().requires_grad &&
       !tessera::detail::view_strides(va.shape(), va.info().strides,

@@ -57,6 +57,17 @@
 #define TESSERA_INSTANTIATE(...)
 #endif
 
+// TESSERA_CUDA_OP_BY_OP: 1 in a unit that reaches CUDA tensors without compiling kernels (g++)
+// and links tessera::compiled, which nvcc compiled with Tessera's kernels: such a unit evaluates
+// any expression on CUDA tensors one operation at a time, each a kernel of the library
+// (expr/detail/op_by_op.hpp). A g++ unit without the library cannot evaluate CUDA expressions.
+#if TESSERA_CUDA && !TESSERA_CUDA_KERNELS && !defined(TESSERA_IMPLEMENTATION) && \
+    defined(TESSERA_COMPILED) && TESSERA_COMPILED
+#define TESSERA_CUDA_OP_BY_OP 1
+#else
+#define TESSERA_CUDA_OP_BY_OP 0
+#endif
+
 #define TESSERA_STRINGIFY_IMPL(x) #x
 #define TESSERA_STRINGIFY(x) TESSERA_STRINGIFY_IMPL(x)
 

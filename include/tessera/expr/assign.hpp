@@ -13,6 +13,9 @@
 #if TESSERA_CUDA_KERNELS
 #include "tessera/backend/cuda/executor.cuh"
 #endif
+#if TESSERA_CUDA_OP_BY_OP
+#include "tessera/expr/detail/op_by_op.hpp"
+#endif
 
 namespace tessera {
 
@@ -20,6 +23,14 @@ namespace detail {
 
 template <class>
 inline constexpr bool always_false = false;
+
+#if TESSERA_CUDA
+/// Runs primitive `p` (expr/detail/op_by_op.hpp) into `out`, a tensor of p's dtype on a CUDA
+/// device: compiled for every primitive in tessera::compiled (by nvcc), and only declared to the
+/// units that evaluate CUDA expressions one operation at a time.
+template <class T, class E>
+void run_cuda_primitive(const Tensor<T, cuda>& out, const E& p);
+#endif
 
 /// Runs `node` into `out` (shapes already agree: every operand broadcasts to out's shape).
 template <class T, class K, class E>
@@ -38,14 +49,26 @@ void run_expression(const Tensor<T, K>& out, const E& node) {
 #if TESSERA_CUDA_KERNELS
     DeviceGuard<cuda> guard(out.device_index());
     backend::cuda::execute(out.data(), out.strides(), out.shape(), strides, make_evaluator);
+#elif TESSERA_CUDA_OP_BY_OP
+    // No kernels here: the library's, one operation at a time.
+    auto run = [](const auto& into, const auto& p) { run_cuda_primitive(into, p); };
+    op_by_op::evaluate<K>(out, node, run);
 #else
     static_assert(always_false<E>,
                   "Tessera: evaluating an expression on cuda tensors launches a CUDA kernel, so "
                   "this translation unit must be compiled by nvcc (a .cu file, or "
-                  "set_source_files_properties(file.cpp PROPERTIES LANGUAGE CUDA)).");
+                  "set_source_files_properties(file.cpp PROPERTIES LANGUAGE CUDA)), or link "
+                  "tessera::compiled, which runs it one operation at a time.");
 #endif
   }
 }
+
+#if TESSERA_CUDA_KERNELS
+template <class T, class E>
+void run_cuda_primitive(const Tensor<T, cuda>& out, const E& p) {
+  run_expression(out, p);
+}
+#endif
 
 /// out += e in one pass, without `+=`'s aliasing check: for buffers carved from one storage (a
 /// program's arena, a workspace), where that check would see an overlap where there is none and

@@ -144,7 +144,9 @@ struct power {
       return a || !b;
     } else if constexpr (std::is_integral_v<A>) {
       // Integer power by squaring (PyTorch: negative exponents give 0 except for bases +-1).
-      if (b < 0) return a == 1 ? A(1) : (a == -1 ? ((b & 1) ? A(-1) : A(1)) : A(0));
+      if constexpr (std::is_signed_v<A>) {
+        if (b < 0) return a == 1 ? A(1) : (a == -1 ? ((b & 1) ? A(-1) : A(1)) : A(0));
+      }
       // In 64-bit unsigned arithmetic: it wraps as PyTorch's results do (truncating to A keeps
       // the low bits), where signed overflow would be undefined behaviour.
       std::uint64_t result = 1;
@@ -211,7 +213,7 @@ struct abs {
   static constexpr const char* name = "abs";
   template <class A>
   TESSERA_HOST_DEVICE constexpr A operator()(A a) const {
-    if constexpr (std::is_same_v<A, bool>) {
+    if constexpr (std::is_same_v<A, bool> || std::is_unsigned_v<A>) {
       return a;
     } else {
       return a < A(0) ? negate{}(a) : a;  // abs(int32 min) wraps to min, as in PyTorch

@@ -472,6 +472,32 @@ struct where_expr {
 template <class U, class A>
 using cast_expr = unary_expr<ops::cast_to<U>, A>;
 
+namespace detail {
+/// Which node an expression is, and its functor (derivatives, op-by-op evaluation).
+template <class E>
+struct is_unary : std::false_type {};
+template <class Op, class A>
+struct is_unary<unary_expr<Op, A>> : std::true_type {
+  using op = Op;
+};
+template <class E>
+struct is_binary : std::false_type {};
+template <class Op, class A, class B>
+struct is_binary<binary_expr<Op, A, B>> : std::true_type {
+  using op = Op;
+};
+template <class E>
+struct is_where : std::false_type {};
+template <class C, class A, class B>
+struct is_where<where_expr<C, A, B>> : std::true_type {};
+template <class E>
+struct is_cast : std::false_type {};
+template <class U, class A>
+struct is_cast<unary_expr<ops::cast_to<U>, A>> : std::true_type {
+  using target = U;
+};
+}  // namespace detail
+
 /// A tensor or a lazy expression of tensors.
 template <class E>
 concept Expression = detail::is_tensor<std::remove_cvref_t<E>>::value ||

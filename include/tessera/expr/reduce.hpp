@@ -19,10 +19,28 @@
 #if TESSERA_CUDA_KERNELS
 #include "tessera/backend/cuda/reduce.cuh"
 #endif
+#if TESSERA_CUDA_OP_BY_OP
+#include "tessera/expr/detail/op_by_op.hpp"
+#endif
 
 namespace tessera {
 
 namespace detail {
+
+#if TESSERA_CUDA
+/// The primitive reductions (expr/detail/op_by_op.hpp) of a tensor on a CUDA device: compiled in
+/// tessera::compiled (by nvcc), only declared to the units that evaluate CUDA expressions one
+/// operation at a time.
+template <class Op, class Finish, class Out, class V>
+void reduce_all_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
+                               const char* operation);
+template <class Op, class Finish, class Out, class V>
+void reduce_dim_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
+                               int dim, const char* operation);
+template <bool Log, class F>
+void softmax_cuda_primitive(const Tensor<F, cuda>& out, const tensor_leaf<F, cuda>& leaf,
+                            std::int64_t dim, const char* operation);
+#endif
 
 /// torch.sum's dtype: integer and bool inputs sum to int64, floating inputs keep their dtype.
 template <class V>
@@ -30,6 +48,11 @@ using sum_result_t = std::conditional_t<is_floating_point_v<V>, V, std::int64_t>
 
 template <class>
 inline constexpr bool reduce_always_false = false;
+#define TESSERA_REDUCE_NEEDS_NVCC(what)                                                      \
+  "Tessera: " what " an expression on cuda tensors launches CUDA kernels, so this translation " \
+  "unit must be compiled by nvcc (a .cu file, or set_source_files_properties(file.cpp "        \
+  "PROPERTIES LANGUAGE CUDA)), or link tessera::compiled, which runs it one operation at a "   \
+  "time."
 
 /// Builds the evaluator of `node` for leaf strides laid out in `rank` dimensions.
 template <class Node>
@@ -100,12 +123,16 @@ void reduce_all_into(const Tensor<Out, typename Node::device_kind>& out, const N
     DeviceGuard<cuda> guard(device.index);
     backend::cuda::reduce_all<Op, V, Finish>(out.data(), node.shape(), strides,
                                              evaluator_factory(node));
+#elif TESSERA_CUDA_OP_BY_OP
+    (void)device;
+    auto run = [](const auto& into, const auto& p) { run_cuda_primitive(into, p); };
+    auto reduce = [operation](const auto& into, const auto& leaf) {
+      reduce_all_cuda_primitive<Op, Finish>(into, leaf, operation);
+    };
+    op_by_op::reduce<Op, Finish, K>(out, node, run, reduce);
 #else
     (void)device;
-    static_assert(reduce_always_false<Node>,
-                  "Tessera: reducing an expression on cuda tensors launches CUDA kernels, so this "
-                  "translation unit must be compiled by nvcc (a .cu file, or "
-                  "set_source_files_properties(file.cpp PROPERTIES LANGUAGE CUDA)).");
+    static_assert(reduce_always_false<Node>, TESSERA_REDUCE_NEEDS_NVCC("reducing"));
 #endif
   }
 }
@@ -138,12 +165,16 @@ void reduce_dim_into(const Tensor<Out, typename Node::device_kind>& out, const N
     DeviceGuard<cuda> guard(device.index);
     backend::cuda::reduce_dim<Op, V, Finish>(out.data(), shape, dim, strides,
                                              evaluator_factory(node));
+#elif TESSERA_CUDA_OP_BY_OP
+    (void)device;
+    auto run = [](const auto& into, const auto& p) { run_cuda_primitive(into, p); };
+    auto reduce = [dim, operation](const auto& into, const auto& leaf) {
+      reduce_dim_cuda_primitive<Op, Finish>(into, leaf, dim, operation);
+    };
+    op_by_op::reduce<Op, Finish, K>(out, node, run, reduce);
 #else
     (void)device;
-    static_assert(reduce_always_false<Node>,
-                  "Tessera: reducing an expression on cuda tensors launches CUDA kernels, so this "
-                  "translation unit must be compiled by nvcc (a .cu file, or "
-                  "set_source_files_properties(file.cpp PROPERTIES LANGUAGE CUDA)).");
+    static_assert(reduce_always_false<Node>, TESSERA_REDUCE_NEEDS_NVCC("reducing"));
 #endif
   }
 }
@@ -185,12 +216,16 @@ void softmax_into(const Tensor<floating_of<typename Node::value_type>, typename 
 #if TESSERA_CUDA_KERNELS
     DeviceGuard<cuda> guard(device.index);
     backend::cuda::softmax<Log, V>(out.data(), row_shape, d, row_strides, evaluator_factory(node));
+#elif TESSERA_CUDA_OP_BY_OP
+    (void)device;
+    auto run = [](const auto& into, const auto& p) { run_cuda_primitive(into, p); };
+    auto softmax = [dim, operation](const auto& into, const auto& leaf) {
+      softmax_cuda_primitive<Log>(into, leaf, dim, operation);
+    };
+    op_by_op::softmax<K>(out, node, run, softmax);
 #else
     (void)device;
-    static_assert(reduce_always_false<Node>,
-                  "Tessera: softmax of an expression on cuda tensors launches CUDA kernels, so "
-                  "this translation unit must be compiled by nvcc (a .cu file, or "
-                  "set_source_files_properties(file.cpp PROPERTIES LANGUAGE CUDA)).");
+    static_assert(reduce_always_false<Node>, TESSERA_REDUCE_NEEDS_NVCC("softmax of"));
 #endif
   }
 }
@@ -204,6 +239,26 @@ auto softmax_of(const Node& node, std::int64_t dim, const char* operation) {
   softmax_into<Log>(out, node, dim, operation);
   return out;
 }
+
+#undef TESSERA_REDUCE_NEEDS_NVCC
+
+#if TESSERA_CUDA_KERNELS
+template <class Op, class Finish, class Out, class V>
+void reduce_all_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
+                               const char* operation) {
+  reduce_all_into<Op, Finish, Out>(out, leaf, operation);
+}
+template <class Op, class Finish, class Out, class V>
+void reduce_dim_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
+                               int dim, const char* operation) {
+  reduce_dim_into<Op, Finish, Out>(out, leaf, dim, operation);
+}
+template <bool Log, class F>
+void softmax_cuda_primitive(const Tensor<F, cuda>& out, const tensor_leaf<F, cuda>& leaf,
+                            std::int64_t dim, const char* operation) {
+  softmax_into<Log>(out, leaf, dim, operation);
+}
+#endif
 
 #if TESSERA_DEFINITIONS
 TESSERA_API int reduction_dim(const Shape& shape, std::int64_t dim, const char* operation) {

@@ -385,34 +385,9 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
            scratch_bytes<T>(Shape{batch_}) + 2 * scratch_bytes<T>(Shape{classes_}) +
            scratch_bytes<T>(Shape{});
   }
-  void forward(autograd::detail::value_table& table) override {
-    const auto targets = samples_of(table.template get<std::int64_t, K>(inputs[1]));
-    const bool ignored = check_targets(targets, classes_, options_.ignore_index, name());
-    plain_ = options_.plain() && !ignored;
-    const auto x = rows_of(table, table.template get<T, K>(inputs[0]));
-    const auto out = samples_of(table.template get<T, K>(output));
-    Tensor<T, K> log_probabilities = x;
-    if (options_.from_logits) {
-      log_probabilities = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
-      tessera::detail::softmax_into<true>(log_probabilities, tessera::detail::as_node(x), 1,
-                                          name());
-    }
-    auto rows = table.template scratch_tensor<T, K>(Shape{batch_});
-    if (plain_) {
-      using sum = backend::sum_op<accumulate_t<T>>;
-      tessera::detail::reduce_dim_into<sum, backend::finish_value, T>(
-          rows, where(one_hot(targets), -log_probabilities, 0), 1, "cross_entropy");
-      tessera::detail::reduce_all_into<sum, backend::finish_mean, T>(
-          out, tessera::detail::as_node(rows), "cross_entropy");
-      return;
-    }
-    class_loss_buffers<T, K> b;
-    b.rows = rows;
-    b.hit = table.template scratch_tensor<T, K>(Shape{classes_});
-    b.off = table.template scratch_tensor<T, K>(Shape{classes_});
-    b.total = table.template scratch_tensor<T, K>(Shape{});
-    class_loss_forward(out, log_probabilities, targets, columns_, weight_, options_, b);
-  }
+  // forward and backward out of the class, as autograd's fused_node's: a unit that records the
+  // node for float (compiled in tessera::compiled) then instantiates none of its kernels.
+  void forward(autograd::detail::value_table& table) override;
   std::vector<int> saved() const override {
     // nll_loss's gradient does not read its input.
     return options_.from_logits ? std::vector<int>{inputs[0], inputs[1]}
@@ -424,40 +399,7 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
            2 * scratch_bytes<T>(Shape{classes_}) + 2 * scratch_bytes<T>(Shape{}) +
            (k_dimensional_ ? 2 * scratch_bytes<T>(Shape{batch_, classes_}) : 0);
   }
-  void backward(autograd::detail::value_table& table,
-                const std::vector<char>& accumulate) override {
-    if (!needs_) return;
-    const auto targets = samples_of(table.template get<std::int64_t, K>(inputs[1]));
-    const auto g = samples_of(table.template grad<T, K>(output));
-    // The input's gradient, or for [N, C, d...] its rows [N * d, C] in scratch, moved into it
-    // at the end.
-    const auto input_gradient = table.template grad<T, K>(inputs[0]);
-    const bool moved = k_dimensional_;
-    const auto gradient =
-        moved ? table.template scratch_tensor<T, K>(Shape{batch_, classes_}) : input_gradient;
-    const bool add = accumulate[0] != 0 && !moved;
-    // The softmax of the logits (cross_entropy), or the gradient's scratch (nll_loss).
-    const auto p = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
-    if (options_.from_logits) {
-      const auto x = rows_of(table, table.template get<T, K>(inputs[0]));
-      tessera::detail::softmax_into<false>(p, tessera::detail::as_node(x), 1, name());
-    }
-    if (plain_) {
-      const double scale = 1.0 / static_cast<double>(batch_);
-      autograd::detail::store_gradient(gradient, where(one_hot(targets), p - 1, p) * g * scale, add,
-                                       table);
-      if (moved) move_back(input_gradient, gradient, accumulate[0] != 0);
-      return;
-    }
-    class_loss_buffers<T, K> b;
-    b.rows = table.template scratch_tensor<T, K>(Shape{batch_});
-    b.hit = table.template scratch_tensor<T, K>(Shape{classes_});
-    b.off = table.template scratch_tensor<T, K>(Shape{classes_});
-    b.total = table.template scratch_tensor<T, K>(Shape{});
-    b.scale = table.template scratch_tensor<T, K>(Shape{});
-    class_loss_backward(gradient, add, p, g, targets, columns_, weight_, options_, b);
-    if (moved) move_back(input_gradient, gradient, accumulate[0] != 0);
-  }
+  void backward(autograd::detail::value_table& table, const std::vector<char>& accumulate) override;
 
  private:
   // Targets or per-sample values [N, d...] as [N * d] (the samples in order).
@@ -499,6 +441,71 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   Tensor<T, K> weight_;              // [C]; ones when none was given
   bool plain_ = false;               // the last forward took the plain path (so does backward)
 };
+
+template <class T, class K>
+void cross_entropy_node<T, K>::forward(autograd::detail::value_table& table) {
+  const auto targets = samples_of(table.template get<std::int64_t, K>(inputs[1]));
+  const bool ignored = check_targets(targets, classes_, options_.ignore_index, name());
+  plain_ = options_.plain() && !ignored;
+  const auto x = rows_of(table, table.template get<T, K>(inputs[0]));
+  const auto out = samples_of(table.template get<T, K>(output));
+  Tensor<T, K> log_probabilities = x;
+  if (options_.from_logits) {
+    log_probabilities = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
+    tessera::detail::softmax_into<true>(log_probabilities, tessera::detail::as_node(x), 1, name());
+  }
+  auto rows = table.template scratch_tensor<T, K>(Shape{batch_});
+  if (plain_) {
+    using sum = backend::sum_op<accumulate_t<T>>;
+    tessera::detail::reduce_dim_into<sum, backend::finish_value, T>(
+        rows, where(one_hot(targets), -log_probabilities, 0), 1, "cross_entropy");
+    tessera::detail::reduce_all_into<sum, backend::finish_mean, T>(
+        out, tessera::detail::as_node(rows), "cross_entropy");
+    return;
+  }
+  class_loss_buffers<T, K> b;
+  b.rows = rows;
+  b.hit = table.template scratch_tensor<T, K>(Shape{classes_});
+  b.off = table.template scratch_tensor<T, K>(Shape{classes_});
+  b.total = table.template scratch_tensor<T, K>(Shape{});
+  class_loss_forward(out, log_probabilities, targets, columns_, weight_, options_, b);
+}
+
+template <class T, class K>
+void cross_entropy_node<T, K>::backward(autograd::detail::value_table& table,
+                                        const std::vector<char>& accumulate) {
+  if (!needs_) return;
+  const auto targets = samples_of(table.template get<std::int64_t, K>(inputs[1]));
+  const auto g = samples_of(table.template grad<T, K>(output));
+  // The input's gradient, or for [N, C, d...] its rows [N * d, C] in scratch, moved into it
+  // at the end.
+  const auto input_gradient = table.template grad<T, K>(inputs[0]);
+  const bool moved = k_dimensional_;
+  const auto gradient =
+      moved ? table.template scratch_tensor<T, K>(Shape{batch_, classes_}) : input_gradient;
+  const bool add = accumulate[0] != 0 && !moved;
+  // The softmax of the logits (cross_entropy), or the gradient's scratch (nll_loss).
+  const auto p = table.template scratch_tensor<T, K>(Shape{batch_, classes_});
+  if (options_.from_logits) {
+    const auto x = rows_of(table, table.template get<T, K>(inputs[0]));
+    tessera::detail::softmax_into<false>(p, tessera::detail::as_node(x), 1, name());
+  }
+  if (plain_) {
+    const double scale = 1.0 / static_cast<double>(batch_);
+    autograd::detail::store_gradient(gradient, where(one_hot(targets), p - 1, p) * g * scale, add,
+                                     table);
+    if (moved) move_back(input_gradient, gradient, accumulate[0] != 0);
+    return;
+  }
+  class_loss_buffers<T, K> b;
+  b.rows = table.template scratch_tensor<T, K>(Shape{batch_});
+  b.hit = table.template scratch_tensor<T, K>(Shape{classes_});
+  b.off = table.template scratch_tensor<T, K>(Shape{classes_});
+  b.total = table.template scratch_tensor<T, K>(Shape{});
+  b.scale = table.template scratch_tensor<T, K>(Shape{});
+  class_loss_backward(gradient, add, p, g, targets, columns_, weight_, options_, b);
+  if (moved) move_back(input_gradient, gradient, accumulate[0] != 0);
+}
 
 /// The device of an eager operand: the logits' own, or the targets' for a lazy expression.
 template <class L, class Targets>

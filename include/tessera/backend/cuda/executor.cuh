@@ -1,8 +1,9 @@
-// The CUDA executor: one kernel per assignment. A grid-stride loop with several elements per
-// thread; when the output and every operand are contiguous with the output's shape and aligned,
-// each thread moves 16 bytes of output per step with vector loads and stores; other contiguous
-// cases use a linear index (coalesced), strided ones the N-d index of the merged layout. The evaluator is passed by value, so its
-// size is checked against the kernel-parameter limit. Included only by nvcc-compiled units.
+// The CUDA executor: one kernel per assignment. A grid-stride loop; when the output and every
+// operand are contiguous with the output's shape and aligned, each thread moves 16 bytes of
+// output per step with vector loads and stores; every other case takes the N-d index of the
+// merged layout (one dimension, no division, for contiguous operands that are not aligned). The
+// evaluator is passed by value, so its size is checked against the kernel-parameter limit.
+// Included only by nvcc-compiled units.
 #pragma once
 
 #include "tessera/core/config.hpp"
@@ -22,25 +23,9 @@
 
 namespace tessera::backend::cuda {
 
-/// Elements each thread handles per grid-stride step (independent loads in flight).
+/// Elements per thread a grid is sized for (each thread then has several loads in flight).
 inline constexpr int elements_per_thread = 4;
 inline constexpr int threads_per_block = 256;
-
-template <class T, class Evaluator>
-__global__ void __launch_bounds__(threads_per_block)
-    linear_kernel(T* out, Evaluator evaluator, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  // Unrolled so each thread has elements_per_thread independent loads in flight; consecutive
-  // threads touch consecutive elements, so every access is coalesced.
-  for (; i + (elements_per_thread - 1) * stride < n; i += elements_per_thread * stride) {
-#pragma unroll
-    for (int k = 0; k < elements_per_thread; ++k) {
-      out[i + k * stride] = store_cast<T>(evaluator.get(linear_access{i + k * stride}));
-    }
-  }
-  for (; i < n; i += stride) out[i] = store_cast<T>(evaluator.get(linear_access{i}));
-}
 
 /// Elements per 16-byte access of the output type (at least 1, at most 8).
 template <class T>
@@ -75,6 +60,8 @@ struct strided_layout_args {
   std::int64_t out_strides[max_dims] = {};
 };
 
+/// Any layout: element i's N-d index over the merged layout. A layout of one dimension (every
+/// operand contiguous, but not aligned for vector_kernel) needs no division.
 template <class T, class Evaluator>
 __global__ void __launch_bounds__(threads_per_block)
     strided_kernel(T* out, Evaluator evaluator, strided_layout_args layout, std::int64_t n) {
@@ -82,12 +69,17 @@ __global__ void __launch_bounds__(threads_per_block)
   for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
        i += stride) {
     std::int64_t index[max_dims];
-    std::int64_t rest = i;
     std::int64_t out_offset = 0;
-    for (int d = layout.rank - 1; d >= 0; --d) {
-      index[d] = rest % layout.sizes[d];
-      rest /= layout.sizes[d];
-      out_offset += index[d] * layout.out_strides[d];
+    if (layout.rank == 1) {
+      index[0] = i;
+      out_offset = i * layout.out_strides[0];
+    } else {
+      std::int64_t rest = i;
+      for (int d = layout.rank - 1; d >= 0; --d) {
+        index[d] = rest % layout.sizes[d];
+        rest /= layout.sizes[d];
+        out_offset += index[d] * layout.out_strides[d];
+      }
     }
     out[out_offset] = store_cast<T>(evaluator.get(index_access{index}));
   }
@@ -137,11 +129,12 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
     if (vectorisable) {
       vector_kernel<V><<<grid_for(n / V * elements_per_thread), threads_per_block, 0,
                          stream.native()>>>(out, evaluator, n);
-    } else {
-      linear_kernel<<<grid_for(n), threads_per_block, 0, stream.native()>>>(out, evaluator, n);
+      TESSERA_CUDA_CHECK(cudaGetLastError());
+      return;
     }
-    TESSERA_CUDA_CHECK(cudaGetLastError());
-    return;
+    // Contiguous but not aligned (or shorter than one vector): the strided kernel, whose merged
+    // layout is then one dimension (no kernel of its own for this rare case: one less per
+    // expression to compile).
   }
   std::array<Strides, L + 1> all;
   all[0] = out_strides;

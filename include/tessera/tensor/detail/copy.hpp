@@ -1,8 +1,9 @@
 // Element copies between any two devices and dtypes, and fills, on raw strided memory. The
 // tensor layer (copy_, to, contiguous, cat, fill_) calls only these two functions. They run on the
 // expression engine's executors (a cast of one operand, or a constant), so a copy is one pass like
-// any fused statement. CUDA needs nvcc for kernels; a g++ unit stages the bytes through the host
-// and runs the CPU executor, so it can still copy CUDA tensors.
+// any fused statement. CUDA needs nvcc for kernels: a g++ unit in compiled mode calls the
+// library's (instantiated at the end of this file); a g++ unit header-only stages the bytes
+// through the host and runs the CPU executor, so it can still copy CUDA tensors.
 #pragma once
 
 #include <algorithm>
@@ -75,10 +76,9 @@ TESSERA_HOST_DEVICE auto copy_evaluator(const From* src, const Strides& strides,
 template <class To, class From>
 void cpu_convert(To* dst, const Strides& dst_strides, const From* src, const Strides& src_strides,
                  const Shape& shape) {
-  backend::cpu::execute(dst, dst_strides, shape, std::array<Strides, 1>{src_strides},
-                        [&](const Strides* strides, int rank) {
-                          return copy_evaluator<To>(src, strides[0], rank);
-                        });
+  backend::cpu::execute(
+      dst, dst_strides, shape, std::array<Strides, 1>{src_strides},
+      [&](const Strides* strides, int rank) { return copy_evaluator<To>(src, strides[0], rank); });
 }
 
 /// dst = value over `shape` on the CPU executor (one pass).
@@ -157,7 +157,8 @@ void convert_on_device(strided_ref<To> dst, strided_ref<const From> src, const S
   auto dst_host = std::make_unique<To[]>(static_cast<std::size_t>(dst_count));
   copy_bytes(src_host.get(), Device{}, src.data + src_span.first, src.device,
              sizeof(From) * static_cast<std::size_t>(src_count));
-  if (!backend::cpu::is_row_major(shape, dst.strides)) {  // keep the elements between the view's elements
+  // A view keeps the elements between its own: they are read first.
+  if (!backend::cpu::is_row_major(shape, dst.strides)) {
     copy_bytes(dst_host.get(), Device{}, dst.data + dst_span.first, dst.device,
                sizeof(To) * static_cast<std::size_t>(dst_count));
   }
@@ -203,8 +204,8 @@ void copy_strided(strided_ref<To> dst, strided_ref<const From> src, const Shape&
   scratch_buffer moved(dst.device, count * sizeof(From));
   copy_bytes(moved.data, dst.device, packed, src.device, count * sizeof(From));
   // 3. Convert and scatter on dst's device.
-  convert_on_device(dst, strided_ref<const From>{static_cast<const From*>(moved.data), dst.device, dense},
-                    shape);
+  convert_on_device(
+      dst, strided_ref<const From>{static_cast<const From*>(moved.data), dst.device, dense}, shape);
 #else
   throw device_error("copy from " + src.device.str() + " to " + dst.device.str() +
                      ": Tessera was built without CUDA support");
@@ -228,7 +229,8 @@ void fill_strided(strided_ref<T> dst, const Shape& shape, T value) {
   element_span span = span_of(shape, dst.strides);
   std::size_t count = static_cast<std::size_t>(span.last - span.first);
   auto host = std::make_unique<T[]>(count);
-  if (!backend::cpu::is_row_major(shape, dst.strides)) {  // keep the elements between the view's elements
+  // A view keeps the elements between its own: they are read first.
+  if (!backend::cpu::is_row_major(shape, dst.strides)) {
     copy_bytes(host.get(), Device{}, dst.data + span.first, dst.device, count * sizeof(T));
   }
   cpu_fill(host.get() - span.first, dst.strides, shape, value);
@@ -239,3 +241,34 @@ void fill_strided(strided_ref<T> dst, const Shape& shape, T value) {
 }
 
 }  // namespace tessera::detail
+
+// Compiled mode (core/config.hpp): the copies and fills between every pair of dtypes are compiled
+// once, in tessera::compiled (with CUDA by nvcc, so a g++ unit's copies of CUDA tensors run the
+// library's kernels rather than staging through the host).
+#define TESSERA_CONVERT_TO(To, From)                                              \
+  TESSERA_INSTANTIATE(void tessera::detail::convert_on_device<To, From>(          \
+      tessera::detail::strided_ref<To>, tessera::detail::strided_ref<const From>, \
+      const tessera::Shape&))
+#define TESSERA_CONVERT_FROM(From)                                                                 \
+  TESSERA_CONVERT_TO(float, From)                                                                  \
+  TESSERA_CONVERT_TO(double, From)                                                                 \
+  TESSERA_CONVERT_TO(tessera::half, From)                                                          \
+  TESSERA_CONVERT_TO(tessera::bfloat16, From)                                                      \
+  TESSERA_CONVERT_TO(std::int8_t, From)                                                            \
+  TESSERA_CONVERT_TO(std::uint8_t, From)                                                           \
+  TESSERA_CONVERT_TO(std::int32_t, From)                                                           \
+  TESSERA_CONVERT_TO(std::int64_t, From)                                                           \
+  TESSERA_CONVERT_TO(bool, From)                                                                   \
+  TESSERA_INSTANTIATE(void tessera::detail::fill_strided<From>(tessera::detail::strided_ref<From>, \
+                                                               const tessera::Shape&, From))
+TESSERA_CONVERT_FROM(float)
+TESSERA_CONVERT_FROM(double)
+TESSERA_CONVERT_FROM(tessera::half)
+TESSERA_CONVERT_FROM(tessera::bfloat16)
+TESSERA_CONVERT_FROM(std::int8_t)
+TESSERA_CONVERT_FROM(std::uint8_t)
+TESSERA_CONVERT_FROM(std::int32_t)
+TESSERA_CONVERT_FROM(std::int64_t)
+TESSERA_CONVERT_FROM(bool)
+#undef TESSERA_CONVERT_FROM
+#undef TESSERA_CONVERT_TO
