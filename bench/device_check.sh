@@ -1,0 +1,47 @@
+#!/usr/bin/env bash
+# Runs on a lent GPU machine what bench/device_pack.sh packed on the CPU machine, in one go and
+# within about 8 minutes: the CUDA tests, the g++ unit that trains on CUDA, PyTorch's baseline and
+# cuda_bench, whose ratios torch / tessera it prints with its rows. Results go to $OUT (or
+# build/device/out) as text and JSON.
+#   bash bench/device_check.sh [pack.tar.xz=build/device/pack.tar.xz]
+# Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _BENCH_S: 240, 90, 180);
+# a part that fails or runs out is reported and the next one still runs.
+set -uo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+pack=${1:-build/device/pack.tar.xz}
+out=${OUT:-build/device/out}
+mkdir -p "$out"
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+tar xJf "$pack" -C "$work" || { echo "device_check: cannot unpack $pack"; exit 1; }
+dir=$work/pack
+export LD_LIBRARY_PATH=$dir/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+echo "device_check: binaries of $(cat "$dir/commit")"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm --format=csv,noheader 2>&1 |
+  tee "$out/gpu.txt"
+
+status=0
+part() {  # name, seconds, command...
+  local name=$1 seconds=$2
+  shift 2
+  local start=$SECONDS
+  echo
+  echo "==== $name (limit ${seconds} s)"
+  timeout "$seconds" "$@" > >(tee "$out/$name.txt") 2>&1
+  local rc=$?
+  echo "==== $name: exit $rc after $((SECONDS - start)) s"
+  [ "$rc" -eq 0 ] || status=1
+}
+
+part cuda_tests "${TESSERA_DEVICE_TEST_S:-240}" "$dir/bin/tessera_cuda_tests" -r compact
+part cuda_gxx_tests 60 "$dir/bin/tessera_cuda_gxx_tests" -r compact
+part torch_baseline "${TESSERA_DEVICE_TORCH_S:-90}" python3 "$dir/cuda_torch_baseline.py" \
+  "$out/torch.json"
+baseline=()
+[ -s "$out/torch.json" ] && baseline=(env "TESSERA_TORCH_BASELINE=$out/torch.json")
+part cuda_bench "${TESSERA_DEVICE_BENCH_S:-180}" "${baseline[@]}" "$dir/bin/cuda_bench" \
+  --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
+  --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json
+echo
+echo "device_check: results in $out; $([ "$status" -eq 0 ] && echo 'every part passed' || echo 'a part FAILED')"
+exit "$status"
