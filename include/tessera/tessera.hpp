@@ -29,9 +29,11 @@ TESSERA_INSTANTIATE(class tessera::memory::pool_resource<
 TESSERA_INSTANTIATE(struct tessera::detail::safetensors::codec<0>)
 // The fixed-type templates a float training program uses on device kind K whatever its model:
 // Linear, the GEMM paths, the autograd nodes of matmul, softmax and views, the fused nodes the
-// library's layers record (a bias added to a product, an activation of a value), the copies and
-// fills they use, sums and means of a tensor (a bias's gradient, a mean loss), and traced
-// cross_entropy and nll_loss (one node), their targets' check and the kernels of their options.
+// library's layers record (a bias added to a product, an activation of a value, dropout's mask
+// applied to a value or its ReLU), the copies and fills they use, sums and means of a tensor (a
+// bias's gradient, a mean loss), traced cross_entropy and nll_loss (one node), their targets'
+// check and the kernels of their options, and the convolutional layers' modules and nodes
+// (Conv2d, the poolings, BatchNorm1d/2d, the residual add + ReLU, Dropout's mask).
 // With CUDA, tessera::compiled is compiled by nvcc and holds these kernels; a unit that uses only
 // them needs no kernel of its own, and may be compiled by g++.
 #define TESSERA_UNARY_OF_VAR(op, K) \
@@ -63,6 +65,32 @@ TESSERA_INSTANTIATE(struct tessera::detail::safetensors::codec<0>)
       class tessera::autograd::detail::fused_node<float, K, TESSERA_UNARY_OF_VAR(sigmoid, K)>)    \
   TESSERA_INSTANTIATE(                                                                            \
       class tessera::autograd::detail::fused_node<float, K, TESSERA_UNARY_OF_VAR(tanh, K)>)       \
+  TESSERA_INSTANTIATE(                                                                            \
+      class tessera::autograd::detail::fused_node<float, K, TESSERA_BINARY_OF_VARS(multiply, K)>) \
+  TESSERA_INSTANTIATE(class tessera::autograd::detail::fused_node<                                \
+                      float, K,                                                                   \
+                      tessera::binary_expr<tessera::ops::multiply, TESSERA_UNARY_OF_VAR(relu, K), \
+                                           tessera::autograd::Var<float, K>>>)                    \
+  TESSERA_INSTANTIATE(                                                                            \
+      class tessera::nn::detail::dropout_mask_node<float, K, tessera::nn::Dropout>)               \
+  TESSERA_INSTANTIATE(class tessera::nn::Conv2d<float, K>)                                        \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::conv2d_node<float, K>)                           \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::max_pool2d_node<float, K>)                       \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::avg_pool2d_node<float, K>)                       \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::adaptive_avg_pool2d_node<float, K>)              \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::add_relu_node<float, K>)                         \
+  TESSERA_INSTANTIATE(class tessera::nn::BatchNorm1d<float, K>)                                   \
+  TESSERA_INSTANTIATE(class tessera::nn::BatchNorm2d<float, K>)                                   \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::batch_norm<float, K, false>)                     \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::batch_norm<float, K, true>)                      \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::batch_norm_stats_node<                           \
+                      float, K, tessera::nn::detail::batch_norm<float, K, false>>)                \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::batch_norm_stats_node<                           \
+                      float, K, tessera::nn::detail::batch_norm<float, K, true>>)                 \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::batch_norm_apply_node<                           \
+                      float, K, tessera::nn::detail::batch_norm<float, K, false>>)                \
+  TESSERA_INSTANTIATE(class tessera::nn::detail::batch_norm_apply_node<                           \
+                      float, K, tessera::nn::detail::batch_norm<float, K, true>>)                 \
   TESSERA_INSTANTIATE(int tessera::autograd::detail::graph::add_parameter<float, K>(              \
       const std::shared_ptr<tessera::autograd::parameter_slot<float, K>>&))                       \
   TESSERA_INSTANTIATE(tessera::Tensor<std::int64_t, K> tessera::arange<std::int64_t, K>(          \

@@ -39,6 +39,7 @@ inline constexpr bool fits_kernel_parameters = sizeof(T) <= 4096;
 /// accumulator.
 template <class Op, class V, class Evaluator>
 struct linear_element {
+  static constexpr int unroll = 8;  // loads a thread issues before folding them
   Evaluator evaluator;
   __device__ typename Op::acc_type operator()(std::int64_t i) const {
     return Op::lift(read_as<V>(evaluator, linear_access{i}), i);
@@ -48,6 +49,9 @@ struct linear_element {
 /// Element i (row-major over the merged layout) of any expression.
 template <class Op, class V, class Evaluator>
 struct strided_element {
+  // One at a time: an element's index takes divisions per dimension, so the loop is bound by
+  // them rather than by loads, and unrolled copies of it would multiply ptxas's work.
+  static constexpr int unroll = 1;
   Evaluator evaluator;
   strided_layout_args layout;
   __device__ typename Op::acc_type operator()(std::int64_t i) const {
@@ -68,9 +72,6 @@ struct merge_fn {
     return Op::merge(a, b);
   }
 };
-
-/// Elements a thread of a full reduction loads before folding them (independent loads in flight).
-inline constexpr int full_reduction_unroll = 8;
 
 /// Pairwise combination of one thread's blocks of values (the device twin of cpu::cascade). An
 /// exact operator (max, min, argmax, integer sums) has nothing to round, so it keeps one
@@ -119,11 +120,22 @@ struct thread_fold {
 
   __device__ void add(const acc_type& value) {
     block = Op::step(block, value);
-    if (++filled == thread_block_values) {
-      sums.push(block);
-      block = Op::identity();
-      filled = 0;
-    }
+    if (++filled == thread_block_values) flush();
+  }
+  /// N values at once (N divides thread_block_values, and the fold's earlier values came N at a
+  /// time): one check for the cascade, not N.
+  template <int N>
+  __device__ void add_run(const acc_type (&values)[N]) {
+    static_assert(thread_block_values % N == 0, "a run must divide a block");
+#pragma unroll
+    for (int k = 0; k < N; ++k) block = Op::step(block, values[k]);
+    filled += N;
+    if (filled == thread_block_values) flush();
+  }
+  __device__ void flush() {
+    sums.push(block);
+    block = Op::identity();
+    filled = 0;
   }
   __device__ acc_type result() {
     sums.push(block);
@@ -144,12 +156,14 @@ __global__ void __launch_bounds__(threads_per_block)
   const std::int64_t stride = blockDim.x;
   std::int64_t i = plan.first(blockIdx.x) + threadIdx.x;
   thread_fold<Op> fold;
-  for (; i + (full_reduction_unroll - 1) * stride < last; i += full_reduction_unroll * stride) {
-    acc_type values[full_reduction_unroll];
+  constexpr int unroll = Element::unroll;
+  if constexpr (unroll > 1) {
+    for (; i + (unroll - 1) * stride < last; i += unroll * stride) {
+      acc_type values[unroll];
 #pragma unroll
-    for (int k = 0; k < full_reduction_unroll; ++k) values[k] = element(i + k * stride);
-#pragma unroll
-    for (int k = 0; k < full_reduction_unroll; ++k) fold.add(values[k]);
+      for (int k = 0; k < unroll; ++k) values[k] = element(i + k * stride);
+      fold.add_run(values);
+    }
   }
   for (; i < last; i += stride) fold.add(element(i));
   const acc_type total = block_reduce(temporary).Reduce(fold.result(), merge_fn<Op>{});
