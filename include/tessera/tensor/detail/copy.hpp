@@ -242,9 +242,10 @@ void fill_strided(strided_ref<T> dst, const Shape& shape, T value) {
 
 }  // namespace tessera::detail
 
-// Compiled mode (core/config.hpp): the copies and fills between every pair of dtypes are compiled
-// once, in tessera::compiled (with CUDA by nvcc, so a g++ unit's copies of CUDA tensors run the
-// library's kernels rather than staging through the host).
+// Compiled mode (core/config.hpp): the copies and fills between every pair of the dtypes that
+// expressions on CUDA tensors use in g++ units (expr/detail/op_by_op.hpp's: int8 and int16 are
+// left out) are compiled once, in tessera::compiled (with CUDA by nvcc, so a g++ unit's copies of
+// CUDA tensors run the library's kernels rather than staging through the host).
 #define TESSERA_CONVERT_TO(To, From)                                              \
   TESSERA_INSTANTIATE(void tessera::detail::convert_on_device<To, From>(          \
       tessera::detail::strided_ref<To>, tessera::detail::strided_ref<const From>, \
@@ -254,10 +255,9 @@ void fill_strided(strided_ref<T> dst, const Shape& shape, T value) {
   TESSERA_CONVERT_TO(double, From)                                                                 \
   TESSERA_CONVERT_TO(tessera::half, From)                                                          \
   TESSERA_CONVERT_TO(tessera::bfloat16, From)                                                      \
-  TESSERA_CONVERT_TO(std::int8_t, From)                                                            \
-  TESSERA_CONVERT_TO(std::uint8_t, From)                                                           \
-  TESSERA_CONVERT_TO(std::int32_t, From)                                                           \
   TESSERA_CONVERT_TO(std::int64_t, From)                                                           \
+  TESSERA_CONVERT_TO(std::int32_t, From)                                                           \
+  TESSERA_CONVERT_TO(std::uint8_t, From)                                                           \
   TESSERA_CONVERT_TO(bool, From)                                                                   \
   TESSERA_INSTANTIATE(void tessera::detail::fill_strided<From>(tessera::detail::strided_ref<From>, \
                                                                const tessera::Shape&, From))
@@ -265,10 +265,9 @@ TESSERA_CONVERT_FROM(float)
 TESSERA_CONVERT_FROM(double)
 TESSERA_CONVERT_FROM(tessera::half)
 TESSERA_CONVERT_FROM(tessera::bfloat16)
-TESSERA_CONVERT_FROM(std::int8_t)
-TESSERA_CONVERT_FROM(std::uint8_t)
-TESSERA_CONVERT_FROM(std::int32_t)
 TESSERA_CONVERT_FROM(std::int64_t)
+TESSERA_CONVERT_FROM(std::int32_t)
+TESSERA_CONVERT_FROM(std::uint8_t)
 TESSERA_CONVERT_FROM(bool)
 #undef TESSERA_CONVERT_FROM
 #undef TESSERA_CONVERT_TO
