@@ -1,4 +1,4 @@
-// expect: negation, the `-` operator, on a bool tensor is not supported
+// expect: negation, the '-' operator, on a bool tensor is not supported
 // -x on a bool tensor is refused at compile time, as PyTorch refuses it at run time.
 #include "tessera/tessera.hpp"
 

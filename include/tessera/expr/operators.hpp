@@ -74,7 +74,7 @@ template <class A>
   requires detail::any_expression<A>
 auto operator-(const A& a) {
   static_assert(!std::is_same_v<typename detail::node_of<A>::value_type, bool>,
-                "Tessera: negation, the `-` operator, on a bool tensor is not supported (as in "
+                "Tessera: negation, the '-' operator, on a bool tensor is not supported (as in "
                 "PyTorch); use x == false for the logical negation");
   return detail::make_unary<ops::negate>(a);
 }

@@ -604,7 +604,7 @@ rebind_kind_t<M, K2> copy_to(const M& module, Device device) {
     static_assert(std::is_default_constructible_v<Target>,
                   "ts::nn::to<Kind>(module): the model type on the new kind has no default "
                   "constructor; give it one (e.g. default arguments) or a member "
-                  "`template <ts::DeviceKind K2> Model<K2> copy_to(ts::Device device) const`");
+                  "'template <ts::DeviceKind K2> Model<K2> copy_to(ts::Device device) const'");
     return converted<K2>(module, device, [] { return Target(); });
   }
 }
@@ -730,11 +730,11 @@ rebind_dtype_t<M, U> to(const M& module) {
                   "type; pass the model itself");
     static_assert(!std::is_same_v<Target, M> || keeps_dtype<M>::value,
                   "ts::nn::to<Dtype>(module): the model's type has no dtype to change; make it "
-                  "`template <class T, class K> struct Net` (or specialise nn::keeps_dtype)");
+                  "'template <class T, class K> struct Net' (or specialise nn::keeps_dtype)");
     static_assert(std::is_default_constructible_v<Target>,
                   "ts::nn::to<Dtype>(module): the model type for the new dtype has no default "
-                  "constructor; give it one or a member `template <ts::Dtype U> Net<U, K> "
-                  "copy_as() const`");
+                  "constructor; give it one or a member 'template <ts::Dtype U> Net<U, K> "
+                  "copy_as() const'");
     const Device device = detail::module_device(module);
     if (device.is_cuda()) {
       return detail::converted_as<cuda>(module, device, [] { return Target(); });
