@@ -26,6 +26,13 @@ function(tessera_add_compiled_library source with_cuda)
       set(TESSERA_CUDA_ARCHITECTURES 90)
     endif()
     set_target_properties(tessera_compiled PROPERTIES CUDA_ARCHITECTURES "${TESSERA_CUDA_ARCHITECTURES}")
+    # The library's one unit is CUDA; C++20 reaches nvcc as -std=c++20 (tessera::tessera). A
+    # project's CMAKE_CXX_STANDARD (20, 23) sets CXX_STANDARD on every target, and CMake carries
+    # it over to CUDA sources as the dialect "CUDA20"/"CUDA23", for which CMake 3.25 knows no nvcc
+    # flag: configuring would stop ("requires the language dialect CUDA20"). Unset here.
+    set_property(TARGET tessera_compiled PROPERTY CXX_STANDARD)
+    set_property(TARGET tessera_compiled PROPERTY CXX_STANDARD_REQUIRED)
+    set_property(TARGET tessera_compiled PROPERTY CXX_EXTENSIONS)
   endif()
 endfunction()
 

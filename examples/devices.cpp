@@ -43,15 +43,17 @@ void demo(int ordinal) {
 }
 
 int main() {
-  if (ts::cuda::is_available()) {
+  // PyTorch's first line: device = "cuda:0" if torch.cuda.is_available() else "cpu"
+  const auto device = ts::Device::parse(ts::cuda::is_available() ? "cuda:0" : "cpu");
+  if (device.is_cuda()) {
     std::cout << "CUDA: " << ts::cuda::device_count() << " device(s), cuda:0 is "
               << ts::cuda::device_name(0) << "\n";
-    demo<ts::cuda>(0);
   } else {
     std::cout << "No CUDA device here: using the CPU (" << ts::cpu::device_count()
               << " virtual device(s); set TESSERA_CPU_DEVICES=2 for two)\n";
-    demo<ts::cpu>(0);
   }
+  // The run-time device, with its kind as a type for the code that runs on it.
+  ts::with_device(device, [&]<ts::DeviceKind Kind>(int ordinal) { demo<Kind>(ordinal); });
 
   // Two devices of one kind: cpu:0 and cpu:1 here, cuda:0 and cuda:1 on a two-GPU machine.
   if (ts::cpu::device_count() >= 2) {

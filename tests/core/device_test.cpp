@@ -3,6 +3,8 @@
 
 #include <sstream>
 #include <stdexcept>
+#include <string>
+#include <type_traits>
 
 #include "tessera/core/device.hpp"
 
@@ -25,6 +27,63 @@ TEST_CASE("Device::parse reads PyTorch's device strings", "[device]") {
   }
   CHECK_THROWS_WITH(ts::Device::parse("tpu:0"), Catch::Contains("'tpu:0'"));
   CHECK(ts::Device::of<ts::cuda>(2) == ts::Device::parse("cuda:2"));
+}
+
+TEST_CASE("a bare kind means the calling thread's current device of that kind", "[device]") {
+  {
+    ts::DeviceGuard<ts::cpu> guard(1);  // the harness runs with TESSERA_CPU_DEVICES=2
+    CHECK(ts::Device::parse("cpu") == ts::Device(ts::DeviceType::cpu, 1));
+    CHECK(ts::Device::parse("cpu:0") == ts::Device(ts::DeviceType::cpu, 0));
+  }
+  CHECK(ts::Device::parse("cpu") == ts::Device(ts::DeviceType::cpu, 0));
+  if (ts::cuda::is_available()) {
+    CHECK(ts::Device::parse("cuda") == ts::Device(ts::DeviceType::cuda, ts::cuda::current_device()));
+  } else {
+    // As torch.device("cuda") on a machine without a GPU: parsing works, using it does not.
+    CHECK(ts::Device::parse("cuda") == ts::Device(ts::DeviceType::cuda, 0));
+    CHECK_THROWS_AS(ts::check_device(ts::Device::parse("cuda")), ts::device_error);
+  }
+}
+
+TEST_CASE("with_device runs a function with the kind of a run-time device as a type", "[device]") {
+  auto describe = [&]<ts::DeviceKind K>(int ordinal) {
+    return std::string(K::name) + " " + std::to_string(ordinal);
+  };
+  CHECK(ts::with_device(ts::Device::parse("cpu:1"), describe) == "cpu 1");
+  CHECK(ts::with_device(ts::Device::parse("cpu"), describe) == "cpu 0");
+  CHECK(ts::with_device<ts::cpu>(ts::Device::parse("cpu:1"), describe) == "cpu 1");
+  CHECK(ts::with_device<ts::cpu, ts::cuda>(ts::Device::parse("cpu:0"), describe) == "cpu 0");
+  // The PyTorch idiom: the GPU when there is one, else the CPU.
+  const auto device = ts::Device::parse(ts::cuda::is_available() ? "cuda:0" : "cpu");
+  CHECK(ts::with_device(device, describe) == (device.is_cuda() ? "cuda 0" : "cpu 0"));
+  // A function returning nothing, and one that returns a reference.
+  int calls = 0;
+  ts::with_device(ts::Device::parse("cpu:1"), [&]<ts::DeviceKind K>(int ordinal) {
+    static_assert(std::is_same_v<K, ts::cpu>);
+    calls += ordinal;
+  });
+  CHECK(calls == 1);
+  int target = 0;
+  int& same = ts::with_device(ts::Device::parse("cpu"), [&]<ts::DeviceKind>(int) -> int& {
+    return target;
+  });
+  CHECK(&same == &target);
+}
+
+TEST_CASE("with_device checks the device before the function runs", "[device]") {
+  int calls = 0;
+  auto count = [&]<ts::DeviceKind>(int) { ++calls; };
+  CHECK_THROWS_WITH(ts::with_device(ts::Device::parse("cpu:2"), count),
+                    Catch::Contains("cpu:2") && Catch::Contains("2 cpu devices"));
+  if (ts::cuda::device_count() < 8) {
+    CHECK_THROWS_AS(ts::with_device(ts::Device::parse("cuda:7"), count), ts::device_error);
+  }
+  if (ts::cuda::is_available()) {
+    // A device of a kind the call was not compiled for: named, with what to do.
+    CHECK_THROWS_WITH(ts::with_device<ts::cpu>(ts::Device::parse("cuda:0"), count),
+                      Catch::Contains("cuda:0") && Catch::Contains("with_device<"));
+  }
+  CHECK(calls == 0);
 }
 
 TEST_CASE("device kinds are distinct types", "[device]") {
@@ -61,6 +120,9 @@ TEST_CASE("CUDA queries report no device instead of failing", "[device][cuda]") 
   CHECK(ts::cuda::is_available() == (count > 0));
   if (count == 0) {
     CHECK_THROWS_WITH(ts::cuda::set_device(0), Catch::Contains("cuda:0"));
+    // As torch.cuda.current_device(): no device, no current device.
+    CHECK_THROWS_WITH(ts::cuda::current_device(),
+                      Catch::Contains("current_device") && Catch::Contains("no CUDA device"));
     CHECK_THROWS_AS(ts::cuda::device_name(0), ts::device_error);
     CHECK_NOTHROW(ts::cuda::synchronize());
   } else {

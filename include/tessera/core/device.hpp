@@ -13,6 +13,8 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <type_traits>
+#include <utility>
 #include <unistd.h>
 
 #include "tessera/core/config.hpp"
@@ -109,7 +111,8 @@ struct cuda {
   }
   /// Marketing name of device i, e.g. "NVIDIA H100 80GB HBM3".
   static std::string device_name(int index);
-  /// The calling thread's current CUDA ordinal.
+  /// The calling thread's current CUDA ordinal. Throws device_error when there is no CUDA
+  /// device (as torch.cuda.current_device()).
   static int current_device();
   /// Makes ordinal i current for the calling thread (cudaSetDevice).
   static void set_device(int index);
@@ -138,7 +141,9 @@ struct Device {
   constexpr bool is_cuda() const noexcept { return type == DeviceType::cuda; }
   std::string str() const;
 
-  /// Parses "cpu", "cpu:N", "cuda", "cuda:N" (bare kind = ordinal 0). Throws
+  /// Parses "cpu", "cpu:N", "cuda", "cuda:N". A bare kind means the calling thread's current
+  /// device of that kind, as `torch.device("cuda")` does (resolved here, so str() names the
+  /// ordinal; "cuda" on a machine without a GPU gives cuda:0, which then does not exist). Throws
   /// std::invalid_argument naming the text. Does not check that the ordinal exists.
   static Device parse(std::string_view text);
 
@@ -176,7 +181,10 @@ TESSERA_API Device Device::parse(std::string_view text) {
   } else {
     return fail();
   }
-  if (!ordinal.empty()) {
+  if (ordinal.empty()) {
+    device.index = device.is_cpu() ? cpu::current_device()
+                                   : (cuda::is_available() ? cuda::current_device() : 0);
+  } else {
     auto [end, code] =
         std::from_chars(ordinal.data(), ordinal.data() + ordinal.size(), device.index);
     if (code != std::errc() || end != ordinal.data() + ordinal.size() || device.index < 0) {
@@ -318,14 +326,25 @@ inline std::string cuda::device_name(int index) {
 #endif
 }
 
+namespace detail {
+[[noreturn, gnu::cold]] TESSERA_API void throw_no_cuda_device(const char* what);
+#if TESSERA_DEFINITIONS
+TESSERA_API void throw_no_cuda_device(const char* what) {
+  throw device_error(std::string(what) + ": there is no CUDA device" +
+                     (TESSERA_CUDA ? " (no GPU or no driver on this machine)"
+                                   : " (Tessera was built without CUDA: TESSERA_WITH_CUDA=OFF)"));
+}
+#endif  // TESSERA_DEFINITIONS
+}  // namespace detail
+
 inline int cuda::current_device() {
+  if (!is_available()) detail::throw_no_cuda_device("cuda::current_device");
 #if TESSERA_CUDA
-  if (!is_available()) return 0;
   int index = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&index));
   return index;
 #else
-  return 0;
+  return 0;  // not reached: no CUDA device without CUDA support
 #endif
 }
 
@@ -349,6 +368,65 @@ inline void cuda::synchronize(int index) {
 #else
   if (index != -1) check_device(Device{DeviceType::cuda, index});
 #endif
+}
+
+namespace detail {
+[[noreturn, gnu::cold]] TESSERA_API void throw_with_device_kind(Device device);
+#if TESSERA_DEFINITIONS
+TESSERA_API void throw_with_device_kind(Device device) {
+  throw device_error("with_device: " + device.str() +
+                     " is of a kind this call was not compiled for: a unit runs code on CUDA "
+                     "devices when nvcc compiles it or it links tessera::compiled (or name the "
+                     "kinds: with_device<tessera::cpu, tessera::cuda>(device, f))");
+}
+#endif  // TESSERA_DEFINITIONS
+
+template <class F, DeviceKind K>
+using with_device_result_t = decltype(std::declval<F&>().template operator()<K>(0));
+
+template <DeviceKind K, DeviceKind... Ks, class F>
+decltype(auto) with_device_among(Device device, F& f) {
+  if constexpr (sizeof...(Ks) > 0) {
+    static_assert((std::is_same_v<with_device_result_t<F, K>, with_device_result_t<F, Ks>> && ...),
+                  "with_device: the function must return the same type for every device kind");
+  }
+  if (device.type == K::type) return f.template operator()<K>(device.index);
+  if constexpr (sizeof...(Ks) > 0) {
+    return with_device_among<Ks...>(device, f);
+  } else {
+    throw_with_device_kind(device);
+  }
+}
+}  // namespace detail
+
+/// Runs `f.template operator()<K>(ordinal)` with the kind of a run-time device as a type: the
+/// PyTorch idiom `device = "cuda:0" if available else "cpu"; x = x.to(device)` becomes
+///
+///     const auto device = ts::Device::parse(ts::cuda::is_available() ? "cuda:0" : "cpu");
+///     ts::with_device(device, [&]<ts::DeviceKind K>(int ordinal) {
+///       auto x = ts::randn<float, K>({8, 4}, ordinal); ...
+///     });
+///
+/// and returns what f returns (the same type for every kind). The device must exist
+/// (device_error otherwise, before f runs). f is compiled for the CPU, and for CUDA where this
+/// unit can run code on CUDA tensors (nvcc, or g++ linking tessera::compiled); elsewhere a CUDA
+/// device throws device_error. `with_device<ts::cpu, ts::cuda>(device, f)` names the kinds.
+template <DeviceKind K, DeviceKind... Ks, class F>
+decltype(auto) with_device(Device device, F&& f) {
+  check_device(device);
+  return detail::with_device_among<K, Ks...>(device, f);
+}
+template <class F>
+  requires(!DeviceKind<F>)
+decltype(auto) with_device(Device device, F&& f) {
+  check_device(device);
+  // This unit runs code on CUDA tensors when nvcc compiles its kernels or it evaluates its
+  // expressions through the kernels of tessera::compiled (op by op).
+  if constexpr (TESSERA_CUDA_KERNELS || TESSERA_CUDA_OP_BY_OP) {
+    return detail::with_device_among<cpu, cuda>(device, f);
+  } else {
+    return detail::with_device_among<cpu>(device, f);
+  }
 }
 
 /// RAII: makes ordinal `index` of kind K current for the calling thread; restores the previous
