@@ -225,7 +225,8 @@ int current_device() {
 /// Resolves a user-given ordinal: -1 means the current device of the kind. Checks it exists.
 template <DeviceKind K>
 Device resolve_device(int index) {
-  Device device{K::type, index == -1 ? K::current_device() : index};
+  // Without a device of the kind, -1 is reported as ordinal 0 ("device cuda:0 does not exist").
+  Device device{K::type, index != -1 ? index : K::is_available() ? K::current_device() : 0};
   check_device(device);
   return device;
 }
@@ -434,7 +435,7 @@ decltype(auto) with_device(Device device, F&& f) {
 template <DeviceKind K>
 class DeviceGuard {
  public:
-  explicit DeviceGuard(int index) : previous_(K::current_device()) { K::set_device(index); }
+  explicit DeviceGuard(int index) : previous_(checked_current(index)) { K::set_device(index); }
   ~DeviceGuard() {
     try {
       K::set_device(previous_);
@@ -447,6 +448,12 @@ class DeviceGuard {
   int previous() const noexcept { return previous_; }
 
  private:
+  // The target is checked first: a bad ordinal is named even where there is no current device.
+  static int checked_current(int index) {
+    check_device(Device{K::type, index});
+    return K::current_device();
+  }
+
   int previous_;
 };
 

@@ -208,7 +208,7 @@ inline stream_ref current_cuda_stream() {
 /// The calling thread's current stream of its current device of kind K.
 template <DeviceKind K>
 Stream current_stream() {
-  return current_stream(Device{K::type, K::current_device()});
+  return current_stream(resolve_device<K>(-1));
 }
 
 /// Makes `stream` the calling thread's current stream of its device.
