@@ -6,8 +6,10 @@
 //   1. one device: the whole model on cpu:0;
 //   2. model parallel: the first half on cpu:0, the second on cpu:1, the whole batch at once
 //      (one device works while the other waits);
-//   3. pipelined: the same two stages, the batch cut into micro-batches of `split` samples, so
-//      both devices work at once (ts::parallel::Pipeline, GPipe schedule).
+//   3. pipelined: the same two stages, the batch cut into micro-batches of `split_size` samples
+//      (the tutorial's knob: x.split(split_size), so a size that does not divide the batch
+//      leaves a smaller last micro-batch), so both devices work at once
+//      (ts::parallel::Pipeline with .split_size, GPipe schedule).
 //
 // The tutorial's model is ResNet-50 at 224x224 on two GPUs; here it is torchvision's ResNet-18
 // layout on small random images (argument 3, default 32x32) on two virtual CPU devices
@@ -16,7 +18,8 @@
 // two stages closest to equal time (each block timed, forward and backward, on one micro-batch).
 // Results go to a JSON file (argument 1, default pipeline_results.json) that bench/plot.py draws
 // as split_size_tradeoff.png and pipeline_comparison.png. Argument 2 is the number of timed runs
-// per configuration (default 3; the figures in bench/RESULTS.md use more).
+// per configuration (default 3; the figures in bench/RESULTS.md use more). Times are printed per
+// training step; the JSON holds the time of `steps` steps.
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -99,8 +102,8 @@ int main(int argc, char** argv) {
       },
       ag::input<float>(input_shape), ag::input<std::int64_t>({batch}));
   const Timing one = time_training(single_program, single, x, y, runs);
-  std::printf("one device:        %7.1f ms +- %5.1f for %d steps (loss %.4f -> %.4f)\n",
-              one.mean * 1e3, one.stddev * 1e3, steps, one.first_loss, one.last_loss);
+  std::printf("one device:         %6.1f ms/step +- %5.1f (loss %.4f -> %.4f)\n",
+              one.mean * 1e3 / steps, one.stddev * 1e3 / steps, one.first_loss, one.last_loss);
   if (ts::cpu::device_count() < 2) {
     std::printf("Model parallel and pipelined runs need two devices: run with "
                 "TESSERA_CPU_DEVICES=2.\n");
@@ -116,39 +119,46 @@ int main(int argc, char** argv) {
   std::printf("balance_by_time: %d blocks on cpu:0, %d on cpu:1\n", balance[0], balance[1]);
 
   // 2. Model parallel (two stages, no micro-batches) and 3. pipelined, for each split size.
-  auto run_pipeline = [&](int chunks) {
+  auto run_pipeline = [&](std::int64_t split_size) {
     Model model = make_model();
-    par::Pipeline pipe(
-        model, {.balance = balance, .chunks = chunks, .checkpoint = par::Checkpoint::never});
+    par::Pipeline pipe(model, {.balance = balance,
+                               .split_size = split_size,
+                               .checkpoint = par::Checkpoint::never});
     auto program = pipe.compile(loss_of, ag::input<float>(input_shape),
                                 ag::input<std::int64_t>({batch}));
     return time_training(program, model, x, y, runs);
   };
-  const Timing model_parallel = run_pipeline(1);
-  std::printf("model parallel:    %7.1f ms +- %5.1f (loss %.4f -> %.4f)\n",
-              model_parallel.mean * 1e3, model_parallel.stddev * 1e3, model_parallel.first_loss,
-              model_parallel.last_loss);
-  // The tutorial's sweep: 1 to 32 samples per micro-batch. 32 is one micro-batch, i.e. the model
-  // parallel run above. 1 trains BatchNorm on one sample, which at 32x32 leaves layer4 one value
-  // per channel: refused, as by PyTorch ("expected more than 1 value per channel when
-  // training"), so it runs from 64x64 on (argument 3).
+  const Timing model_parallel = run_pipeline(batch);
+  std::printf("model parallel:     %6.1f ms/step +- %5.1f (loss %.4f -> %.4f)\n",
+              model_parallel.mean * 1e3 / steps, model_parallel.stddev * 1e3 / steps,
+              model_parallel.first_loss, model_parallel.last_loss);
+  // The tutorial's sweep (split_size 1 to 60 of a batch of 120 there; 1 to 32 of 32 here), with
+  // sizes that do not divide the batch: 3 gives ten micro-batches of 3 and one of 2. 32 is one
+  // micro-batch, i.e. the model parallel run above. A micro-batch of one sample trains BatchNorm
+  // on one sample, which at 32x32 leaves layer4 one value per channel: refused, as by PyTorch
+  // ("expected more than 1 value per channel when training"), so split 1 runs from 64x64 on
+  // (argument 3).
   std::vector<int> splits;
   std::vector<Timing> pipelined;
   int best = 0;
-  for (int split : {1, 2, 4, 8, 16, 32}) {
-    if (split == 1 && size < 64) {
-      std::printf("pipelined split  1: skipped at %lldx%lld (BatchNorm would see one value per "
+  for (int split : {1, 3, 5, 8, 12, 16, 32}) {
+    const std::int64_t micro_batches = (batch + split - 1) / split;
+    const std::int64_t last = batch - (micro_batches - 1) * split;
+    if (last == 1 && size < 64) {
+      std::printf("pipelined split %2d: skipped at %lldx%lld (BatchNorm would see one value per "
                   "channel in layer4; run with size 64)\n",
-                  static_cast<long long>(size), static_cast<long long>(size));
+                  split, static_cast<long long>(size), static_cast<long long>(size));
       continue;
     }
-    const int chunks = static_cast<int>(batch / split);
     splits.push_back(split);
-    pipelined.push_back(chunks == 1 ? model_parallel : run_pipeline(chunks));
+    pipelined.push_back(micro_batches == 1 ? model_parallel : run_pipeline(split));
     const Timing& t = pipelined.back();
-    std::printf("pipelined split %2d: %6.1f ms +- %5.1f (%2d micro-batch%s; loss %.4f -> %.4f)%s\n",
-                split, t.mean * 1e3, t.stddev * 1e3, chunks, chunks == 1 ? "" : "es",
-                t.first_loss, t.last_loss, chunks == 1 ? ": the model-parallel run" : "");
+    std::printf("pipelined split %2d: %6.1f ms/step +- %5.1f (%2lld micro-batch%s, the last of "
+                "%2lld; loss %.4f -> %.4f)%s\n",
+                split, t.mean * 1e3 / steps, t.stddev * 1e3 / steps,
+                static_cast<long long>(micro_batches), micro_batches == 1 ? "" : "es",
+                static_cast<long long>(last), t.first_loss, t.last_loss,
+                micro_batches == 1 ? ": the model-parallel run" : "");
     if (t.mean < pipelined[static_cast<std::size_t>(best)].mean) {
       best = static_cast<int>(pipelined.size()) - 1;
     }

@@ -2,6 +2,8 @@
 // (TESSERA_CPU_DEVICES=4 for this folder). Against the unsplit model on one device over the whole
 // batch (float64, 1e-12): the loss and every gradient, for both schedules x the three checkpoint
 // modes, 2 and 3 stages, 1, 2 and 5 chunks of a batch of 11 (micro-batches 11 / 6+5 / 3+3+3+2).
+// split_size (the tutorial's knob) cuts as x.split does: the same numbers as the equal chunks,
+// and a last micro-batch no chunks can give (5+5+1) against the unsplit model.
 // With Dropout, a checkpointed micro-batch's recomputation draws the forward's numbers again
 // (checkpointed and not give the same gradients). With BatchNorm1d each micro-batch is
 // normalised with its own statistics: the reference is the micro-batches run one by one on one
@@ -128,6 +130,59 @@ TEST_CASE("pipeline gradients equal the unsplit model's for every schedule and c
           }
         }
       }
+    }
+  }
+}
+
+TEST_CASE("split_size cuts the batch as x.split(split_size): the chunks form's numbers",
+          "[parallel][pipeline]") {
+  const std::int64_t batch = 11;
+  const auto x = inputs_of<double>(batch, 6, 14);
+  const auto y = labels_of(batch, 15);
+  // x.split(split_size) of 11 samples, and the chunks that cut the same (0: none does).
+  struct Case {
+    std::int64_t split_size;
+    std::vector<std::int64_t> sizes;
+    int chunks;
+  };
+  const Case cases[] = {{3, {3, 3, 3, 2}, 4}, {6, {6, 5}, 2}, {11, {11}, 1}, {20, {11}, 1},
+                        {5, {5, 5, 1}, 0},    {2, {2, 2, 2, 2, 2, 1}, 6}};
+  for (par::Schedule schedule : {par::Schedule::gpipe, par::Schedule::one_f_one_b}) {
+    for (const Case& c : cases) {
+      INFO(name_of(schedule) << ", split_size " << c.split_size);
+      ts::manual_seed(16);
+      auto seq = make_mlp();
+      const auto [ref_loss, ref_grads] = unsplit(seq, x, y);
+      auto by_chunks = par::replicate(seq, 0);
+
+      par::Pipeline pipe(seq,
+                         {.balance = {3, 4}, .split_size = c.split_size, .schedule = schedule});
+      CHECK(pipe.options().split_size == c.split_size);
+      CHECK_FALSE(pipe.options().chunks.has_value());
+      auto program = pipe.compile(loss_fn, ag::input<double>({batch, 6}),
+                                  ag::input<std::int64_t>({batch}));
+      CHECK(program.micro_batch_sizes() == c.sizes);
+      const double loss = program.forward(x, y).item();
+      program.backward();
+      CHECK(loss == Approx(ref_loss).epsilon(1e-12));
+      check_close(grads_of(seq), ref_grads, 1e-12);
+      // Inference cuts the same way: the unsplit model's output.
+      const auto out = pipe(x).to_vector();
+      const auto expected = by_chunks(x).to_vector();
+      REQUIRE(out.size() == expected.size());
+      for (std::size_t i = 0; i < out.size(); ++i) {
+        CHECK(out[i] == Approx(expected[i]).epsilon(1e-14));
+      }
+      if (c.chunks == 0) continue;
+      // The same micro-batches by chunks: the same programs, so bit for bit the same numbers.
+      par::Pipeline chunked(by_chunks,
+                            {.balance = {3, 4}, .chunks = c.chunks, .schedule = schedule});
+      auto chunked_program = chunked.compile(loss_fn, ag::input<double>({batch, 6}),
+                                             ag::input<std::int64_t>({batch}));
+      CHECK(chunked_program.micro_batch_sizes() == c.sizes);
+      CHECK(chunked_program.forward(x, y).item() == loss);
+      chunked_program.backward();
+      check_close(grads_of(by_chunks), grads_of(seq), 0);
     }
   }
 }
@@ -344,11 +399,25 @@ TEST_CASE("pipeline options and inputs are checked, naming the values", "[parall
   CHECK_THROWS_WITH(Pipe(seq, {.balance = {3, 4}, .devices = {1}}),
                     Catch::Contains("devices: [1]") && Catch::Contains("stages: 2"));
   CHECK_THROWS_WITH(Pipe(seq, {.balance = {3, 4}, .chunks = 0}), Catch::Contains("chunks: 0"));
+  CHECK_THROWS_WITH(Pipe(seq, {.balance = {3, 4}, .split_size = 0}),
+                    Catch::Contains("split_size: 0"));
+  CHECK_THROWS_WITH(Pipe(seq, {.balance = {3, 4}, .chunks = 2, .split_size = 3}),
+                    Catch::Contains("not both") && Catch::Contains("chunks: 2") &&
+                        Catch::Contains("split_size: 3"));
+  CHECK_THROWS_WITH(Pipe(seq, {.balance = {3, 4}, .chunks = 1, .split_size = 1}),
+                    Catch::Contains("chunks: 1") && Catch::Contains("split_size: 1"));
   CHECK_THROWS_AS(Pipe(seq, {.balance = {3, 4}, .devices = {1, 1}}), std::invalid_argument);
   CHECK_THROWS_AS(Pipe(seq, {.balance = {3, 4}, .devices = {0, 9}}), ts::device_error);
   // Nothing moved by a refused pipeline.
   CHECK(seq.get<6>().weight().value().device_index() == 0);
 
+  {  // neither chunks nor split_size: one micro-batch
+    auto one = par::replicate(seq, 0);
+    par::Pipeline<decltype(one)> whole(one, {.balance = {3, 4}});
+    CHECK(whole.options().chunks == 1);
+    CHECK(whole.compile(loss_fn, ag::input<double>({6, 6}), ag::input<std::int64_t>({6}))
+              .micro_batch_sizes() == std::vector<std::int64_t>{6});
+  }
   par::Pipeline pipe(seq, {.balance = {3, 4}, .chunks = 4});
   auto program =
       pipe.compile(loss_fn, ag::input<double>({6, 6}), ag::input<std::int64_t>({6}));

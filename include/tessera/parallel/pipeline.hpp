@@ -2,7 +2,8 @@
 // (`balance` layers each), each stage's layers are moved in place to its device, and one host
 // thread drives each device (parallel::DeviceThreads). A batch is cut into micro-batches (as
 // torch.chunk: `chunks` pieces of ceil(N / chunks) samples, the last one smaller, so fewer
-// pieces when N does not fill them); the stages work on different micro-batches at once. An
+// pieces when N does not fill them; or as x.split(split_size): pieces of `split_size` samples,
+// the last one smaller); the stages work on different micro-batches at once. An
 // activation is sent as a tensor on the sender's device, which the receiving stage copies onto
 // its own while the sender goes on; the gradient of an activation is written by its sender into
 // a tensor the receiver allocated, so every block of a device comes from that device's thread.
@@ -28,6 +29,7 @@
 #include <cstdint>
 #include <exception>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -53,10 +55,13 @@ enum class Schedule { gpipe, one_f_one_b };
 /// before the backward): all, all but the last (torchgpipe's default), none.
 enum class Checkpoint { always, except_last, never };
 
+/// How a batch is cut: set `chunks` (torchgpipe's knob) or `split_size` (the knob of PyTorch's
+/// pipeline tutorial), not both; neither means one micro-batch (Pipeline sets chunks to 1).
 struct PipelineOptions {
-  std::vector<int> balance{};  // layers per stage, in order; adds up to the Sequential's size
-  std::vector<int> devices{};  // ordinal of each stage (empty: 0, 1, ...); extra ones unused
-  int chunks = 1;              // micro-batches per batch
+  std::vector<int> balance{};   // layers per stage, in order; adds up to the Sequential's size
+  std::vector<int> devices{};   // ordinal of each stage (empty: 0, 1, ...); extra ones unused
+  std::optional<int> chunks{};  // micro-batches per batch (torch.chunk)
+  std::optional<std::int64_t> split_size{};  // samples per micro-batch (x.split(split_size))
   Schedule schedule = Schedule::gpipe;
   Checkpoint checkpoint = Checkpoint::except_last;
 };
@@ -80,15 +85,28 @@ struct StagePlan {
 
 namespace detail {
 
-/// Sizes of the micro-batches of a batch of `batch` cut into `chunks` (torch.chunk).
-inline std::vector<std::int64_t> micro_batch_sizes(std::int64_t batch, int chunks) {
+/// Sizes of the micro-batches of a batch of `batch` cut into pieces of `split_size` samples, the
+/// last one smaller (x.split(split_size)).
+inline std::vector<std::int64_t> split_sizes(std::int64_t batch, std::int64_t split_size) {
   std::vector<std::int64_t> sizes;
-  if (batch <= 0) return sizes;
-  const std::int64_t size = (batch + chunks - 1) / chunks;
-  for (std::int64_t first = 0; first < batch; first += size) {
-    sizes.push_back(std::min(size, batch - first));
+  for (std::int64_t first = 0; first < batch; first += split_size) {
+    sizes.push_back(std::min(split_size, batch - first));
   }
   return sizes;
+}
+
+/// Sizes of the micro-batches of a batch of `batch` cut into `chunks` (torch.chunk: pieces of
+/// ceil(batch / chunks), so fewer than `chunks` when the batch does not fill them).
+inline std::vector<std::int64_t> micro_batch_sizes(std::int64_t batch, int chunks) {
+  if (batch <= 0) return {};
+  return split_sizes(batch, (batch + chunks - 1) / chunks);
+}
+
+/// The micro-batch sizes `options` (checked: chunks or split_size set) give a batch of `batch`.
+inline std::vector<std::int64_t> micro_batch_sizes(std::int64_t batch,
+                                                   const PipelineOptions& options) {
+  if (options.split_size) return split_sizes(batch, *options.split_size);
+  return micro_batch_sizes(batch, *options.chunks);
 }
 
 /// Whether `layer` (a module or a plain layer) has a parameter that requires grad.
@@ -131,7 +149,8 @@ class Pipeline {
   /// Cuts `seq` into stages and moves each stage's layers, in place, to its device. Throws
   /// std::invalid_argument, naming the values, when balance does not add up to the
   /// Sequential's length or has a stage with no layer, when there are fewer devices than
-  /// stages, or when chunks < 1; device_error for an ordinal that does not exist.
+  /// stages, when both chunks and split_size are set, or when chunks or split_size < 1;
+  /// device_error for an ordinal that does not exist. Nothing is moved when it throws.
   Pipeline(Seq& seq, PipelineOptions options)
       : seq_(seq), options_(checked(std::move(options))), threads_(options_.devices) {
     int first = 0;
@@ -167,7 +186,7 @@ class Pipeline {
   Tensor<T, Kind> operator()(const Tensor<T, Kind>& x) {
     if (!x.defined()) throw error("Pipeline: the input is undefined");
     if (x.dim() == 0) throw shape_error("Pipeline: the input is 0-dim; it needs a batch dimension");
-    std::vector<std::int64_t> sizes = detail::micro_batch_sizes(x.size(0), options_.chunks);
+    std::vector<std::int64_t> sizes = detail::micro_batch_sizes(x.size(0), options_);
     if (sizes.empty()) sizes.push_back(0);  // an empty batch goes through as one empty piece
     const int count = static_cast<int>(sizes.size());
     const int last = stages() - 1;
@@ -253,9 +272,21 @@ class Pipeline {
                                   list(o.devices) + ", stages: " + std::to_string(stages) + ")");
     }
     o.devices.resize(stages);
-    if (o.chunks < 1) {
-      throw std::invalid_argument("Pipeline: chunks must be a positive number (chunks: " +
-                                  std::to_string(o.chunks) + ")");
+    if (o.chunks && o.split_size) {
+      throw std::invalid_argument("Pipeline: set chunks or split_size, not both (chunks: " +
+                                  std::to_string(*o.chunks) + ", split_size: " +
+                                  std::to_string(*o.split_size) + ")");
+    }
+    if (o.split_size && *o.split_size < 1) {
+      throw std::invalid_argument("Pipeline: split_size must be a positive number (split_size: " +
+                                  std::to_string(*o.split_size) + ")");
+    }
+    if (!o.split_size) {
+      if (!o.chunks) o.chunks = 1;
+      if (*o.chunks < 1) {
+        throw std::invalid_argument("Pipeline: chunks must be a positive number (chunks: " +
+                                    std::to_string(*o.chunks) + ")");
+      }
     }
     return o;
   }
@@ -743,7 +774,7 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
     throw shape_error("Pipeline::compile: the batch is empty (input shape " + shapes[0].str() +
                       ")");
   }
-  const std::vector<std::int64_t> sizes = detail::micro_batch_sizes(batch, options_.chunks);
+  const std::vector<std::int64_t> sizes = detail::micro_batch_sizes(batch, options_);
   const int count = static_cast<int>(sizes.size());
   // Micro-batches of one shape class share programs: 0, the full size; 1, a smaller last one.
   const int classes = sizes.back() == sizes.front() ? 1 : 2;
