@@ -4,7 +4,8 @@
 // the pieces' rows are computed independently of each other); BatchNorm in training mode
 // normalises each piece with its own statistics and only the module's running statistics move;
 // state dicts carry PyTorch's `module.` prefix and load both ways through a safetensors file;
-// bad arguments throw naming the values. Labelled `threads`, so the TSan build runs it.
+// 0-dim outputs are gathered as one value per device (hand-computed); bad arguments throw
+// naming the values. Labelled `threads`, so the TSan build runs it.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -163,6 +164,60 @@ TEST_CASE("DataParallel in training mode: BatchNorm uses each piece's statistics
               once.get<2>().running_mean().value().to_vector(), 1e-15);
   check_close(model.get<2>().running_var().value().to_vector(),
               once.get<2>().running_var().value().to_vector(), 1e-15);
+}
+
+// The mean of its input (a plain layer: a replica's 0-dim output).
+struct Mean {
+  ts::Tensor<double> forward(const ts::Tensor<double>& x) const { return ts::mean(x); }
+};
+// A 0-dim sum for a piece of one row, else the rows' sums: outputs of different ranks.
+struct SumOfRows {
+  ts::Tensor<double> forward(const ts::Tensor<double>& x) const {
+    return x.size(0) == 1 ? ts::sum(x) : ts::sum(x, 1);
+  }
+};
+
+TEST_CASE("DataParallel gathers 0-dim outputs as one value per device, as PyTorch",
+          "[parallel][dp]") {
+  // Linear(2, 1) with weight [0.5, -1] and bias 3, then the mean: the rows [1, 2], [3, 4],
+  // [5, 6], [7, 8] give 1.5, 0.5, -0.5, -1.5.
+  auto model = nn::Sequential(nn::Linear<double>(2, 1), Mean{});
+  model.get<0>().weight().value().copy_(ts::from_vector<double>({0.5, -1.0}, {1, 2}));
+  model.get<0>().bias().value().fill_(3.0);
+  const auto x = ts::from_vector<double>({1, 2, 3, 4, 5, 6, 7, 8}, {4, 2});
+
+  par::DataParallel two(model, {0, 1});
+  const ts::Tensor<double> per_device = two(x);  // rows 0-1 on cpu:0, 2-3 on cpu:1
+  CHECK(per_device.shape() == ts::Shape{2});
+  CHECK(per_device.device_index() == 0);
+  CHECK(per_device.to_vector() == std::vector<double>{1.0, -1.0});
+  // A batch of one uses one device: one value.
+  const ts::Tensor<double> one_row = two(x.narrow(0, 0, 1));
+  CHECK(one_row.shape() == ts::Shape{1});
+  CHECK(one_row.to_vector() == std::vector<double>{1.5});
+
+  par::DataParallel three(model, {0, 1, 2}, 3);  // pieces of 2, 1 and 1 rows, gathered on cpu:3
+  const ts::Tensor<double> on_three = three(x);
+  CHECK(on_three.device_index() == 3);
+  CHECK(on_three.to_vector() == std::vector<double>{1.0, -0.5, -1.5});
+
+  // One device id: the module's own 0-dim output (PyTorch calls the module directly).
+  par::DataParallel single(model, {0});
+  const ts::Tensor<double> whole = single(x.narrow(0, 0, 3));
+  CHECK(whole.dim() == 0);
+  CHECK(whole.item() == 0.5);
+
+  // Split along dim 1: the scalars still make a vector. Columns {0, 1} and {2}.
+  par::DataParallel<Mean, ts::cpu> columns(Mean{}, {0, 1}, -1, 1);
+  const auto wide = ts::from_vector<double>({1, 2, 4, 8, 16, 32}, {2, 3});
+  CHECK(columns(wide).to_vector() == std::vector<double>{(1.0 + 2 + 8 + 16) / 4, (4.0 + 32) / 2});
+
+  // A 0-dim output beside a 1-d one: the shape error names both.
+  par::DataParallel<SumOfRows, ts::cpu> mixed(SumOfRows{}, {0, 1});
+  CHECK_THROWS_WITH(mixed(x.narrow(0, 0, 3)),
+                    Catch::Contains("[2]") && Catch::Contains("[]") &&
+                        Catch::Contains("cannot be concatenated"));
+  CHECK(mixed(x).to_vector() == std::vector<double>{3, 7, 11, 15});
 }
 
 TEST_CASE("DataParallel's state dict carries the module. prefix and loads both ways",

@@ -283,8 +283,11 @@ class DataParallel {
   /// devices: each device runs its piece at once, the outputs concatenated along dim on
   /// output_device. Replica i uses the module's current parameters, buffers and training mode
   /// (BatchNorm in training mode normalises each piece with its own statistics, as in PyTorch).
-  /// Throws shape_error naming the shape when x has no dimension `dim`, or when the pieces'
-  /// outputs cannot be concatenated.
+  /// When every replica returns a 0-dim tensor (a loss, say), the result is a 1-d tensor of one
+  /// value per device used, in device_ids order, whatever `dim` is (PyTorch's gather does this
+  /// with a warning; with a single device id the module's 0-dim output is returned as it is, also
+  /// as PyTorch). Throws shape_error naming the shape when x has no dimension `dim`, or naming
+  /// both shapes when the pieces' outputs cannot be concatenated.
   template <Dtype T>
   auto operator()(const Tensor<T, Kind>& x) {
     if (!x.defined()) throw error("DataParallel: the input is undefined");
@@ -445,11 +448,34 @@ class DataParallel {
     }
   }
 
-  // The pieces' outputs concatenated along dim on output_device, each member copying its own.
+  // The pieces' outputs concatenated along dim on output_device, each member copying its own;
+  // 0-dim outputs as one value per member (see operator()).
   template <class Out>
   Out gather(const std::vector<Out>& outputs) {
+    const auto is_scalar = [](const Out& out) { return out.dim() == 0; };
+    if (std::all_of(outputs.begin(), outputs.end(), is_scalar)) {
+      if (threads_.size() == 1) return outputs[0].to(output_device_);
+      std::vector<Out> values;
+      values.reserve(outputs.size());
+      for (const Out& out : outputs) values.push_back(out.view({1}));
+      return concatenate(values, 0);
+    }
     const Out& first = outputs[0];
-    const int d = first.shape().normalize_dim(dim_, "DataParallel (dim of the outputs)");
+    for (const Out& out : outputs) {
+      if (out.dim() != first.dim()) {
+        throw shape_error("DataParallel: the replicas' outputs " + first.shape().str() + " and " +
+                          out.shape().str() + " cannot be concatenated along dimension " +
+                          std::to_string(dim_));
+      }
+    }
+    return concatenate(outputs,
+                       first.shape().normalize_dim(dim_, "DataParallel (dim of the outputs)"));
+  }
+
+  // `outputs` (all of one rank) concatenated along d on output_device, each member copying its own.
+  template <class Out>
+  Out concatenate(const std::vector<Out>& outputs, int d) {
+    const Out& first = outputs[0];
     Shape shape = first.shape();
     shape[d] = 0;
     for (const Out& out : outputs) {
