@@ -3,7 +3,7 @@
 # that are missing (checked with dpkg-query; apt-get runs only when something is missing).
 #
 #   bash cmake/install-deps.sh --demo     # compiler, CMake, Ninja: enough for the examples
-#   bash cmake/install-deps.sh --test     # + Catch2, OpenMPI, OpenBLAS, numpy, torch, torchvision (oracles), ccache, Benchmark
+#   bash cmake/install-deps.sh --test     # + Catch2, DLPack, OpenMPI, OpenBLAS, numpy, torch, torchvision (oracles), ccache, Benchmark
 #   bash cmake/install-deps.sh --bench    # + Google Benchmark, and the baselines Eigen and LibTorch
 #   bash cmake/install-deps.sh --test --bench   # everything CI needs (.ci/run)
 #
@@ -17,7 +17,7 @@ usage() {
 }
 
 demo_packages=(cmake ninja-build g++)
-test_packages=(catch2 libopenmpi-dev openmpi-bin python3-numpy python3-torch python3-torchvision python3-sklearn libopenblas-openmp-dev ccache libbenchmark-dev)
+test_packages=(catch2 libdlpack-dev libopenmpi-dev openmpi-bin python3-numpy python3-torch python3-torchvision python3-sklearn libopenblas-openmp-dev ccache libbenchmark-dev)
 bench_packages=(libtorch-dev libeigen3-dev libbenchmark-dev)
 
 # Python test oracles from PyPI (not Debian): `safetensors` (the official reader and writer) for

@@ -117,6 +117,46 @@ TEST_CASE("an alias of CPU storage on a CUDA device is refused, naming both devi
   CHECK(t.storage().use_count() == uses);
 }
 
+TEST_CASE(
+    "another library's memory is neither counted nor freed by the pool; its release "
+    "function runs once, after the last handle",
+    "[accounting]") {
+  struct owner {
+    float values[4] = {1, 2, 3, 4};
+    int releases = 0;
+  } memory;
+  const auto before = ts::memory::stats(cpu0);
+  ts::Tensor<float> view;
+  {
+    ts::Storage storage = ts::Storage::from_blob(
+        cpu0, memory.values, sizeof memory.values,
+        [](void* context) noexcept { ++static_cast<owner*>(context)->releases; }, &memory);
+    CHECK(storage.is_external());
+    CHECK_FALSE(storage.is_pinned());
+    CHECK(storage.data() == memory.values);
+    CHECK(storage.bytes() == 16);
+    auto t = ts::Tensor<float>(storage, ts::Shape{4}, ts::Strides{1}, 0);
+    view = t.narrow(0, 1, 2);
+    t.narrow(0, 3, 1).fill_(-4.0f);
+  }
+  CHECK(memory.releases == 0);
+  CHECK(memory.values[3] == -4.0f);  // written in place
+  CHECK(view.to_vector() == std::vector<float>{2, 3});
+  view = ts::Tensor<float>();
+  CHECK(memory.releases == 1);
+  const auto after = ts::memory::stats(cpu0);
+  CHECK(after.allocations.allocated == before.allocations.allocated);
+  CHECK(after.allocated_bytes.current == before.allocated_bytes.current);
+
+  // A device that does not exist: refused before anything is taken (release is not called).
+  CHECK_THROWS_AS(
+      ts::Storage::from_blob(
+          ts::Device::parse("cpu:9"), memory.values, sizeof memory.values,
+          [](void* context) noexcept { ++static_cast<owner*>(context)->releases; }, &memory),
+      ts::device_error);
+  CHECK(memory.releases == 1);
+}
+
 TEST_CASE("failed calls change no statistic", "[accounting][errors]") {
   auto t = ts::zeros<float>({2, 3});
   const auto before = ts::memory::stats(cpu0);

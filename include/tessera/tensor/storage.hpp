@@ -1,5 +1,6 @@
 // Storage: the reference-counted buffer behind tensors. Copying a Storage (and so a Tensor) bumps
-// an atomic count; the last handle returns the bytes to its device's pool. Views share storage.
+// an atomic count; the last handle returns the bytes to its device's pool (or, for memory another
+// library owns, calls that library's release function). Views share storage.
 #pragma once
 
 #include <atomic>
@@ -14,6 +15,13 @@
 namespace tessera {
 
 namespace detail {
+/// Where a block's bytes come from, and so where the last handle returns them.
+enum class storage_origin : std::uint8_t {
+  pool,      // the device's pool (memory::allocate)
+  pinned,    // the pinned host pool (memory::detail::pinned_allocate)
+  external,  // another library's memory (Storage::from_blob): its release function is called
+};
+
 struct storage_block {
   std::atomic<std::int64_t> references{1};
   void* data = nullptr;
@@ -25,8 +33,10 @@ struct storage_block {
   std::int32_t device_type = 0;
   std::int32_t device_index = 0;
   stream_ref stream;
-  // Pinned host memory from memory::detail::pinned_allocate, not from the device's pool.
-  bool pinned = false;
+  storage_origin origin = storage_origin::pool;
+  // storage_origin::external: called once with `release_context` by the last handle.
+  void (*release_external)(void* context) noexcept = nullptr;
+  void* release_context = nullptr;
   // Storage::alias: the block whose bytes these are (one reference held); nullptr otherwise,
   // and in every block a thread keeps for reuse.
   storage_block* owner = nullptr;
@@ -119,7 +129,7 @@ class Storage {
   /// Allocates `bytes` on `device` from its pool (0 bytes allocates nothing). Throws
   /// out_of_memory_error, or device_error for a device that does not exist.
   static Storage allocate(Device device, std::size_t bytes, stream_ref stream = {}) {
-    return make(device, bytes, stream, false, [&] {
+    return make(device, bytes, stream, detail::storage_origin::pool, [&] {
       if (void* data = memory::detail::allocate_cached(device, bytes)) return data;
       return memory::allocate(device, bytes, stream);
     });
@@ -129,8 +139,29 @@ class Storage {
   /// process-wide pinned pool (memory::pinned_stats), the source of asynchronous copies to CUDA
   /// devices. Throws device_error without CUDA support or a CUDA device, out_of_memory_error.
   static Storage allocate_pinned(Device device, std::size_t bytes) {
-    return make(device, bytes, stream_ref{}, true,
+    return make(device, bytes, stream_ref{}, detail::storage_origin::pinned,
                 [&] { return memory::detail::pinned_allocate(bytes); });
+  }
+
+  /// A handle to `bytes` bytes at `data` on `device` that another library owns (PyTorch's
+  /// from_blob with a deleter; DLPack's from_dlpack uses it): Tessera's pools neither count nor
+  /// free them; when the last handle goes, `release(context)` is called, exactly once, on the
+  /// thread that drops it (nothing when `release` is nullptr). Throws device_error for a device
+  /// that does not exist (std::bad_alloc when no handle can be made); when it throws, `release` is
+  /// not called and the memory is still the caller's.
+  static Storage from_blob(Device device, void* data, std::size_t bytes,
+                           void (*release)(void* context) noexcept, void* context) {
+    check_device(device);
+    detail::storage_block* block = detail::storage_block_cache::take();
+    block->data = data;
+    block->bytes = bytes;
+    block->device_type = static_cast<std::int32_t>(device.type);
+    block->device_index = device.index;
+    block->stream = stream_ref{};
+    block->origin = detail::storage_origin::external;
+    block->release_external = release;
+    block->release_context = context;
+    return Storage(block);
   }
 
   /// A handle on CPU device `device` to the bytes of `owner` (a CPU storage), which it keeps
@@ -150,7 +181,7 @@ class Storage {
     block->device_type = static_cast<std::int32_t>(device.type);
     block->device_index = device.index;
     block->stream = stream_ref{};
-    block->pinned = false;
+    block->origin = detail::storage_origin::pool;
     block->owner = owner.block_;
     return Storage(block);
   }
@@ -181,7 +212,13 @@ class Storage {
   /// True for a handle made by alias().
   bool is_alias() const noexcept { return block_ != nullptr && block_->owner != nullptr; }
   /// True for storage from allocate_pinned.
-  bool is_pinned() const noexcept { return block_ != nullptr && block_->pinned; }
+  bool is_pinned() const noexcept {
+    return block_ != nullptr && block_->origin == detail::storage_origin::pinned;
+  }
+  /// True for storage from from_blob (memory another library owns).
+  bool is_external() const noexcept {
+    return block_ != nullptr && block_->origin == detail::storage_origin::external;
+  }
   /// Number of handles (tensors, views) sharing this storage.
   std::int64_t use_count() const noexcept {
     return block_ ? block_->references.load(std::memory_order_relaxed) : 0;
@@ -195,7 +232,8 @@ class Storage {
   // to the cache if it throws).
   template <class AllocateData>
   [[gnu::always_inline]] static Storage make(Device device, std::size_t bytes, stream_ref stream,
-                                             bool pinned, AllocateData allocate_data) {
+                                             detail::storage_origin origin,
+                                             AllocateData allocate_data) {
     detail::storage_block* block = detail::storage_block_cache::take();
     void* data = nullptr;
     try {
@@ -209,7 +247,7 @@ class Storage {
     block->device_type = static_cast<std::int32_t>(device.type);
     block->device_index = device.index;
     block->stream = stream;
-    block->pinned = pinned;
+    block->origin = origin;
     return Storage(block);
   }
   void retain() noexcept {
@@ -222,8 +260,12 @@ class Storage {
                    block_->references.fetch_sub(1, std::memory_order_acq_rel) == 1)) {
       if (block_->owner != nullptr) [[unlikely]] {
         Storage owner(std::exchange(block_->owner, nullptr));  // released at the end of scope
-      } else if (block_->pinned) [[unlikely]] {
-        memory::detail::pinned_deallocate(block_->data, block_->bytes);
+      } else if (block_->origin != detail::storage_origin::pool) [[unlikely]] {
+        if (block_->origin == detail::storage_origin::pinned) {
+          memory::detail::pinned_deallocate(block_->data, block_->bytes);
+        } else if (block_->release_external != nullptr) {
+          block_->release_external(block_->release_context);
+        }
       } else if (!memory::detail::deallocate_cached(block_->device(), block_->data,
                                                     block_->bytes)) {
         memory::deallocate(block_->device(), block_->data, block_->bytes, block_->stream);

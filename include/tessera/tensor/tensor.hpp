@@ -213,13 +213,17 @@ class Tensor {
   /// when the last handle to its storage goes, the pool hands the block out again only after the
   /// work queued on `stream` until then is done. `stream` must be on this tensor's device
   /// (device_mismatch_error naming both). On CPU, whose work is synchronous, nothing waits.
+  /// Memory another library owns (Storage::from_blob, ts::from_dlpack) is not the pool's: as in
+  /// PyTorch, nothing is recorded, and the caller finishes the work before the last handle goes.
   void record_stream(const Stream& stream) const {
     require_defined("record_stream");
     if (stream.device() != device()) {
       throw device_mismatch_error("record_stream: the tensor is on " + device().str() +
                                   ", the stream on " + stream.device().str());
     }
-    if (storage_.data() != nullptr) memory::record_stream(device(), storage_.data(), stream.ref());
+    if (storage_.data() != nullptr && !storage_.is_external()) {
+      memory::record_stream(device(), storage_.data(), stream.ref());
+    }
   }
   /// True when the tensor's storage is pinned (page-locked) host memory, from pin_memory or a
   /// DataLoader with pin_memory; false for every other tensor, and everywhere without CUDA.
