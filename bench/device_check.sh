@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Runs on a lent GPU machine what bench/device_pack.sh packed on the CPU machine, in one go and
-# within about 8 minutes: the CUDA tests, the g++ unit that trains on CUDA, PyTorch's baseline and
-# cuda_bench, whose ratios torch / tessera it prints with its rows. Results go to $OUT (or
-# build/device/out) as text and JSON.
+# within about 8 minutes: the CUDA tests, the g++ unit that trains on CUDA, DLPack's CUDA test,
+# PyTorch's baseline and cuda_bench, whose ratios torch / tessera it prints with its rows.
+# Results go to $OUT (or build/device/out) as text and JSON.
 #   bash bench/device_check.sh [pack.tar.xz=build/device/pack.tar.xz]
 # Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _BENCH_S: 240, 90, 180);
 # a part that fails or runs out is reported and the next one still runs.
@@ -35,6 +35,7 @@ part() {  # name, seconds, command...
 
 part cuda_tests "${TESSERA_DEVICE_TEST_S:-240}" "$dir/bin/tessera_cuda_tests" -r compact
 part cuda_gxx_tests 60 "$dir/bin/tessera_cuda_gxx_tests" -r compact
+part cuda_dlpack_tests 30 "$dir/bin/tessera_io_dlpack_cuda_tests" -r compact
 part torch_baseline "${TESSERA_DEVICE_TORCH_S:-90}" python3 "$dir/cuda_torch_baseline.py" \
   "$out/torch.json"
 baseline=()

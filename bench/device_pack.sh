@@ -2,7 +2,8 @@
 # Builds, on the CPU machine, what bench/device_check.sh runs on a lent GPU machine, and packs it
 # into build/device/pack.tar.xz (git-ignored; `run` carries it with `carry: ["build/device/pack.tar.xz"]`):
 #   - tessera_cuda_tests (every tests/**/*_test.cu) and tessera_cuda_gxx_tests (a g++ unit that
-#     trains on CUDA through tessera::compiled, tests/cuda_gxx/), from the cuda preset's tree;
+#     trains on CUDA through tessera::compiled, tests/cuda_gxx/) and tessera_io_dlpack_cuda_tests
+#     (DLPack exchange of CUDA tensors), from the cuda preset's tree;
 #   - cuda_bench (bench/cuda_bench.cu), from a Release CUDA tree with the benchmarks on;
 #   - the shared libraries they need that the GPU machine lacks (Debian's OpenBLAS, gfortran,
 #     quadmath, gomp, Google Benchmark); CUDA's own (cudart, cuBLAS, cuDNN, NCCL) are there.
@@ -22,7 +23,8 @@ if command -v ccache >/dev/null 2>&1; then
 fi
 
 cmake --preset cuda "${launchers[@]}" -DTESSERA_CUDA_ARCHITECTURES="$arch" >/dev/null
-cmake --build --preset cuda -j "$jobs" --target tessera_cuda_tests tessera_cuda_gxx_tests
+cmake --build --preset cuda -j "$jobs" --target tessera_cuda_tests tessera_cuda_gxx_tests \
+  tessera_io_dlpack_cuda_tests
 cmake -S . -B build/cudabench -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WITH_CUDA=ON \
   -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_EXAMPLES=OFF -DTESSERA_BUILD_BENCH=ON \
   -DTESSERA_CUDA_ARCHITECTURES="$arch" "${launchers[@]}" >/dev/null
@@ -32,7 +34,7 @@ stage=build/device/pack
 rm -rf "$stage" build/device/pack.tar.xz
 mkdir -p "$stage/bin" "$stage/lib"
 cp build/cuda/tests/tessera_cuda_tests build/cuda/tests/tessera_cuda_gxx_tests \
-  build/cudabench/bench/cuda_bench "$stage/bin/"
+  build/cuda/tests/tessera_io_dlpack_cuda_tests build/cudabench/bench/cuda_bench "$stage/bin/"
 # The libraries the binaries load from Debian's packages (the GPU machine has CUDA's own).
 for binary in "$stage"/bin/*; do
   ldd "$binary" | awk '/=> \// { print $3 }'

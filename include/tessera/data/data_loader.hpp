@@ -133,7 +133,7 @@ class DataLoader {
   /// Throws std::invalid_argument naming the value for batch_size < 1, num_workers < 0 or
   /// prefetch_factor < 1; shape_error via the dataset's first example is not checked here.
   explicit DataLoader(D dataset, DataLoaderOptions options = {})
-      : dataset_(std::move(dataset)), options_(options) {
+      : dataset_(std::make_shared<const D>(std::move(dataset))), options_(options) {
     if (options_.batch_size < 1 || options_.num_workers < 0 || options_.prefetch_factor < 1) {
       throw std::invalid_argument(
           "DataLoader: batch_size " + std::to_string(options_.batch_size) + ", num_workers " +
@@ -143,15 +143,16 @@ class DataLoader {
     }
   }
 
-  const D& dataset() const noexcept { return dataset_; }
+  const D& dataset() const noexcept { return *dataset_; }
   const DataLoaderOptions& options() const noexcept { return options_; }
   /// True when batches are in pinned host memory: options().pin_memory and a CUDA device present.
   bool pinned() const noexcept { return options_.pin_memory && cuda::is_available(); }
   /// Batches per epoch.
   std::int64_t size() const {
-    const std::int64_t n = static_cast<std::int64_t>(dataset_.size());
+    const std::int64_t n = static_cast<std::int64_t>(dataset_->size());
     const std::int64_t b = options_.batch_size;
-    return options_.drop_last ? n / b : (n + b - 1) / b;
+    // Not (n + b - 1) / b: that overflows for a batch_size near INT64_MAX (and gave no batch).
+    return options_.drop_last ? n / b : n / b + (n % b != 0);
   }
   /// The epoch the next range-for runs (0 first); each begin() moves it on by one.
   std::uint64_t epoch() const noexcept { return epoch_; }
@@ -160,7 +161,7 @@ class DataLoader {
   /// The order of the examples in epoch `epoch`: 0, 1, ... without shuffle; else a permutation
   /// that depends only on (seed, epoch) (Fisher-Yates over a 64-bit Mersenne Twister, unbiased).
   std::vector<std::int64_t> order(std::uint64_t epoch) const {
-    const auto n = static_cast<std::int64_t>(dataset_.size());
+    const auto n = static_cast<std::int64_t>(dataset_->size());
     std::vector<std::int64_t> indices(static_cast<std::size_t>(n));
     for (std::int64_t i = 0; i < n; ++i) indices[static_cast<std::size_t>(i)] = i;
     if (!options_.shuffle) return indices;
@@ -185,16 +186,17 @@ class DataLoader {
   iterator end() const { return iterator(nullptr, size()); }
 
  private:
-  // One epoch: the order, the ring of batch buffers, the workers.
+  // One epoch: the order, the ring of batch buffers, the workers. It shares the dataset and
+  // copies the options, so an iterator (and its workers) may outlive the loader.
   class epoch_run {
    public:
     epoch_run(const DataLoader& loader, std::vector<std::int64_t> order)
-        : loader_(loader),
+        : dataset_(loader.dataset_),
+          batch_size_(loader.options_.batch_size),
           order_(std::move(order)),
           batches_(loader.size()),
           pinned_(loader.pinned()),
-          slots_(static_cast<std::size_t>(
-              std::max(1, loader.options_.num_workers * loader.options_.prefetch_factor))) {
+          slots_(ring_size(loader.options_, batches_)) {
       const int workers = loader.options_.num_workers;
       threads_.reserve(static_cast<std::size_t>(workers));
       for (int w = 0; w < workers; ++w) threads_.emplace_back([this, w, workers] { work(w, workers); });
@@ -243,6 +245,15 @@ class DataLoader {
     }
 
    private:
+    // num_workers * prefetch_factor buffers (in 64 bits: both are ints), at least 1 and no more
+    // than the epoch has batches: a larger ring would only hold empty slots.
+    static std::size_t ring_size(const DataLoaderOptions& options, std::int64_t batches) {
+      const std::int64_t wanted = static_cast<std::int64_t>(options.num_workers) *
+                                  static_cast<std::int64_t>(options.prefetch_factor);
+      return static_cast<std::size_t>(
+          std::max<std::int64_t>(1, std::min(wanted, std::max<std::int64_t>(batches, 1))));
+    }
+
     struct slot {
       std::int64_t filled = -1;  // the batch it holds
       batch_type batch{};
@@ -286,7 +297,8 @@ class DataLoader {
           s->filled = k;
         }
         changed_.notify_all();
-        if (!s->failure.empty()) return;  // the loop stops at this batch
+        // A failed batch raises its error when the loop reaches it; the worker goes on with its
+        // later batches, which the loop gets if it carries on past the error (as PyTorch's).
       }
     }
 
@@ -297,15 +309,16 @@ class DataLoader {
 
     // Loads batch k's examples into `batch` (a buffer of the right shapes, reused or new).
     void fill_into(std::int64_t k, batch_type& batch, std::string& failure) const {
-      const std::int64_t b = loader_.options_.batch_size;
+      const std::int64_t b = batch_size_;
       const std::int64_t first = k * b;
       const std::int64_t length =
           std::min<std::int64_t>(b, static_cast<std::int64_t>(order_.size()) - first);
       std::int64_t index = -1;
+      failure.clear();  // a slot's earlier batch may have failed
       try {
         for (std::int64_t j = 0; j < length; ++j) {
           index = order_[static_cast<std::size_t>(first + j)];
-          const example_type example = loader_.dataset_.get(index);
+          const example_type example = dataset_->get(index);
           if (j == 0) prepare(batch, example, length, pinned_);
           copy_row(batch, example, j, index);
         }
@@ -368,7 +381,8 @@ class DataLoader {
       }
     }
 
-    const DataLoader& loader_;
+    std::shared_ptr<const D> dataset_;
+    std::int64_t batch_size_;
     std::vector<std::int64_t> order_;
     std::int64_t batches_;
     bool pinned_;  // batches in pinned memory (DataLoader::pinned())
@@ -404,7 +418,7 @@ class DataLoader {
   };
 
  private:
-  D dataset_;
+  std::shared_ptr<const D> dataset_;  // shared with the epochs running
   DataLoaderOptions options_;
   std::uint64_t epoch_ = 0;
 };

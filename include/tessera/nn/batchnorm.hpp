@@ -175,9 +175,11 @@ class batch_norm : public Module {
         momentum_(momentum),
         affine_(affine),
         track_running_stats_(track_running_stats) {
-    if (num_features < 0 || !(eps >= 0.0) || (momentum && !(*momentum >= 0 && *momentum <= 1))) {
+    // No channels is refused here, by name: such a layer normalises nothing, and an error in
+    // its forward would not say why.
+    if (num_features < 1 || !(eps >= 0.0) || (momentum && !(*momentum >= 0 && *momentum <= 1))) {
       throw std::invalid_argument(
-          std::string(layer) + ": expected num_features >= 0, eps >= 0 and momentum in [0, 1], got " +
+          std::string(layer) + ": expected num_features >= 1, eps >= 0 and momentum in [0, 1], got " +
           std::to_string(num_features) + ", " + std::to_string(eps) + " and " +
           (momentum ? std::to_string(*momentum) : std::string("none")));
     }
@@ -312,20 +314,22 @@ class batch_norm : public Module {
       Tensor<T, K> stats = Tensor<T, K>::empty_on(Shape{3, num_features_}, input.device());
       workspace ws = eager_workspace(input.device(), batch_norm_stats_workspace<T>(view) +
                                                          batch_norm_apply_workspace<T>(view));
+      // Every allocation before the running statistics move: a failure (out of memory) leaves
+      // the module as it was.
+      Tensor<T, K> y = Tensor<T, K>::empty_on(shape, input.device());
+      Tensor<T, K> y3 = y.view(view);
       if (uses_batch_statistics()) {
         batch_norm_batch_stats(x3, stats, eps_, ws);
-        if (is_training() && track_running_stats_) {
-          update_running_stats(stats.select(0, 0), stats.select(0, 2), view[0] * view[2]);
-        }
       } else {
         batch_norm_running_stats(running_mean_.value(), running_var_.value(), stats, eps_);
       }
-      Tensor<T, K> y = Tensor<T, K>::empty_on(shape, input.device());
-      Tensor<T, K> y3 = y.view(view);
       const Tensor<T, K>& w = weight_.value();
       const Tensor<T, K>& b = bias_.value();
       batch_norm_apply(x3, stats, affine_ ? &w : nullptr, affine_ ? &b : nullptr, relu_after, y3,
                        ws);
+      if (uses_batch_statistics() && is_training() && track_running_stats_) {
+        update_running_stats(stats.select(0, 0), stats.select(0, 2), view[0] * view[2]);
+      }
       return y;
     } else {
       using V = autograd::Var<T, K>;

@@ -531,6 +531,27 @@ TESSERA_API bool all_on(const Module& module, Device device) {
 }
 #endif
 
+/// Throws device_error naming the first parameter or buffer of `moved` (nn::to's result) that is
+/// not on `device`: a model whose layers choose their own kind or ordinal (a class that is not a
+/// template over the kind, `nn::Linear<float> fc{4, 2}` in a plain struct) cannot be moved by
+/// making it again, and must not come back half moved.
+TESSERA_API void check_moved(const Module& moved, Device device);
+#if TESSERA_DEFINITIONS
+TESSERA_API void check_moved(const Module& moved, Device device) {
+  for (const auto& [key, value] : moved.state_dict()) {
+    if (!value.defined() || value.device() == device) continue;
+    throw device_error(
+        "nn::to: the model was made again for " + device.str() + " but its '" + key +
+        "' is on " + value.device().str() +
+        ": its layers choose their own device kind or ordinal (a model class that is not a "
+        "template over the kind, e.g. a member nn::Linear<float> in a plain struct, or a layer "
+        "made on a fixed ordinal). Make the model a template, template <ts::DeviceKind K> struct "
+        "Net, with layers of kind K on the current ordinal, or give it a member "
+        "template <ts::DeviceKind K2> Net<K2> copy_to(ts::Device) const");
+  }
+}
+#endif
+
 /// Sets each module of `target` (same structure as `source`) to the training mode of its
 /// counterpart. train() is recursive, so setting the flags parents first leaves each its own.
 TESSERA_API void copy_training_modes(const Module& source, Module& target);
@@ -698,7 +719,9 @@ rebind_kind_t<M, K2> to(const M& module, int index = -1) {
     if constexpr (std::is_same_v<rebind_kind_t<M, K2>, M>) {
       if (detail::all_on(module, device)) return module;
     }
-    return detail::copy_to<K2>(module, device);
+    auto moved = detail::copy_to<K2>(module, device);
+    detail::check_moved(moved, device);
+    return moved;
   }
 }
 

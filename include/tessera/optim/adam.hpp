@@ -181,7 +181,15 @@ class adam_base : public Optimizer {
         throw error(name_ + "::load_state_dict: parameter " + std::to_string(i) +
                     " has exp_avg but not all of its other moments");
       }
-      s.step = static_cast<std::int64_t>(scalar_of(state_dict, state_key(i, "step")));
+      const double step = scalar_of(state_dict, state_key(i, "step"));
+      // A whole number of steps (torch saves it as a float): -1, NaN or 1e30 would make the next
+      // update's bias corrections 0 or NaN, and every parameter non-finite.
+      if (!(step >= 0 && step <= 0x1p53 && step == std::floor(step))) {
+        throw error(name_ + "::load_state_dict: " + state_key(i, "step") + " is " +
+                    tessera::detail::number_str(step) +
+                    ", not a whole number of steps from 0 to 2^53; nothing was loaded");
+      }
+      s.step = static_cast<std::int64_t>(step);
     }
     std::vector<AnyTensor> masters = loaded_masters(state_dict);
     options_ = options;
@@ -207,31 +215,53 @@ class adam_base : public Optimizer {
     AnyTensor exp_avg, exp_avg_sq, max_exp_avg_sq;
   };
 
-  /// `value` is the parameter, or the fp32 master of the 16-bit parameter `low`.
+  /// A parameter's moments for one step: made (its first step) or checked and on its device.
+  struct staged_moments {
+    AnyTensor exp_avg, exp_avg_sq, max_exp_avg_sq;
+  };
+
+  /// Parameter i's moments for this step, without changing any state: step() stages every
+  /// parameter's (the allocations and checks that can fail) before it updates any.
+  template <Dtype T, DeviceKind K>
+  staged_moments stage(std::size_t i, const Tensor<T, K>& value) const {
+    const Options o = group_options(group_of_[i]);
+    const parameter_state& state = state_[i];
+    staged_moments out;
+    if (!state.exp_avg.defined()) {
+      // Made here, filled by the pass, which writes them without reading them.
+      out.exp_avg = Tensor<T, K>::empty_on(value.shape(), value.device());
+      out.exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
+      if (o.amsgrad) out.max_exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
+      return out;
+    }
+    if (o.amsgrad && !state.max_exp_avg_sq.defined()) {
+      throw error(name_ + ": amsgrad was switched on after parameter " + std::to_string(i) +
+                  "'s first step; PyTorch fails there too (no max_exp_avg_sq state)");
+    }
+    out.exp_avg = state.exp_avg;  // copies of the handles: state_like moves these, not the state
+    out.exp_avg_sq = state.exp_avg_sq;
+    (void)state_like(out.exp_avg, value, "exp_avg", i);
+    (void)state_like(out.exp_avg_sq, value, "exp_avg_sq", i);
+    if (o.amsgrad) {
+      out.max_exp_avg_sq = state.max_exp_avg_sq;
+      (void)state_like(out.max_exp_avg_sq, value, "max_exp_avg_sq", i);
+    }
+    return out;
+  }
+
+  /// `value` is the parameter, or the fp32 master of the 16-bit parameter `low`; `moments` what
+  /// stage() made for it. Updates the parameter and commits the moments.
   template <Dtype T, DeviceKind K, Dtype G = T, Dtype L = T>
   void update(std::size_t i, const Tensor<T, K>& value, const Tensor<G, K>& grad,
-              const Tensor<L, K>& low = {}) {
+              const staged_moments& moments, const Tensor<L, K>& low = {}) {
     using C = opmath_t<T>;
     const Options o = group_options(group_of_[i]);
     parameter_state& state = state_[i];
     const bool first_step = !state.exp_avg.defined();
-    Tensor<T, K> exp_avg, exp_avg_sq, max_exp_avg_sq;
-    if (first_step) {
-      // Made here, filled by the pass, which writes them without reading them.
-      exp_avg = Tensor<T, K>::empty_on(value.shape(), value.device());
-      exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
-      if (o.amsgrad) max_exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
-    } else {
-      exp_avg = state_like(state.exp_avg, value, "exp_avg", i);
-      exp_avg_sq = state_like(state.exp_avg_sq, value, "exp_avg_sq", i);
-      if (o.amsgrad) {
-        if (!state.max_exp_avg_sq.defined()) {
-          throw error(name_ + ": amsgrad was switched on after parameter " + std::to_string(i) +
-                      "'s first step; PyTorch fails there too (no max_exp_avg_sq state)");
-        }
-        max_exp_avg_sq = state_like(state.max_exp_avg_sq, value, "max_exp_avg_sq", i);
-      }
-    }
+    const Tensor<T, K> exp_avg = moments.exp_avg.template as<T, K>();
+    const Tensor<T, K> exp_avg_sq = moments.exp_avg_sq.template as<T, K>();
+    Tensor<T, K> max_exp_avg_sq;
+    if (o.amsgrad) max_exp_avg_sq = moments.max_exp_avg_sq.template as<T, K>();
     // Scalars in double, as Python computes them, then rounded to the compute type.
     const double step = static_cast<double>(state.step + 1);
     const double bias_correction1 = 1.0 - std::pow(o.betas[0], step);
@@ -258,11 +288,9 @@ class adam_base : public Optimizer {
                                                low_data};
     detail::for_each_element<K>(name_.c_str(), value.device(), value.numel(), rule);
     state.step += 1;
-    if (first_step) {
-      state.exp_avg = exp_avg;
-      state.exp_avg_sq = exp_avg_sq;
-      if (o.amsgrad) state.max_exp_avg_sq = max_exp_avg_sq;
-    }
+    state.exp_avg = moments.exp_avg;
+    state.exp_avg_sq = moments.exp_avg_sq;
+    if (o.amsgrad) state.max_exp_avg_sq = moments.max_exp_avg_sq;
   }
 
   Options options_;
@@ -272,8 +300,16 @@ class adam_base : public Optimizer {
 template <class Options, bool Decoupled>
 void adam_base<Options, Decoupled>::step() {
   for (std::size_t g = 0; g < groups_.size(); ++g) validate(group_options(g), name_);
+  // Everything that can fail first (each gradient checked, each moment made or moved): a bad
+  // gradient or an out-of-memory error leaves every parameter and its state as they were.
+  std::vector<staged_moments> staged(parameters_.size());
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    with_typed(i, [&](auto value, auto grad, auto... low) { update(i, value, grad, low...); });
+    with_typed(i, [&](auto value, auto, auto...) { staged[i] = stage(i, value); });
+  }
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    with_typed(i, [&](auto value, auto grad, auto... low) {
+      update(i, value, grad, staged[i], low...);
+    });
   }
 }
 

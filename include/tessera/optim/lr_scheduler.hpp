@@ -60,6 +60,12 @@ class lr_scheduler {
   /// "base_lr" and "last_lr" numbers (before parameter groups) loads into a one-group optimiser.
   void load_state_dict(const StateDict& state_dict) {
     const double epoch = state_number(state_dict, "last_epoch", "LRScheduler");
+    // A whole number from -1 (before the first step) to 2^53 (beyond, doubles skip integers).
+    if (!(epoch >= -1 && epoch <= 0x1p53 && epoch == std::floor(epoch))) {
+      throw error("LRScheduler::load_state_dict: 'last_epoch' is " +
+                  tessera::detail::number_str(epoch) +
+                  ", not a whole number of steps from -1 to 2^53; nothing was loaded");
+    }
     std::vector<double> base, last;
     if (!state_dict.contains("base_lrs") && base_lrs_.size() == 1) {
       base = {state_number(state_dict, "base_lr", "LRScheduler")};
@@ -155,10 +161,13 @@ class CosineAnnealingLR : public detail::lr_scheduler<Opt> {
     const std::int64_t epoch = ++this->last_epoch_;
     const double pi = std::numbers::pi;
     const auto t = static_cast<double>(t_max_);
-    const std::int64_t period = 2 * t_max_;
+    // torch's (epoch - 1 - T_max) % (2 * T_max) == 0, without computing 2 * T_max (it overflows
+    // for T_max above 2^62): d is a multiple of 2 T_max when it is an even multiple of T_max.
+    const std::int64_t d = epoch - 1 - t_max_;
+    const bool restart = d % t_max_ == 0 && (d / t_max_) % 2 == 0;
     this->apply([&](double lr, double base) {
       if (epoch == 0) return lr;
-      if ((((epoch - 1 - t_max_) % period) + period) % period == 0) {  // Python's modulo
+      if (restart) {
         return lr + (base - eta_min_) * (1 - std::cos(pi / t)) / 2;
       }
       return (1 + std::cos(pi * static_cast<double>(epoch) / t)) /

@@ -171,21 +171,31 @@ class SGD : public Optimizer {
  private:
   static std::string str(double v) { return std::to_string(v); }
 
-  /// `value` is the parameter, or the fp32 master of the 16-bit parameter `low`.
+  /// Parameter i's momentum buffer for this step (undefined without momentum), made (its first
+  /// step) or checked and on its device, without changing any state: step() stages every
+  /// parameter's before it updates any.
+  template <Dtype T, DeviceKind K>
+  AnyTensor stage(std::size_t i, const Tensor<T, K>& value) const {
+    if (group_options(group_of_[i]).momentum == 0.0) return {};
+    // Made here, filled by the pass (the first step writes it without reading it).
+    if (!momentum_buffers_[i].defined()) return Tensor<T, K>::empty_on(value.shape(), value.device());
+    AnyTensor buffer = momentum_buffers_[i];  // state_like moves this copy, not the state
+    (void)state_like(buffer, value, "momentum buffer", i);
+    return buffer;
+  }
+
+  /// Updates parameter i with the buffer stage() made for it, and commits the buffer. `value` is
+  /// the parameter, or the fp32 master of the 16-bit parameter `low`.
   template <Dtype T, DeviceKind K, Dtype G = T, Dtype L = T>
   void update(std::size_t i, const Tensor<T, K>& value, const Tensor<G, K>& grad,
-              const Tensor<L, K>& low = {}) {
+              const AnyTensor& staged, const Tensor<L, K>& low = {}) {
     using C = opmath_t<T>;
     const SGDOptions o = group_options(group_of_[i]);
     const bool has_momentum = o.momentum != 0.0;
     AnyTensor& buffer_state = momentum_buffers_[i];
     const bool first_step = has_momentum && !buffer_state.defined();
     Tensor<T, K> buffer;
-    if (has_momentum) {
-      // Made here, filled by the pass (the first step writes it without reading it).
-      buffer = first_step ? Tensor<T, K>::empty_on(value.shape(), value.device())
-                          : state_like(buffer_state, value, "momentum buffer", i);
-    }
+    if (has_momentum) buffer = staged.template as<T, K>();
     L* low_data = nullptr;
     if constexpr (!std::is_same_v<L, T>) low_data = low.data();
     const detail::sgd_update<T, C, G, L> rule{value.data(),
@@ -200,7 +210,7 @@ class SGD : public Optimizer {
                                               o.maximize,
                                               low_data};
     detail::for_each_element<K>("SGD", value.device(), value.numel(), rule);
-    if (first_step) buffer_state = buffer;
+    if (has_momentum) buffer_state = staged;
   }
 
   SGDOptions options_;
@@ -210,8 +220,16 @@ class SGD : public Optimizer {
 #if TESSERA_DEFINITIONS
 TESSERA_API void SGD::step() {
   for (std::size_t g = 0; g < groups_.size(); ++g) validate(group_options(g));
+  // Everything that can fail first (each gradient checked, each buffer made or moved): a bad
+  // gradient or an out-of-memory error leaves every parameter and its buffer as they were.
+  std::vector<AnyTensor> staged(parameters_.size());
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
-    with_typed(i, [&](auto value, auto grad, auto... low) { update(i, value, grad, low...); });
+    with_typed(i, [&](auto value, auto, auto...) { staged[i] = stage(i, value); });
+  }
+  for (std::size_t i = 0; i < parameters_.size(); ++i) {
+    with_typed(i, [&](auto value, auto grad, auto... low) {
+      update(i, value, grad, staged[i], low...);
+    });
   }
 }
 

@@ -35,6 +35,7 @@
 
 #include "tessera/backend/cpu/parallel.hpp"
 #include "tessera/backend/cuda/cudnn.hpp"
+#include "tessera/core/detail/checked.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/expr/assign.hpp"
@@ -239,9 +240,22 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   g.o = w[0], g.kh = w[2], g.kw = w[3];
   g.sh = a.stride.h, g.sw = a.stride.w, g.ph = a.padding.h, g.pw = a.padding.w;
   g.dh = a.dilation.h, g.dw = a.dilation.w, g.groups = a.groups;
-  const std::int64_t span_h = g.dh * (g.kh - 1) + 1, span_w = g.dw * (g.kw - 1) + 1;
-  const std::int64_t padded_h = g.h + 2 * g.ph, padded_w = g.w + 2 * g.pw;
-  if (g.kh <= 0 || g.kw <= 0 || span_h > padded_h || span_w > padded_w) {
+  if (g.kh <= 0 || g.kw <= 0) {
+    throw shape_error(who + ": expected a kernel of at least (1, 1), got (" +
+                      std::to_string(g.kh) + ", " + std::to_string(g.kw) + ") from the weight " +
+                      w.str());
+  }
+  // Padding, dilation and stride are the user's numbers: every size made from them is checked.
+  const tessera::detail::checked_int64 m(who, [&] {
+    return "the output size of an input of shape " + x.str() + " with kernel (" +
+           std::to_string(g.kh) + ", " + std::to_string(g.kw) + "), stride " + a.stride.str() +
+           ", padding " + a.padding.str() + " and dilation " + a.dilation.str();
+  });
+  const std::int64_t span_h = m.add(m.mul(g.dh, g.kh - 1), 1);
+  const std::int64_t span_w = m.add(m.mul(g.dw, g.kw - 1), 1);
+  const std::int64_t padded_h = m.add(g.h, m.mul(2, g.ph));
+  const std::int64_t padded_w = m.add(g.w, m.mul(2, g.pw));
+  if (span_h > padded_h || span_w > padded_w) {
     throw shape_error(who + ": the kernel (" + std::to_string(g.kh) + ", " + std::to_string(g.kw) +
                       ") with dilation " + a.dilation.str() + " spans (" + std::to_string(span_h) +
                       ", " + std::to_string(span_w) + "), larger than the padded input (" +
@@ -250,6 +264,16 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
   }
   g.oh = (padded_h - span_h) / g.sh + 1;
   g.ow = (padded_w - span_w) / g.sw + 1;
+  // A stride past the only window moves nothing: with one output position on an axis it is cut
+  // to the padded extent (the output and every algorithm's choice stay the same), so that no
+  // later product of it (a view's strides, cuDNN's int) overflows.
+  if (g.oh == 1) g.sh = std::min(g.sh, padded_h);
+  if (g.ow == 1) g.sw = std::min(g.sw, padded_w);
+  // The output, the padded input (CUDA's im2col copies into one) and one image's col (c * kh * kw
+  // rows of oh * ow): every later size is below these.
+  (void)m.mul(m.mul(std::max<std::int64_t>(g.n, 1), g.o), m.mul(g.oh, g.ow));
+  (void)m.mul(m.mul(std::max<std::int64_t>(g.n, 1), g.c), m.mul(padded_h, padded_w));
+  (void)m.mul(m.mul(g.c, m.mul(g.kh, g.kw)), m.mul(g.oh, g.ow));
   const std::int64_t spatial = std::max<std::int64_t>(g.spatial(), 1);
   const std::int64_t col_image = g.c * g.kh * g.kw * spatial;
   const std::int64_t wanted =

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "tessera/core/detail/checked.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/expr/assign.hpp"
@@ -56,13 +57,15 @@ struct pool2d_geometry {
   Shape padded_shape() const { return Shape{n, c, hp, wp}; }
 };
 
-inline std::int64_t pooled_extent(std::int64_t in, std::int64_t k, std::int64_t s,
-                                  std::int64_t p, std::int64_t d, bool ceil_mode) {
-  const std::int64_t span = d * (k - 1) + 1;
-  const std::int64_t room = in + 2 * p - span;
-  std::int64_t out = (ceil_mode ? (room + s - 1) / s : room / s) + 1;
+/// The output extent of a window of k (dilation d, stride s, padding p) over `in`; `m` checks
+/// each step (the caller has checked span = d * (k - 1) + 1 and in + 2 * p).
+template <class Checked>
+std::int64_t pooled_extent(const Checked& m, std::int64_t in, std::int64_t span, std::int64_t s,
+                           std::int64_t p, bool ceil_mode) {
+  const std::int64_t room = m.add(in, m.mul(2, p)) - span;  // >= 0: the window fits
+  std::int64_t out = (ceil_mode ? room / s + (room % s != 0) : room / s) + 1;
   // PyTorch: with ceil_mode, the last window must start inside the input or its left padding.
-  if (ceil_mode && (out - 1) * s >= in + p) --out;
+  if (ceil_mode && m.mul(out - 1, s) >= m.add(in, p)) --out;
   return out;
 }
 
@@ -80,24 +83,38 @@ inline pool2d_geometry pool2d_geometry_of(const std::string& who, const Shape& x
                       "got kernel_size " + kernel.str() + ", stride " + stride.str() +
                       ", padding " + padding.str() + ", dilation " + dilation.str());
   }
-  if (2 * padding.h > kernel.h || 2 * padding.w > kernel.w) {
+  // PyTorch's rule, padding <= kernel_size / 2, without computing 2 * padding (it may overflow).
+  if (padding.h > kernel.h / 2 || padding.w > kernel.w / 2) {
     throw shape_error(who + ": padding " + padding.str() +
                       " must be at most half of kernel_size " + kernel.str());
   }
+  const tessera::detail::checked_int64 m(who, [&] {
+    return "the output size of an input of shape " + x.str() + " with kernel_size " +
+           kernel.str() + ", stride " + stride.str() + ", padding " + padding.str() +
+           " and dilation " + dilation.str();
+  });
   pool2d_geometry g;
   g.n = x[0], g.c = x[1], g.h = x[2], g.w = x[3];
   g.kh = kernel.h, g.kw = kernel.w, g.sh = stride.h, g.sw = stride.w;
   g.ph = padding.h, g.pw = padding.w, g.dh = dilation.h, g.dw = dilation.w;
-  const std::int64_t span_h = g.dh * (g.kh - 1) + 1, span_w = g.dw * (g.kw - 1) + 1;
-  if (span_h > g.h + 2 * g.ph || span_w > g.w + 2 * g.pw) {
+  const std::int64_t span_h = m.add(m.mul(g.dh, g.kh - 1), 1);
+  const std::int64_t span_w = m.add(m.mul(g.dw, g.kw - 1), 1);
+  if (span_h > m.add(g.h, m.mul(2, g.ph)) || span_w > m.add(g.w, m.mul(2, g.pw))) {
     throw shape_error(who + ": the window " + kernel.str() + " (dilation " + dilation.str() +
                       ") is larger than the padded input of an input of shape " + x.str() +
                       " (padding " + padding.str() + ")");
   }
-  g.oh = pooled_extent(g.h, g.kh, g.sh, g.ph, g.dh, ceil_mode);
-  g.ow = pooled_extent(g.w, g.kw, g.sw, g.pw, g.dw, ceil_mode);
-  g.hp = std::max(g.h + 2 * g.ph, (g.oh - 1) * g.sh + span_h);
-  g.wp = std::max(g.w + 2 * g.pw, (g.ow - 1) * g.sw + span_w);
+  g.oh = pooled_extent(m, g.h, span_h, g.sh, g.ph, ceil_mode);
+  g.ow = pooled_extent(m, g.w, span_w, g.sw, g.pw, ceil_mode);
+  g.hp = std::max(g.h + 2 * g.ph, m.add(m.mul(g.oh - 1, g.sh), span_h));
+  g.wp = std::max(g.w + 2 * g.pw, m.add(m.mul(g.ow - 1, g.sw), span_w));
+  // A stride past the only window moves nothing: cut to the padded extent there (the windows
+  // stay the same), so that no view's stride (sh * wp) overflows.
+  if (g.oh == 1) g.sh = std::min(g.sh, g.hp);
+  if (g.ow == 1) g.sw = std::min(g.sw, g.wp);
+  // The padded buffer and the output: every later size is below these.
+  (void)m.mul(m.mul(std::max<std::int64_t>(g.n, 1), std::max<std::int64_t>(g.c, 1)),
+              m.mul(g.hp, g.wp));
   return g;
 }
 
