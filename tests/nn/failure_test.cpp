@@ -4,6 +4,7 @@
 // memory leaves its running statistics as they were.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <vector>
@@ -121,6 +122,24 @@ TEST_CASE("BatchNorm2d's forward that runs out of memory leaves its statistics a
   CHECK(after_small > 0);  // the loop did fail where the old order had moved the statistics
   CHECK(bn.num_batches_tracked().value().item() == tracked + 1);  // and then one step ran
   CHECK(bn.running_mean().value().to_vector() != mean);
+}
+
+TEST_CASE("a loss whose target is on another device names the loss, not an internal op",
+          "[nn][failure]") {
+  const auto x = ts::ones<float>({4, 3}, 0);
+  const auto y = ts::zeros<float>({4, 3}, 1);
+  CHECK_THROWS_AS(ts::nn::mse_loss(x, y), ts::device_mismatch_error);
+  CHECK_THROWS_WITH(ts::nn::mse_loss(x, y),
+                    Contains("mse_loss: the input is on cpu:0 and the target on cpu:1"));
+  CHECK_THROWS_WITH(ts::nn::l1_loss(x, y), Contains("l1_loss") && Contains("cpu:1"));
+  CHECK_THROWS_WITH(ts::nn::binary_cross_entropy_with_logits(x, y),
+                    Contains("binary_cross_entropy_with_logits"));
+  const auto labels = ts::zeros<std::int64_t>({4}, 1);
+  CHECK_THROWS_AS(ts::nn::cross_entropy(x, labels), ts::device_mismatch_error);
+  CHECK_THROWS_WITH(ts::nn::cross_entropy(x, labels),
+                    Contains("cross_entropy: the logits are on cpu:0 and the targets on cpu:1"));
+  // On one device, the value is torch's: every logit equal, the loss is log(3).
+  CHECK(ts::nn::cross_entropy(x, labels.to(0)).item() == Approx(std::log(3.0)));
 }
 
 // A plain (not templated) model whose layer is made on a fixed ordinal: nn::to cannot move it by

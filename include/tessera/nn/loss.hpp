@@ -27,28 +27,11 @@
 
 namespace tessera::nn {
 
-/// mean((input - target)^2) as a 0-dim tensor (torch.nn.functional.mse_loss, reduction "mean"),
-/// in one pass over both operands (tensors or lazy expressions). Throws shape_error naming both
-/// shapes when they differ (PyTorch broadcasts them with a warning that the result is likely
-/// wrong; here it is an error), dtype_error for integer operands.
-template <class A, class B>
-auto mse_loss(const A& input, const B& target) {
-  if constexpr (requires {
-                  input.shape();
-                  target.shape();
-                }) {
-    if (input.shape() != target.shape()) {
-      throw shape_error("mse_loss: the input has shape " + input.shape().str() +
-                        " and the target " + target.shape().str() + "; they must be equal");
-    }
-  }
-  const auto difference = input - target;
-  return mean(difference * difference);
-}
-
 namespace detail {
 
-// Throws shape_error naming the loss and both shapes when input and target differ.
+// Throws shape_error naming the loss and both shapes when input and target differ, and
+// device_mismatch_error naming the loss and both devices when they are on different ordinals
+// (the expression's own error would name its internal operation, "sub").
 template <class A, class B>
 void check_same_shape(const A& input, const B& target, const char* loss) {
   if constexpr (requires {
@@ -60,9 +43,32 @@ void check_same_shape(const A& input, const B& target, const char* loss) {
                         " and the target " + target.shape().str() + "; they must be equal");
     }
   }
+  if constexpr (requires {
+                  { input.device() } -> std::convertible_to<Device>;
+                  { target.device() } -> std::convertible_to<Device>;
+                }) {
+    if (input.device() != target.device()) {
+      throw device_mismatch_error(std::string(loss) + ": the input is on " +
+                                  input.device().str() + " and the target on " +
+                                  target.device().str() + "; move the target with .to(" +
+                                  std::to_string(input.device().index) + ")");
+    }
+  }
 }
 
 }  // namespace detail
+
+/// mean((input - target)^2) as a 0-dim tensor (torch.nn.functional.mse_loss, reduction "mean"),
+/// in one pass over both operands (tensors or lazy expressions). Throws shape_error naming both
+/// shapes when they differ (PyTorch broadcasts them with a warning that the result is likely
+/// wrong; here it is an error), dtype_error for integer operands.
+template <class A, class B>
+auto mse_loss(const A& input, const B& target) {
+  detail::check_same_shape(input, target, "mse_loss");
+  const auto difference = input - target;
+  return mean(difference * difference);
+}
+
 
 /// mean(|input - target|) (torch.nn.functional.l1_loss, reduction "mean"), in one pass; eager on
 /// tensors and expressions, traced on Vars (the gradient is sign(input - target) / n, 0 where
@@ -583,6 +589,13 @@ auto class_loss(const L& input, const Targets& targets, const class_loss_options
     static_assert(tessera::detail::is_tensor<Targets>::value,
                   "cross_entropy, nll_loss: eager inputs take a tensor of targets");
     const Device device = eager_device(input, targets);
+    if (targets.device() != device) {
+      throw device_mismatch_error(std::string(o.name()) + ": the " +
+                                  (o.from_logits ? "logits are" : "log-probabilities are") +
+                                  " on " + device.str() + " and the targets on " +
+                                  targets.device().str() + "; move the targets with .to(" +
+                                  std::to_string(device.index) + ")");
+    }
     if (rank > 2) {
       // The classes moved last, [N * d, C]: the [N, C] loss over every position, then the
       // per-position losses [N, d...] for Reduction::none.
