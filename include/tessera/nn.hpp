@@ -1,7 +1,7 @@
 // Modules, layers, losses and initialisers in one include (DESIGN §3.6): Module, Parameter,
 // Buffer, Linear, Conv2d, ReLU/Sigmoid/Tanh, Sequential, Dropout, BatchNorm1d/2d, MaxPool2d,
-// AvgPool2d, AdaptiveAvgPool2d, Flatten, mse_loss, cross_entropy, ts::nn::functional,
-// ts::nn::init.
+// AvgPool2d, AdaptiveAvgPool2d, Flatten, mse_loss, cross_entropy, ts::nn::functional (with
+// one_hot), ts::nn::init.
 #pragma once
 
 #include "tessera/nn/activation.hpp"

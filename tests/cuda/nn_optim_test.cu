@@ -2,7 +2,8 @@
 // reductions and the optimisers' update kernels run there), against the same computation on the
 // CPU, which tests/nn and tests/optim check against PyTorch: Linear, BatchNorm1d in both modes,
 // Dropout's statistics, mse_loss and cross_entropy, SGD/Adam/AdamW trajectories, the state the
-// first step allocates on the device, and moving modules between cpu and cuda.
+// first step allocates on the device, and moving modules between cpu and cuda; one_hot on the
+// device against hand-written rows (tests/nn/one_hot_test.cpp checks the CPU).
 // The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
@@ -129,6 +130,35 @@ TEST_CASE("Dropout on cuda: mask fraction and scaling", "[cuda][nn]") {
   CHECK(wrong == 0);
   const double n = 1 << 20;
   CHECK(std::abs(zeros / n - 0.25) < 5 * std::sqrt(0.25 * 0.75 / n));
+}
+
+TEST_CASE("one_hot on cuda: the rows on the labels' device, bad labels named", "[cuda][nn]") {
+  namespace F = nn::functional;
+  const auto labels = ts::from_vector<std::int64_t>({3, 0, 1, 1, 2, 0}, {2, 3}).cuda(0);
+  const ts::Tensor<std::int64_t, ts::cuda> inferred = F::one_hot(labels);  // max 3: 4 classes
+  CHECK(inferred.device() == cuda0);
+  CHECK(inferred.shape() == ts::Shape{2, 3, 4});
+  CHECK(inferred.to_vector() == std::vector<std::int64_t>{0, 0, 0, 1,  //
+                                                          1, 0, 0, 0,  //
+                                                          0, 1, 0, 0,  //
+                                                          0, 1, 0, 0,  //
+                                                          0, 0, 1, 0,  //
+                                                          1, 0, 0, 0});
+  const auto wide = F::one_hot(labels.transpose(0, 1), 5);  // [[3, 1], [0, 2], [1, 0]]
+  CHECK(wide.shape() == ts::Shape{3, 2, 5});
+  CHECK(wide.to_vector() == std::vector<std::int64_t>{0, 0, 0, 1, 0,  //
+                                                      0, 1, 0, 0, 0,  //
+                                                      1, 0, 0, 0, 0,  //
+                                                      0, 0, 1, 0, 0,  //
+                                                      0, 1, 0, 0, 0,  //
+                                                      1, 0, 0, 0, 0});
+  CHECK(F::one_hot(ts::from_vector<std::int64_t>({}, {0}).cuda(0), 3).shape() ==
+        ts::Shape{0, 3});
+  CHECK_THROWS_WITH(F::one_hot(labels, 3), Catch::Contains("label 3 at position [0, 0]") &&
+                                               Catch::Contains("num_classes 3"));
+  const auto negative = ts::from_vector<std::int64_t>({0, 4, -2}, {3}).cuda(0);
+  CHECK_THROWS_WITH(F::one_hot(negative), Catch::Contains("label -2 at position [2]"));
+  CHECK(negative.to_vector() == std::vector<std::int64_t>{0, 4, -2});
 }
 
 TEMPLATE_TEST_CASE("optimisers on cuda follow the cpu trajectory", "[cuda][optim]", float, double) {

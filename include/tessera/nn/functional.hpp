@@ -1,6 +1,7 @@
 // ts::nn::functional: convolution and pooling as functions (torch.nn.functional's names and
 // arguments). Each takes tensors (eager: a new tensor, its workspace from the device pool for the
 // call) or autograd Vars (traced: a node whose workspace is part of the program's memory plan).
+// one_hot (tensors only: labels have no gradient) lives in nn/one_hot.hpp, included here.
 //
 //     auto y = ts::nn::functional::conv2d(x, w, b, {.stride = 2, .padding = 1});
 //     auto p = ts::nn::functional::max_pool2d(y, 3, {.stride = 2, .padding = 1});
@@ -15,6 +16,7 @@
 #include "tessera/nn/detail/conv_nodes.hpp"
 #include "tessera/nn/detail/operand.hpp"
 #include "tessera/nn/detail/pool2d.hpp"
+#include "tessera/nn/one_hot.hpp"
 
 namespace tessera::nn::detail {
 
