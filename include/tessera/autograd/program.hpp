@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstring>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -175,6 +176,21 @@ class program_state {
   std::vector<std::function<void(const GradientReady&)>> hooks;
   bool allocated = false;
   bool forwarded = false;
+  // The handle blocks the results and the input gradients were handed out through
+  // (Storage::share of the arena's bytes), by output and by input; undefined until handed out.
+  std::vector<Storage> result_blocks;
+  std::vector<Storage> grad_blocks;
+
+  /// `value` (a buffer of the arena) as the user gets it: through blocks[k], a handle block of
+  /// its own on the same bytes, made on first use (or again when the value moved), so that
+  /// keep_handed_out can tell whether the user still holds it.
+  AnyTensor hand_out(const AnyTensor& value, std::vector<Storage>& blocks, std::size_t k);
+
+  /// Before a run writes the arena (where the buffers it handed out may be reused by other
+  /// values): every handed-out block a user still holds gets a copy of its bytes, so kept
+  /// results and input gradients keep their values; the others are reused. The copy is the only
+  /// cost, and only for what is kept.
+  void keep_handed_out();
 
   void compile();
 
@@ -321,6 +337,7 @@ TESSERA_API void program_state::allocate() {
 
 TESSERA_API void program_state::run_forward(bool replay) {
   allocate();
+  keep_handed_out();
   for (std::size_t i = 0; i < schedule.size(); ++i) {
     const step& s = schedule[i];
     if (s.kind != step::forward) break;
@@ -330,7 +347,59 @@ TESSERA_API void program_state::run_forward(bool replay) {
   forwarded = true;
 }
 
+/// The bytes `t`'s elements span from its first (a program's values have non-negative strides).
+inline std::size_t spanned_bytes(const AnyTensor& t) {
+  if (t.numel() == 0) return 0;
+  std::int64_t last = 0;
+  for (int d = 0; d < static_cast<int>(t.shape().size()); ++d) {
+    last += (t.shape()[d] - 1) * t.strides()[d];
+  }
+  return static_cast<std::size_t>(last + 1) * element_size(t.dtype());
+}
+
+TESSERA_API AnyTensor program_state::hand_out(const AnyTensor& value, std::vector<Storage>& blocks,
+                                              std::size_t k) {
+  if (!value.defined() || !value.storage().defined()) return value;
+  if (blocks.size() <= k) blocks.resize(k + 1);
+  Storage& block = blocks[k];
+  const std::size_t bytes = spanned_bytes(value);
+  if (!block.defined() || block.data() != value.data_ptr() || block.bytes() != bytes) {
+    const auto offset = static_cast<std::size_t>(static_cast<const char*>(value.data_ptr()) -
+                                                 static_cast<const char*>(value.storage().data()));
+    block = Storage::share(value.storage(), offset, bytes);
+  }
+  return visit_dtype(value.dtype(), [&](auto tag) -> AnyTensor {
+    using T = typename decltype(tag)::type;
+    if (value.device().is_cuda()) return Tensor<T, cuda>(block, value.shape(), value.strides(), 0);
+    return Tensor<T, cpu>(block, value.shape(), value.strides(), 0);
+  });
+}
+
+TESSERA_API void program_state::keep_handed_out() {
+  for (std::vector<Storage>* blocks : {&result_blocks, &grad_blocks}) {
+    for (Storage& block : *blocks) {
+      if (!block.defined() || block.use_count() == 1) continue;
+      // Kept by the user: its handles move to a copy; the program makes another block next time.
+      Storage copy = Storage::allocate(block.device(), block.bytes());
+      if (block.device().is_cpu()) {
+        std::memcpy(copy.data(), block.data(), block.bytes());
+      } else {
+#if TESSERA_CUDA
+        tessera::detail::copy_bytes(copy.data(), copy.device(), block.data(), block.device(),
+                                    block.bytes());
+#endif
+      }
+      block.reown(std::move(copy));
+      block = Storage{};
+    }
+  }
+}
+
 TESSERA_API void program_state::release() {
+  // Handed-out results and gradients keep the arena's bytes they show alive (their blocks hold
+  // the arena); the program lets go of its blocks with it.
+  result_blocks.clear();
+  grad_blocks.clear();
   arenas.clear();
   instance_tensors.clear();
   for (AnyTensor& t : table.tensors) t = AnyTensor{};
@@ -350,6 +419,7 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
         "Program::backward: call forward first (backward needs the values of a forward "
         "run, and each forward allows one backward)");
   }
+  keep_handed_out();
   // Each parameter's gradient: its first contribution adds to it, or writes it when its zeros
   // are unwritten (a new gradient, or one after zero_grad).
   for (std::size_t p = 0; p < g->parameters.size(); ++p) {
@@ -940,8 +1010,11 @@ class Program {
   explicit Program(std::unique_ptr<detail::program_state> state) : state_(std::move(state)) {}
 
   /// Runs the function on `inputs` (tensors of the compiled specs' dtypes, devices and shapes;
-  /// a non-contiguous input is copied first). Returns the result tensors: they are the program's
-  /// output buffers, overwritten by the next forward (clone() to keep one).
+  /// a non-contiguous input is copied first). Returns the result tensors: views of the program's
+  /// output buffers. A result you keep keeps its values (losses.push_back(loss)): before the
+  /// next run writes the buffers, results still held are moved to a copy of their bytes, and
+  /// only those cost anything. Do not read a kept result on another thread while the program
+  /// runs again.
   template <class... Ts>
   Result forward(const Ts&... inputs) {
     bind(inputs...);
@@ -1001,9 +1074,9 @@ class Program {
     s.run_backward(&seed);
   }
 
-  /// The gradient of input `i` (compiled with requires_grad) after the last backward: a buffer
-  /// of the program, overwritten by the next backward. Throws when the input does not require
-  /// grad, or when the result does not depend on it.
+  /// The gradient of input `i` (compiled with requires_grad) after the last backward: a view of
+  /// a buffer of the program; kept past the next run, it keeps its values (as results do).
+  /// Throws when the input does not require grad, or when the result does not depend on it.
   AnyTensor input_grad(std::size_t i) const {
     const auto& s = *state_;
     if (i >= s.input_ids.size()) {
@@ -1016,7 +1089,8 @@ class Program {
                   " has no gradient (compile its spec with requires_grad = true; the result "
                   "must depend on it)");
     }
-    return s.table.tensors[static_cast<std::size_t>(gid)];
+    return state_->hand_out(s.table.tensors[static_cast<std::size_t>(gid)], state_->grad_blocks,
+                            i);
   }
 
   /// Frees the program's planned memory (its arena) and lets go of its inputs; the next
@@ -1066,13 +1140,13 @@ class Program {
   }
   template <std::size_t... I>
   Result results(std::index_sequence<I...>) const {
-    const auto& s = *state_;
+    auto& s = *state_;
     if constexpr (requires { std::tuple_size<Result>::value; }) {
-      return Result{s.table.value(s.output_ids[I])
+      return Result{s.hand_out(s.table.value(s.output_ids[I]), s.result_blocks, I)
                         .template as<typename std::tuple_element_t<I, Result>::value_type,
                                      typename std::tuple_element_t<I, Result>::device_kind>()...};
     } else {
-      return s.table.value(s.output_ids[0])
+      return s.hand_out(s.table.value(s.output_ids[0]), s.result_blocks, 0)
           .template as<typename Result::value_type, typename Result::device_kind>();
     }
   }

@@ -186,6 +186,34 @@ class Storage {
     return Storage(block);
   }
 
+  /// A handle block of its own on `bytes` bytes at `byte_offset` in `owner`, on owner's device,
+  /// keeping `owner` alive. A Program hands out its results through one: its use_count() says
+  /// whether a user still holds them, and reown() moves them all to a copy before the program
+  /// writes those bytes again.
+  static Storage share(const Storage& owner, std::size_t byte_offset, std::size_t bytes) {
+    if (!owner.defined()) return Storage{};
+    detail::storage_block* block = detail::storage_block_cache::take();
+    owner.block_->references.fetch_add(1, std::memory_order_relaxed);
+    block->data = static_cast<char*>(owner.block_->data) + byte_offset;
+    block->bytes = bytes;
+    block->device_type = owner.block_->device_type;
+    block->device_index = owner.block_->device_index;
+    block->stream = stream_ref{};
+    block->origin = detail::storage_origin::pool;
+    block->owner = owner.block_;
+    return Storage(block);
+  }
+
+  /// For a block made by share() or alias(): every handle of it now reads `fresh` (bytes at
+  /// least this block's, filled by the caller) instead of the owner's bytes, and the owner is
+  /// let go. The caller makes sure no handle is being read meanwhile.
+  void reown(Storage fresh) noexcept {
+    detail::storage_block* old_owner = std::exchange(block_->owner, fresh.block_);
+    block_->data = fresh.block_->data;
+    fresh.block_ = nullptr;  // its reference moved into owner
+    Storage dropped(old_owner);
+  }
+
   Storage(const Storage& other) noexcept : block_(other.block_) { retain(); }
   Storage(Storage&& other) noexcept : block_(std::exchange(other.block_, nullptr)) {}
   Storage& operator=(const Storage& other) noexcept {
