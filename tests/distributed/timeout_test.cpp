@@ -1,7 +1,8 @@
 // A rank that leaves early (finalize() before the others' next collective) must not hang the
 // others: their collective throws timeout_error naming it once the group's timeout has passed,
 // the group refuses further work, and every rank still finalizes and exits 0. CTest runs it with
-// 2 and 3 ranks (3: two ranks wait, each names the one that left).
+// 2 and 3 ranks (3: two ranks wait, each names the one that left; one may learn it from the
+// other, which gave up a moment earlier).
 #include <catch2/catch.hpp>
 
 #include <chrono>
@@ -36,7 +37,8 @@ TEST_CASE("a rank that leaves makes the others' collective time out, naming it",
     INFO(message);
     CHECK(message.find("ProcessGroup::all_reduce on rank " + std::to_string(pg.rank())) !=
           std::string::npos);
-    CHECK(message.find("within 1500 ms") != std::string::npos);
+    CHECK((message.find("within 1500 ms") != std::string::npos ||
+           message.find("gave up on it after its timeout of 1500 ms") != std::string::npos));
     CHECK(message.find("rank " + std::to_string(leaver) + " has not joined it") !=
           std::string::npos);
   }

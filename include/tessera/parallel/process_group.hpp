@@ -2,11 +2,13 @@
 // the process to its device, and a ProcessGroup runs the collectives of the in-process
 // Communicator across processes, plus send/recv and barrier: CPU tensors through MPI, CUDA
 // tensors through NCCL (detail/nccl_process_group.hpp). Every operation has an async form
-// returning a Work; a timeout (default 5 minutes) turns a rank that never joins into a
-// timeout_error naming it, not a hang. The transports are MPI's own collectives (OpenMPI picks
-// shared memory or the network) and NCCL's; Tessera adds the ordering, the timeout, and the dtypes
-// and operators MPI lacks (half and bfloat16 reduced in float, NaN-propagating max and min,
-// wrapping small-integer sums).
+// returning a Work. Every rank agrees or every rank throws: before any data moves, the ranks
+// compare what each asked of a collective, and calls that differ throw the same error on every
+// rank; a timeout (default 5 minutes) turns a rank that never joins into a timeout_error naming
+// it on every rank, the late one too, not a hang (detail/mpi_engine.hpp). The transports are
+// MPI's own collectives (OpenMPI picks shared memory or the network) and NCCL's; Tessera adds the
+// ordering, the agreement, the timeout, and the dtypes and operators MPI lacks (half and bfloat16
+// reduced in float, NaN-propagating max and min, wrapping small-integer sums).
 #pragma once
 
 #include <chrono>
@@ -184,36 +186,6 @@ inline std::int64_t& piece_limit() {
   return limit;
 }
 
-/// Every rank's `value`, in rank order (a blocking MPI all-gather: the engine runs a collective
-/// only once every rank has arrived).
-inline std::vector<std::int64_t> every_rank(const group_state& group, std::int64_t value) {
-  std::vector<std::int64_t> values(static_cast<std::size_t>(group.size));
-  TESSERA_MPI_CHECK(
-      MPI_Allgather(&value, 1, MPI_INT64_T, values.data(), 1, MPI_INT64_T, group.comm));
-  return values;
-}
-
-/// The sum of the ranks' `lengths` along dim d, checked against `expected`; else shape_error
-/// naming them and `shape` (the output's for all_gather, the input's for reduce_scatter, whose
-/// every rank sees the same lengths and so throws alike).
-inline std::int64_t check_total(const std::vector<std::int64_t>& lengths, std::int64_t expected,
-                                int d, const Shape& shape, const char* what, bool of_input) {
-  std::int64_t total = 0;
-  std::string list;
-  for (std::size_t r = 0; r < lengths.size(); ++r) {
-    total += lengths[r];
-    list += (r ? ", " : "") + std::to_string(lengths[r]);
-  }
-  if (total != expected) {
-    throw shape_error(std::string("ProcessGroup::") + what + ": the ranks' " +
-                      (of_input ? "outputs" : "inputs") + " have lengths {" + list +
-                      "} along dim " + std::to_string(d) + ", total " + std::to_string(total) +
-                      "; " + (of_input ? "the input shape " : "this rank's output has shape ") +
-                      shape.str() + (of_input ? " has " + std::to_string(expected) : ""));
-  }
-  return total;
-}
-
 inline int checked_count(std::int64_t n, const char* what) {
   if (n > INT_MAX) {
     throw communication_error(std::string("ProcessGroup::") + what + ": " + std::to_string(n) +
@@ -298,10 +270,12 @@ inline void init() {
   }
 }
 
-/// Ends the distributed runtime: operations still queued or in flight fail with
-/// communication_error, the progress thread stops, and MPI is finalized (when init() started
-/// it). Does nothing when init() was not called. After a timeout the ranks that are still alive
-/// finalize as usual.
+/// Ends the distributed runtime: operations still queued fail with communication_error, and so
+/// does a collective still waiting for the other ranks (they are told, and throw too, instead of
+/// waiting for this one); a collective that every rank has already committed to runs to the end
+/// with them first. Then the progress thread stops and MPI is finalized (when init() started it).
+/// Does nothing when init() was not called. After a timeout or a disagreement every rank
+/// finalizes as usual.
 inline void finalize() {
   detail::runtime& r = detail::state();
   std::lock_guard lock(r.mutex);
@@ -381,12 +355,19 @@ class Work {
 /// Collectives across the processes of the world (rank i is member i), on CPU tensors through
 /// MPI. The collective calls have the meanings of Communicator's, with one tensor per process:
 /// every rank calls the same collectives in the same order, with tensors of the same shape and
-/// dtype unless the call says otherwise (MPI reports counts that differ). Tensors written in
-/// place are contiguous. Each call checks its arguments before anything is sent (std::
-/// invalid_argument, shape_error, dtype_error, naming the values) and then runs on the progress
-/// thread: the *_async form returns at once with a Work; the plain form waits. A collective that
-/// does not complete within timeout() throws timeout_error on the ranks that wait, naming the
-/// ranks that did not join, and the group then refuses further work (finalize() still works).
+/// dtype unless the call says otherwise. Tensors written in place are contiguous. Each call
+/// checks its arguments before anything is sent (std::invalid_argument, shape_error,
+/// dtype_error, naming the values) and then runs on the progress thread: the *_async form returns
+/// at once with a Work; the plain form waits.
+///
+/// Every rank agrees or every rank throws. Before any data moves, each rank's call (operation,
+/// dtype, device kind, shape, root, reduce op, dim and output length) reaches every other rank;
+/// calls that cannot run together throw the same error on every rank, naming what each rank
+/// asked for (communication_error for another operation, root or reduce op; dtype_error,
+/// shape_error, device_error), the tensors are untouched and the group can still be used. A
+/// collective that some rank has not joined within timeout() throws timeout_error on every rank
+/// that joined it, naming the missing ranks, and on a rank that comes later, at once; the group
+/// then refuses further work on those ranks (finalize() still works and returns).
 /// Handles share one group: a copy is the same group. Thread-safe; collectives are ordered as
 /// submitted (from one thread, or ordered by the caller).
 class ProcessGroup {
@@ -505,19 +486,28 @@ class ProcessGroup {
 
   /// Returns when every rank has called barrier.
   Work barrier_async() {
-    auto op = make("barrier", true);
-    auto group = group_;
-    // Every rank has reached it once the engine lets it start (the arrival gate): done.
+    auto op = make_collective("barrier", detail::collective_call::barrier());
+    // Every rank has reached it once the engine lets it start (every rank is ready): done.
     op->step = [](MPI_Request&, const MPI_Status&) { return false; };
     return submit(std::move(op));
   }
   void barrier() { barrier_async().wait(); }
 
  private:
-  std::shared_ptr<detail::operation> make(const char* name, bool collective) const {
+  // A send or receive.
+  std::shared_ptr<detail::operation> make(const char* name) const {
     auto op = std::make_shared<detail::operation>();
     op->name = name;
-    op->collective = collective;
+    op->collective = false;
+    return op;
+  }
+  // A collective; `call` is what this rank asks of it, compared with every rank's before it runs.
+  std::shared_ptr<detail::operation> make_collective(const char* name,
+                                                     const detail::collective_call& call) const {
+    auto op = std::make_shared<detail::operation>();
+    op->name = name;
+    op->collective = true;
+    op->call = call;
     return op;
   }
   Work submit(std::shared_ptr<detail::operation> op) {
@@ -583,9 +573,9 @@ class ProcessGroup {
   // collective only once every rank has reached it). Half and bfloat16 are staged in
   // float when `reducing`; `divide_by` > 1 divides the result (avg) where `written`.
   template <class Post>
-  Work elementwise(const char* name, AnyTensor t, bool reducing, bool written, int divide_by,
-                   Post post) {
-    auto op = make(name, true);
+  Work elementwise(const char* name, const detail::collective_call& call, AnyTensor t,
+                   bool reducing, bool written, int divide_by, Post post) {
+    auto op = make_collective(name, call);
     struct progress {
       Tensor<float, cpu> staging;  // half / bfloat16 reduced in float
       std::int64_t offset = 0;
@@ -617,11 +607,15 @@ class ProcessGroup {
   Work all_reduce_any(const AnyTensor& t, ReduceOp op) {
     check_tensor(t, "all_reduce", "tensor", true);
     check_op(op, t.dtype(), "all_reduce");
+    const auto call = detail::collective_call::on(detail::collective_kind::all_reduce, t.dtype(),
+                                                  t.device().type, t.shape())
+                          .with_op(op);
 #if TESSERA_CUDA && TESSERA_NCCL
     if (t.device().type == DeviceType::cuda) {
       const ncclDataType_t type = detail::nccl_type(t.dtype(), "all_reduce");
       const ncclRedOp_t reduce = detail::nccl_reduce_op(op, t.dtype());
-      return nccl_collective("all_reduce", t, [t, type, reduce](ncclComm_t comm, cudaStream_t s) {
+      return nccl_collective("all_reduce", call, t,
+                             [t, type, reduce](ncclComm_t comm, cudaStream_t s) {
         TESSERA_NCCL_CHECK(ncclAllReduce(t.data_ptr(), t.data_ptr(),
                                          static_cast<std::size_t>(t.numel()), type, reduce, comm,
                                          s));
@@ -630,7 +624,7 @@ class ProcessGroup {
 #endif
     const MPI_Op mpi = detail::mpi_op(op, t.dtype());
     auto group = group_;
-    return elementwise("all_reduce", t, true, true, op == ReduceOp::avg ? size() : 1,
+    return elementwise("all_reduce", call, t, true, true, op == ReduceOp::avg ? size() : 1,
                        [group, mpi](char* data, int count, MPI_Datatype type) {
                          TESSERA_MPI_CHECK(MPI_Allreduce(MPI_IN_PLACE, data, count, type, mpi,
                                                          group->comm));
@@ -640,16 +634,19 @@ class ProcessGroup {
   Work broadcast_any(const AnyTensor& t, int root) {
     check_tensor(t, "broadcast", "tensor", true);
     check_rank(root, "broadcast", "root");
+    const auto call = detail::collective_call::on(detail::collective_kind::broadcast, t.dtype(),
+                                                  t.device().type, t.shape())
+                          .with_root(root);
 #if TESSERA_CUDA && TESSERA_NCCL
     if (t.device().type == DeviceType::cuda) {  // bytes: every dtype, int16 too
-      return nccl_collective("broadcast", t, [t, root](ncclComm_t comm, cudaStream_t s) {
+      return nccl_collective("broadcast", call, t, [t, root](ncclComm_t comm, cudaStream_t s) {
         TESSERA_NCCL_CHECK(ncclBroadcast(t.data_ptr(), t.data_ptr(), t.nbytes(), ncclUint8, root,
                                          comm, s));
       });
     }
 #endif
     auto group = group_;
-    return elementwise("broadcast", t, false, true, 1,
+    return elementwise("broadcast", call, t, false, true, 1,
                        [group, root](char* data, int count, MPI_Datatype type) {
                          TESSERA_MPI_CHECK(MPI_Bcast(data, count, type, root, group->comm));
                        });
@@ -659,11 +656,16 @@ class ProcessGroup {
     check_tensor(t, "reduce", "tensor", true);
     check_rank(root, "reduce", "root");
     check_op(op, t.dtype(), "reduce");
+    const auto call = detail::collective_call::on(detail::collective_kind::reduce, t.dtype(),
+                                                  t.device().type, t.shape())
+                          .with_op(op)
+                          .with_root(root);
 #if TESSERA_CUDA && TESSERA_NCCL
     if (t.device().type == DeviceType::cuda) {
       const ncclDataType_t type = detail::nccl_type(t.dtype(), "reduce");
       const ncclRedOp_t reduce = detail::nccl_reduce_op(op, t.dtype());
-      return nccl_collective("reduce", t, [t, type, reduce, root](ncclComm_t comm, cudaStream_t s) {
+      return nccl_collective("reduce", call, t,
+                             [t, type, reduce, root](ncclComm_t comm, cudaStream_t s) {
         TESSERA_NCCL_CHECK(ncclReduce(t.data_ptr(), t.data_ptr(),
                                       static_cast<std::size_t>(t.numel()), type, reduce, root,
                                       comm, s));
@@ -674,7 +676,7 @@ class ProcessGroup {
     auto group = group_;
     const bool is_root = rank() == root;
     return elementwise(
-        "reduce", t, true, is_root, op == ReduceOp::avg ? size() : 1,
+        "reduce", call, t, true, is_root, op == ReduceOp::avg ? size() : 1,
         [group, mpi, root, is_root](char* data, int count, MPI_Datatype type) {
           TESSERA_MPI_CHECK(MPI_Reduce(is_root ? MPI_IN_PLACE : data, is_root ? data : nullptr,
                                        count, type, mpi, root, group->comm));
@@ -691,6 +693,10 @@ class ProcessGroup {
       throw dtype_error(std::string("ProcessGroup::") + what + ": the input is " +
                         name(in.dtype()) + ", the output " + name(out.dtype()));
     }
+    if (in.device().type != out.device().type) {  // one goes through MPI, the other NCCL
+      throw device_mismatch_error(std::string("ProcessGroup::") + what + ": the input is on " +
+                                  in.device().str() + ", the output on " + out.device().str());
+    }
     const int d = in.shape().normalize_dim(dim, (std::string("ProcessGroup::") + what).c_str());
     bool fits = out.dim() == in.dim();
     for (int k = 0; fits && k < in.dim(); ++k) fits = k == d || out.shape()[k] == in.shape()[k];
@@ -705,18 +711,21 @@ class ProcessGroup {
   Work all_gather_any(const AnyTensor& in, const AnyTensor& out, int dim) {
     const int d = check_concatenation(in, out, dim, "all_gather");
     const AnyTensor source = contiguous(in);
+    const auto call = detail::collective_call::on(detail::collective_kind::all_gather, in.dtype(),
+                                                  in.device().type, in.shape())
+                          .along(d, out.shape()[d]);
 #if TESSERA_CUDA && TESSERA_NCCL
-    if (in.device().type == DeviceType::cuda) return nccl_all_gather(source, out, d);
+    if (in.device().type == DeviceType::cuda) return nccl_all_gather(call, source, out, d);
 #endif
-    auto op = make("all_gather", true);
+    auto op = make_collective("all_gather", call);
     // Each rank's piece as one block of outer * length * inner elements, gathered into a staging
-    // buffer in rank order (MPI_Allgatherv), then laid out along d. Every rank takes part before
-    // one whose output does not fit throws.
-    op->step = [group = group_, source, out, d](MPI_Request&, const MPI_Status&) {
+    // buffer in rank order (MPI_Allgatherv), then laid out along d. The lengths are the agreed
+    // calls' (every output fits: the ranks checked before they came here).
+    op->step = [group = group_, self = op.get(), source, out, d](MPI_Request&, const MPI_Status&) {
       const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
       const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
       const MPI_Datatype type = detail::mpi_type(source.dtype(), false);
-      const auto lengths = detail::every_rank(*group, source.shape()[d]);
+      const auto lengths = input_lengths(*self, d);
       std::vector<int> counts, displacements;
       std::int64_t offset = 0;
       for (std::int64_t length : lengths) {
@@ -728,8 +737,7 @@ class ProcessGroup {
       TESSERA_MPI_CHECK(MPI_Allgatherv(source.data_ptr(), counts[static_cast<std::size_t>(group->rank)],
                                        type, staging.data(), counts.data(), displacements.data(),
                                        type, group->comm));
-      const std::int64_t total = detail::check_total(lengths, out.shape()[d], d, out.shape(),
-                                                     "all_gather", false);
+      const std::int64_t total = out.shape()[d];
       const char* from = reinterpret_cast<const char*>(staging.data());
       char* to = static_cast<char*>(out.data_ptr());
       std::int64_t along = 0;
@@ -751,13 +759,18 @@ class ProcessGroup {
   Work reduce_scatter_any(const AnyTensor& in, const AnyTensor& out, ReduceOp op, int dim) {
     const int d = check_concatenation(in, out, dim, "reduce_scatter", op);
     const AnyTensor source = contiguous(in);
+    const auto call = detail::collective_call::on(detail::collective_kind::reduce_scatter,
+                                                  in.dtype(), in.device().type, in.shape())
+                          .with_op(op)
+                          .along(d, out.shape()[d]);
 #if TESSERA_CUDA && TESSERA_NCCL
-    if (in.device().type == DeviceType::cuda) return nccl_reduce_scatter(source, out, op, d);
+    if (in.device().type == DeviceType::cuda) return nccl_reduce_scatter(call, source, out, op, d);
 #endif
-    auto operation = make("reduce_scatter", true);
+    auto operation = make_collective("reduce_scatter", call);
     // The input packed rank by rank (rank r's slice [outer, length_r, inner] contiguous), then
-    // MPI_Reduce_scatter; half and bfloat16 in float.
-    operation->step = [group = group_, source, out, d, mpi = detail::mpi_op(op, in.dtype()),
+    // MPI_Reduce_scatter; half and bfloat16 in float. The slices' lengths are the agreed calls'.
+    operation->step = [group = group_, self = operation.get(), source, out, d,
+                       mpi = detail::mpi_op(op, in.dtype()),
                        divide_by = op == ReduceOp::avg ? size() : 1](MPI_Request&,
                                                                      const MPI_Status&) {
       const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
@@ -766,9 +779,8 @@ class ProcessGroup {
       const AnyTensor input = staged ? AnyTensor(detail::to_float(source)) : source;
       const MPI_Datatype type = detail::mpi_type(source.dtype(), true);
       const auto element = static_cast<std::int64_t>(element_size(input.dtype()));
-      const auto lengths = detail::every_rank(*group, out.shape()[d]);
-      const std::int64_t total = detail::check_total(lengths, source.shape()[d], d,
-                                                     source.shape(), "reduce_scatter", true);
+      const auto lengths = output_lengths(*self);
+      const std::int64_t total = source.shape()[d];
       auto packed = Tensor<std::uint8_t, cpu>::empty_on({input.numel() * element},
                                                         input.device());
       const char* from = static_cast<const char*>(input.data_ptr());
@@ -800,7 +812,7 @@ class ProcessGroup {
   Work send_any(const AnyTensor& t, int to) {
     check_tensor(t, "send", "tensor", false);
     check_peer(to, "send", "destination");
-    auto op = make("send", false);
+    auto op = make("send");
     op->peer = to;
     auto group = group_;
     const AnyTensor source = contiguous(t);
@@ -827,7 +839,7 @@ class ProcessGroup {
   Work recv_any(const AnyTensor& t, int from) {
     check_tensor(t, "recv", "tensor", true);
     check_peer(from, "recv", "source");
-    auto op = make("recv", false);
+    auto op = make("recv");
     op->peer = from;
     auto group = group_;
 #if TESSERA_CUDA && TESSERA_NCCL
@@ -858,6 +870,19 @@ class ProcessGroup {
     return submit(std::move(op));
   }
 
+  // Every rank's input extent along d (all_gather), and every rank's output length along the
+  // concatenated dim (reduce_scatter), from the calls the ranks agreed on.
+  static std::vector<std::int64_t> input_lengths(const detail::operation& op, int d) {
+    std::vector<std::int64_t> lengths;
+    for (const auto& call : op.agreed) lengths.push_back(call.extents[d]);
+    return lengths;
+  }
+  static std::vector<std::int64_t> output_lengths(const detail::operation& op) {
+    std::vector<std::int64_t> lengths;
+    for (const auto& call : op.agreed) lengths.push_back(call.output_length);
+    return lengths;
+  }
+
   // t itself when contiguous, else a contiguous copy on t's device (for a CUDA tensor, on the
   // calling thread's current stream: before the operation's NCCL calls). For inputs only read.
   static AnyTensor contiguous(const AnyTensor& t) {
@@ -865,8 +890,8 @@ class ProcessGroup {
   }
 
 #if TESSERA_CUDA && TESSERA_NCCL
-  // NCCL calls on the caller's current stream of `t`'s device (collectives once every rank has
-  // arrived, sends and receives at once); complete when the GPU has run them.
+  // NCCL calls on the caller's current stream of `t`'s device (collectives once every rank is
+  // ready, sends and receives at once); complete when the GPU has run them.
   template <class Issue>
   Work nccl_operation(std::shared_ptr<detail::operation> op, const AnyTensor& t, Issue issue) {
     op->step = [group = group_, self = op.get(), stream = current_stream(t.device()), issue,
@@ -879,26 +904,24 @@ class ProcessGroup {
     return submit(std::move(op));
   }
   template <class Issue>
-  Work nccl_collective(const char* name, const AnyTensor& t, Issue issue) {
-    return nccl_operation(make(name, true), t, issue);
+  Work nccl_collective(const char* name, const detail::collective_call& call, const AnyTensor& t,
+                       Issue issue) {
+    return nccl_operation(make_collective(name, call), t, issue);
   }
 
-  // all_gather on CUDA: the lengths along d over MPI, every rank's piece broadcast (bytes, uneven
-  // lengths allowed) into a staging buffer in rank order, then laid out into `out` along d.
-  Work nccl_all_gather(const AnyTensor& source, const AnyTensor& out, int d) {
-    auto op = make("all_gather", true);
+  // all_gather on CUDA: every rank's piece broadcast (bytes, uneven lengths along d, known from
+  // the agreed calls) into a staging buffer in rank order, then laid out into `out` along d.
+  Work nccl_all_gather(const detail::collective_call& call, const AnyTensor& source,
+                       const AnyTensor& out, int d) {
+    auto op = make_collective("all_gather", call);
     op->step = [group = group_, self = op.get(), stream = current_stream(source.device()), source,
-                out, d, staging = Tensor<std::uint8_t, cuda>(), lengths = std::vector<std::int64_t>()](
-                   MPI_Request&, const MPI_Status&) mutable {
-      if (staging.defined()) {  // the GPU work is done: every rank took part, now the check
-        detail::check_total(lengths, out.shape()[d], d, out.shape(), "all_gather", false);
-        return false;
-      }
+                out, d, staging = Tensor<std::uint8_t, cuda>()](MPI_Request&,
+                                                                const MPI_Status&) mutable {
+      if (staging.defined()) return false;  // the GPU work is done
       const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
       const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
-      lengths = detail::every_rank(*group, source.shape()[d]);
-      std::int64_t total = 0;
-      for (std::int64_t length : lengths) total += length;
+      const auto lengths = input_lengths(*self, d);
+      const std::int64_t total = out.shape()[d];  // the lengths' sum (agreed)
       staging = Tensor<std::uint8_t, cuda>::empty_on({outer * total * inner * element},
                                                      source.device());
       char* base = reinterpret_cast<char*>(staging.data());
@@ -913,7 +936,6 @@ class ProcessGroup {
         }
       };
       auto lay_out = [&](const Stream& s) {
-        if (out.shape()[d] != total) return;  // this rank throws once the GPU is done
         std::int64_t offset = 0, along = 0;
         for (std::int64_t length : lengths) {
           const std::int64_t row = length * inner * element;
@@ -931,11 +953,11 @@ class ProcessGroup {
     return submit(std::move(op));
   }
 
-  // reduce_scatter on CUDA: the outputs' lengths over MPI (every rank checks the total), the
-  // input packed rank by rank on the GPU, then one ncclReduce per rank's slice, rooted there.
-  Work nccl_reduce_scatter(const AnyTensor& source, const AnyTensor& out, ReduceOp reduce_op,
-                           int d) {
-    auto op = make("reduce_scatter", true);
+  // reduce_scatter on CUDA: the input packed rank by rank on the GPU (the slices' lengths are the
+  // agreed calls' outputs'), then one ncclReduce per rank's slice, rooted there.
+  Work nccl_reduce_scatter(const detail::collective_call& call, const AnyTensor& source,
+                           const AnyTensor& out, ReduceOp reduce_op, int d) {
+    auto op = make_collective("reduce_scatter", call);
     op->step = [group = group_, self = op.get(), stream = current_stream(source.device()), source,
                 out, d, type = detail::nccl_type(source.dtype(), "reduce_scatter"),
                 reduce = detail::nccl_reduce_op(reduce_op, source.dtype()),
@@ -943,9 +965,8 @@ class ProcessGroup {
       if (packed.defined()) return false;  // the GPU work is done
       const auto [outer, inner] = parallel::detail::outer_inner(source.shape(), d);
       const auto element = static_cast<std::int64_t>(element_size(source.dtype()));
-      const auto lengths = detail::every_rank(*group, out.shape()[d]);
-      const std::int64_t total = detail::check_total(lengths, source.shape()[d], d,
-                                                     source.shape(), "reduce_scatter", true);
+      const auto lengths = output_lengths(*self);
+      const std::int64_t total = source.shape()[d];
       packed = Tensor<std::uint8_t, cuda>::empty_on({source.numel() * element}, source.device());
       char* base = reinterpret_cast<char*>(packed.data());
       auto pack = [&](const Stream& s) {

@@ -1,14 +1,22 @@
 // The MPI engine under ts::distributed: one progress thread per process makes every MPI call
 // after init (so MPI_THREAD_SERIALIZED is enough). Collectives of one group run one at a time in
 // the order they were submitted (every rank calls them in the same order, as MPI requires).
-// Before a collective starts, each rank sends the others a small note "I am at collective k" on
-// a second communicator, and the engine starts collective k only when every rank's note has
-// come: then MPI's blocking collective runs at once (OpenMPI's blocking all-reduce is 2.6 times
-// faster than its nonblocking one at 7.5 MB, bench/RESULTS.md), and a rank that never comes is
-// a deadline that passes with nothing posted: the collective fails naming the ranks that have
-// not joined it, and the group is marked broken so that nothing waits on it again. Sends and
-// receives are nonblocking, posted as soon as they are submitted and polled, so a send and a
-// receive submitted in either order cannot deadlock.
+// Before any data moves, the ranks agree on each collective in two rounds of small notes on a
+// second communicator (point to point, polled, so nothing blocks):
+//   1. arrival: "I am at collective k, and this is my call" (operation, dtype, device kind, shape,
+//      root, reduce op: detail/collective_call.hpp). With every rank's call in hand, each rank
+//      runs the same check on the same records: if the calls differ, every rank fails collective
+//      k with the same error, nothing is sent, and the group goes on.
+//   2. ready: "the calls agree; I am committed to k". MPI's blocking collective runs once every
+//      rank is ready (OpenMPI's blocking all-reduce is 2.6 times faster than its nonblocking one at
+//      7.5 MB, bench/RESULTS.md), and then every rank is in it.
+// A rank whose timeout passes before every arrival note has come gives up on k: it tells the
+// others (abandon), fails k naming the ranks that have not joined, and the group is marked broken
+// so that nothing waits on it again. A rank that has sent "ready" never gives up on its own, and
+// waits for every ready note or an abandon note instead: an abandoning rank has sent no ready note,
+// so either every rank runs k or none does, and a late rank finds the abandon note when it comes
+// and throws too. Sends and receives are nonblocking, posted as soon as they are submitted and
+// polled, so a send and a receive submitted in either order cannot deadlock.
 #pragma once
 
 #if !TESSERA_MPI
@@ -24,6 +32,7 @@
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
+#include <cstddef>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -37,10 +46,12 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
+#include "tessera/parallel/detail/collective_call.hpp"
 
 namespace tessera::distributed {
 
-/// An MPI call that failed, or a process group that can no longer be used; names the operation.
+/// An MPI call that failed, a process group that can no longer be used, or a collective that the
+/// ranks called differently (another operation, root or reduce op); names the operation.
 class communication_error : public tessera::error {
  public:
   using tessera::error::error;
@@ -160,14 +171,31 @@ struct operation {
   std::function<bool()> device_done;  // GPU work in flight: polled instead of `request`
   std::function<void()> on_timeout;   // e.g. abort the NCCL communicator the GPU waits on
   std::shared_ptr<work_state> work = std::make_shared<work_state>();
+  collective_call call;                 // collectives: what this rank asks for
+  std::vector<collective_call> agreed;  // collectives: every rank's call, by rank, once they agree
   // Engine bookkeeping.
+  enum class stage { arriving, committed, running };
   std::uint64_t sequence = 0;  // collectives: the group's count, the same on every rank
-  bool gated = false;          // a collective waiting for every rank's arrival note
+  stage at = stage::running;   // collectives: waiting for arrival notes, for ready notes, or run
   MPI_Request request = MPI_REQUEST_NULL;
   clock::time_point deadline{};
 };
 
-/// One communicator's state: the group's communicator, a duplicate for the arrival notes, the
+/// A note on a group's control communicator about collective `sequence`: the sender has arrived at
+/// it (with its call), is ready to run it, or has abandoned it. Travels as bytes; ready and
+/// abandon notes leave out the call.
+struct control_note {
+  enum kind_t : std::uint32_t { arrival = 1, ready = 2, abandon = 3 };
+  enum reason_t : std::uint32_t { none = 0, timed_out = 1, finalized = 2 };
+  std::uint64_t sequence = 0;
+  std::uint32_t kind = 0;
+  std::uint32_t reason = none;  // abandon: why
+  std::int64_t timeout_ms = 0;  // abandon (timed_out): the sender's timeout
+  collective_call call;         // arrival: the sender's call
+};
+inline constexpr int short_note_bytes = static_cast<int>(offsetof(control_note, call));
+
+/// One communicator's state: the group's communicator, a duplicate for the control notes, the
 /// timeout, the collectives waiting their turn and the one in flight.
 struct group_state {
   MPI_Comm comm = MPI_COMM_NULL;
@@ -180,9 +208,12 @@ struct group_state {
   std::deque<std::shared_ptr<operation>> waiting;  // collectives, in submission order
   std::shared_ptr<operation> active;               // the collective in flight
   std::uint64_t started = 0;                       // collectives started here
-  std::vector<std::uint64_t> arrived;              // [rank]: the last collective it reported
-  std::vector<std::uint64_t> arrival_buffer;       // [rank]: the posted receive's buffer
-  std::vector<MPI_Request> arrival_requests;       // [rank]
+  std::vector<std::deque<control_note>> arrivals;  // [rank]: its arrival notes not yet used
+  std::vector<std::uint64_t> arrived;              // [rank]: the last collective it arrived at
+  std::vector<std::uint64_t> ready;                // [rank]: the last collective it is ready for
+  std::vector<control_note> abandoned;             // [rank]: what it abandoned (sequence 0: none)
+  std::vector<control_note> note_buffer;           // [rank]: the posted receive's buffer
+  std::vector<MPI_Request> note_requests;          // [rank]
   std::string broken;                              // why the group cannot be used, once it cannot
   std::shared_ptr<void> nccl;                      // the NCCL communicator (CUDA tensors)
 };
@@ -233,7 +264,9 @@ class mpi_engine {
     work.throw_failure();
   }
 
-  /// Fails whatever has not completed, cancels the arrival receives and joins the thread.
+  /// Fails what is queued, abandons a collective still waiting for the other ranks (they throw
+  /// instead of waiting for this one), lets one that every rank is committed to complete (the
+  /// others are in it), cancels the note receives and joins the thread.
   void stop() {
     {
       std::lock_guard lock(mutex_);
@@ -244,51 +277,91 @@ class mpi_engine {
     if (thread_.joinable()) thread_.join();
   }
 
-  /// Registers a group: the engine posts its arrival receives. Engine thread (inside call()).
+  /// Registers a group: the engine posts its note receives. Engine thread (inside call()).
   void add_group(const std::shared_ptr<group_state>& group) {
     const auto n = static_cast<std::size_t>(group->size);
+    group->arrivals.assign(n, {});
     group->arrived.assign(n, 0);
-    group->arrival_buffer.assign(n, 0);
-    group->arrival_requests.assign(n, MPI_REQUEST_NULL);
+    group->ready.assign(n, 0);
+    group->abandoned.assign(n, control_note{});
+    group->note_buffer.assign(n, control_note{});
+    group->note_requests.assign(n, MPI_REQUEST_NULL);
     for (int r = 0; r < group->size; ++r) {
-      if (r != group->rank) post_arrival_receive(*group, r);
+      if (r != group->rank) post_note_receive(*group, r);
     }
     groups_.push_back(group);
   }
 
  private:
-  static constexpr int arrival_tag = 7;
+  static constexpr int note_tag = 7;
 
-  static void post_arrival_receive(group_state& group, int from) {
+  static void post_note_receive(group_state& group, int from) {
     const auto r = static_cast<std::size_t>(from);
-    TESSERA_MPI_CHECK(MPI_Irecv(&group.arrival_buffer[r], 1, MPI_UINT64_T, from, arrival_tag,
-                                group.control, &group.arrival_requests[r]));
+    TESSERA_MPI_CHECK(MPI_Irecv(&group.note_buffer[r], static_cast<int>(sizeof(control_note)),
+                                MPI_BYTE, from, note_tag, group.control,
+                                &group.note_requests[r]));
   }
 
-  // Tells every other rank of the group that this one has started collective `sequence`.
-  void announce(group_state& group, std::uint64_t sequence) {
+  // Sends `n` to every other rank of the group.
+  void send_note(group_state& group, const control_note& n) {
+    const int bytes =
+        n.kind == control_note::arrival ? static_cast<int>(sizeof(control_note)) : short_note_bytes;
+    auto value = std::make_shared<control_note>(n);
     for (int r = 0; r < group.size; ++r) {
       if (r == group.rank) continue;
-      auto note = std::make_unique<std::uint64_t>(sequence);
       MPI_Request request = MPI_REQUEST_NULL;
       TESSERA_MPI_CHECK(
-          MPI_Isend(note.get(), 1, MPI_UINT64_T, r, arrival_tag, group.control, &request));
-      notes_.push_back({request, std::move(note)});
+          MPI_Isend(value.get(), bytes, MPI_BYTE, r, note_tag, group.control, &request));
+      notes_.push_back({request, value});
     }
   }
 
-  // Polls the arrival receives and the notes sent; true when any completed.
-  bool poll_arrivals() {
+  // Tells the other ranks that this one gives up on collective `sequence` (it has sent no ready
+  // note for it). Best effort: this rank is failing already.
+  void abandon(group_state& group, std::uint64_t sequence, control_note::reason_t reason) {
+    if (group.size == 1) return;
+    control_note n;
+    n.sequence = sequence;
+    n.kind = control_note::abandon;
+    n.reason = reason;
+    n.timeout_ms = group.timeout_ms.load();
+    try {
+      send_note(group, n);
+    } catch (...) {  // the error already being reported says more
+    }
+  }
+
+  static std::string abandon_text(int from, const control_note& n) {
+    const std::string which = "collective #" + std::to_string(n.sequence);
+    if (n.reason == control_note::finalized) {
+      return "rank " + std::to_string(from) + " called ts::distributed::finalize() during " + which;
+    }
+    return "rank " + std::to_string(from) + " gave up on " + which + " after its timeout of " +
+           std::to_string(n.timeout_ms) + " ms";
+  }
+
+  // Polls the note receives and the notes sent; true when any completed.
+  bool poll_notes() {
     bool progress = false;
     for (const auto& group : groups_) {
       for (int r = 0; r < group->size; ++r) {
-        auto& request = group->arrival_requests[static_cast<std::size_t>(r)];
+        const auto i = static_cast<std::size_t>(r);
+        auto& request = group->note_requests[i];
         if (request == MPI_REQUEST_NULL) continue;
         int flag = 0;
         if (MPI_Test(&request, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS || !flag) continue;
-        const auto i = static_cast<std::size_t>(r);
-        group->arrived[i] = std::max(group->arrived[i], group->arrival_buffer[i]);
-        post_arrival_receive(*group, r);
+        const control_note n = group->note_buffer[i];
+        if (n.kind == control_note::arrival) {
+          group->arrivals[i].push_back(n);
+          group->arrived[i] = std::max(group->arrived[i], n.sequence);
+        } else if (n.kind == control_note::ready) {
+          group->ready[i] = std::max(group->ready[i], n.sequence);
+        } else if (n.kind == control_note::abandon) {
+          group->abandoned[i] = n;
+          // Whatever this rank does next with the group would wait for that one.
+          if (group->broken.empty()) group->broken = abandon_text(r, n);
+        }
+        post_note_receive(*group, r);
         progress = true;
       }
     }
@@ -306,9 +379,16 @@ class mpi_engine {
 
   void fail(operation& op, std::exception_ptr e) { op.work->finish(std::move(e)); }
 
-  // Posts `op`'s first step; false when it completed (or failed) at once.
+  // Posts `op`'s first step, or announces a collective; false when it completed (or failed) at
+  // once.
   bool start(group_state& group, operation& op) {
     op.deadline = clock::now() + std::chrono::milliseconds(group.timeout_ms.load());
+    if (op.collective && anyone_abandoned(group, group.started + 1)) {
+      // A late rank: the others gave up on this collective before it came.
+      op.sequence = ++group.started;
+      abandoned_by_others(group, op);
+      return false;
+    }
     if (!group.broken.empty()) {
       fail(op, std::make_exception_ptr(communication_error(
                    "ProcessGroup::" + op.name + ": the process group is broken: " +
@@ -317,16 +397,94 @@ class mpi_engine {
     }
     if (op.collective) {
       op.sequence = ++group.started;
-      if (group.size > 1) announce(group, op.sequence);
-      op.gated = true;  // runs once every rank has arrived (loop)
+      op.at = operation::stage::arriving;
+      if (group.size > 1) {
+        control_note n;
+        n.sequence = op.sequence;
+        n.kind = control_note::arrival;
+        n.call = op.call;
+        try {
+          send_note(group, n);
+        } catch (...) {
+          group.broken = "an arrival note could not be sent";
+          fail(op, std::current_exception());
+          return false;
+        }
+      }
       return true;
     }
     return advance(op, nullptr);
   }
 
-  static bool everyone_arrived(const group_state& group, std::uint64_t sequence) {
+  // True when every other rank's arrival note for `sequence` has come (older ones, left by
+  // collectives that failed, are dropped).
+  static bool everyone_arrived(group_state& group, std::uint64_t sequence) {
     for (int r = 0; r < group.size; ++r) {
-      if (r != group.rank && group.arrived[static_cast<std::size_t>(r)] < sequence) return false;
+      if (r == group.rank) continue;
+      auto& notes = group.arrivals[static_cast<std::size_t>(r)];
+      while (!notes.empty() && notes.front().sequence < sequence) notes.pop_front();
+      if (notes.empty() || notes.front().sequence != sequence) return false;
+    }
+    return true;
+  }
+
+  static bool everyone_ready(const group_state& group, std::uint64_t sequence) {
+    for (int r = 0; r < group.size; ++r) {
+      if (r != group.rank && group.ready[static_cast<std::size_t>(r)] < sequence) return false;
+    }
+    return true;
+  }
+
+  static bool anyone_abandoned(const group_state& group, std::uint64_t sequence) {
+    for (const auto& n : group.abandoned) {
+      if (n.sequence == sequence) return true;
+    }
+    return false;
+  }
+
+  static std::exception_ptr disagreement(const agreement& verdict) {
+    const std::string& text = verdict.message;
+    switch (verdict.kind) {
+      case agreement::failure::device: return std::make_exception_ptr(device_error(text));
+      case agreement::failure::dtype: return std::make_exception_ptr(dtype_error(text));
+      case agreement::failure::shape: return std::make_exception_ptr(shape_error(text));
+      default: return std::make_exception_ptr(communication_error(text));
+    }
+  }
+
+  // Every rank's call has come: the same check on every rank. On agreement this rank commits (its
+  // ready note) and returns true; else op fails with the verdict, as it does on every rank, and
+  // the group goes on (nothing was sent).
+  bool agree(group_state& group, operation& op) {
+    std::vector<collective_call> calls(static_cast<std::size_t>(group.size));
+    for (int r = 0; r < group.size; ++r) {
+      auto& call = calls[static_cast<std::size_t>(r)];
+      if (r == group.rank) {
+        call = op.call;
+      } else {
+        auto& notes = group.arrivals[static_cast<std::size_t>(r)];
+        call = notes.front().call;
+        notes.pop_front();
+      }
+    }
+    const agreement verdict = check_agreement(calls, op.sequence);
+    if (!verdict) {
+      fail(op, disagreement(verdict));
+      return false;
+    }
+    op.agreed = std::move(calls);
+    op.at = operation::stage::committed;
+    if (group.size > 1) {
+      control_note n;
+      n.sequence = op.sequence;
+      n.kind = control_note::ready;
+      try {
+        send_note(group, n);
+      } catch (...) {
+        group.broken = "a ready note could not be sent";
+        fail(op, std::current_exception());
+        return false;
+      }
     }
     return true;
   }
@@ -376,7 +534,44 @@ class mpi_engine {
     return advance(op, &status);
   }
 
-  std::string missing_ranks(const group_state& group, const operation& op) const {
+  // Moves the group's active collective on; true when it is finished (done or failed).
+  bool progress_collective(group_state& group, operation& op, clock::time_point now,
+                           bool& progress) {
+    if (op.at == operation::stage::arriving) {
+      if (anyone_abandoned(group, op.sequence)) {
+        abandoned_by_others(group, op);
+        return true;
+      }
+      if (!everyone_arrived(group, op.sequence)) {
+        if (now <= op.deadline) return false;
+        time_out(group, op);
+        return true;
+      }
+      progress = true;
+      if (!agree(group, op)) return true;
+    }
+    if (op.at == operation::stage::committed) {
+      // No deadline here: every rank has arrived, and each either commits or, within its own
+      // timeout, abandons (and says so).
+      if (everyone_ready(group, op.sequence)) {
+        op.at = operation::stage::running;
+        progress = true;
+        return !advance(op, nullptr);
+      }
+      if (anyone_abandoned(group, op.sequence)) {
+        abandoned_by_others(group, op);
+        return true;
+      }
+      return false;
+    }
+    if (!poll(op, progress)) return true;
+    if (now <= op.deadline) return false;
+    time_out(group, op);
+    return true;
+  }
+
+  // "rank 2 has not joined it", "ranks 1, 2 have not joined it", or "" when every rank has.
+  static std::string missing_ranks(const group_state& group, const operation& op) {
     std::string ranks;
     int count = 0;
     if (!op.collective) {
@@ -389,16 +584,26 @@ class mpi_engine {
         }
       }
     }
-    if (count == 0) return "every rank joined it, but it did not complete";
+    if (count == 0) return "";
     return (count == 1 ? "rank " : "ranks ") + ranks + (count == 1 ? " has" : " have") +
            " not joined it";
   }
 
+  static std::string where(const group_state& group, const operation& op) {
+    return "ProcessGroup::" + op.name + " on rank " + std::to_string(group.rank) + " of " +
+           std::to_string(group.size);
+  }
+
   void time_out(group_state& group, operation& op) {
-    const std::string message =
-        "ProcessGroup::" + op.name + " on rank " + std::to_string(group.rank) + " of " +
-        std::to_string(group.size) + " did not complete within " +
-        std::to_string(group.timeout_ms.load()) + " ms: " + missing_ranks(group, op);
+    std::string missing = missing_ranks(group, op);
+    if (missing.empty()) missing = "every rank joined it, but it did not complete";
+    const std::string message = where(group, op) + " did not complete within " +
+                                std::to_string(group.timeout_ms.load()) + " ms: " + missing;
+    // Still arriving: this rank has sent no ready note, so no rank can have started k; telling
+    // them makes them (and a late rank, when it comes) throw too instead of waiting.
+    if (op.collective && op.at == operation::stage::arriving) {
+      abandon(group, op.sequence, control_note::timed_out);
+    }
     // A late rank would now find the others gone, and a send's request may still match later
     // (it is left to MPI_Finalize): the group refuses further work, which could only wait.
     if (group.broken.empty()) group.broken = message;
@@ -411,17 +616,74 @@ class mpi_engine {
     fail(op, std::make_exception_ptr(timeout_error(message)));
   }
 
+  // Another rank abandoned op's collective (its timeout passed, or it finalized) before every
+  // rank was ready: no rank runs it, and this one throws too.
+  void abandoned_by_others(group_state& group, operation& op) {
+    std::vector<int> ranks;
+    const control_note* first = nullptr;
+    for (int r = 0; r < group.size; ++r) {
+      const control_note& n = group.abandoned[static_cast<std::size_t>(r)];
+      if (n.sequence != op.sequence) continue;
+      ranks.push_back(r);
+      if (!first) first = &n;
+    }
+    const std::string who = call_detail::rank_list(ranks);
+    const bool one = ranks.size() == 1;
+    std::string missing = missing_ranks(group, op);
+    missing = missing.empty() ? ", before every rank had joined it" : "; " + missing;
+    if (first->reason == control_note::finalized) {
+      const std::string message = where(group, op) + " cannot complete: " + who +
+                                  (one ? " has" : " have") +
+                                  " called ts::distributed::finalize() during it" + missing;
+      if (group.broken.empty()) group.broken = message;
+      fail(op, std::make_exception_ptr(communication_error(message)));
+      return;
+    }
+    const std::string message =
+        where(group, op) + " did not complete: " + who + " gave up on it after " +
+        (one ? "its timeout of " + std::to_string(first->timeout_ms) + " ms"
+             : "their timeouts (" + std::to_string(first->timeout_ms) + " ms on rank " +
+                   std::to_string(ranks.front()) + ")") +
+        missing;
+    if (group.broken.empty()) group.broken = message;
+    fail(op, std::make_exception_ptr(timeout_error(message)));
+  }
+
   struct pending_call {
     std::function<void()> fn;
     std::shared_ptr<work_state> work;
   };
   struct note {
     MPI_Request request;
-    std::unique_ptr<std::uint64_t> value;
+    std::shared_ptr<control_note> value;
   };
+
+  static void refuse(operation& op) {
+    op.work->finish(std::make_exception_ptr(communication_error(
+        "ProcessGroup::" + op.name +
+        ": ts::distributed::finalize() was called before it completed")));
+  }
+
+  // At stop: queued work fails; a collective still arriving is abandoned (this rank has sent no
+  // ready note: the others throw instead of committing to it); one already committed or running
+  // stays, to complete with the others (loop drains it).
+  void refuse_for_stop() {
+    for (auto& [group, op] : p2p_) refuse(*op);
+    p2p_.clear();
+    for (const auto& group : groups_) {
+      for (auto& op : group->waiting) refuse(*op);
+      group->waiting.clear();
+      if (group->active && group->active->at == operation::stage::arriving) {
+        abandon(*group, group->active->sequence, control_note::finalized);
+        refuse(*group->active);
+        group->active.reset();
+      }
+    }
+  }
 
   void loop() {
     int idle_rounds = 0;
+    bool draining = false;
     while (true) {
       std::vector<std::pair<std::shared_ptr<group_state>, std::shared_ptr<operation>>> incoming;
       std::vector<pending_call> calls;
@@ -446,41 +708,30 @@ class mpi_engine {
         }
       }
       for (auto& [group, op] : incoming) {
-        if (op->collective) {
+        if (stopping) {
+          refuse(*op);
+        } else if (op->collective) {
           group->waiting.push_back(std::move(op));
         } else if (start(*group, *op)) {
           p2p_.emplace_back(group, std::move(op));
         }
       }
-      if (stopping) {
+      if (stopping && !draining) {
+        draining = true;
+        refuse_for_stop();
+      }
+      if (draining && !any_collective()) {
         shut_down();
         return;
       }
 
       bool progress = !incoming.empty() || !calls.empty();
-      if (poll_arrivals()) progress = true;
+      if (poll_notes()) progress = true;
       const auto now = clock::now();
       for (const auto& group : groups_) {
         while (true) {
           if (group->active) {
-            operation& op = *group->active;
-            bool finished = false;
-            if (op.gated) {
-              if (everyone_arrived(*group, op.sequence)) {
-                op.gated = false;
-                progress = true;
-                finished = !advance(op, nullptr);
-              } else if (now > op.deadline) {
-                time_out(*group, op);
-                finished = true;
-              }
-            } else if (!poll(op, progress)) {
-              finished = true;
-            } else if (now > op.deadline) {
-              time_out(*group, op);
-              finished = true;
-            }
-            if (!finished) break;
+            if (!progress_collective(*group, *group->active, now, progress)) break;
             group->active.reset();
           }
           if (group->waiting.empty()) break;
@@ -519,14 +770,9 @@ class mpi_engine {
     return false;
   }
 
-  // Engine thread, at stop: everything still queued or in flight fails; the arrival receives are
-  // cancelled so MPI_Finalize does not wait on them.
+  // Engine thread, at the end of stop: whatever is left fails; the note receives are cancelled so
+  // MPI_Finalize does not wait on them.
   void shut_down() {
-    auto refuse = [](operation& op) {
-      op.work->finish(std::make_exception_ptr(communication_error(
-          "ProcessGroup::" + op.name +
-          ": ts::distributed::finalize() was called before it completed")));
-    };
     for (auto& [group, op] : p2p_) refuse(*op);
     p2p_.clear();
     for (const auto& group : groups_) {
@@ -534,7 +780,7 @@ class mpi_engine {
       group->active.reset();
       for (auto& op : group->waiting) refuse(*op);
       group->waiting.clear();
-      for (auto& request : group->arrival_requests) {
+      for (auto& request : group->note_requests) {
         if (request == MPI_REQUEST_NULL) continue;
         MPI_Cancel(&request);
         MPI_Request_free(&request);

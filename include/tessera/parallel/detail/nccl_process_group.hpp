@@ -1,6 +1,6 @@
 // NCCL under ProcessGroup for CUDA tensors: one NCCL communicator per process, on the GPU that
 // ts::distributed::init bound it to, made by init when every rank has a GPU (the unique id goes
-// from rank 0 over MPI). The engine issues the NCCL calls after the arrival gate, on the stream
+// from rank 0 over MPI). The engine issues the NCCL calls once every rank is ready, on the stream
 // that was current on the caller's thread when the operation was submitted (so they order after
 // the work already queued there), and completes the operation when an event recorded after them
 // has passed. A timeout aborts the communicator (ncclCommAbort), which stops the GPU's wait.
