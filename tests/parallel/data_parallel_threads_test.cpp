@@ -118,6 +118,28 @@ TEST_CASE("DataParallel's forward equals the module on the whole batch", "[paral
   }
 }
 
+TEST_CASE("DataParallel's replicas follow a parameter rebound or moved away and back",
+          "[parallel][dp][failure]") {
+  ts::manual_seed(12);
+  auto model = make_model();
+  model.eval();
+  const auto x = batch_of(8, 6, 3);
+  par::DataParallel dp(model, {0, 1, 2});
+  check_close(dp(x).to_vector(), ts::Tensor<double>(model(x)).to_vector(), 1e-12);
+  // The weight rebound to another tensor (the Parameter docs allow it): before, the replicas kept
+  // reading the old one and the outputs differed from model(x) by about 0.85.
+  model.get<3>().weight().value() = batch_of(3, 16, 5).to(0);
+  check_close(dp(x).to_vector(), ts::Tensor<double>(model(x)).to_vector(), 1e-12);
+  // The module moved away and back: every tensor is a new one on cpu:0.
+  model.to(1);
+  model.to(0);
+  model.get<0>().bias().value().fill_(0.75);
+  check_close(dp(x).to_vector(), ts::Tensor<double>(model(x)).to_vector(), 1e-12);
+  // Moved away for good: the module is not on device_ids[0] any more, and the call says so.
+  model.to(1);
+  CHECK_THROWS_AS(dp(x.to(1)), ts::device_mismatch_error);
+}
+
 TEST_CASE("DataParallel splits evenly, gathers on output_device, along dim", "[parallel][dp]") {
   ts::manual_seed(3);
   auto model = make_model();

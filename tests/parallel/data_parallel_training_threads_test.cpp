@@ -280,6 +280,30 @@ TEST_CASE("DataParallel: a device whose backward throws releases the others; the
   check_close(values_and_grads<double>(model), values_and_grads<double>(single), 1e-12);
 }
 
+TEST_CASE("a DataParallel program refuses a module parameter rebound since compile",
+          "[parallel][dp][errors]") {
+  ts::manual_seed(2);
+  auto model = make_mlp<double>();
+  par::DataParallel dp(model, {0, 1});
+  auto loss_of = [](auto& m, ag::Var<double> in, ag::Var<std::int64_t> labels) {
+    return nn::cross_entropy(m(in), labels);
+  };
+  auto step = dp.compile(loss_of, ag::input<double>({8, 6}), ag::input<std::int64_t>({8}));
+  const auto x = inputs_of<double>(8, 6, 1);
+  const auto y = labels_of(8, 1);
+  (void)step.forward(x, y);
+  // Before, the replica trained on the old weight: gradients off by 0.12-0.15, no error.
+  model.get<2>().weight().value() = inputs_of<double>(8, 16, 4);
+  CHECK_THROWS_WITH(step.forward(x, y),
+                    Catch::Contains("'2.weight'") && Catch::Contains("compile the program again"));
+  // Compiled again, it trains on the current tensors: its loss is the one-device loss.
+  auto again = dp.compile(loss_of, ag::input<double>({8, 6}), ag::input<std::int64_t>({8}));
+  auto one = ag::compile(
+      [&](ag::Var<double> in, ag::Var<std::int64_t> labels) { return loss_of(model, in, labels); },
+      ag::input<double>({8, 6}), ag::input<std::int64_t>({8}));
+  CHECK(again.forward(x, y).item() == Approx(one.forward(x, y).item()).epsilon(1e-12));
+}
+
 TEST_CASE("DataParallel programs refuse inputs of the wrong shape", "[parallel][dp][errors]") {
   ts::manual_seed(1);
   auto model = make_mlp<float>();

@@ -226,6 +226,7 @@ class DataParallel {
     const auto all = std::tie(args...);
     autograd::Options options;
     if constexpr (has_options) options = std::get<sizeof...(Args) - 1>(all);
+    if constexpr (is_module) rebind_if_changed();  // the replicas traced on the current tensors
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       const std::vector<Shape> shapes{std::get<I>(all).shape...};
       // The batch: each input's extent along dim, which must agree.
@@ -305,6 +306,7 @@ class DataParallel {
     // device_ids[0] may update its buffers (BatchNorm's running statistics) while running.
     constexpr bool on_cpu = std::is_same_v<Kind, cpu>;
     if constexpr (is_module) {
+      rebind_if_changed();
       if (used > 1 && (!on_cpu || has_buffers())) {
         threads_.run([&](int member) {
           if (member < used) copy_state(member, used);
@@ -352,7 +354,11 @@ class DataParallel {
   void bind_copies() {
     const auto module_parameters = module_.parameters();
     const auto module_buffers = module_.buffers();
-    copies_.resize(static_cast<std::size_t>(threads_.size()));
+    bound_.clear();
+    for (const auto& p : module_parameters) bound_.push_back(p.value());
+    for (const auto& b : module_buffers) bound_.push_back(b.value());
+    copies_.assign(static_cast<std::size_t>(threads_.size()), replica_copies{});
+    flat_copies_ = true;
     for (std::size_t m = 1; m < copies_.size(); ++m) {
       const M& replica = replicas_[m - 1];
       const auto parameters = replica.parameters();
@@ -379,6 +385,40 @@ class DataParallel {
           copies_[m].bytes += to.nbytes();
         }
       }
+    }
+  }
+  // The dotted name of the first parameter or buffer of the module that is not the tensor
+  // bind_copies bound (rebound, `p.value() = other`, or moved away and back with to()), or ""
+  // when every one is: the replicas would read or copy the old tensors.
+  std::string rebound() const {
+    const auto parameters = module_.parameters();
+    const auto buffers = module_.buffers();
+    std::size_t i = 0;
+    auto same = [&](const AnyTensor& now) {
+      const AnyTensor& then = bound_[i++];
+      return now.storage().is_same(then.storage()) &&
+             now.storage_offset() == then.storage_offset() && now.shape() == then.shape();
+    };
+    bool current = parameters.size() + buffers.size() == bound_.size();
+    for (std::size_t k = 0; current && k < parameters.size(); ++k) current = same(parameters[k].value());
+    for (std::size_t k = 0; current && k < buffers.size(); ++k) current = same(buffers[k].value());
+    if (current) return {};
+    // Named only on the way out.
+    i = 0;
+    for (const auto& [name, p] : module_.named_parameters()) {
+      if (i >= bound_.size() || !same(p.value())) return name;
+    }
+    for (const auto& [name, b] : module_.named_buffers()) {
+      if (i >= bound_.size() || !same(b.value())) return name;
+    }
+    return "(a parameter or buffer added or removed)";
+  }
+  // Before a forward: a module whose parameters were rebound since the replicas were bound is
+  // bound again (its new tensors must be on device_ids[0]), so the replicas see the current ones.
+  void rebind_if_changed() {
+    if (const std::string name = rebound(); !name.empty()) {
+      detail::check_module_on(module_, device(0), "DataParallel");
+      bind_copies();
     }
   }
   bool has_buffers() const noexcept { return copies_.size() > 1 && !copies_[1].buffers.empty(); }
@@ -512,6 +552,7 @@ class DataParallel {
   int dim_;
   std::vector<replica_copies> copies_;  // [member]; member 0 is the module itself
   bool flat_copies_ = true;  // every pair: same dtype and shape, both contiguous (memcpy-able)
+  std::vector<AnyTensor> bound_;  // the module's parameters' then buffers' values when bound
 };
 
 /// The program of DataParallel::compile: one autograd Program per device used, run at once.
@@ -534,6 +575,13 @@ class DataParallelProgram {
     std::size_t k = 0;
     (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
     auto& dp = *owner_;
+    // The replicas' programs were traced with the replicas' tensors as bound at compile: a
+    // parameter of the module rebound since would train the replicas on the old one.
+    if (const std::string name = dp.rebound(); !name.empty()) {
+      throw error("DataParallel program: the module's '" + name +
+                  "' is not the tensor the program was compiled with (rebound with value() = "
+                  "..., or moved away and back with to() since); compile the program again");
+    }
     const int used = devices();
     // The module's buffers into the replicas first, all members at once: the module's own
     // forward (member 0) may update them (BatchNorm's running statistics). On CUDA the
