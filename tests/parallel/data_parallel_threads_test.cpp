@@ -140,6 +140,25 @@ TEST_CASE("DataParallel's replicas follow a parameter rebound or moved away and 
   CHECK_THROWS_AS(dp(x.to(1)), ts::device_mismatch_error);
 }
 
+TEST_CASE("a DataParallel forward that fails on one device leaves the module's statistics",
+          "[parallel][dp][failure]") {
+  ts::manual_seed(13);
+  auto model = make_model();  // training mode: BatchNorm moves its running statistics
+  par::DataParallel dp(model, {0, 1, 2});
+  (void)dp(batch_of(9, 6, 1));  // pieces of 3: fine, the statistics move
+  const auto mean = values_of(model.get<2>().running_mean().value());
+  const auto tracked = values_of(model.get<2>().num_batches_tracked().value());
+  // 5 rows over 3 devices: pieces 2, 2, 1; the last one has one value per channel, which
+  // BatchNorm refuses in training. The module's own piece ran first and had moved its
+  // statistics and counted the batch.
+  CHECK_THROWS_WITH(dp(batch_of(5, 6, 2)), Catch::Contains("more than 1 value per channel"));
+  CHECK(values_of(model.get<2>().running_mean().value()) == mean);
+  CHECK(values_of(model.get<2>().num_batches_tracked().value()) == tracked);
+  // And the next good call moves them once.
+  (void)dp(batch_of(9, 6, 3));
+  CHECK(values_of(model.get<2>().num_batches_tracked().value())[0] == tracked[0] + 1);
+}
+
 TEST_CASE("DataParallel splits evenly, gathers on output_device, along dim", "[parallel][dp]") {
   ts::manual_seed(3);
   auto model = make_model();

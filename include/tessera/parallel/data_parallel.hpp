@@ -313,16 +313,35 @@ class DataParallel {
         });
       }
     }
-    threads_.run([&](int member) {
-      if (member >= used) return;
-      if constexpr (is_module && on_cpu) {
-        if (member > 0) copy_training_modes(member);
+    // The module's forward (member 0) moves its buffers (BatchNorm's running statistics and
+    // batch count) in training mode: kept aside first, and put back when any member throws, so
+    // a failed call (a piece BatchNorm refuses, out of memory) leaves the module as it was.
+    std::vector<std::pair<AnyTensor, AnyTensor>> saved;  // (buffer, its copy)
+    if constexpr (is_module) {
+      if (module_.is_training()) {
+        for (const auto& b : module_.buffers()) {
+          const AnyTensor value = b.value();
+          if (value.defined()) {
+            saved.emplace_back(value, value.visit([](auto t) -> AnyTensor { return t.clone(); }));
+          }
+        }
       }
-      M& replica = member == 0 ? module_ : replicas_[static_cast<std::size_t>(member - 1)];
-      const auto i = static_cast<std::size_t>(member);
-      const Tensor<T, Kind> piece = x.narrow(d, offsets[i], sizes[i]).to(device_ids()[i]);
-      outputs[i] = run(replica, piece);
-    });
+    }
+    try {
+      threads_.run([&](int member) {
+        if (member >= used) return;
+        if constexpr (is_module && on_cpu) {
+          if (member > 0) copy_training_modes(member);
+        }
+        M& replica = member == 0 ? module_ : replicas_[static_cast<std::size_t>(member - 1)];
+        const auto i = static_cast<std::size_t>(member);
+        const Tensor<T, Kind> piece = x.narrow(d, offsets[i], sizes[i]).to(device_ids()[i]);
+        outputs[i] = run(replica, piece);
+      });
+    } catch (...) {
+      for (auto& [buffer, copy] : saved) buffer.copy_(copy);
+      throw;
+    }
     return gather(outputs);
   }
 
