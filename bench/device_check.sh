@@ -29,8 +29,9 @@ part() {  # name, seconds, command...
   echo "==== $name (limit ${seconds} s)"
   timeout "$seconds" "$@" > >(tee "$out/$name.txt") 2>&1
   local rc=$?
-  echo "==== $name: exit $rc after $((SECONDS - start)) s"
-  [ "$rc" -eq 0 ] || status=1
+  # 77: passed, with test cases that skipped (TESSERA_SKIP: e.g. one GPU where a case needs two).
+  echo "==== $name: exit $rc after $((SECONDS - start)) s$([ "$rc" -eq 77 ] && echo ' (some cases skipped, nothing failed)')"
+  [ "$rc" -eq 0 ] || [ "$rc" -eq 77 ] || status=1
 }
 
 part cuda_tests "${TESSERA_DEVICE_TEST_S:-240}" "$dir/bin/tessera_cuda_tests" -r compact

@@ -7,6 +7,8 @@
 // The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
+#include "skip.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -295,12 +297,11 @@ TEST_CASE("cuda float sums are accurate over 2^24 elements", "[cuda][reduce][acc
 // says so when it skips), markers past index 2^31 that every kernel must reach: a fused
 // expression, a strided (transposed) copy, whole reductions (sum to int64, max, argmax, argmin),
 // and dim reductions with rows longer than 2^31 or outputs past 2^30.
-TEST_CASE("cuda tensors over 2^31 elements", "[cuda][reduce][large]") {
+TEST_CASE("cuda tensors over 2^31 elements", "[cuda][reduce][large][skippable]") {
   std::size_t free_bytes = 0, total_bytes = 0;
   REQUIRE(cudaMemGetInfo(&free_bytes, &total_bytes) == cudaSuccess);
   if (free_bytes < (std::size_t{8} << 30)) {
-    WARN("skipped: needs 8 GiB of free device memory, " << (free_bytes >> 20) << " MiB free");
-    return;
+    TESSERA_SKIP("needs 8 GiB of free device memory, " << (free_bytes >> 20) << " MiB free");
   }
   const std::int64_t n = (std::int64_t{1} << 31) + 64;
   const std::int64_t past = (std::int64_t{1} << 31) + 5;

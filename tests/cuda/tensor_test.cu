@@ -5,6 +5,8 @@
 // The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
+#include "skip.hpp"
+
 #include <cstdint>
 #include <tuple>
 #include <vector>
@@ -69,11 +71,8 @@ TEST_CASE("rand gives the same numbers on cpu and cuda", "[cuda][random]") {
   CHECK(on_cuda.to_vector() == on_cpu.to_vector());
 }
 
-TEST_CASE("copies between CUDA ordinals", "[cuda][placement]") {
-  if (ts::cuda::device_count() < 2) {
-    WARN("only one CUDA device: peer copies not exercised");
-    return;
-  }
+TEST_CASE("copies between CUDA ordinals", "[cuda][placement][skippable]") {
+  if (ts::cuda::device_count() < 2) TESSERA_SKIP("only one CUDA device: peer copies not exercised");
   auto a = ts::arange<float, ts::cuda>(0, 8, 1, 0);
   auto b = a.to(1);
   CHECK(b.device_index() == 1);

@@ -5,6 +5,8 @@
 // so the other ranks are not left waiting.
 #include <catch2/catch.hpp>
 
+#include "skip.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -318,12 +320,12 @@ namespace process_group_test {
 
 // NCCL between processes: runs where every rank has a GPU of its own (init made the
 // communicator), against the same references as the CPU cases; reports itself skipped otherwise.
-TEST_CASE("CUDA tensors go through NCCL with the same results", "[process_group][cuda]") {
+TEST_CASE("CUDA tensors go through NCCL with the same results",
+          "[process_group][cuda][skippable]") {
   dist::ProcessGroup pg;
   if (ts::cuda::device_count() < dist::local_size()) {
-    WARN("skipped: " << ts::cuda::device_count() << " GPU(s) for " << dist::local_size()
-                     << " ranks on this node");
-    return;
+    TESSERA_SKIP(ts::cuda::device_count() << " GPU(s) for " << dist::local_size()
+                                          << " ranks on this node");
   }
   const std::int64_t n = 3001;
   const auto inputs = every_rank_input<float>(pg.size(), n, false);
@@ -364,5 +366,12 @@ TEST_CASE("CUDA tensors go through NCCL with the same results", "[process_group]
   }
 }
 
+}  // namespace process_group_test
+#else
+namespace process_group_test {
+TEST_CASE("CUDA tensors go through NCCL with the same results",
+          "[process_group][cuda][skippable]") {
+  TESSERA_SKIP("this build has no CUDA and NCCL (TESSERA_WITH_CUDA / TESSERA_WITH_NCCL)");
+}
 }  // namespace process_group_test
 #endif

@@ -3,6 +3,8 @@
 // accounts its own memory; pin_memory without a CUDA device is a device_error.
 #include <catch2/catch.hpp>
 
+#include "skip.hpp"
+
 #include <vector>
 
 #include "tessera/tessera.hpp"
@@ -99,10 +101,10 @@ TEST_CASE("CUDA tensors are unavailable without a GPU, with a clear error", "[pl
   CHECK_THROWS_WITH(ts::zeros<float>({2}).cuda(), Catch::Contains("cuda:0"));
 }
 
-TEST_CASE("pin_memory needs a CUDA device: device_error, the tensor unchanged", "[placement]") {
+TEST_CASE("pin_memory needs a CUDA device: device_error, the tensor unchanged",
+          "[placement][skippable]") {
   if (ts::cuda::is_available()) {  // pinning itself: tests/cuda/tensor_test.cu
-    WARN("skipped: a CUDA device is present, so pin_memory succeeds (tests/cuda/tensor_test.cu)");
-    return;
+    TESSERA_SKIP("a CUDA device is present, so pin_memory succeeds (tests/cuda/tensor_test.cu)");
   }
   const std::vector<float> values{1, 2, 3, 4, 5, 6};
   auto a = ts::from_vector<float>(values, {2, 3});
