@@ -347,31 +347,27 @@ TESSERA_API void program_state::run_forward(bool replay) {
   forwarded = true;
 }
 
-/// The bytes `t`'s elements span from its first (a program's values have non-negative strides).
-inline std::size_t spanned_bytes(const AnyTensor& t) {
-  if (t.numel() == 0) return 0;
-  std::int64_t last = 0;
-  for (int d = 0; d < static_cast<int>(t.shape().size()); ++d) {
-    last += (t.shape()[d] - 1) * t.strides()[d];
-  }
-  return static_cast<std::size_t>(last + 1) * element_size(t.dtype());
-}
-
 TESSERA_API AnyTensor program_state::hand_out(const AnyTensor& value, std::vector<Storage>& blocks,
                                               std::size_t k) {
   if (!value.defined() || !value.storage().defined()) return value;
   if (blocks.size() <= k) blocks.resize(k + 1);
   Storage& block = blocks[k];
-  const std::size_t bytes = spanned_bytes(value);
-  if (!block.defined() || block.data() != value.data_ptr() || block.bytes() != bytes) {
-    const auto offset = static_cast<std::size_t>(static_cast<const char*>(value.data_ptr()) -
-                                                 static_cast<const char*>(value.storage().data()));
-    block = Storage::share(value.storage(), offset, bytes);
+  // The block holds exactly the bytes the value's elements reach, from its lowest one.
+  const tessera::detail::element_span span = tessera::detail::span_of(value.shape(), value.strides());
+  const auto element = static_cast<std::int64_t>(element_size(value.dtype()));
+  const char* first = static_cast<const char*>(value.data_ptr()) + span.first * element;
+  const auto bytes = static_cast<std::size_t>((span.last - span.first) * element);
+  if (!block.defined() || block.data() != first || block.bytes() != bytes) {
+    block = Storage::share(value.storage(),
+                           static_cast<std::size_t>(first - static_cast<const char*>(value.storage().data())),
+                           bytes);
   }
   return visit_dtype(value.dtype(), [&](auto tag) -> AnyTensor {
     using T = typename decltype(tag)::type;
-    if (value.device().is_cuda()) return Tensor<T, cuda>(block, value.shape(), value.strides(), 0);
-    return Tensor<T, cpu>(block, value.shape(), value.strides(), 0);
+    if (value.device().is_cuda()) {
+      return Tensor<T, cuda>(block, value.shape(), value.strides(), -span.first);
+    }
+    return Tensor<T, cpu>(block, value.shape(), value.strides(), -span.first);
   });
 }
 

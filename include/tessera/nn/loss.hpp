@@ -33,7 +33,7 @@ namespace detail {
 // device_mismatch_error naming the loss and both devices when they are on different ordinals
 // (the expression's own error would name its internal operation, "sub").
 template <class A, class B>
-void check_same_shape(const A& input, const B& target, const char* loss) {
+void check_operands(const A& input, const B& target, const char* loss) {
   if constexpr (requires {
                   input.shape();
                   target.shape();
@@ -64,7 +64,7 @@ void check_same_shape(const A& input, const B& target, const char* loss) {
 /// wrong; here it is an error), dtype_error for integer operands.
 template <class A, class B>
 auto mse_loss(const A& input, const B& target) {
-  detail::check_same_shape(input, target, "mse_loss");
+  detail::check_operands(input, target, "mse_loss");
   const auto difference = input - target;
   return mean(difference * difference);
 }
@@ -75,7 +75,7 @@ auto mse_loss(const A& input, const B& target) {
 /// they are equal, as PyTorch's). shape_error naming both shapes when they differ.
 template <class A, class B>
 auto l1_loss(const A& input, const B& target) {
-  detail::check_same_shape(input, target, "l1_loss");
+  detail::check_operands(input, target, "l1_loss");
   return mean(abs(input - target));
 }
 
@@ -86,7 +86,7 @@ auto l1_loss(const A& input, const B& target) {
 /// shapes.
 template <class A, class B>
 auto smooth_l1_loss(const A& input, const B& target, double beta = 1.0) {
-  detail::check_same_shape(input, target, "smooth_l1_loss");
+  detail::check_operands(input, target, "smooth_l1_loss");
   if (!(beta >= 0)) {
     throw std::invalid_argument("smooth_l1_loss: beta " + std::to_string(beta) +
                                 " must be non-negative");
@@ -103,7 +103,7 @@ auto smooth_l1_loss(const A& input, const B& target, double beta = 1.0) {
 /// [0, 1] (soft labels). shape_error for different shapes.
 template <class A, class B>
 auto binary_cross_entropy_with_logits(const A& input, const B& target) {
-  detail::check_same_shape(input, target, "binary_cross_entropy_with_logits");
+  detail::check_operands(input, target, "binary_cross_entropy_with_logits");
   return mean(maximum(input, 0.0) - input * target + log(1.0 + exp(-abs(input))));
 }
 

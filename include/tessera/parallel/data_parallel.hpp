@@ -370,12 +370,17 @@ class DataParallel {
     std::vector<std::pair<AnyTensor, AnyTensor>> buffers;
     std::size_t bytes = 0;  // of all pairs
   };
+  // The module's parameters' then buffers' values now.
+  std::vector<AnyTensor> module_tensors() const {
+    std::vector<AnyTensor> out;
+    for (const auto& p : module_.parameters()) out.push_back(p.value());
+    for (const auto& b : module_.buffers()) out.push_back(b.value());
+    return out;
+  }
   void bind_copies() {
     const auto module_parameters = module_.parameters();
     const auto module_buffers = module_.buffers();
-    bound_.clear();
-    for (const auto& p : module_parameters) bound_.push_back(p.value());
-    for (const auto& b : module_buffers) bound_.push_back(b.value());
+    bound_ = module_tensors();
     copies_.assign(static_cast<std::size_t>(threads_.size()), replica_copies{});
     flat_copies_ = true;
     for (std::size_t m = 1; m < copies_.size(); ++m) {
@@ -410,27 +415,22 @@ class DataParallel {
   // bind_copies bound (rebound, `p.value() = other`, or moved away and back with to()), or ""
   // when every one is: the replicas would read or copy the old tensors.
   std::string rebound() const {
-    const auto parameters = module_.parameters();
-    const auto buffers = module_.buffers();
-    std::size_t i = 0;
-    auto same = [&](const AnyTensor& now) {
-      const AnyTensor& then = bound_[i++];
-      return now.storage().is_same(then.storage()) &&
-             now.storage_offset() == then.storage_offset() && now.shape() == then.shape();
-    };
-    bool current = parameters.size() + buffers.size() == bound_.size();
-    for (std::size_t k = 0; current && k < parameters.size(); ++k) current = same(parameters[k].value());
-    for (std::size_t k = 0; current && k < buffers.size(); ++k) current = same(buffers[k].value());
-    if (current) return {};
-    // Named only on the way out.
-    i = 0;
-    for (const auto& [name, p] : module_.named_parameters()) {
-      if (i >= bound_.size() || !same(p.value())) return name;
+    const std::vector<AnyTensor> now = module_tensors();
+    std::size_t k = 0;
+    if (now.size() == bound_.size()) {
+      while (k < now.size() && now[k].storage().is_same(bound_[k].storage()) &&
+             now[k].storage_offset() == bound_[k].storage_offset() &&
+             now[k].shape() == bound_[k].shape()) {
+        ++k;
+      }
+      if (k == now.size()) return {};
     }
-    for (const auto& [name, b] : module_.named_buffers()) {
-      if (i >= bound_.size() || !same(b.value())) return name;
-    }
-    return "(a parameter or buffer added or removed)";
+    // Named only on the way out, in module_tensors' order.
+    std::vector<std::string> names;
+    for (const auto& [name, p] : module_.named_parameters()) names.push_back(name);
+    for (const auto& [name, b] : module_.named_buffers()) names.push_back(name);
+    return k < names.size() && now.size() == bound_.size() ? names[k]
+                                                           : "(a parameter or buffer added or removed)";
   }
   // Before a forward: a module whose parameters were rebound since the replicas were bound is
   // bound again (its new tensors must be on device_ids[0]), so the replicas see the current ones.
