@@ -39,7 +39,7 @@ inline bool is_row_major(const Shape& shape, const Strides& strides) {
 inline constexpr std::int64_t grain_size = 32768;
 
 /// True when an evaluator type holds an operation marked `static constexpr bool compute_bound`
-/// (expr/functors.hpp marks exp, tanh and sigmoid): a template argument, at any depth.
+/// (backend/functors.hpp marks exp, tanh and sigmoid): a template argument, at any depth.
 template <class T>
 concept marked_compute_bound = requires {
   requires T::compute_bound;

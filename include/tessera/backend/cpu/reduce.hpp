@@ -20,9 +20,9 @@
 #include "tessera/backend/cpu/parallel.hpp"
 #include "tessera/backend/cpu/strided_loop.hpp"
 #include "tessera/backend/evaluator.hpp"
+#include "tessera/backend/functors.hpp"
 #include "tessera/core/profiler.hpp"
 #include "tessera/core/shape.hpp"
-#include "tessera/expr/functors.hpp"
 
 namespace tessera::backend {
 

@@ -1,4 +1,4 @@
-// The vectorisable float exp, tanh and sigmoid (expr/detail/vector_math.hpp) against float64
+// The vectorisable float exp, tanh and sigmoid (backend/cpu/vector_math.hpp) against float64
 // std::exp / std::tanh: dense sweeps over every float with a stride of a few ulp, run through
 // ts::exp(tensor) etc. so the executor's vectorised loop is what is measured, the special values
 // (+-0, +-inf, NaN, the overflow and underflow edges, subnormals), every half and bfloat16 value,

@@ -2,11 +2,11 @@
 // without -ffast-math (checked with GCC 12 at -O3; -O2's cost model vectorises no loop of unknown
 // length): straight-line arithmetic, integer bit tricks for 2^n, and selects instead of
 // branches, so the calls inline into packed SSE/AVX code where libm's expf/tanhf would stay
-// scalar calls. The functors (expr/functors.hpp) use them for float (and half/bfloat16, which
+// scalar calls. The functors (backend/functors.hpp) use them for float (and half/bfloat16, which
 // compute in float) on the host; double keeps std::, CUDA device code keeps ::expf and friends.
 //
 // Accuracy, in ulp of float at the exact value (2^-149 in the subnormal range), asserted by
-// tests/expr/vector_math_test.cpp over every 97th float of the ranges and every float near the
+// tests/backend/vector_math_test.cpp over every 97th float of the ranges and every float near the
 // edges (the maxima over *every* float, g++ 12 -O3 SSE2, in brackets):
 //   exp:     <= 1.5 ulp (0.99), subnormal results included (2^n is applied as two factors, so
 //            they are rounded once); x < -103.97 gives +0 and x > 88.7228 gives +inf, as the
