@@ -197,6 +197,9 @@ TEST_CASE("blocks recorded on a stream destroyed before their free are freed aft
   // A device block (record_stream) and a pinned block (an asynchronous copy from it) both name a
   // stream whose last handle goes before theirs: freeing them waits for that stream's work with
   // the device's instead of failing to record an event on it, and both pools stay usable.
+  // `copied` is written on the side stream and read on the default one: as in PyTorch, the
+  // reading stream must wait for the writing one (wait_stream) - streams are not ordered with
+  // each other, and a copy to the host waits only for its own stream.
   const ts::Device cuda0 = ts::Device::parse("cuda:0");
   const std::int64_t n = std::int64_t{1} << 20;
   const auto values = pinned_values(n);
@@ -208,6 +211,7 @@ TEST_CASE("blocks recorded on a stream destroyed before their free are freed aft
     ts::StreamGuard guard(stream);
     on_device.record_stream(stream);
     copied = pinned.cuda();  // queued on `stream`, which is recorded on the pinned block
+    guard.previous_stream().wait_stream(stream);  // copied.cpu() below runs on the default stream
   }
   const auto allocated = ts::memory::allocated(cuda0);
   on_device = ts::Tensor<float, ts::cuda>();
