@@ -27,12 +27,7 @@ KNOWN = {
     "up": {
         ("backend/cuda/reduce.cuh", "expr/functors.hpp"),
     },
-    "cycle": {
-        ("memory/memory.hpp", "memory/detail/history.hpp"),
-        ("memory/detail/history.hpp", "memory/memory.hpp"),
-        ("memory/memory.hpp", "memory/detail/pinned_pool.hpp"),
-        ("memory/detail/pinned_pool.hpp", "memory/memory.hpp"),
-    },
+    "cycle": set(),
     "long": {
         "autograd/program.hpp", "autograd/ops.hpp", "nn/detail/conv2d.hpp", "io/safetensors.hpp",
         "parallel/pipeline.hpp", "parallel/process_group.hpp", "parallel/data_parallel.hpp",

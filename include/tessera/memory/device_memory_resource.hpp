@@ -1,6 +1,7 @@
 // The run-time interface of a device's resource. Pools over different upstreams (host memory,
 // cudaMalloc, cudaMallocAsync) have different types; the per-device registry holds them through
-// this small abstract class, and device_resource_adaptor turns any pool_resource into one.
+// this small abstract class, and device_resource_adaptor turns any pool_resource into one. The
+// pools devices get unless the user installs another are named at the end.
 #pragma once
 
 #include <cstddef>
@@ -12,6 +13,9 @@
 
 #include "tessera/core/device.hpp"
 #include "tessera/core/stream.hpp"
+#include "tessera/memory/cuda_memory_resource.hpp"
+#include "tessera/memory/host_memory_resource.hpp"
+#include "tessera/memory/limit_resource_adaptor.hpp"
 #include "tessera/memory/pool.hpp"
 #include "tessera/memory/resource.hpp"
 #include "tessera/memory/stats.hpp"
@@ -150,5 +154,13 @@ std::unique_ptr<device_memory_resource> make_pool_resource(Device device, Upstre
       device_resource_adaptor<pool_resource<Upstream, SizePolicy, StreamPolicy>>>(
       device, std::move(upstream), std::move(policy));
 }
+
+/// The pool every virtual CPU device gets: PyTorch's policy over aligned host memory, with a
+/// limit (none by default) so OOM behaviour can be tested on the CPU.
+using host_pool_resource = pool_resource<limit_resource_adaptor<host_memory_resource>>;
+#if TESSERA_CUDA
+/// The pool every CUDA device gets: PyTorch's policy and stream events over cudaMalloc.
+using cuda_pool_resource = pool_resource<limit_resource_adaptor<cuda_memory_resource>>;
+#endif
 
 }  // namespace tessera::memory

@@ -1,10 +1,12 @@
 // The memory history behind memory::record_history and memory::export_timeline: one recorder per
 // device, which memory::allocate and deallocate reach only while some device records (one relaxed
 // load on their path otherwise), and the writer of Chrome trace-event JSON. Everything here is
-// compiled where TESSERA_DEFINITIONS is 1 (header-only units, or tessera::compiled).
+// compiled where TESSERA_DEFINITIONS is 1 (header-only units, or tessera::compiled); memory.hpp
+// includes it after declaring those functions, and it reaches the devices through the registry.
 #pragma once
 
-#include "tessera/memory/memory.hpp"
+#include "tessera/core/config.hpp"
+#include "tessera/memory/detail/device_registry.hpp"
 
 #if TESSERA_DEFINITIONS
 #include <atomic>
@@ -22,6 +24,12 @@
 #include <vector>
 
 #include <unistd.h>
+
+#include "tessera/core/device.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/stream.hpp"
+#include "tessera/memory/detail/thread_cache.hpp"
+#include "tessera/memory/stats.hpp"
 
 namespace tessera::memory::detail {
 

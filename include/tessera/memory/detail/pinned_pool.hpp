@@ -3,10 +3,17 @@
 // pinned_host_memory_resource whose frees wait for the CUDA streams recorded on a block, as
 // PyTorch's CachingHostAllocator does, so that a block is not handed out again while an
 // asynchronous copy from or to it runs. Compiled where TESSERA_DEFINITIONS is 1; CUDA builds only
-// (elsewhere pinning throws device_error and the statistics stay 0).
+// (elsewhere pinning throws device_error and the statistics stay 0). memory.hpp declares these
+// functions and includes this header after them.
 #pragma once
 
-#include "tessera/memory/memory.hpp"
+#include <cstddef>
+
+#include "tessera/core/config.hpp"
+#include "tessera/core/device.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/stream.hpp"
+#include "tessera/memory/stats.hpp"
 
 #if TESSERA_DEFINITIONS && TESSERA_CUDA
 #include <cstdio>
@@ -18,6 +25,9 @@
 #include <vector>
 
 #include "tessera/memory/pinned_host_memory_resource.hpp"
+#include "tessera/memory/pool.hpp"
+#include "tessera/memory/size_policy.hpp"
+#include "tessera/memory/stream_policy.hpp"
 #endif
 
 #if TESSERA_DEFINITIONS
