@@ -2,17 +2,23 @@
 // blocks. Every element belongs to exactly one block's slice, slices are whole multiples of the
 // block's width, the block count stays within its cap, and each thread gets at least the minimum
 // number of elements whenever there are enough elements for one block to have them. A reduction
-// done slice by slice in the plan's order equals a float64 sum of the same numbers.
+// done slice by slice in the plan's order equals a float64 sum of the same numbers. The same for
+// reductions along a dimension: the rows plan's lanes, loads and splits (walked as the kernel
+// walks them) and the columns plan's slices read each element of each row exactly once.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "tessera/backend/cuda/reduce_plan.hpp"
 
 namespace reduce_plan_test {  // one namespace per file: a unity build
 
+using tessera::backend::cuda::column_reduction_plan;
 using tessera::backend::cuda::full_reduction_plan;
+using tessera::backend::cuda::reduce_batch_values;
+using tessera::backend::cuda::row_reduction_plan;
 
 void check_cover(std::int64_t n, std::int64_t width, std::int64_t max_blocks,
                  std::int64_t min_per_thread) {
@@ -86,6 +92,127 @@ TEST_CASE("full reduction plan: a sum over the slices equals the float64 sum", "
   double total = 0;
   for (const double p : partials) total += p;
   CHECK(total == expected);
+}
+
+/// Reads of one row as reduce_rows_kernel makes them: for every split and lane, the positions
+/// plan.walk visits; checks that loads are whole and aligned vectors inside the slice, that a
+/// lane's positions increase, and returns how often each position was read.
+std::vector<int> row_reads(const row_reduction_plan& plan) {
+  std::vector<int> reads(static_cast<std::size_t>(plan.extent), 0);
+  for (std::int64_t split = 0; split < plan.splits; ++split) {
+    const std::int64_t begin = plan.first(split), end = plan.last(split);
+    REQUIRE(begin % plan.vector == 0);
+    for (int lane = 0; lane < plan.group; ++lane) {
+      std::int64_t previous = -1;
+      auto read = [&](std::int64_t p, int count) {
+        REQUIRE(p >= begin);
+        REQUIRE(p + count <= end);
+        REQUIRE(p > previous);
+        for (int j = 0; j < count; ++j) ++reads[static_cast<std::size_t>(p + j)];
+        previous = p + count - 1;
+      };
+      plan.walk(
+          split, lane,
+          [&](std::int64_t p, std::int64_t step) {
+            REQUIRE(step == std::int64_t{plan.group} * plan.vector);
+            for (int k = 0; k < reduce_batch_values / plan.vector; ++k) {
+              REQUIRE((p + k * step) % plan.vector == 0);
+              read(p + k * step, plan.vector);
+            }
+          },
+          [&](std::int64_t p) {
+            REQUIRE(p % plan.vector == 0);
+            read(p, plan.vector);
+          },
+          [&](std::int64_t p) { read(p, 1); });
+    }
+  }
+  return reads;
+}
+
+TEST_CASE("row reduction plan: every element of a row is read once, in whole aligned loads",
+          "[reduce_plan]") {
+  // ResNet-50's batch-norm rows (N*C rows of H*W), short rows, one long row, rows of odd length.
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {8 * 64, 112 * 112}, {8 * 256, 56 * 56}, {32 * 256, 3136}, {8 * 2048, 49}, {16384, 7},
+      {1, 1}, {1, 0}, {3, 1'000'003}, {1, 1 << 22}, {2, 100}, {100'000, 3}, {5, 4099}};
+  for (const auto& [outputs, extent] : shapes) {
+    for (const int vector : {1, 4}) {
+      for (const std::int64_t resident : {std::int64_t{132} * 2048, std::int64_t{2048}}) {
+        const row_reduction_plan plan =
+            row_reduction_plan::make(outputs, extent, vector, 256, resident);
+        CAPTURE(outputs, extent, vector, resident, plan.group, plan.splits, plan.slice);
+        REQUIRE(plan.group >= 1);
+        REQUIRE(plan.group <= 256);
+        REQUIRE((plan.group & (plan.group - 1)) == 0);
+        REQUIRE(plan.rows_per_block * plan.group == 256);
+        REQUIRE(plan.splits >= 1);
+        if (extent > 0) REQUIRE(plan.last(plan.splits - 1) == extent);
+        for (std::int64_t s = 0; s + 1 < plan.splits; ++s) {
+          REQUIRE(plan.last(s) == plan.first(s + 1));
+          REQUIRE(plan.last(s) > plan.first(s));
+        }
+        // A lane has a batch of values when the row is long enough for one (down to 4 values
+        // when the device would otherwise idle), and splits leave each lane 64 values.
+        if (extent >= 2 * reduce_batch_values && plan.group < 256 &&
+            outputs * plan.group >= resident) {
+          CHECK(std::int64_t{plan.group} * 2 * reduce_batch_values > extent);
+        }
+        if (plan.group > 1) CHECK(std::int64_t{plan.group} * 4 <= extent);
+        if (plan.splits > 1) CHECK(plan.slice >= std::int64_t{plan.group} * 64);
+        const std::vector<int> reads = row_reads(plan);
+        for (std::int64_t p = 0; p < extent; ++p) {
+          if (reads[static_cast<std::size_t>(p)] != 1) {
+            CAPTURE(p, reads[static_cast<std::size_t>(p)]);
+            FAIL("a position is not read exactly once");
+          }
+        }
+        CHECK(plan.tiles() == (outputs + plan.rows_per_block - 1) / plan.rows_per_block * plan.splits);
+      }
+    }
+  }
+}
+
+TEST_CASE("row reduction plan: the ResNet-50 shapes fill the device", "[reduce_plan]") {
+  const std::int64_t resident = std::int64_t{132} * 2048;  // an H100 SXM's or H200's 132 SMs
+  // [32, 256, 3136] along the last dimension: 8192 rows, a group of 128 lanes each (24 values).
+  const auto wide = row_reduction_plan::make(8192, 3136, 4, 256, resident);
+  CHECK(wide.group == 128);
+  CHECK(wide.splits == 1);
+  // [8, 2048, 49]: rows of 49 values; 16384 rows need 8 lanes each for the device's lanes.
+  const auto short_rows = row_reduction_plan::make(16384, 49, 1, 256, resident);
+  CHECK(short_rows.group == 8);
+  // One long row: split over blocks, each lane with at least 64 values.
+  const auto one = row_reduction_plan::make(1, std::int64_t{1} << 24, 4, 256, resident);
+  CHECK(one.group == 256);
+  CHECK(one.splits > 100);
+  CHECK(one.splits * 256 >= resident / 8);
+}
+
+TEST_CASE("column reduction plan: slices cover the reduced dimension once", "[reduce_plan]") {
+  const std::vector<std::pair<std::int64_t, std::int64_t>> shapes = {
+      {64, 8}, {2048, 8}, {1000, 4096}, {1, 1 << 20}, {3, 0}, {100'000, 2}, {33, 257}};
+  for (const auto& [outputs, extent] : shapes) {
+    for (const std::int64_t resident : {std::int64_t{132} * 2048, std::int64_t{256}}) {
+      const column_reduction_plan plan =
+          column_reduction_plan::make(outputs, extent, 256, resident);
+      CAPTURE(outputs, extent, resident, plan.splits, plan.slice);
+      REQUIRE(plan.columns * plan.lanes == 256);
+      REQUIRE(plan.splits >= 1);
+      REQUIRE(plan.slice % plan.lanes == 0);
+      std::vector<int> reads(static_cast<std::size_t>(extent), 0);
+      for (std::int64_t s = 0; s < plan.splits; ++s) {
+        // Row of threads t reads first + t, first + t + lanes, ... below last (the kernel's walk).
+        for (int t = 0; t < plan.lanes; ++t) {
+          for (std::int64_t r = plan.first(s) + t; r < plan.last(s); r += plan.lanes) {
+            ++reads[static_cast<std::size_t>(r)];
+          }
+        }
+      }
+      for (std::int64_t r = 0; r < extent; ++r) REQUIRE(reads[static_cast<std::size_t>(r)] == 1);
+      if (plan.splits > 1) CHECK(plan.slice >= std::int64_t{plan.lanes} * 32);
+    }
+  }
 }
 
 }  // namespace reduce_plan_test

@@ -1,7 +1,8 @@
 // Reductions and softmax on a CUDA device (compiled by nvcc, so CUB and the row kernels run),
 // against float64 results computed here by hand-written loops over the inputs' logical values:
 // every dimension with and without keepdim, non-contiguous inputs and expressions, dtypes, long
-// and short rows (block per output, thread per output), NaN, ties, empty and 0-dim inputs, the
+// and short rows (groups of lanes per row, 16-byte loads, rows split over blocks, outputs side by
+// side), broadcast operands along rows, NaN, ties, empty and 0-dim inputs, the
 // accuracy of float sums over 2^24 elements, tensors over 2^31 elements (64-bit indexing), and the
 // allocations and launches a reduction makes.
 // The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
@@ -277,6 +278,63 @@ TEST_CASE("cuda reductions of long and short rows", "[cuda][reduce]") {
     check_all_reductions<float>(x, values_of(x), shape);
     auto t = x.t();
     check_all_reductions<float>(t, values_of(t), t.shape());
+  }
+}
+
+TEMPLATE_TEST_CASE("cuda reductions along rows: 16-byte loads, split rows, ties", "[cuda][reduce]",
+                   float, double, ts::half, ts::bfloat16, std::int32_t, std::int64_t, bool) {
+  std::mt19937 rng(17);
+  // Rows whose length is a multiple of 4 (vector loads), rows that are not, one long row split
+  // over many blocks, and many short rows; integer and bool values tie often, so argmax's first
+  // position must survive the lanes' butterfly and the splits' merge.
+  for (const ts::Shape& shape : std::vector<ts::Shape>{
+           {6, 4096}, {5, 4099}, {1, 1 << 20}, {2, 200'004}, {4096, 12}, {700, 49}}) {
+    INFO("shape " << shape);
+    auto x = random_tensor<TestType>(shape, rng);
+    const auto values = values_of(x);
+    auto check_sum = [&](const auto& got, const expected& want, const char* what) {
+      if constexpr (is_float_v<TestType>) {
+        check_close<TestType>(got, want, what);
+      } else {
+        check_exact(got, want, what);
+      }
+    };
+    check_sum(ts::sum(x, 1), reference(values, shape, 1, kind::sum), "sum along rows");
+    check_exact(ts::max(x, 1), reference(values, shape, 1, kind::max), "max along rows");
+    check_exact(ts::argmax(x, 1), reference(values, shape, 1, kind::argmax), "argmax along rows");
+    check_sum(ts::sum(x, 0), reference(values, shape, 0, kind::sum), "sum along columns");
+    check_exact(ts::argmax(x, 0), reference(values, shape, 0, kind::argmax),
+                "argmax along columns");
+  }
+}
+
+TEST_CASE("cuda per-channel sums of expressions with broadcast operands (batch norm's)",
+          "[cuda][reduce]") {
+  std::mt19937 rng(19);
+  // [N, C, L] with a per-channel operand [1, C, 1]: rows along L bind the channel's value once
+  // (stride 0 along the row) and load x 16 bytes at a time when L is a multiple of 4.
+  for (const ts::Shape& shape : std::vector<ts::Shape>{{4, 8, 3136}, {4, 8, 49}, {2, 3, 12544}}) {
+    INFO("shape " << shape);
+    const std::int64_t n = shape[0], c = shape[1], l = shape[2];
+    auto x = random_tensor<float>(shape, rng);
+    auto m = random_tensor<float>({1, c, 1}, rng);
+    const auto vx = values_of(x), vm = values_of(m);
+    std::vector<double> squared(vx.size()), shifted(vx.size());
+    for (std::int64_t i = 0; i < n * c * l; ++i) {
+      const double d = static_cast<float>(vx[static_cast<std::size_t>(i)] -
+                                          vm[static_cast<std::size_t>(i / l % c)]);
+      shifted[static_cast<std::size_t>(i)] = d;
+      squared[static_cast<std::size_t>(i)] = static_cast<float>(d * d);
+    }
+    check_close<float>(ts::sum((x - m) * (x - m), 2), reference(squared, shape, 2, kind::sum),
+                       "sum((x - m)^2, 2)");
+    check_close<float>(ts::sum(x - m, 2), reference(shifted, shape, 2, kind::sum),
+                       "sum(x - m, 2)");
+    // A view whose rows start misaligned (no vector loads): the scalar path.
+    auto narrowed = x.narrow(2, 1, l - 1);
+    const auto vn = values_of(narrowed);
+    check_close<float>(ts::sum(narrowed, 2), reference(vn, narrowed.shape(), 2, kind::sum),
+                       "sum of a narrowed view");
   }
 }
 

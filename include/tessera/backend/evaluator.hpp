@@ -6,6 +6,8 @@
 //   stride[d]); row_access     - element i of the current row, after bind_row() set each leaf's row
 //   pointer
 //                    (the CPU's strided path: one dot product per row, not per element);
+//   vector_access, row_vector_access - V consecutive elements at once (CUDA's 16-byte loads), of
+//                    the contiguous layout or of the current row;
 //   unit_access    - element i of the current block of a row in which every operand steps by 1
 //                    or 0 (the CPU's strided path when it can vectorise: bind_unit_row() points
 //                    each leaf at its row, or at copies of its value when it is broadcast along
@@ -65,6 +67,13 @@ struct unit_splats {
 /// V consecutive elements from linear index i (CUDA's vectorised path; all pointers aligned).
 template <int V>
 struct vector_access {
+  std::int64_t i;
+};
+/// V consecutive elements of the current row from its element i, after bind_row (CUDA's
+/// vectorised reductions along rows): a leaf with unit stride along the row loads them at once, a
+/// leaf broadcast along it (stride 0) repeats its value; is_row_aligned(V) says every leaf can.
+template <int V>
+struct row_vector_access {
   std::int64_t i;
 };
 
@@ -148,9 +157,29 @@ struct leaf_evaluator {
     const auto loaded = *reinterpret_cast<const aligned_vector<T, V>*>(data + a.i);
     for (int k = 0; k < V; ++k) out[k] = result_type(loaded.values[k]);
   }
+  template <int V>
+  TESSERA_HOST_DEVICE void get_vector(row_vector_access<V> a, result_type (&out)[V]) const {
+    if (inner_stride == 0) {
+      const result_type value = result_type(*row);
+      for (int k = 0; k < V; ++k) out[k] = value;
+    } else {
+      const auto loaded = *reinterpret_cast<const aligned_vector<T, V>*>(row + a.i);
+      for (int k = 0; k < V; ++k) out[k] = result_type(loaded.values[k]);
+    }
+  }
   /// True when `data` allows aligned loads of `vector` elements.
   bool is_aligned(int vector) const {
     return reinterpret_cast<std::uintptr_t>(data) % (sizeof(T) * static_cast<std::size_t>(vector)) == 0;
+  }
+  /// True when every row placed by bind_row allows row_vector_access<vector>: the leaf steps by 1
+  /// along the row (with `data` and every other stride a multiple of `vector` elements) or by 0.
+  bool is_row_aligned(int vector) const {
+    if (inner_stride == 0) return true;
+    if (inner_stride != 1 || !is_aligned(vector)) return false;
+    for (int d = 0; d + 1 < rank; ++d) {
+      if (strides[d] % vector != 0) return false;
+    }
+    return true;
   }
 };
 
@@ -169,11 +198,12 @@ struct scalar_evaluator {
   TESSERA_HOST_DEVICE constexpr void bind_row(const std::int64_t*) {}
   void bind_unit_row(const std::int64_t*, unit_splats&) {}
   void advance_unit(std::int64_t) {}
-  template <int V>
-  TESSERA_HOST_DEVICE void get_vector(vector_access<V>, T (&out)[V]) const {
+  template <class VectorAccess, int V>
+  TESSERA_HOST_DEVICE void get_vector(VectorAccess, T (&out)[V]) const {
     for (int k = 0; k < V; ++k) out[k] = value;
   }
   bool is_aligned(int) const { return true; }
+  bool is_row_aligned(int) const { return true; }
 };
 
 /// Converts a child's value to U (rounding through U, so cast<half> really rounds), then to
@@ -194,13 +224,14 @@ struct cast_evaluator {
     child.bind_unit_row(index, splats);
   }
   void advance_unit(std::int64_t n) { child.advance_unit(n); }
-  template <int V>
-  TESSERA_HOST_DEVICE void get_vector(vector_access<V> a, result_type (&out)[V]) const {
+  template <class VectorAccess, int V>
+  TESSERA_HOST_DEVICE void get_vector(VectorAccess a, result_type (&out)[V]) const {
     typename Child::result_type in[V];
     child.get_vector(a, in);
     for (int k = 0; k < V; ++k) out[k] = result_type(store_cast<U>(in[k]));
   }
   bool is_aligned(int vector) const { return child.is_aligned(vector); }
+  bool is_row_aligned(int vector) const { return child.is_row_aligned(vector); }
 };
 
 }  // namespace backend

@@ -228,13 +228,14 @@ struct unary_evaluator {
     child.bind_unit_row(index, splats);
   }
   void advance_unit(std::int64_t n) { child.advance_unit(n); }
-  template <int V>
-  TESSERA_HOST_DEVICE void get_vector(backend::vector_access<V> a, result_type (&out)[V]) const {
+  template <class VectorAccess, int V>
+  TESSERA_HOST_DEVICE void get_vector(VectorAccess a, result_type (&out)[V]) const {
     typename Child::result_type in[V];
     child.get_vector(a, in);
     for (int k = 0; k < V; ++k) out[k] = Op{}(static_cast<opmath_t<Compute>>(in[k]));
   }
   bool is_aligned(int vector) const { return child.is_aligned(vector); }
+  bool is_row_aligned(int vector) const { return child.is_row_aligned(vector); }
 };
 
 template <class Op, class Compute, class Left, class Right>
@@ -262,8 +263,8 @@ struct binary_evaluator {
     left.advance_unit(n);
     right.advance_unit(n);
   }
-  template <int V>
-  TESSERA_HOST_DEVICE void get_vector(backend::vector_access<V> a, result_type (&out)[V]) const {
+  template <class VectorAccess, int V>
+  TESSERA_HOST_DEVICE void get_vector(VectorAccess a, result_type (&out)[V]) const {
     using C = opmath_t<Compute>;
     typename Left::result_type l[V];
     typename Right::result_type r[V];
@@ -272,6 +273,9 @@ struct binary_evaluator {
     for (int k = 0; k < V; ++k) out[k] = Op{}(static_cast<C>(l[k]), static_cast<C>(r[k]));
   }
   bool is_aligned(int vector) const { return left.is_aligned(vector) && right.is_aligned(vector); }
+  bool is_row_aligned(int vector) const {
+    return left.is_row_aligned(vector) && right.is_row_aligned(vector);
+  }
 };
 
 template <class Compute, class Condition, class Left, class Right>
@@ -305,8 +309,8 @@ struct where_evaluator {
     left.advance_unit(n);
     right.advance_unit(n);
   }
-  template <int V>
-  TESSERA_HOST_DEVICE void get_vector(backend::vector_access<V> a, result_type (&out)[V]) const {
+  template <class VectorAccess, int V>
+  TESSERA_HOST_DEVICE void get_vector(VectorAccess a, result_type (&out)[V]) const {
     typename Condition::result_type c[V];
     typename Left::result_type l[V];
     typename Right::result_type r[V];
@@ -320,6 +324,10 @@ struct where_evaluator {
   }
   bool is_aligned(int vector) const {
     return condition.is_aligned(vector) && left.is_aligned(vector) && right.is_aligned(vector);
+  }
+  bool is_row_aligned(int vector) const {
+    return condition.is_row_aligned(vector) && left.is_row_aligned(vector) &&
+           right.is_row_aligned(vector);
   }
 };
 

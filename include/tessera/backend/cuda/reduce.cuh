@@ -1,11 +1,13 @@
 // Reductions on CUDA devices, reading the expression through its evaluator (nothing stored):
 // full reductions give each block a slice of the elements and merge the blocks' partials in a
 // second, one-block launch (two small kernels per reduction, where cub::DeviceReduce compiled a
-// policy's tile kernels for each: most of a unit's ptxas time); reductions along a dimension run
-// one block per output (cub::BlockReduce) when rows are long, or one thread per output when rows
-// are short or the kept dimensions are the contiguous ones; softmax runs one block per row.
-// Operators are shared with the CPU (backend/cpu/reduce.hpp). Included only by nvcc-compiled
-// units.
+// policy's tile kernels for each: most of a unit's ptxas time); reductions along a dimension fold
+// each row with a group of lanes sized to the row (16-byte loads where every operand allows them,
+// a batch of loads in flight per lane), or, when the kept dimensions are the contiguous ones,
+// give neighbouring lanes neighbouring outputs; either cuts long rows over several blocks when
+// the outputs are too few to fill the device (reduce_plan.hpp: the arithmetic, tested on the
+// CPU). Softmax runs one block per row. Operators are shared with the CPU
+// (backend/cpu/reduce.hpp). Included only by nvcc-compiled units.
 #pragma once
 
 #include "tessera/core/config.hpp"
@@ -14,8 +16,10 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <type_traits>
 
 #include <cub/block/block_reduce.cuh>
+#include <cub/util_ptx.cuh>
 
 #include "tessera/backend/cpu/reduce.hpp"
 #include "tessera/backend/cuda/executor.cuh"
@@ -273,6 +277,21 @@ struct row_layout {
   std::int64_t out_step = 0;  // the output's stride along the reduced dimension
 };
 
+/// The value an expression's evaluator gives, as read_as<V> makes it (rounded to V, in V's
+/// compute type): for the vectorised loads, which get the evaluator's own results.
+template <class V, class Evaluator, class R>
+__device__ opmath_t<V> as_read(const R& value) {
+  if constexpr (requires { typename Evaluator::value_type; }) {
+    if constexpr (std::is_same_v<typename Evaluator::value_type, V>) {
+      return static_cast<opmath_t<V>>(value);
+    } else {
+      return static_cast<opmath_t<V>>(store_cast<V>(value));
+    }
+  } else {
+    return static_cast<opmath_t<V>>(store_cast<V>(value));
+  }
+}
+
 /// Where row o's elements are: at linear index o * extent + r (every leaf contiguous, the
 /// dimension innermost), or through row_access after bind_row of o's kept index.
 template <bool Linear, class Evaluator>
@@ -300,6 +319,27 @@ struct row_source {
       return read_as<V>(placed, row_access{r});
     }
   }
+  /// W consecutive elements of row o from position r (16-byte loads; vectorisable(W) holds).
+  template <class V, int W>
+  __device__ void get_vector(const Evaluator& placed, std::int64_t o, std::int64_t r,
+                             opmath_t<V> (&out)[W]) const {
+    typename Evaluator::result_type raw[W];
+    if constexpr (Linear) {
+      placed.get_vector(vector_access<W>{o * layout.extent + r}, raw);
+    } else {
+      placed.get_vector(row_vector_access<W>{r}, raw);
+    }
+#pragma unroll
+    for (int k = 0; k < W; ++k) out[k] = as_read<V, Evaluator>(raw[k]);
+  }
+  /// Whether every row allows loads of `vector` elements at positions that are multiples of it.
+  bool vectorisable(int vector) const {
+    if constexpr (Linear) {
+      return layout.extent % vector == 0 && evaluator.is_aligned(vector);
+    } else {
+      return evaluator.is_row_aligned(vector);
+    }
+  }
   /// Offset of row o's first element in a contiguous output of the input's shape (softmax).
   __device__ std::int64_t out_offset(std::int64_t o) const {
     if constexpr (Linear) {
@@ -315,49 +355,166 @@ struct row_source {
   }
 };
 
-/// One block per output (grid-stride over outputs): threads fold strided elements of the row,
-/// cub::BlockReduce merges the threads.
+/// Merges `value` across the `width` lanes of its group (a power of two up to 32, groups aligned
+/// in the warp) by a butterfly: every lane gets the group's result. Every lane of the warp calls it.
+template <class Op>
+__device__ typename Op::acc_type merge_across_lanes(typename Op::acc_type value, int width) {
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  for (int offset = width / 2; offset > 0; offset /= 2) {
+    const auto other = cub::ShuffleIndex<32>(value, lane ^ offset, 0xffffffffu);
+    // The lower lane's value first, so that every lane merges in the same order.
+    value = (lane & offset) ? Op::merge(other, value) : Op::merge(value, other);
+  }
+  return value;
+}
+
+/// Rows along the reduced dimension (row_reduction_plan): a group of plan.group lanes folds one
+/// row, or one slice of it, reading plan.vector elements per load and a batch of loads at a
+/// time; a group of more than a warp merges its warps through shared memory. With one split the
+/// group's first lane writes the result, else its partial (merged by reduce_split_partials_kernel).
 template <class Op, class V, class Finish, class Out, class Rows>
 __global__ void __launch_bounds__(threads_per_block)
-    reduce_rows_kernel(Out* out, Rows rows, std::int64_t outputs) {
+    reduce_rows_kernel(Out* out, typename Op::acc_type* partials, Rows rows,
+                       row_reduction_plan plan) {
   using acc_type = typename Op::acc_type;
-  using block_reduce = cub::BlockReduce<acc_type, threads_per_block>;
-  __shared__ typename block_reduce::TempStorage temporary;
-  const std::int64_t extent = rows.layout.extent;
-  for (std::int64_t o = blockIdx.x; o < outputs; o += gridDim.x) {
-    const auto placed = rows.row(o);
-    thread_fold<Op> fold;
-    for (std::int64_t r = threadIdx.x; r < extent; r += blockDim.x) {
-      fold.add(Op::lift(rows.template get<V>(placed, o, r), r));
+  __shared__ acc_type warp_results[threads_per_block / 32];
+  const int group = plan.group;
+  const int lane = static_cast<int>(threadIdx.x) % group;
+  const std::int64_t tiles = plan.tiles();
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const std::int64_t split = tile % plan.splits;
+    const std::int64_t o =
+        tile / plan.splits * plan.rows_per_block + static_cast<int>(threadIdx.x) / group;
+    acc_type total = Op::identity();
+    if (o < plan.outputs) {
+      const auto placed = rows.row(o);
+      thread_fold<Op> fold;
+      if (plan.vector == 4) {
+        plan.walk(
+            split, lane,
+            [&](std::int64_t p, std::int64_t step) {
+              constexpr int loads = reduce_batch_values / 4;
+              acc_type values[reduce_batch_values];
+              opmath_t<V> loaded[loads][4];
+#pragma unroll
+              for (int k = 0; k < loads; ++k) rows.template get_vector<V, 4>(placed, o, p + k * step, loaded[k]);
+#pragma unroll
+              for (int k = 0; k < loads; ++k) {
+#pragma unroll
+                for (int j = 0; j < 4; ++j) values[k * 4 + j] = Op::lift(loaded[k][j], p + k * step + j);
+              }
+              // Lane order: positions increase within a load, then from load to load.
+              fold.add_run(values);
+            },
+            [&](std::int64_t p) {
+              opmath_t<V> loaded[4];
+              rows.template get_vector<V, 4>(placed, o, p, loaded);
+              acc_type values[4];
+#pragma unroll
+              for (int j = 0; j < 4; ++j) values[j] = Op::lift(loaded[j], p + j);
+              fold.add_run(values);
+            },
+            [&](std::int64_t p) { fold.add(Op::lift(rows.template get<V>(placed, o, p), p)); });
+      } else {
+        plan.walk(
+            split, lane,
+            [&](std::int64_t p, std::int64_t step) {
+              acc_type values[reduce_batch_values];
+#pragma unroll
+              for (int k = 0; k < reduce_batch_values; ++k) {
+                values[k] = Op::lift(rows.template get<V>(placed, o, p + k * step), p + k * step);
+              }
+              fold.add_run(values);
+            },
+            [&](std::int64_t p) { fold.add(Op::lift(rows.template get<V>(placed, o, p), p)); },
+            [&](std::int64_t p) { fold.add(Op::lift(rows.template get<V>(placed, o, p), p)); });
+      }
+      total = fold.result();
     }
-    const acc_type total = block_reduce(temporary).Reduce(fold.result(), merge_fn<Op>{});
-    if (threadIdx.x == 0) out[o] = Finish::template apply<Out>(total, extent);
-    __syncthreads();  // the temporary storage is reused by the next output
+    total = merge_across_lanes<Op>(total, group < 32 ? group : 32);
+    if (group > 32) {
+      const int warp = static_cast<int>(threadIdx.x) / 32;
+      if (threadIdx.x % 32 == 0) warp_results[warp] = total;
+      __syncthreads();
+      if (lane == 0) {
+        total = warp_results[warp];
+        for (int w = 1; w < group / 32; ++w) total = Op::merge(total, warp_results[warp + w]);
+      }
+      __syncthreads();  // warp_results is reused by the next tile
+    }
+    if (lane == 0 && o < plan.outputs) {
+      if (plan.splits == 1) {
+        out[o] = Finish::template apply<Out>(total, plan.extent);
+      } else {
+        partials[o * plan.splits + split] = total;
+      }
+    }
   }
 }
 
-/// One thread per output (grid-stride): for short rows, and for rows whose neighbours are
-/// contiguous (sum(x, 0)), where neighbouring threads then read neighbouring elements.
+/// Outputs along the contiguous kept dimensions (column_reduction_plan): a block's plan.columns
+/// lanes take neighbouring outputs and its plan.lanes rows of threads interleaved positions of
+/// one slice of the reduced dimension; the rows of threads merge in shared memory, in row order.
 template <class Op, class V, class Finish, class Out, class Rows>
 __global__ void __launch_bounds__(threads_per_block)
-    reduce_columns_kernel(Out* out, Rows rows, std::int64_t outputs) {
+    reduce_columns_kernel(Out* out, typename Op::acc_type* partials, Rows rows,
+                          column_reduction_plan plan) {
   using acc_type = typename Op::acc_type;
-  const std::int64_t extent = rows.layout.extent;
+  __shared__ acc_type column_results[threads_per_block];
+  const int column = static_cast<int>(threadIdx.x) % plan.columns;
+  const int row = static_cast<int>(threadIdx.x) / plan.columns;
+  const std::int64_t tiles = plan.tiles();
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const std::int64_t split = tile % plan.splits;
+    const std::int64_t o = tile / plan.splits * plan.columns + column;
+    acc_type total = Op::identity();
+    if (o < plan.outputs) {
+      const auto placed = rows.row(o);
+      thread_fold<Op> fold;
+      const std::int64_t end = plan.last(split);
+      const std::int64_t step = plan.lanes;
+      std::int64_t r = plan.first(split) + row;
+      for (; r + (reduce_batch_values - 1) * step < end; r += reduce_batch_values * step) {
+        acc_type values[reduce_batch_values];
+#pragma unroll
+        for (int k = 0; k < reduce_batch_values; ++k) {
+          values[k] = Op::lift(rows.template get<V>(placed, o, r + k * step), r + k * step);
+        }
+        fold.add_run(values);
+      }
+      for (; r < end; r += step) fold.add(Op::lift(rows.template get<V>(placed, o, r), r));
+      total = fold.result();
+    }
+    column_results[threadIdx.x] = total;
+    __syncthreads();
+    if (row == 0) {
+      for (int k = 1; k < plan.lanes; ++k) {
+        total = Op::merge(total, column_results[k * plan.columns + column]);
+      }
+      if (o < plan.outputs) {
+        if (plan.splits == 1) {
+          out[o] = Finish::template apply<Out>(total, plan.extent);
+        } else {
+          partials[o * plan.splits + split] = total;
+        }
+      }
+    }
+    __syncthreads();  // column_results is reused by the next tile
+  }
+}
+
+/// The second pass of a split reduction: one thread per output merges its splits' partials, in
+/// split order, and writes the result. Depends on the operator and the output only.
+template <class Op, class Finish, class Out>
+__global__ void __launch_bounds__(threads_per_block)
+    reduce_split_partials_kernel(Out* out, const typename Op::acc_type* partials,
+                                 std::int64_t outputs, std::int64_t splits, std::int64_t extent) {
   const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
   for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        o < outputs; o += stride) {
-    const auto placed = rows.row(o);
-    device_cascade<Op> sums;
-    for (std::int64_t first = 0; first < extent; first += thread_block_values) {
-      acc_type block = Op::identity();
-      const std::int64_t last =
-          first + thread_block_values < extent ? first + thread_block_values : extent;
-      for (std::int64_t r = first; r < last; ++r) {
-        block = Op::step(block, Op::lift(rows.template get<V>(placed, o, r), r));
-      }
-      sums.push(block);
-    }
-    out[o] = Finish::template apply<Out>(sums.result(), extent);
+    thread_fold<Op> fold;
+    for (std::int64_t s = 0; s < splits; ++s) fold.add(partials[o * splits + s]);
+    out[o] = Finish::template apply<Out>(fold.result(), extent);
   }
 }
 
@@ -367,8 +524,11 @@ inline unsigned blocks_for(std::int64_t work, std::int64_t per_block) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(wanted, cap)));
 }
 
-/// Rows shorter than this are folded by one thread each (a block would leave most threads idle).
-inline constexpr std::int64_t short_row = 64;
+/// Threads the device keeps resident at once (2048 per SM on every architecture since Volta
+/// but Turing's 1024; an estimate that only sizes grids).
+inline std::int64_t resident_threads() {
+  return static_cast<std::int64_t>(multiprocessor_count()) * 2048;
+}
 
 /// Calls launch(rows, kept_is_inner) with the row source that fits the layout: linear when every
 /// leaf is contiguous with the dimension innermost, else bind_row over the merged kept dimensions;
@@ -399,7 +559,42 @@ void with_rows(const Shape& shape, int dim, const Strides& out_strides,
   launch(row_source<false, decltype(evaluator)>{evaluator, layout}, split.kept_is_inner());
 }
 
-/// CUDA twin of backend::cpu::reduce_dim (out is contiguous over the kept dimensions). One launch.
+/// Runs launch(partials) for a reduction of `outputs` results cut into `splits` slices each:
+/// with one split, partials is null and the kernel writes the results; with several, partials
+/// (outputs * splits accumulators from the device's pool, freed on `stream`) are merged by a
+/// second launch.
+template <class Op, class Finish, class Out, class Launch>
+void with_split_partials(Out* out, std::int64_t outputs, std::int64_t splits,
+                         std::int64_t extent, stream_ref stream, Launch&& launch) {
+  using acc_type = typename Op::acc_type;
+  if (splits == 1) {
+    launch(static_cast<acc_type*>(nullptr));
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  int ordinal = 0;
+  TESSERA_CUDA_CHECK(cudaGetDevice(&ordinal));
+  const Device device{DeviceType::cuda, ordinal};
+  const std::size_t bytes = static_cast<std::size_t>(outputs * splits) * sizeof(acc_type);
+  auto* partials = static_cast<acc_type*>(memory::allocate(device, bytes, stream));
+  launch(partials);
+  cudaError_t status = cudaGetLastError();
+  if (status == cudaSuccess) {
+    reduce_split_partials_kernel<Op, Finish, Out>
+        <<<blocks_for(outputs, threads_per_block), threads_per_block, 0, stream.native()>>>(
+            out, partials, outputs, splits, extent);
+    status = cudaGetLastError();
+  }
+  // Freed on the stream that used it: the pool hands it out again only after that work.
+  memory::deallocate(device, partials, bytes, stream);
+  TESSERA_CUDA_CHECK(status);
+}
+
+/// CUDA twin of backend::cpu::reduce_dim (out is contiguous over the kept dimensions). Rows along
+/// the reduced dimension (it is innermost, or no kept dimension is contiguous) run
+/// reduce_rows_kernel, with 16-byte loads where every operand allows them; kept dimensions that
+/// are the contiguous ones run reduce_columns_kernel. Either splits long rows over blocks when
+/// the outputs are too few to fill the device (a second kernel merges the partials). One launch.
 template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
 void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
                 MakeEvaluator&& make_evaluator, stream_ref stream = tessera::detail::current_cuda_stream()) {
@@ -416,19 +611,27 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
         static_assert(fits_kernel_parameters<decltype(rows)>,
                       "Tessera: this expression is too large to pass to one CUDA kernel "
                       "(over 4 KiB of parameters); split the statement into two");
-        // One thread per output only when there are enough outputs to fill the device.
-        const bool enough_outputs =
-            outputs >= static_cast<std::int64_t>(multiprocessor_count()) * threads_per_block;
-        if (enough_outputs && (kept_is_inner || extent <= short_row)) {
-          reduce_columns_kernel<Op, V, Finish>
-              <<<blocks_for(outputs, threads_per_block), threads_per_block, 0, stream.native()>>>(
-                  out, rows, outputs);
-        } else {
-          reduce_rows_kernel<Op, V, Finish>
-              <<<blocks_for(outputs, 1), threads_per_block, 0, stream.native()>>>(out, rows,
-                                                                                  outputs);
+        using acc_type = typename Op::acc_type;
+        if (kept_is_inner) {
+          const column_reduction_plan plan = column_reduction_plan::make(
+              outputs, extent, threads_per_block, resident_threads());
+          with_split_partials<Op, Finish>(
+              out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
+                reduce_columns_kernel<Op, V, Finish>
+                    <<<blocks_for(plan.tiles(), 1), threads_per_block, 0, stream.native()>>>(
+                        out, partials, rows, plan);
+              });
+          return;
         }
-        TESSERA_CUDA_CHECK(cudaGetLastError());
+        const int vector = rows.vectorisable(4) ? 4 : 1;
+        const row_reduction_plan plan = row_reduction_plan::make(
+            outputs, extent, vector, threads_per_block, resident_threads());
+        with_split_partials<Op, Finish>(
+            out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
+              reduce_rows_kernel<Op, V, Finish>
+                  <<<blocks_for(plan.tiles(), 1), threads_per_block, 0, stream.native()>>>(
+                      out, partials, rows, plan);
+            });
       });
 }
 

@@ -1,6 +1,6 @@
-// How the CUDA backend cuts a full reduction into blocks: plain host and device arithmetic,
-// apart from the kernels (backend/cuda/reduce.cuh) so that CPU tests can check that the blocks'
-// slices cover every element exactly once.
+// How the CUDA backend cuts a reduction into blocks, lanes and loads: plain host and device
+// arithmetic, apart from the kernels (backend/cuda/reduce.cuh), so that CPU tests can check that
+// every element is read exactly once, in the order the kernels fold it.
 #pragma once
 
 #include <cstdint>
@@ -40,6 +40,135 @@ struct full_reduction_plan {
   TESSERA_HOST_DEVICE std::int64_t last(std::int64_t block, std::int64_t n) const {
     const std::int64_t end = (block + 1) * chunk;
     return end < n ? end : n;
+  }
+};
+
+/// Values a lane reads before it folds them (one batch: its loads are in flight together).
+inline constexpr int reduce_batch_values = 16;
+
+/// A reduction along rows (the reduced dimension innermost in each row, as sum(x, -1)): each row
+/// is folded by a group of `group` lanes (a power of two up to the block), `rows_per_block` rows
+/// per block; a row too long for the device's lanes is cut into `splits` slices folded by
+/// different blocks, whose partials a second pass merges. A lane reads `vector` consecutive
+/// elements per load (16-byte loads where every operand is aligned, else 1).
+struct row_reduction_plan {
+  std::int64_t outputs = 0;
+  std::int64_t extent = 0;
+  int vector = 1;
+  int group = 1;
+  int rows_per_block = 1;
+  std::int64_t splits = 1;
+  std::int64_t slice = 0;  // elements of a row per split: a multiple of group * batch values
+
+  /// `block` threads per block (a power of two), `resident_threads` the lanes the device keeps
+  /// busy at once (SMs * 2048): a group is the widest that still gives each lane a batch, widened
+  /// while the rows leave the device idle (down to 4 values per lane), and a row is split over
+  /// blocks only while that still leaves the device idle and each lane 64 values.
+  TESSERA_HOST_DEVICE static row_reduction_plan make(std::int64_t outputs, std::int64_t extent,
+                                                     int vector, int block,
+                                                     std::int64_t resident_threads) {
+    row_reduction_plan plan;
+    plan.outputs = outputs;
+    plan.extent = extent;
+    plan.vector = vector;
+    int group = 1;
+    while (group < block && std::int64_t{group} * 2 * reduce_batch_values <= extent) group *= 2;
+    if (outputs * group < resident_threads) {
+      std::int64_t wanted = 1;
+      while (wanted < block && outputs * wanted < resident_threads) wanted *= 2;
+      while (group < wanted && std::int64_t{group} * 2 * 4 <= extent) group *= 2;
+    }
+    plan.group = group;
+    plan.rows_per_block = block / group;
+    std::int64_t splits = 1;
+    if (group == block && outputs * group < resident_threads) {
+      const std::int64_t by_device = (resident_threads + outputs * group - 1) / (outputs * group);
+      const std::int64_t by_work = extent / (std::int64_t{group} * 64);
+      splits = by_device < by_work ? by_device : by_work;
+      if (splits < 1) splits = 1;
+    }
+    const std::int64_t granule = std::int64_t{group} * reduce_batch_values;
+    std::int64_t slice = (extent + splits - 1) / splits;
+    slice = (slice + granule - 1) / granule * granule;
+    plan.slice = slice;
+    plan.splits = slice > 0 ? (extent + slice - 1) / slice : 1;
+    if (plan.splits < 1) plan.splits = 1;
+    return plan;
+  }
+  /// Blocks of work: row blocks times splits (a grid-stride loop goes over them).
+  TESSERA_HOST_DEVICE std::int64_t tiles() const {
+    return (outputs + rows_per_block - 1) / rows_per_block * splits;
+  }
+  TESSERA_HOST_DEVICE std::int64_t first(std::int64_t split) const { return split * slice; }
+  TESSERA_HOST_DEVICE std::int64_t last(std::int64_t split) const {
+    const std::int64_t end = (split + 1) * slice;
+    return end < extent ? end : extent;
+  }
+
+  /// The positions lane `lane` reads in slice `split` of a row, in the order it folds them:
+  /// batch(p, step) for reduce_batch_values / vector loads of `vector` elements at p, p + step,
+  /// ...; single(p) for one load of `vector` at p; scalar(p) for one element (the slice's last
+  /// elements that fill no whole load). Positions increase along a lane.
+  template <class Batch, class Single, class Scalar>
+  TESSERA_HOST_DEVICE void walk(std::int64_t split, int lane, Batch&& batch, Single&& single,
+                                Scalar&& scalar) const {
+    const std::int64_t begin = first(split);
+    const std::int64_t end = last(split);
+    const std::int64_t vector_end = begin + (end - begin) / vector * vector;
+    const std::int64_t step = std::int64_t{group} * vector;
+    const int loads = reduce_batch_values / vector;
+    std::int64_t p = begin + std::int64_t{lane} * vector;
+    for (; p + (loads - 1) * step + vector <= vector_end; p += loads * step) batch(p, step);
+    for (; p + vector <= vector_end; p += step) single(p);
+    for (std::int64_t q = vector_end + lane; q < end; q += group) scalar(q);
+  }
+};
+
+/// A reduction whose kept dimensions are the contiguous ones (sum(x, 0) of a matrix): a block's
+/// `columns` lanes take neighbouring outputs (their loads coalesce) and its `lanes` rows of
+/// threads take interleaved positions along the reduced dimension; with few outputs the reduced
+/// dimension is cut into `splits` slices folded by different blocks, merged by a second pass.
+struct column_reduction_plan {
+  std::int64_t outputs = 0;
+  std::int64_t extent = 0;
+  int columns = 32;
+  int lanes = 8;
+  std::int64_t splits = 1;
+  std::int64_t slice = 0;  // positions per split: a multiple of lanes
+
+  TESSERA_HOST_DEVICE static column_reduction_plan make(std::int64_t outputs, std::int64_t extent,
+                                                        int block,
+                                                        std::int64_t resident_threads) {
+    column_reduction_plan plan;
+    plan.outputs = outputs;
+    plan.extent = extent;
+    plan.columns = 32;
+    plan.lanes = block / 32;
+    const std::int64_t threads = column_blocks(outputs, plan.columns) * block;
+    std::int64_t splits = 1;
+    if (threads < resident_threads) {
+      const std::int64_t by_device = (resident_threads + threads - 1) / threads;
+      const std::int64_t by_work = extent / (std::int64_t{plan.lanes} * 32);
+      splits = by_device < by_work ? by_device : by_work;
+      if (splits < 1) splits = 1;
+    }
+    std::int64_t slice = (extent + splits - 1) / splits;
+    slice = (slice + plan.lanes - 1) / plan.lanes * plan.lanes;
+    plan.slice = slice;
+    plan.splits = slice > 0 ? (extent + slice - 1) / slice : 1;
+    if (plan.splits < 1) plan.splits = 1;
+    return plan;
+  }
+  TESSERA_HOST_DEVICE static std::int64_t column_blocks(std::int64_t outputs, int columns) {
+    return (outputs + columns - 1) / columns;
+  }
+  TESSERA_HOST_DEVICE std::int64_t tiles() const {
+    return column_blocks(outputs, columns) * splits;
+  }
+  TESSERA_HOST_DEVICE std::int64_t first(std::int64_t split) const { return split * slice; }
+  TESSERA_HOST_DEVICE std::int64_t last(std::int64_t split) const {
+    const std::int64_t end = (split + 1) * slice;
+    return end < extent ? end : extent;
   }
 };
 
