@@ -32,6 +32,7 @@
 #include "tessera/nn/module.hpp"
 #include "tessera/nn/sequential.hpp"
 #include "tessera/parallel/communicator.hpp"
+#include "tessera/parallel/detail/step_rollback.hpp"
 #include "tessera/parallel/device_threads.hpp"
 #include "tessera/tensor/state_dict.hpp"
 #include "tessera/tensor/tensor.hpp"
@@ -314,19 +315,10 @@ class DataParallel {
       }
     }
     // The module's forward (member 0) moves its buffers (BatchNorm's running statistics and
-    // batch count) in training mode: kept aside first, and put back when any member throws, so
-    // a failed call (a piece BatchNorm refuses, out of memory) leaves the module as it was.
-    std::vector<std::pair<AnyTensor, AnyTensor>> saved;  // (buffer, its copy)
-    if constexpr (is_module) {
-      if (module_.is_training()) {
-        for (const auto& b : module_.buffers()) {
-          const AnyTensor value = b.value();
-          if (value.defined()) {
-            saved.emplace_back(value, value.visit([](auto t) -> AnyTensor { return t.clone(); }));
-          }
-        }
-      }
-    }
+    // batch count) in training mode, and every member draws from its device's generator
+    // (Dropout): kept aside first, and put back when any member throws, so a failed call (a
+    // piece BatchNorm refuses, out of memory) leaves the module and the generators as they were.
+    record_effects(used);
     try {
       threads_.run([&](int member) {
         if (member >= used) return;
@@ -339,9 +331,10 @@ class DataParallel {
         outputs[i] = run(replica, piece);
       });
     } catch (...) {
-      for (auto& [buffer, copy] : saved) buffer.copy_(copy);
+      effects_.restore();
       throw;
     }
+    effects_.commit();
     return gather(outputs);
   }
 
@@ -441,6 +434,17 @@ class DataParallel {
     }
   }
   bool has_buffers() const noexcept { return copies_.size() > 1 && !copies_[1].buffers.empty(); }
+  // Before a forward: the module's buffers when it trains (BatchNorm moves them) and the
+  // generators of the `used` devices, for effects_.restore() if the forward throws.
+  void record_effects(int used) {
+    std::vector<Device> devices;
+    for (int m = 0; m < used; ++m) devices.push_back(device(m));
+    std::vector<nn::BufferRef> buffers;
+    if constexpr (is_module) {
+      if (module_.is_training()) buffers = module_.buffers();
+    }
+    effects_.record(buffers, devices);
+  }
   // The module's buffers into member m's replica (m > 0).
   void copy_buffers(int member) const {
     for (const auto& [to, from] : copies_[static_cast<std::size_t>(member)].buffers) {
@@ -572,6 +576,9 @@ class DataParallel {
   std::vector<replica_copies> copies_;  // [member]; member 0 is the module itself
   bool flat_copies_ = true;  // every pair: same dtype and shape, both contiguous (memcpy-able)
   std::vector<AnyTensor> bound_;  // the module's parameters' then buffers' values when bound
+  // What a forward (eager or compiled) may change and puts back when it throws; its copies are
+  // kept from call to call.
+  detail::effect_rollback effects_;
 };
 
 /// The program of DataParallel::compile: one autograd Program per device used, run at once.
@@ -585,7 +592,10 @@ class DataParallelProgram {
   /// dtypes and whole-batch shapes, on any ordinal of Kind) into its device's input buffers, runs
   /// every device's forward at once, and returns the whole batch's loss on device_ids[0] (a
   /// buffer overwritten by the next forward). Throws shape_error naming the expected whole-batch
-  /// shape for an input of another shape.
+  /// shape for an input of another shape. When any device's forward throws (a label out of
+  /// range in its piece, out of memory), the module's buffers (BatchNorm's running statistics)
+  /// and the devices' random generators are put back as they were, and backward() is refused
+  /// until a forward succeeds.
   template <class... Ts>
   Result forward(const Ts&... inputs) {
     static_assert(std::is_same_v<std::tuple<std::remove_cvref_t<Ts>...>, Inputs>,
@@ -602,39 +612,16 @@ class DataParallelProgram {
                   "..., or moved away and back with to() since); compile the program again");
     }
     const int used = devices();
-    // The module's buffers into the replicas first, all members at once: the module's own
-    // forward (member 0) may update them (BatchNorm's running statistics). On CUDA the
-    // parameters, which member 0 only reads, are copied by each replica's thread in the same
-    // pass as its forward; on CPU the replicas' parameters are the module's (aliases), and all
-    // members share the buffers' copy, then all run.
-    constexpr bool on_cpu = std::is_same_v<Kind, cpu>;
-    if (used > 1 && dp.has_buffers()) {
-      dp.threads_.run([&](int member) {
-        if (member >= used) return;
-        if (on_cpu) {
-          dp.copy_state(member, used);
-        } else if (member > 0) {
-          dp.copy_buffers(member);
-        }
-      });
+    forwarded_ = false;
+    dp.record_effects(used);
+    try {
+      run_forward(used, inputs...);
+    } catch (...) {
+      dp.effects_.restore();
+      throw;
     }
-    dp.threads_.run([&](int member) {
-      if (member >= used) return;
-      const auto m = static_cast<std::size_t>(member);
-      if (member > 0) {
-        if (on_cpu) {
-          dp.copy_training_modes(member);
-        } else {
-          dp.copy_parameters(member);
-        }
-      }
-      std::apply(
-          [&](auto&... buffers) {
-            (buffers.copy_(inputs.narrow(dim_, offsets_[m], sizes_[m])), ...);
-            losses_[m] = static_cast<double>(programs_[m].forward(buffers...).item());
-          },
-          buffers_[m]);
-    });
+    dp.effects_.commit();
+    forwarded_ = true;
     double total = 0;
     for (double loss : losses_) total += loss;
     loss_.fill_(static_cast<typename Result::value_type>(total));
@@ -649,7 +636,11 @@ class DataParallelProgram {
   /// last device to get there sums its share of the blocks and goes on, the devices that end
   /// their backward first sum the rest. On CUDA, after the backward, through NCCL. The
   /// replicas' programs write their gradients (zero_grad before each backward leaves their zeros
-  /// unwritten), so nothing zeroes them.
+  /// unwritten), so nothing zeroes them. When a device's backward throws (out of memory, a
+  /// gradient hook's exception), the module's gradients are put back as they were before the
+  /// call (none, zero, or the values they had accumulated), so the other devices' work is not
+  /// left in them; the forward, which returned, keeps its effects. Throws when no forward has
+  /// succeeded since the last backward.
   void backward() {
     run_backward([](auto& program) { program.backward(); });
   }
@@ -701,6 +692,45 @@ class DataParallelProgram {
   }
 
  private:
+  // Every member's forward on its piece (the caller puts the module back if it throws).
+  template <class... Ts>
+  void run_forward(int used, const Ts&... inputs) {
+    auto& dp = *owner_;
+    // The module's buffers into the replicas first, all members at once: the module's own
+    // forward (member 0) may update them (BatchNorm's running statistics). On CUDA the
+    // parameters, which member 0 only reads, are copied by each replica's thread in the same
+    // pass as its forward; on CPU the replicas' parameters are the module's (aliases), and all
+    // members share the buffers' copy, then all run.
+    constexpr bool on_cpu = std::is_same_v<Kind, cpu>;
+    if (used > 1 && dp.has_buffers()) {
+      dp.threads_.run([&](int member) {
+        if (member >= used) return;
+        if (on_cpu) {
+          dp.copy_state(member, used);
+        } else if (member > 0) {
+          dp.copy_buffers(member);
+        }
+      });
+    }
+    dp.threads_.run([&](int member) {
+      if (member >= used) return;
+      const auto m = static_cast<std::size_t>(member);
+      if (member > 0) {
+        if (on_cpu) {
+          dp.copy_training_modes(member);
+        } else {
+          dp.copy_parameters(member);
+        }
+      }
+      std::apply(
+          [&](auto&... buffers) {
+            (buffers.copy_(inputs.narrow(dim_, offsets_[m], sizes_[m])), ...);
+            losses_[m] = static_cast<double>(programs_[m].forward(buffers...).item());
+          },
+          buffers_[m]);
+    });
+  }
+
   void check_input(std::size_t k, const Shape& shape) const {
     if (shape != shapes_[k]) {
       throw shape_error("DataParallel program: input " + std::to_string(k) + " has shape " +
@@ -738,6 +768,9 @@ class DataParallelProgram {
       }
       ended.store(0, std::memory_order_relaxed);
       meeting.reset();
+      // A product that an aborted backward left half done holds views of the arenas.
+      for (auto& operands : shared.operands) operands = {};
+      shared.target = AnyTensor{};
     }
 
     // Program::on_parameter_product: a parameter's gradient that is one matmul's product, target
@@ -876,6 +909,27 @@ class DataParallelProgram {
   // CUDA: the replicas' gradients summed into the module's through NCCL, after the backward.
   template <class Run>
   void run_backward(const Run& run) {
+    if (!forwarded_) {
+      throw error("DataParallel program: backward needs a forward that succeeded first (each "
+                  "forward allows one backward)");
+    }
+    auto& dp = *owner_;
+    // Before anything is written: the module's gradients as they are (a copy only of those
+    // that hold accumulated values), put back if any device throws.
+    gradients_.record(dp.module_.parameters());
+    forwarded_ = false;
+    try {
+      reduce_backward(run);
+    } catch (...) {
+      gradients_.restore();
+      gradients_.commit();
+      throw;
+    }
+    gradients_.commit();
+  }
+
+  template <class Run>
+  void reduce_backward(const Run& run) {
     auto& dp = *owner_;
     const int used = devices();
     if (reduction_) reduction_->begin();
@@ -937,6 +991,8 @@ class DataParallelProgram {
   std::shared_ptr<overlapped_reduction> reduction_;   // CPU
   std::unique_ptr<Communicator<Kind>> communicator_;  // CUDA
   Result loss_;
+  bool forwarded_ = false;              // a forward succeeded since the last backward
+  detail::gradient_rollback gradients_;  // the module's gradients before the backward
 };
 
 }  // namespace tessera::parallel

@@ -41,6 +41,7 @@
 #include "tessera/core/stream.hpp"
 #include "tessera/nn/sequential.hpp"
 #include "tessera/parallel/data_parallel.hpp"
+#include "tessera/parallel/detail/step_rollback.hpp"
 #include "tessera/parallel/device_threads.hpp"
 #include "tessera/tensor/cat.hpp"
 
@@ -435,7 +436,9 @@ class PipelineProgram {
   /// loss on the last stage's device (a buffer overwritten by the next forward). With
   /// Schedule::one_f_one_b the forwards and backwards interleave, so this runs the whole step
   /// and adds the gradients; backward() then only ends the step. Throws shape_error naming the
-  /// expected shape for an input of another shape.
+  /// expected shape for an input of another shape. When a micro-batch fails on any stage (a
+  /// label out of range, out of memory), the layers' buffers, the stages' random generators
+  /// and (1F1B) every parameter's gradient are put back as they were before the call.
   template <class... Ts>
   Result forward(const Ts&... inputs) {
     static_assert(sizeof...(Ts) == std::tuple_size_v<Extras> + 1,
@@ -483,13 +486,24 @@ class PipelineProgram {
   /// Every micro-batch's backward (GPipe); adds the whole batch's gradient into every stage's
   /// parameters (on their devices), seeded with the scaler's scale when the step's forward was
   /// forward(scaler, inputs...). Throws when forward was not called since the last backward.
+  /// When a micro-batch's backward throws, every parameter's gradient is put back as it was
+  /// before the call (the other micro-batches' contributions are not left in it).
   void backward() {
     if (!forwarded_) {
       throw error("Pipeline program: backward needs a forward first (each forward allows one "
                   "backward)");
     }
     forwarded_ = false;
-    if (owner_->options_.schedule == Schedule::gpipe) run(phase::backward);
+    if (owner_->options_.schedule != Schedule::gpipe) return;
+    gradients_.record(owner_->seq_.parameters());
+    try {
+      run(phase::backward);
+    } catch (...) {
+      gradients_.restore();
+      gradients_.commit();
+      throw;
+    }
+    gradients_.commit();
   }
 
   /// Number of micro-batches and their sizes.
@@ -528,13 +542,33 @@ class PipelineProgram {
 
   enum class phase { forward, backward, both };
 
+  // The step's forward (with 1F1B, the whole step). Before anything runs, what it may change is
+  // recorded: the layers' buffers (BatchNorm's running statistics), the stages' random
+  // generators and, with 1F1B, the parameters' gradients; a stage or micro-batch that throws
+  // puts them all back, so the other micro-batches' forwards and backwards leave nothing.
   template <class... Ts>
   Result run_forward(const Ts&... inputs) {
     std::size_t k = 0;
     (check_input(k++, inputs.defined() ? inputs.shape() : Shape{-1}), ...);
     bind_inputs(inputs...);
     const bool both = owner_->options_.schedule == Schedule::one_f_one_b;
-    run(both ? phase::both : phase::forward);
+    forwarded_ = false;
+    Seq& seq = owner_->seq_;
+    std::vector<Device> devices;
+    for (int s = 0; s < owner_->stages(); ++s) devices.push_back(owner_->device(s));
+    effects_.record(seq.buffers(), devices);
+    if (both) gradients_.record(seq.parameters());
+    try {
+      run(both ? phase::both : phase::forward);
+    } catch (...) {
+      effects_.restore();
+      effects_.commit();
+      gradients_.restore();
+      gradients_.commit();
+      throw;
+    }
+    effects_.commit();
+    gradients_.commit();
     forwarded_ = true;
     double total = 0;
     for (double l : losses_) total += l;
@@ -677,7 +711,12 @@ class PipelineProgram {
       Generator& generator = default_generator(pipe.device(s));
       const philox_state now = generator.state();
       generator.set_state(rng_[at(s, j)]);
-      fn();
+      try {
+        fn();
+      } catch (...) {
+        generator.set_state(now);  // not left at the replayed draws
+        throw;
+      }
       generator.set_state(now);
     };
     if (s == last) {
@@ -745,6 +784,9 @@ class PipelineProgram {
   // Program::backward(const GradScaler&) (tessera/optim/grad_scaler.hpp).
   const optim::GradScaler* scaler_ = nullptr;
   void (*scaled_backward_)(LastProgram&, const optim::GradScaler&) = nullptr;
+  // What a failing step puts back (their copies kept from step to step).
+  detail::effect_rollback effects_;      // the layers' buffers and the stages' generators
+  detail::gradient_rollback gradients_;  // every parameter's gradient
 };
 
 template <class Seq>
