@@ -29,7 +29,7 @@ KNOWN = {
     },
     "cycle": set(),
     "long": {
-        "autograd/program.hpp", "autograd/ops.hpp", "nn/detail/conv2d.hpp", "io/safetensors.hpp",
+        "autograd/ops.hpp", "nn/detail/conv2d.hpp", "io/safetensors.hpp",
         "parallel/pipeline.hpp", "parallel/process_group.hpp", "parallel/data_parallel.hpp",
         "backend/cpu/reduce.hpp", "parallel/communicator.hpp", "parallel/detail/mpi_engine.hpp",
     },

@@ -1,0 +1,296 @@
+// Running a compiled program (autograd/program.hpp): binding the inputs and parameters
+// (program_state::bind), allocating the arenas once and binding every planned buffer (allocate),
+// the forward and backward steps with their planned scratch (run_forward, run_backward) and the
+// gradient hooks, and handing results out so that those a user keeps keep their values
+// (hand_out, keep_handed_out); release frees the arenas.
+#pragma once
+
+#include <algorithm>
+#include <cstddef>
+#include <cstring>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "tessera/autograd/detail/program_state.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/tensor/any_tensor.hpp"
+#include "tessera/tensor/detail/copy.hpp"
+#include "tessera/tensor/storage.hpp"
+#include "tessera/tensor/tensor.hpp"
+
+namespace tessera::autograd::detail {
+
+// The hooks a Program installs (out of line in compiled mode).
+TESSERA_API void add_gradient_hook(program_state& state,
+                                   std::function<void(const GradientReady&)> hook);
+TESSERA_API void set_product_hook(program_state& state,
+                                  std::function<bool(ParameterProduct&)> hook);
+
+#if TESSERA_DEFINITIONS
+TESSERA_API void program_state::allocate() {
+  if (allocated) return;
+  arenas.clear();
+  for (const auto& [device, bytes] : arena_sizes)
+    arenas.push_back(Storage::allocate(device, bytes));
+  instance_tensors.assign(instances.size(), AnyTensor{});
+  for (std::size_t i = 0; i < instances.size(); ++i) {
+    const instance& inst = instances[i];
+    if (inst.scratch) continue;
+    const buffer& buf = buffers[static_cast<std::size_t>(inst.buffer)];
+    const value_info& info = g->values[static_cast<std::size_t>(inst.value)];
+    const Storage& arena = arenas[arena_index(buf.device)];
+    instance_tensors[i] = visit_dtype(info.dtype, [&](auto tag) -> AnyTensor {
+      using T = typename decltype(tag)::type;
+      const auto offset = static_cast<std::int64_t>(buf.offset / sizeof(T));
+      if (info.device.is_cuda()) {
+        return Tensor<T, cuda>(arena, info.shape, info.shape.contiguous_strides(), offset);
+      }
+      return Tensor<T, cpu>(arena, info.shape, info.shape.contiguous_strides(), offset);
+    });
+  }
+  // Gradients have one instance each: bind them for good.
+  for (std::size_t i = 0; i < instances.size(); ++i) {
+    const instance& inst = instances[i];
+    if (is_gradient_instance(inst)) {
+      table.tensors[static_cast<std::size_t>(inst.value)] = instance_tensors[i];
+    }
+  }
+  allocated = true;
+}
+
+TESSERA_API void program_state::run_forward(bool replay) {
+  allocate();
+  keep_handed_out();
+  for (std::size_t i = 0; i < schedule.size(); ++i) {
+    const step& s = schedule[i];
+    if (s.kind != step::forward) break;
+    if (replay && g->nodes[static_cast<std::size_t>(s.node)]->is_effect()) continue;
+    run_node_forward(s);
+  }
+  forwarded = true;
+}
+
+TESSERA_API AnyTensor program_state::hand_out(const AnyTensor& value, std::vector<Storage>& blocks,
+                                              std::size_t k) {
+  if (!value.defined() || !value.storage().defined()) return value;
+  if (blocks.size() <= k) blocks.resize(k + 1);
+  Storage& block = blocks[k];
+  // The block holds exactly the bytes the value's elements reach, from its lowest one.
+  const tessera::detail::element_span span =
+      tessera::detail::span_of(value.shape(), value.strides());
+  const auto element = static_cast<std::int64_t>(element_size(value.dtype()));
+  const char* first = static_cast<const char*>(value.data_ptr()) + span.first * element;
+  const auto bytes = static_cast<std::size_t>((span.last - span.first) * element);
+  if (!block.defined() || block.data() != first || block.bytes() != bytes) {
+    block = Storage::share(
+        value.storage(),
+        static_cast<std::size_t>(first - static_cast<const char*>(value.storage().data())), bytes);
+  }
+  return visit_dtype(value.dtype(), [&](auto tag) -> AnyTensor {
+    using T = typename decltype(tag)::type;
+    if (value.device().is_cuda()) {
+      return Tensor<T, cuda>(block, value.shape(), value.strides(), -span.first);
+    }
+    return Tensor<T, cpu>(block, value.shape(), value.strides(), -span.first);
+  });
+}
+
+TESSERA_API void program_state::keep_handed_out() {
+  for (std::vector<Storage>* blocks : {&result_blocks, &grad_blocks}) {
+    for (Storage& block : *blocks) {
+      if (!block.defined() || block.use_count() == 1) continue;
+      // Kept by the user: its handles move to a copy; the program makes another block next time.
+      Storage copy = Storage::allocate(block.device(), block.bytes());
+      if (block.device().is_cpu()) {
+        std::memcpy(copy.data(), block.data(), block.bytes());
+      } else {
+#if TESSERA_CUDA
+        tessera::detail::copy_bytes(copy.data(), copy.device(), block.data(), block.device(),
+                                    block.bytes());
+#endif
+      }
+      block.reown(std::move(copy));
+      block = Storage{};
+    }
+  }
+}
+
+TESSERA_API void program_state::release() {
+  // Handed-out results and gradients keep the arena's bytes they show alive (their blocks hold
+  // the arena); the program lets go of its blocks with it.
+  result_blocks.clear();
+  grad_blocks.clear();
+  arenas.clear();
+  instance_tensors.clear();
+  for (AnyTensor& t : table.tensors) t = AnyTensor{};
+  table.scratch = Storage{};
+  allocated = false;
+  forwarded = false;
+}
+
+TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_value) {
+  if (mode == Mode::inference) {
+    throw error(
+        "Program::backward: the program was compiled with Mode::inference, which keeps "
+        "nothing for backward; compile with Mode::training");
+  }
+  if (!forwarded) {
+    throw error(
+        "Program::backward: call forward first (backward needs the values of a forward "
+        "run, and each forward allows one backward)");
+  }
+  keep_handed_out();
+  // Each parameter's gradient: its first contribution adds to it, or writes it when its zeros
+  // are unwritten (a new gradient, or one after zero_grad).
+  for (std::size_t p = 0; p < g->parameters.size(); ++p) {
+    const parameter_binding& binding = g->parameters[p];
+    const int gid = g->values[static_cast<std::size_t>(binding.value_id)].grad;
+    if (gid < 0) continue;
+    auto [grad, zero] = binding.grad_for_backward();
+    table.tensors[static_cast<std::size_t>(gid)] = std::move(grad);
+    const auto [at, position] = first_contribution[p];
+    if (at >= 0) {  // (a gradient no step contributes to keeps its unwritten zeros)
+      schedule[static_cast<std::size_t>(at)].accumulate[static_cast<std::size_t>(position)] =
+          zero ? 0 : 1;
+    }
+  }
+  forwarded = false;
+  std::fill(table.product_taken.begin(), table.product_taken.end(), char{0});
+  for (const step& s : schedule) {
+    switch (s.kind) {
+      case step::forward:
+        break;
+      case step::recompute:
+        run_node_forward(s);
+        break;
+      case step::seed:
+        if (seed) {
+          table.gradient(output_ids[0]).copy_(*seed);
+        } else {
+          fill_value(table.gradient(output_ids[0]), seed_value);
+        }
+        break;
+      case step::backward: {
+        node& n = *g->nodes[static_cast<std::size_t>(s.node)];
+        bind_scratch(s);
+        n.backward(table, s.accumulate);
+        for (std::size_t p : s.first) g->parameters[p].written();
+        break;
+      }
+    }
+    for (std::size_t p : s.ready) {
+      if (table.product_taken[p]) continue;  // the product hook wrote it, not this program
+      const auto& binding = g->parameters[p];
+      GradientReady ready{p, binding.identity,
+                          table.tensors[static_cast<std::size_t>(
+                              g->values[static_cast<std::size_t>(binding.value_id)].grad)]};
+      for (const auto& hook : hooks) hook(ready);
+    }
+  }
+}
+
+TESSERA_API std::size_t program_state::arena_index(Device device) const {
+  for (std::size_t i = 0; i < arena_sizes.size(); ++i) {
+    if (arena_sizes[i].first == device) return i;
+  }
+  throw error("autograd: internal error: no arena for " + device.str());
+}
+
+TESSERA_API void program_state::bind_scratch(const step& s) {
+  if (s.scratch_instance >= 0) {
+    const instance& inst = instances[static_cast<std::size_t>(s.scratch_instance)];
+    const buffer& buf = buffers[static_cast<std::size_t>(inst.buffer)];
+    table.scratch = arenas[arena_index(buf.device)];
+    table.scratch_begin = static_cast<std::int64_t>(buf.offset);
+    table.scratch_end = static_cast<std::int64_t>(buf.offset + buf.bytes);
+  } else {
+    table.scratch = Storage{};
+    table.scratch_begin = table.scratch_end = 0;
+  }
+  table.scratch_offset = table.scratch_begin;
+}
+
+TESSERA_API void program_state::run_node_forward(const step& s) {
+  node& n = *g->nodes[static_cast<std::size_t>(s.node)];
+  if (s.out_instance >= 0) {
+    table.tensors[static_cast<std::size_t>(n.output)] =
+        instance_tensors[static_cast<std::size_t>(s.out_instance)];
+  }
+  bind_scratch(s);
+  n.forward(table);
+}
+
+TESSERA_API void program_state::fill_value(const AnyTensor& t, double value) {
+  visit_dtype(t.dtype(), [&](auto tag) {
+    using T = typename decltype(tag)::type;
+    if constexpr (is_floating_point_v<T>) {
+      if (t.device().is_cuda()) {
+        Tensor<T, cuda>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(value));
+      } else {
+        Tensor<T, cpu>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(value));
+      }
+    }
+  });
+}
+
+TESSERA_API void program_state::bind(const AnyTensor* inputs, std::size_t count) {
+  if (count != input_ids.size()) {
+    throw error("Program::forward: expected " + std::to_string(input_ids.size()) + " inputs, got " +
+                std::to_string(count));
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    const AnyTensor& x = inputs[i];
+    const value_info& info = g->values[static_cast<std::size_t>(input_ids[i])];
+    const std::string which = "Program::forward: input " + std::to_string(i);
+    if (!x.defined()) throw error(which + " is undefined");
+    if (x.dtype() != info.dtype) {
+      throw dtype_error(which + " has dtype " + std::string(name(x.dtype())) + ", expected " +
+                        std::string(name(info.dtype)));
+    }
+    if (x.device() != info.device) {
+      throw device_mismatch_error(which + " is on " + x.device().str() + ", expected " +
+                                  info.device.str());
+    }
+    if (x.shape() != info.shape) {
+      throw shape_error(which + " has shape " + x.shape().str() + ", expected " + info.shape.str());
+    }
+  }
+  // Each parameter's current value is read once (a call through its binding), checked and bound.
+  for (std::size_t p = 0; p < g->parameters.size(); ++p) {
+    const auto& binding = g->parameters[p];
+    AnyTensor value = binding.value();
+    const value_info& info = g->values[static_cast<std::size_t>(binding.value_id)];
+    if (!value.defined() || value.shape() != info.shape || value.dtype() != info.dtype ||
+        value.device() != info.device || !value.is_contiguous()) {
+      throw error("Program::forward: parameter " + std::to_string(p) +
+                  " changed since compile: " + "traced as " + std::string(name(info.dtype)) + " " +
+                  info.shape.str() + " on " + info.device.str() + ", now " +
+                  (value.defined() ? std::string(name(value.dtype())) + " " + value.shape().str() +
+                                         " on " + value.device().str() +
+                                         (value.is_contiguous() ? "" : " (not contiguous)")
+                                   : std::string("undefined")) +
+                  "; compile again after moving or replacing parameters");
+    }
+    table.tensors[static_cast<std::size_t>(binding.value_id)] = std::move(value);
+  }
+  for (std::size_t i = 0; i < count; ++i) {
+    table.tensors[static_cast<std::size_t>(input_ids[i])] = inputs[i];
+  }
+  for (std::size_t v = 0; v < g->constants.size(); ++v) {
+    if (g->constants[v].defined()) table.tensors[v] = g->constants[v];
+  }
+}
+
+TESSERA_API void add_gradient_hook(program_state& state,
+                                   std::function<void(const GradientReady&)> hook) {
+  state.hooks.push_back(std::move(hook));
+}
+TESSERA_API void set_product_hook(program_state& state,
+                                  std::function<bool(ParameterProduct&)> hook) {
+  state.table.product_hook = std::move(hook);
+}
+#endif  // TESSERA_DEFINITIONS
+
+}  // namespace tessera::autograd::detail

@@ -1,0 +1,66 @@
+// What autograd::compile takes and what a compiled Program reports: Options (training or
+// inference, recomputation by Checkpoint, a gradient given to backward), MemoryPlan (where the
+// program's memory goes) and GradientReady (what a gradient hook receives). compile and Program
+// are in autograd/program.hpp.
+#pragma once
+
+#include <cstddef>
+
+#include "tessera/autograd/var.hpp"
+#include "tessera/tensor/any_tensor.hpp"
+
+namespace tessera::autograd {
+
+/// Recomputation: split the forward into `segments` pieces; backward keeps only each piece's
+/// last value and recomputes the rest of the piece before its backward (Chen et al. 2016). 0 or
+/// 1: no recomputation. Where the pieces end (`balance`):
+///   automatic  plans both cuts below and keeps the one whose arena is smaller (the nodes' on a
+///              tie): neither is best for every model (bench/RESULTS.md, "recompute segments");
+///   nodes      about equal numbers of (non-view) nodes per piece;
+///   bytes      about equal bytes of forward values per piece.
+struct Checkpoint {
+  enum class Balance { automatic, nodes, bytes };
+  int segments = 0;
+  Balance balance = Balance::automatic;
+};
+
+struct Options {
+  Mode mode = Mode::training;
+  Checkpoint checkpoint{};
+  /// Training with the first result's gradient given to backward(grad) (PyTorch's
+  /// y.backward(grad)): the result may then have any shape. false: the first result is a
+  /// one-element loss, and backward() seeds it with 1.
+  bool seed_gradient = false;
+};
+
+/// Where a program's memory goes, in bytes. planned_bytes is the arena (all devices);
+/// naive_bytes what the same values would take with a buffer each. parameters, gradients and
+/// inputs are what the pool allocates for them (rounded to its blocks); activations (forward
+/// values) and temporaries (gradients of activations, recomputed values, scratch) are naive
+/// sums. peak_bytes = inputs + parameters + gradients + the arena as the pool allocates it.
+struct MemoryPlan {
+  std::size_t planned_bytes = 0;
+  std::size_t naive_bytes = 0;
+  std::size_t parameters = 0;
+  std::size_t gradients = 0;
+  std::size_t activations = 0;
+  std::size_t temporaries = 0;
+  std::size_t inputs = 0;
+  std::size_t peak_bytes = 0;
+  int forward_steps = 0;
+  int backward_steps = 0;
+  int recomputed_steps = 0;
+  /// With recomputation: the cut the plan uses (Checkpoint::Balance::nodes or ::bytes).
+  Checkpoint::Balance segments_by = Checkpoint::Balance::nodes;
+  int in_place = 0;  // outputs and gradients that took over a dying buffer (input / upstream)
+};
+
+/// What a gradient-ready hook receives: the parameter's index in the program (first use order),
+/// its slot (identity) and its gradient, final for this backward.
+struct GradientReady {
+  std::size_t index = 0;
+  const void* parameter = nullptr;
+  AnyTensor grad;
+};
+
+}  // namespace tessera::autograd
