@@ -1,8 +1,8 @@
 // Elementwise expressions on CUDA tensors (compiled by nvcc, so the CUDA executor's kernels run):
 // each operator and function once under broadcasting with a non-contiguous operand, against
 // float64 references computed on the host from the operands' values; dtype mixing, half and
-// cast rounding, NaN, the linear and strided kernels at odd and large sizes (grid-stride loop and
-// its unrolled tail), view outputs, aliasing, one kernel per statement and no allocation but the
+// cast rounding, NaN, the linear and rows kernels at odd and large sizes (grid-stride loop and
+// its unrolled tail; rows with per-channel operands, 16-byte and scalar paths, split rows), view outputs, aliasing, one kernel per statement and no allocation but the
 // output, errors. The 4-KiB kernel-parameter limit is a static_assert, so it has no run-time
 // test. The executable reports itself skipped without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
@@ -133,7 +133,7 @@ TEST_CASE("cuda: dtype mixing, half, cast rounding and NaN", "[cuda][expr]") {
   check_equal(as_doubles(ts::eval(p != p)), {1, 0, 0});
 }
 
-TEST_CASE("cuda: linear and strided kernels at odd and large sizes", "[cuda][expr]") {
+TEST_CASE("cuda: linear and rows kernels at odd and large sizes", "[cuda][expr]") {
   for (std::int64_t n : {1, 3, 1023, 1025, 65537, (1 << 20) + 3}) {
     INFO("n = " << n);
     const auto a = on_gpu<float>({n}, 10 + n);
@@ -169,6 +169,49 @@ TEST_CASE("cuda: linear and strided kernels at odd and large sizes", "[cuda][exp
   CHECK(ts::eval(ts::full<float, ts::cuda>({}, 2.0f) * 3).item() == 6.0f);
   CHECK(ts::eval(ts::empty<float, ts::cuda>({0, 3}) + d.narrow(0, 0, 3)).shape() ==
         ts::Shape{0, 3});
+}
+
+TEST_CASE("cuda: rows with per-channel operands (batch norm's apply), 16-byte and scalar paths",
+          "[cuda][expr]") {
+  // [N, C, L] * scale[1, C, 1] + shift[1, C, 1]: the rows kernel with 16-byte loads when L is a
+  // multiple of the vector (float: 4, half: 8, double: 2), one element at a time when it is not,
+  // and a row split over blocks (few rows, long ones).
+  for (const ts::Shape& shape :
+       std::vector<ts::Shape>{{4, 8, 3136}, {4, 8, 49}, {2, 3, 12544}, {1, 2, 1 << 20}, {3, 5, 6}}) {
+    INFO("shape " << shape);
+    const std::int64_t c = shape[1], l = shape[2];
+    const auto x = on_gpu<float>(shape, 30);
+    const auto scale = on_gpu<float>({1, c, 1}, 31);
+    const auto shift = on_gpu<float>({1, c, 1}, 32);
+    const values vx(x), vs(scale), vb(shift);
+    auto channel = [&](std::int64_t i) { return i / l % c; };
+    auto y = ts::eval(ts::relu(x * scale + shift));
+    check_close(values(y).data, tabulate(shape, [&](std::int64_t i) {
+                  return relu_ref(static_cast<float>(vx.data[i] * vs.data[channel(i)]) +
+                                  vb.data[channel(i)]);
+                }),
+                1e-6, 1e-6);
+    // Half output (8 per 16-byte store) and double (2 per store) of the same expression.
+    auto h = ts::Tensor<ts::half, ts::cuda>(x * scale + shift);
+    check_close(values(h).data, tabulate(shape, [&](std::int64_t i) {
+                  return static_cast<float>(vx.data[i] * vs.data[channel(i)]) + vb.data[channel(i)];
+                }),
+                1e-3, 1e-3);
+    auto d = ts::Tensor<double, ts::cuda>(x - shift);
+    check_close(values(d).data, tabulate(shape, [&](std::int64_t i) {
+                  return static_cast<double>(static_cast<float>(vx.data[i] - vb.data[channel(i)]));
+                }),
+                1e-12, 1e-12);
+    // Into a view whose rows are not aligned (a narrowed output): the scalar path.
+    auto wide = ts::zeros<float, ts::cuda>({shape[0], c, l + 1});
+    wide.narrow(2, 1, l) = x - shift;
+    const values vw(wide);
+    for (std::int64_t i = 0; i < shape.numel(); i += 97) {
+      const std::int64_t row = i / l, at = i % l;
+      CHECK(vw.data[row * (l + 1) + at + 1] ==
+            static_cast<float>(vx.data[i] - vb.data[channel(i)]));
+    }
+  }
 }
 
 TEST_CASE("cuda: assignment, aliasing, one kernel and one allocation per statement",

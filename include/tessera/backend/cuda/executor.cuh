@@ -1,8 +1,10 @@
-// The CUDA executor: one kernel per assignment. A grid-stride loop; when the output and every
-// operand are contiguous with the output's shape and aligned, each thread moves 16 bytes of
-// output per step with vector loads and stores; every other case takes the N-d index of the
-// merged layout (one dimension, no division, for contiguous operands that are not aligned). The
-// evaluator is passed by value, so its size is checked against the kernel-parameter limit.
+// The CUDA executor: one kernel per assignment. When the output and every operand are contiguous
+// with the output's shape and aligned, a grid-stride loop in which each thread moves 16 bytes of
+// output per step with vector loads and stores; every other case walks the merged layout's rows
+// (its last dimension): a group of lanes per row places each operand once per row, then moves
+// 16 bytes per load where the output and the operands step by 1 (or 0, broadcast) along the row,
+// else one element at a time (row_reduction_plan sizes the groups). The evaluator is passed by
+// value, so its size is checked against the kernel-parameter limit.
 // Included only by nvcc-compiled units.
 #pragma once
 
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "tessera/backend/cpu/executor.hpp"
+#include "tessera/backend/cuda/reduce_plan.hpp"
 #include "tessera/backend/evaluator.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/profiler.hpp"
@@ -60,28 +63,70 @@ struct strided_layout_args {
   std::int64_t out_strides[max_dims] = {};
 };
 
-/// Any layout: element i's N-d index over the merged layout. A layout of one dimension (every
-/// operand contiguous, but not aligned for vector_kernel) needs no division.
-template <class T, class Evaluator>
+/// Any other layout, a row at a time: the merged layout's last dimension is the row; a group of
+/// plan.group lanes writes one row (or one slice of it), after placing every operand at the row's
+/// start once (bind_row: the divisions are per row, not per element). With plan.vector == V the
+/// output and every operand step by 1 along the row (an operand broadcast along it, by 0) and
+/// are aligned, and each lane moves V elements per load and store; else one element at a time.
+template <int V, class T, class Evaluator>
 __global__ void __launch_bounds__(threads_per_block)
-    strided_kernel(T* out, Evaluator evaluator, strided_layout_args layout, std::int64_t n) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    std::int64_t index[max_dims];
+    rows_kernel(T* out, Evaluator evaluator, strided_layout_args layout, row_reduction_plan plan) {
+  const int lane = static_cast<int>(threadIdx.x) % plan.group;
+  const int kept_rank = layout.rank - 1;
+  const std::int64_t out_step = kept_rank >= 0 ? layout.out_strides[kept_rank] : 0;
+  const std::int64_t tiles = plan.tiles();
+  for (std::int64_t tile = blockIdx.x; tile < tiles; tile += gridDim.x) {
+    const std::int64_t split = tile % plan.splits;
+    const std::int64_t row =
+        tile / plan.splits * plan.rows_per_block + static_cast<int>(threadIdx.x) / plan.group;
+    if (row >= plan.outputs) continue;
+    std::int64_t index[max_dims] = {};
     std::int64_t out_offset = 0;
-    if (layout.rank == 1) {
-      index[0] = i;
-      out_offset = i * layout.out_strides[0];
-    } else {
-      std::int64_t rest = i;
-      for (int d = layout.rank - 1; d >= 0; --d) {
-        index[d] = rest % layout.sizes[d];
-        rest /= layout.sizes[d];
-        out_offset += index[d] * layout.out_strides[d];
-      }
+    std::int64_t rest = row;
+    for (int d = kept_rank - 1; d >= 0; --d) {
+      index[d] = rest % layout.sizes[d];
+      rest /= layout.sizes[d];
+      out_offset += index[d] * layout.out_strides[d];
     }
-    out[out_offset] = store_cast<T>(evaluator.get(index_access{index}));
+    Evaluator placed = evaluator;
+    placed.bind_row(index);
+    T* out_row = out + out_offset;
+    auto scalar = [&](std::int64_t p) {
+      out_row[p * out_step] = store_cast<T>(placed.get(row_access{p}));
+    };
+    if (V > 1 && plan.vector == V) {
+      auto one = [&](std::int64_t p) {
+        typename Evaluator::result_type values[V];
+        placed.get_vector(row_vector_access<V>{p}, values);
+        aligned_vector<T, V> stored;
+#pragma unroll
+        for (int k = 0; k < V; ++k) stored.values[k] = store_cast<T>(values[k]);
+        *reinterpret_cast<aligned_vector<T, V>*>(out_row + p) = stored;
+      };
+      plan.walk(
+          split, lane,
+          [&](std::int64_t p, std::int64_t step) {
+            constexpr int loads = reduce_batch_values / V;
+            typename Evaluator::result_type values[loads][V];
+#pragma unroll
+            for (int k = 0; k < loads; ++k) placed.get_vector(row_vector_access<V>{p + k * step}, values[k]);
+#pragma unroll
+            for (int k = 0; k < loads; ++k) {
+              aligned_vector<T, V> stored;
+#pragma unroll
+              for (int j = 0; j < V; ++j) stored.values[j] = store_cast<T>(values[k][j]);
+              *reinterpret_cast<aligned_vector<T, V>*>(out_row + p + k * step) = stored;
+            }
+          },
+          one, scalar);
+    } else {
+      plan.walk(
+          split, lane,
+          [&](std::int64_t p, std::int64_t step) {
+            for (int k = 0; k < reduce_batch_values; ++k) scalar(p + k * step);
+          },
+          scalar, scalar);
+    }
   }
 }
 
@@ -132,9 +177,9 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
       TESSERA_CUDA_CHECK(cudaGetLastError());
       return;
     }
-    // Contiguous but not aligned (or shorter than one vector): the strided kernel, whose merged
-    // layout is then one dimension (no kernel of its own for this rare case: one less per
-    // expression to compile).
+    // Contiguous but not aligned (or shorter than one vector): the rows kernel, whose merged
+    // layout is then one row (no kernel of its own for this rare case: one less per expression
+    // to compile).
   }
   std::array<Strides, L + 1> all;
   all[0] = out_strides;
@@ -150,7 +195,22 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   static_assert(sizeof(evaluator) <= 4096,
                 "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
                 "of parameters); split the statement into two assignments");
-  strided_kernel<<<grid_for(n), threads_per_block, 0, stream.native()>>>(out, evaluator, layout, n);
+  // Rows of the merged layout's last dimension (one row of one element for a 0-dim layout).
+  const std::int64_t extent = layout.rank > 0 ? layout.sizes[layout.rank - 1] : 1;
+  const std::int64_t rows = n / extent;
+  constexpr int V = vector_elements<T>;
+  bool vectorisable = V > 1 && layout.rank > 0 && layout.out_strides[layout.rank - 1] == 1 &&
+                      reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * V) == 0 &&
+                      evaluator.is_row_aligned(V);
+  for (int d = 0; d + 1 < layout.rank; ++d) {
+    vectorisable = vectorisable && layout.out_strides[d] % V == 0;
+  }
+  const std::int64_t resident = static_cast<std::int64_t>(multiprocessor_count()) * 2048;
+  const row_reduction_plan plan =
+      row_reduction_plan::make(rows, extent, vectorisable ? V : 1, threads_per_block, resident);
+  const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count()) * 16;
+  const auto grid = static_cast<unsigned>(std::max<std::int64_t>(1, std::min(plan.tiles(), cap)));
+  rows_kernel<V><<<grid, threads_per_block, 0, stream.native()>>>(out, evaluator, layout, plan);
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 
