@@ -28,7 +28,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/profiler.hpp"
 #include "tessera/core/stream.hpp"
-#include "tessera/expr/functors.hpp"
+#include "tessera/backend/functors.hpp"
 #include "tessera/memory/memory.hpp"
 
 namespace tessera::backend::cuda {
