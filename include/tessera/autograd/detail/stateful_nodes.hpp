@@ -1,0 +1,45 @@
+// The nodes that are not pure functions of their inputs, so never recomputed and without a
+// gradient (autograd/ops.hpp records them): rand_node draws from the device's generator at every
+// forward, effect_node runs a function on some values' tensors (BatchNorm's running statistics).
+#pragma once
+
+#include <functional>
+#include <utility>
+#include <vector>
+
+#include "tessera/autograd/var.hpp"
+#include "tessera/tensor/factories.hpp"
+
+namespace tessera::autograd::detail {
+
+/// Uniform numbers in [0, 1) drawn anew at every forward from the device's Philox generator
+/// (ts::manual_seed makes runs reproducible). Never recomputed: a checkpointed segment keeps them.
+template <class T, class K>
+class rand_node final : public node {
+ public:
+  rand_node() = default;
+  const char* name() const override { return "rand"; }
+  bool recomputable() const override { return false; }
+  void forward(value_table& table) override {
+    tessera::detail::fill_uniform_(table.template get<T, K>(output));
+  }
+};
+
+/// Runs a function on the current tensors of some values at every forward (running statistics,
+/// logging); no gradient, never recomputed. Its output has no elements.
+class effect_node final : public node {
+ public:
+  explicit effect_node(std::vector<int> ids, std::function<void(const value_table&)> effect)
+      : effect_(std::move(effect)) {
+    inputs = std::move(ids);
+  }
+  const char* name() const override { return "effect"; }
+  bool recomputable() const override { return false; }
+  bool is_effect() const override { return true; }
+  void forward(value_table& table) override { effect_(table); }
+
+ private:
+  std::function<void(const value_table&)> effect_;
+};
+
+}  // namespace tessera::autograd::detail
