@@ -1,7 +1,8 @@
-// backend/cuda/cudnn.hpp on the host, in every build: the switches, the 32-bit size check, the
-// choices that are refused before any GPU work; and in a build with cuDNN, that the descriptors
-// built for a problem give the output shape of PyTorch's formula (descriptors need no GPU, so this
-// runs in CI's cuda stage; the convolutions themselves are tests/cuda/conv_test.cu's).
+// backend/cuda/cudnn.hpp on the host, in every build: the switches (backend/backends.hpp), the
+// 32-bit size check, the choices that are refused before any GPU work; and in a build with
+// cuDNN, that the descriptors built for a problem give the output shape of PyTorch's formula
+// (descriptors need no GPU, so this runs in CI's cuda stage; the convolutions themselves are
+// tests/cuda/conv_test.cu's). The cache's host logic: cudnn_cache_test.cpp.
 #include <catch2/catch.hpp>
 
 #include <cstdint>
@@ -28,8 +29,12 @@ conv2d_problem problem(std::int64_t n, std::int64_t c, std::int64_t h, std::int6
 }
 
 TEST_CASE("cudnn: the switches' defaults and the build's cuDNN", "[cudnn]") {
+  // PyTorch's defaults: cuDNN on, TF32 for its float convolutions but not for matmul, no
+  // benchmarking, nondeterministic algorithms allowed.
   CHECK(cudnn::enabled.load());
-  CHECK_FALSE(cudnn::allow_tf32.load());
+  CHECK(cudnn::allow_tf32.load());
+  CHECK_FALSE(tessera::backends::cuda::matmul::allow_tf32.load());
+  CHECK_FALSE(cudnn::benchmark.load());
   CHECK_FALSE(cudnn::deterministic.load());
   CHECK(cudnn::workspace_limit.load() == (std::size_t{1} << 30));
 #if TESSERA_CUDNN
@@ -59,7 +64,6 @@ TEST_CASE("cudnn: problems within cuDNN's 32-bit sizes", "[cudnn]") {
   CHECK_FALSE(
       conv2d_fits_cudnn(problem(1, 1, 1, std::int64_t{1} << 31, 1, 1, 1, 1, 1, 0, 0, 1, 1, 1)));
 }
-
 
 #if TESSERA_CUDNN
 // Without cuDNN conv2d_choose refuses everything, so these checks need a build with it.

@@ -3,10 +3,12 @@
 // cuBLAS with cuDNN switched off; the pooling passes and the batch-norm reductions as CUDA
 // kernels), against the same computation on the CPU, which tests/nn and tests/models check
 // against PyTorch and torchvision. float64, so the two agree to rounding; float checks that
-// cuDNN keeps fp32 products. The whole executable reports itself skipped without a GPU
-// (tests/cuda_main.cpp).
+// cuDNN keeps fp32 products unless TF32 is allowed, and that each call's choice (heuristics or
+// benchmark mode's timing) is made once per key. The whole executable reports itself skipped
+// without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -54,6 +56,22 @@ class cudnn_enabled {
 
  private:
   bool previous_;
+};
+
+/// Sets one of the backends switches for a scope and puts the previous value back.
+template <class T>
+class switch_scope {
+ public:
+  switch_scope(std::atomic<T>& setting, T value) : setting_(setting), previous_(setting.load()) {
+    setting_ = value;
+  }
+  ~switch_scope() { setting_ = previous_; }
+  switch_scope(const switch_scope&) = delete;
+  switch_scope& operator=(const switch_scope&) = delete;
+
+ private:
+  std::atomic<T>& setting_;
+  T previous_;
 };
 
 /// The problem of conv2d(x, conv.weight) with conv's options, as cuDNN is asked it.
@@ -155,24 +173,31 @@ TEST_CASE("conv2d on CUDA: a layer used twice accumulates its gradients", "[cuda
 TEST_CASE("conv2d on CUDA in float keeps fp32 products (no TF32 unless allowed)", "[cuda][conv]") {
   // 3x3 over 64 channels: 576 products per output. fp32 products summed in float stay within
   // about 1e-6 of the float64 result; TF32's 10-bit mantissas give about 1e-3.
+  // backends::cudnn::allow_tf32 is on by default (PyTorch's), so each part sets it.
   ts::manual_seed(15);
   nn::Conv2d<double> reference(64, 32, 3, {.padding = 1});
   const auto x = ts::randn<double>({4, 64, 14, 14});
   const ts::Tensor<double> expected = reference(x);
   auto conv = nn::to<ts::cuda>(nn::to<float>(reference), 0);
-  const ts::Tensor<float, ts::cuda> y = conv(x.to<float>().to<ts::cuda>(0));
-  const auto got = y.to<double>().to<ts::cpu>().to_vector();
   const auto want = expected.to_vector();
-  double worst = 0, scale = 0;
-  for (std::size_t i = 0; i < want.size(); ++i) {
-    worst = std::max(worst, std::abs(got[i] - want[i]));
-    scale = std::max(scale, std::abs(want[i]));
+  for (const bool tf32 : {false, true}) {
+    const switch_scope<bool> scope(ts::backends::cudnn::allow_tf32, tf32);
+    const ts::Tensor<float, ts::cuda> y = conv(x.to<float>().to<ts::cuda>(0));
+    const auto got = y.to<double>().to<ts::cpu>().to_vector();
+    double worst = 0, scale = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::abs(got[i] - want[i]));
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    INFO((tf32 ? "TF32 allowed" : "fp32 products")
+         << ": largest error " << worst << " for outputs up to " << scale);
+    // With TF32 cuDNN may still pick an FMA algorithm: only the bound changes.
+    CHECK(worst <= (tf32 ? 4e-3 : 2e-5) * scale);
   }
-  INFO("largest error " << worst << " for outputs up to " << scale);
-  CHECK(worst <= 2e-5 * scale);
 }
 
 TEST_CASE("conv2d on CUDA with cuDNN: deterministic algorithms and no workspace", "[cuda][conv]") {
+  const switch_scope<bool> fp32(ts::backends::cudnn::allow_tf32, false);  // compared at 1e-4
   ts::manual_seed(16);
   nn::Conv2d<float> cpu_conv(16, 32, 3, {.stride = 2, .padding = 1});
   auto gpu_conv = nn::to<ts::cuda>(cpu_conv, 0);
@@ -218,6 +243,80 @@ TEST_CASE("conv2d on CUDA with cuDNN: deterministic algorithms and no workspace"
   }
   INFO("largest error " << worst << " for gradients up to " << scale);
   CHECK(worst <= 1e-4 * scale);
+}
+
+#if TESSERA_CUDNN
+TEST_CASE("conv2d on CUDA with cuDNN: each call's choice is made once and kept", "[cuda][conv]") {
+  using ts::backend::cuda::conv2d_choose;
+  const ts::backend::cuda::conv2d_problem p{2, 16, 12, 12, 32, 3, 3, 1, 1, 1, 1, 1, 1, 1, 12, 12};
+  const auto first = conv2d_choose<float>(0, p);
+  REQUIRE(first.usable);
+  // The same key: the same process-wide entries, whose descriptors a call reuses.
+  const auto again = conv2d_choose<float>(0, p);
+  CHECK(again.forward_call == first.forward_call);
+  CHECK(again.backward_data_call == first.backward_data_call);
+  CHECK(again.backward_filter_call == first.backward_filter_call);
+  // An eager forward chooses only the forward, and finds the same entry.
+  const auto eager = conv2d_choose<float>(0, p, false);
+  CHECK(eager.forward_call == first.forward_call);
+  CHECK(eager.backward_data_call == nullptr);
+  // Another switch setting is another key; double ignores allow_tf32.
+  {
+    const switch_scope<bool> tf32(ts::backends::cudnn::allow_tf32,
+                                  !ts::backends::cudnn::allow_tf32.load());
+    CHECK(conv2d_choose<float>(0, p).forward_call != first.forward_call);
+    const auto d1 = conv2d_choose<double>(0, p);
+    const switch_scope<bool> back(ts::backends::cudnn::allow_tf32,
+                                  !ts::backends::cudnn::allow_tf32.load());
+    CHECK(conv2d_choose<double>(0, p).forward_call == d1.forward_call);
+  }
+  {
+    const switch_scope<bool> timed(ts::backends::cudnn::benchmark, true);
+    const auto b = conv2d_choose<float>(0, p);
+    CHECK(b.usable);
+    CHECK(b.forward_call != first.forward_call);
+    CHECK(conv2d_choose<float>(0, p).forward_call == b.forward_call);
+  }
+}
+#endif
+
+TEST_CASE("conv2d on CUDA with cuDNN benchmark mode matches the CPU", "[cuda][conv]") {
+  // backends::cudnn::benchmark: every candidate of each call is timed once (cudnnFind*Ex on
+  // scratch buffers from the pool) and the fastest kept; the values are the CPU's.
+  const switch_scope<bool> timed(ts::backends::cudnn::benchmark, true);
+  const conv_case cases[] = {
+      {2, 3, 9, 8, 4, 3, {.padding = 1}},
+      {2, 4, 9, 9, 6, 3, {.stride = 2, .padding = 1, .groups = 2, .bias = false}},
+      {2, 8, 10, 7, 8, 3, {.padding = 1, .groups = 8}},
+  };
+  for (const auto& c : cases) {
+    INFO("input [" << c.n << ", " << c.c << ", " << c.h << ", " << c.w << "], kernel "
+                   << c.kernel.str());
+    ts::manual_seed(18);
+    nn::Conv2d<double> cpu_conv(c.c, c.o, c.kernel, c.options);
+    auto gpu_conv = nn::to<ts::cuda>(cpu_conv, 0);
+    const auto x = ts::randn<double>({c.n, c.c, c.h, c.w});
+    const ts::Tensor<double> y_cpu = cpu_conv(x);
+    const auto g = ts::randn<double>(y_cpu.shape());
+    check_close(gpu_conv(x.to<ts::cuda>(0)), y_cpu);
+    auto run = [&](auto& conv, const auto& input, const auto& grad) {
+      using K = typename std::remove_cvref_t<decltype(input)>::device_kind;
+      auto spec = ag::input<double, K>(input.shape(), 0);
+      spec.requires_grad = true;
+      auto program =
+          ag::compile([&](const auto& v, const auto& gv) { return ts::sum(conv(v) * gv); }, spec,
+                      ag::input<double, K>(grad.shape(), 0));
+      conv.zero_grad();
+      program.forward(input, grad);
+      program.backward();
+      return std::pair{program.input_grad(0).template as<double, K>().clone(),
+                       conv.weight().grad().clone()};
+    };
+    const auto [dx_cpu, dw_cpu] = run(cpu_conv, x, g);
+    const auto [dx_gpu, dw_gpu] = run(gpu_conv, x.to<ts::cuda>(0), g.to<ts::cuda>(0));
+    check_close(dx_gpu, dx_cpu);
+    check_close(dw_gpu, dw_cpu);
+  }
 }
 
 TEST_CASE("conv2d on CUDA in half through cuDNN", "[cuda][conv]") {

@@ -85,11 +85,14 @@ reference naive_product(const std::vector<double>& a, const ts::Shape& as,
   return r;
 }
 
-// Sums of k products in fp32 (fp64 for double), rounded once to T; factor 2 of slack.
+// Sums of k products in fp32 (fp64 for double), rounded once to T; factor 2 of slack. With TF32
+// (float only) each input is first rounded to a 10-bit mantissa (2^-11 relative each, so 2^-10
+// per product) before the float sums.
 template <class T>
-double bound(double k, double magnitude, double value) {
+double bound(double k, double magnitude, double value, bool tf32 = false) {
   constexpr double u_float = 0x1p-24, u_double = 0x1p-53;
   if constexpr (std::is_same_v<T, double>) return 2 * (k + 1) * u_double * magnitude;
+  if (tf32) return 2 * (0x1p-10 + (k + 1) * u_float) * magnitude;
   double b = 2 * (k + 1) * u_float * magnitude;
   if constexpr (std::is_same_v<T, ts::half>) b += 0x1p-11 * std::abs(value) + 0x1p-25;
   if constexpr (std::is_same_v<T, ts::bfloat16>) b += 0x1p-8 * std::abs(value) + 0x1p-25;
@@ -97,7 +100,8 @@ double bound(double k, double magnitude, double value) {
 }
 
 template <class T>
-void check_product(const ts::Tensor<T, ts::cuda>& a, const ts::Tensor<T, ts::cuda>& b) {
+void check_product(const ts::Tensor<T, ts::cuda>& a, const ts::Tensor<T, ts::cuda>& b,
+                   bool tf32 = false) {
   INFO("a " << a.shape() << " strides " << a.strides() << ", b " << b.shape() << " strides "
             << b.strides() << ", dtype " << ts::dtype_name<T>());
   const reference want = naive_product(values_of(a), a.shape(), values_of(b), b.shape());
@@ -110,7 +114,7 @@ void check_product(const ts::Tensor<T, ts::cuda>& a, const ts::Tensor<T, ts::cud
   const double k = static_cast<double>(a.size(-1));
   std::size_t bad = 0;
   for (std::size_t i = 0; i < values.size(); ++i) {
-    const double limit = bound<T>(k, want.magnitude[i], want.values[i]);
+    const double limit = bound<T>(k, want.magnitude[i], want.values[i], tf32);
     if (!(std::abs(values[i] - want.values[i]) <= limit)) {
       if (++bad <= 3) {
         FAIL_CHECK("element " << i << ": got " << values[i] << ", want " << want.values[i]
@@ -187,6 +191,21 @@ TEMPLATE_TEST_CASE("cuda: batches, shared and broadcast operands", "[cuda][matmu
                 random_tensor<T>({4, 13, 5}, rng));
   check_product(random_tensor<T>({4, 13, 7}, rng).transpose(1, 2),
                 random_tensor<T>({1, 13, 5}, rng).expand({4, 13, 5}));
+}
+
+TEST_CASE("cuda: float products with TF32 allowed stay within TF32's bound", "[cuda][matmul]") {
+  // backends::cuda::matmul::allow_tf32 (off by default, read at each product) lets cuBLAS round
+  // float inputs to TF32; the other dtypes are not affected. Put back whatever happens.
+  struct tf32_on {
+    bool previous = ts::backends::cuda::matmul::allow_tf32.exchange(true);
+    ~tf32_on() { ts::backends::cuda::matmul::allow_tf32 = previous; }
+  } scope;
+  std::mt19937 rng(5);
+  check_product(random_tensor<float>({150, 300}, rng), random_tensor<float>({300, 70}, rng), true);
+  check_product(random_tensor<float>({4, 7, 130}, rng), random_tensor<float>({4, 130, 5}, rng),
+                true);
+  check_product(random_tensor<float>({64, 33}, rng).t(), random_tensor<float>({64, 17}, rng), true);
+  check_product(random_tensor<double>({40, 300}, rng), random_tensor<double>({300, 20}, rng));
 }
 
 TEST_CASE("cuda: empty dimensions", "[cuda][matmul][empty]") {

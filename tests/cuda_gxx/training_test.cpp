@@ -58,6 +58,12 @@ TEST_CASE("g++ unit: an MLP trains with Adam on cuda", "[cuda_gxx]") {
 
 TEST_CASE("g++ unit: a convolutional net with batch norm and dropout trains with SGD on cuda",
           "[cuda_gxx]") {
+  // Compared with the CPU at 1e-4: fp32 products, not cuDNN's TF32 (on by default, as PyTorch's;
+  // about 1e-3). The switch is a plain atomic, set from this g++ unit.
+  struct fp32_convolutions {
+    bool previous = ts::backends::cudnn::allow_tf32.exchange(false);
+    ~fp32_convolutions() { ts::backends::cudnn::allow_tf32 = previous; }
+  } scope;
   check_runs(gxx::train_conv<ts::cuda>(4), gxx::train_conv<ts::cpu>(4), nvcc_train_conv(4));
 }
 

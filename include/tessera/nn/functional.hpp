@@ -61,7 +61,7 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
     check_same_device(who, x.device(), w.device(), "weight");
     conv2d_geometry g =
         conv2d_geometry_of(who, x.shape(), w.shape(), b_in ? &bias_shape : nullptr, args);
-    conv2d_choose_cudnn<T, K>(g, x.device());
+    conv2d_choose_cudnn<T, K>(g, x.device(), /*with_backward=*/false);  // the forward only
     const Tensor<T, K> xc = x.is_contiguous() ? x : x.contiguous();
     const Tensor<T, K> wc = w.is_contiguous() ? w : w.contiguous();
     Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());

@@ -1,21 +1,27 @@
-// cuDNN for convolutions on CUDA devices: PyTorch's torch.backends.cudnn switches (in every
-// build), and where the build has cuDNN (TESSERA_CUDNN, defined by CMake when it finds cuDNN
-// beside the toolkit) the algorithm choice per problem, handles per thread, device and stream,
-// and the three calls of a convolution's forward and backward. Without cuDNN, or when it cannot
-// take a problem, convolutions on CUDA run as im2col + cuBLAS (nn/detail/conv2d.hpp).
+// cuDNN for convolutions on CUDA devices: where the build has cuDNN (TESSERA_CUDNN, defined by
+// CMake when it finds cuDNN beside the toolkit), the algorithm of each of a convolution's three
+// calls, chosen once per problem and kept for the process with the call's descriptors, handles
+// per thread, device and stream, and the calls themselves. Without cuDNN, or when it cannot take
+// a problem, convolutions on CUDA run as im2col + cuBLAS (nn/detail/conv2d.hpp). The switches
+// (torch.backends.cudnn's) are in backend/backends.hpp, in every build.
 //
-// The legacy convolution API (cudnnConvolutionForward and the _v7 heuristics) is used: cuDNN 9
-// marks it deprecated but supports it, and it is what PyTorch's default (non-benchmark) path
-// runs. The algorithm is chosen by cuDNN's heuristics, never by timing (no `benchmark` switch).
+// The legacy convolution API (cudnnConvolutionForward, the _v7 heuristics, cudnnFind*Ex) is used:
+// cuDNN 9 marks it deprecated but supports it, and it is what PyTorch's v7 path runs. A call's
+// key (cudnn_cache.hpp: problem, direction, dtype, device, switches) finds its descriptors and
+// algorithm, built on the first call of that key by cuDNN's heuristics, or by timing the
+// candidates when backends::cudnn::benchmark is on. A traced convolution keeps pointers to its
+// calls' entries, so running a program looks nothing up; an eager call looks its key up once. A
+// call then costs one cuDNN call and no descriptor work.
 #pragma once
 
 #include <atomic>
-#include <compare>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <type_traits>
 
+#include "tessera/backend/backends.hpp"
+#include "tessera/backend/cuda/cudnn_cache.hpp"
 #include "tessera/core/config.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
@@ -33,34 +39,18 @@
 #include <cudnn.h>
 
 #include <algorithm>
-#include <climits>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <utility>
+#include <vector>
+
+#include "tessera/core/detail/cuda_device_scope.hpp"
+#include "tessera/memory/memory.hpp"
 #endif
 
 namespace tessera::backends::cudnn {
-
-/// Convolutions on CUDA devices use cuDNN when the build has it (torch.backends.cudnn.enabled).
-/// Read when a convolution is traced or called eagerly: a compiled program keeps what it chose.
-inline std::atomic<bool> enabled{true};
-
-/// Float convolutions may use TF32 tensor cores (products of 10-bit mantissas, sums in float).
-/// Off by default, unlike PyTorch's switch of the same name: Tessera's float convolutions, like
-/// its matmul, compute fp32 products unless asked otherwise. Half and bfloat16 always use
-/// tensor cores (with float sums); double never does.
-inline std::atomic<bool> allow_tf32{false};
-
-/// Only algorithms that give the same bits run after run (torch.backends.cudnn.deterministic):
-/// some of cuDNN's backward algorithms sum with atomics, in an order that varies.
-inline std::atomic<bool> deterministic{false};
-
-/// The most workspace one convolution call may take, in bytes (1 GiB by default). cuDNN's
-/// heuristics rank algorithms by speed; the fastest whose workspace fits is taken, and a problem
-/// with none that fits runs as im2col + cuBLAS. The workspace comes from the device's pool: a
-/// program's plan holds it in its scratch, an eager call allocates it for the call.
-inline std::atomic<std::size_t> workspace_limit{std::size_t{1} << 30};
 
 /// True in a build with cuDNN (torch.backends.cudnn.is_available()).
 constexpr bool is_available() noexcept { return TESSERA_CUDNN != 0; }
@@ -104,19 +94,16 @@ namespace tessera::detail {
 
 namespace tessera::backend::cuda {
 
-/// One convolution's sizes, NCHW, as torch.nn.functional.conv2d takes them: input [n, c, h, w],
-/// weight [o, c / groups, kh, kw], output [n, o, oh, ow].
-struct conv2d_problem {
-  std::int64_t n = 0, c = 0, h = 0, w = 0;
-  std::int64_t o = 0, kh = 0, kw = 0;
-  std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
-  std::int64_t oh = 0, ow = 0;
-  auto operator<=>(const conv2d_problem&) const = default;
-};
+namespace detail {
+/// One call's descriptors and algorithm, built once per key and kept for the process (defined
+/// only in a build with cuDNN).
+struct conv2d_cudnn_call;
+}  // namespace detail
 
 /// What cuDNN runs for one problem on one device: an algorithm and a math type for each of the
-/// three calls, and the workspace bytes of each. Chosen once (conv2d_choose) and kept by the
-/// caller, so that a program runs what its memory plan was made for.
+/// three calls, the workspace bytes of each, and the process-wide entries holding their
+/// descriptors. Chosen once (conv2d_choose) and kept by the caller, so that a program runs what
+/// its memory plan was made for and looks nothing up when it runs.
 struct conv2d_algorithms {
   /// False: no cuDNN in this build, `enabled` off, a dtype or sizes cuDNN does not take here, or
   /// no algorithm within `workspace_limit`; the caller runs im2col + cuBLAS instead.
@@ -124,6 +111,10 @@ struct conv2d_algorithms {
   int forward = 0, backward_data = 0, backward_filter = 0;  // cudnnConvolution*Algo_t
   int forward_math = 0, backward_data_math = 0, backward_filter_math = 0;  // cudnnMathType_t
   std::size_t forward_bytes = 0, backward_data_bytes = 0, backward_filter_bytes = 0;
+  /// The calls' entries (null for a call not chosen: the backward ones of an eager forward).
+  const detail::conv2d_cudnn_call* forward_call = nullptr;
+  const detail::conv2d_cudnn_call* backward_data_call = nullptr;
+  const detail::conv2d_cudnn_call* backward_filter_call = nullptr;
 };
 
 /// The dtypes Tessera convolves with cuDNN: float and double, and half and bfloat16 with float
@@ -155,6 +146,16 @@ inline bool conv2d_fits_cudnn(const conv2d_problem& p) {
          count_fits(p.o, p.groups > 0 ? p.c / p.groups : 0, p.kh, p.kw);
 }
 
+/// The precision a convolution of T must keep under the switch `allow_tf32`.
+template <class T>
+constexpr conv2d_precision conv2d_precision_of(bool allow_tf32) {
+  if constexpr (std::is_same_v<T, float>) {
+    return allow_tf32 ? conv2d_precision::tf32_allowed : conv2d_precision::fp32_products;
+  } else {
+    return conv2d_precision::any;
+  }
+}
+
 #if TESSERA_CUDNN
 namespace detail {
 
@@ -182,15 +183,17 @@ cudnnMathType_t cudnn_requested_math(bool allow_tf32) {
   return CUDNN_TENSOR_OP_MATH;
 }
 
-/// Whether an algorithm's math type keeps T's precision: never a down-conversion of float
-/// inputs, and for float without allow_tf32 plain FMA only.
-template <class T>
-bool cudnn_math_keeps_precision(cudnnMathType_t math, bool allow_tf32) {
-  if constexpr (std::is_same_v<T, float>) {
-    if (math == CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION) return false;
-    return allow_tf32 || math == CUDNN_FMA_MATH;
-  } else {
-    return true;
+/// cuDNN's math type as the host-side choice (cudnn_cache.hpp) classifies it.
+inline conv2d_math cudnn_math_class(cudnnMathType_t math) {
+  switch (math) {
+    case CUDNN_FMA_MATH:
+      return conv2d_math::fma;
+    case CUDNN_TENSOR_OP_MATH:
+      return conv2d_math::tensor_op;
+    case CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION:
+      return conv2d_math::tensor_op_allow_conversion;
+    default:
+      return conv2d_math::default_math;
   }
 }
 
@@ -241,17 +244,55 @@ class conv2d_descriptors {
   cudnnConvolutionDescriptor_t conv = nullptr;
 };
 
+/// One call of one problem (a conv2d_key), built once: its descriptors, with the chosen math type
+/// set on the convolution descriptor, the algorithm and its workspace bytes. `usable` false: no
+/// algorithm fits the switches (the caller runs im2col + cuBLAS). cuDNN does not say that two
+/// threads may pass one descriptor at once, so a call holds `mutex` (uncontended: one thread per
+/// device is the rule, and each device has its own entries).
+struct conv2d_cudnn_call {
+  conv2d_cudnn_call(const conv2d_problem& p, cudnnDataType_t data, cudnnDataType_t compute,
+                    cudnnMathType_t math)
+      : d(p, data, compute, math) {}
+  conv2d_descriptors d;
+  bool usable = false;
+  int algorithm = 0;
+  int math = 0;
+  std::size_t bytes = 0;
+  mutable std::mutex mutex;
+};
+
+/// Every call chosen so far, for the process; leaked on purpose (a descriptor's destruction at
+/// exit could follow cuDNN's).
+inline process_cache<conv2d_key, conv2d_cudnn_call, conv2d_key_hash>& conv2d_calls() {
+  static auto* calls = new process_cache<conv2d_key, conv2d_cudnn_call, conv2d_key_hash>;
+  return *calls;
+}
+
 /// cuDNN handles per (thread, device, stream), as the cuBLAS handles (gemm.hpp): one handle is
 /// never used by two threads at once, and is bound to one stream. Created on first use with the
 /// device current, never destroyed (the CUDA runtime may be gone at exit).
 class cudnn_handles {
  public:
-  /// Calls fn(handle) with the calling thread's handle for `device` and `stream`, the device
-  /// current.
+  /// Calls fn(handle) with the calling thread's handle for `device` (an ordinal checked by the
+  /// caller) and `stream`, the device current.
   template <class Fn>
   static void with_handle(int device, stream_ref stream, Fn&& fn) {
-    check_device(Device{DeviceType::cuda, device});
-    DeviceGuard<::tessera::cuda> guard(device);
+    ::tessera::detail::cuda_device_scope scope(device);
+    fn(handle(device, stream));
+  }
+
+ private:
+  static cudnnHandle_t handle(int device, stream_ref stream) {
+    // The last handle the thread used: a training step calls with one device and stream.
+    struct last_handle {
+      int device = -1;
+      void* stream = nullptr;
+      cudnnHandle_t handle = nullptr;
+    };
+    thread_local last_handle last;
+    if (last.handle != nullptr && last.device == device && last.stream == stream.handle) {
+      return last.handle;
+    }
     thread_local std::map<std::pair<int, void*>, cudnnHandle_t> handles;
     cudnnHandle_t& handle = handles[{device, stream.handle}];
     if (handle == nullptr) {
@@ -260,45 +301,225 @@ class cudnn_handles {
       TESSERA_CUDNN_CHECK(cudnnSetStream(created, stream.native()));
       handle = created;
     }
-    fn(handle);
+    last = {device, stream.handle, handle};
+    return handle;
   }
 };
 
-/// The device's current stream for the calling thread: where the convolution's neighbours (the
-/// executor's kernels, cuBLAS) run.
+/// The calling thread's current stream of CUDA device `device`, read without copying a Stream
+/// (no reference counting): where the convolution's neighbours (the executor's kernels, cuBLAS)
+/// run.
 inline stream_ref cudnn_stream(int device) {
-  return ::tessera::current_stream(Device{DeviceType::cuda, device}).ref();
+  const std::vector<Stream>& streams = ::tessera::detail::thread_current_streams().cuda;
+  const auto i = static_cast<std::size_t>(device);
+  return i < streams.size() ? streams[i].ref() : stream_ref{};
 }
 
-/// The first of cuDNN's ranked candidates that succeeded, keeps T's precision, is deterministic
-/// if asked, and whose workspace (asked again with its math type set) fits `limit`: its
-/// algorithm, math type and bytes, or false.
-template <class T, class Perf, class WorkspaceOf>
-bool cudnn_pick(const Perf* candidates, int count, std::size_t limit, bool allow_tf32,
-                bool only_deterministic, cudnnConvolutionDescriptor_t conv,
-                WorkspaceOf&& workspace_of, int& algorithm, int& math, std::size_t& bytes) {
-  for (int i = 0; i < count; ++i) {
-    const Perf& c = candidates[i];
-    if (c.status != CUDNN_STATUS_SUCCESS) continue;
-    if (only_deterministic && c.determinism != CUDNN_DETERMINISTIC) continue;
-    if (!cudnn_math_keeps_precision<T>(c.mathType, allow_tf32)) continue;
-    TESSERA_CUDNN_CHECK(cudnnSetConvolutionMathType(conv, c.mathType));
-    std::size_t needed = 0;
-    if (workspace_of(c.algo, needed) != CUDNN_STATUS_SUCCESS || needed > limit) continue;
-    algorithm = static_cast<int>(c.algo);
-    math = static_cast<int>(c.mathType);
-    bytes = needed;
-    return true;
+/// Device memory from the device's pool for the length of a choice (benchmark mode's scratch),
+/// given back on the stream it was used on.
+class cudnn_scratch {
+ public:
+  cudnn_scratch(int device, stream_ref stream, std::size_t bytes)
+      : device_{DeviceType::cuda, device}, stream_(stream), bytes_(bytes) {
+    data_ = memory::allocate(device_, bytes_, stream_);
   }
-  return false;
+  cudnn_scratch(const cudnn_scratch&) = delete;
+  cudnn_scratch& operator=(const cudnn_scratch&) = delete;
+  ~cudnn_scratch() { memory::deallocate(device_, data_, bytes_, stream_); }
+  void* data() const noexcept { return data_; }
+  std::size_t bytes() const noexcept { return bytes_; }
+
+ private:
+  Device device_;
+  stream_ref stream_;
+  std::size_t bytes_;
+  void* data_ = nullptr;
+};
+
+/// The input, weight and output buffers benchmark mode times the three calls on: zeros, made on
+/// the first timing a choice needs and shared by the problem's three calls.
+class cudnn_timing_buffers {
+ public:
+  cudnn_timing_buffers(int device, stream_ref stream, const conv2d_problem& p,
+                       std::size_t element_bytes)
+      : device_(device), stream_(stream), p_(p), element_bytes_(element_bytes) {}
+
+  /// x, w, y; throws out_of_memory_error when the pool cannot give them.
+  std::tuple<void*, void*, void*> get() {
+    if (!x_) {
+      auto make = [&](std::int64_t a, std::int64_t b, std::int64_t c, std::int64_t d) {
+        const std::size_t bytes = static_cast<std::size_t>(a * b * c * d) * element_bytes_;
+        auto buffer =
+            std::make_unique<cudnn_scratch>(device_, stream_, std::max<std::size_t>(bytes, 1));
+        TESSERA_CUDA_CHECK(cudaMemsetAsync(buffer->data(), 0, buffer->bytes(), stream_.native()));
+        return buffer;
+      };
+      x_ = make(p_.n, p_.c, p_.h, p_.w);
+      w_ = make(p_.o, p_.c / p_.groups, p_.kh, p_.kw);
+      y_ = make(p_.n, p_.o, p_.oh, p_.ow);
+    }
+    return {x_->data(), w_->data(), y_->data()};
+  }
+
+ private:
+  int device_;
+  stream_ref stream_;
+  conv2d_problem p_;
+  std::size_t element_bytes_;
+  std::unique_ptr<cudnn_scratch> x_, w_, y_;
+};
+
+/// The cuDNN calls of one direction, so that choosing is written once for the three.
+template <conv2d_direction D>
+struct cudnn_direction;
+
+template <>
+struct cudnn_direction<conv2d_direction::forward> {
+  using perf_t = cudnnConvolutionFwdAlgoPerf_t;
+  using algo_t = cudnnConvolutionFwdAlgo_t;
+  static constexpr int count = CUDNN_CONVOLUTION_FWD_ALGO_COUNT;
+  static cudnnStatus_t heuristics(cudnnHandle_t h, const conv2d_descriptors& d, int* returned,
+                                  perf_t* perf) {
+    return cudnnGetConvolutionForwardAlgorithm_v7(h, d.x, d.w, d.conv, d.y, count, returned, perf);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const conv2d_descriptors& d, algo_t algo,
+                                 std::size_t* bytes) {
+    return cudnnGetConvolutionForwardWorkspaceSize(h, d.x, d.w, d.conv, d.y, algo, bytes);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const conv2d_descriptors& d, void* x, void* w, void* y,
+                            int* returned, perf_t* perf, void* ws, std::size_t bytes) {
+    return cudnnFindConvolutionForwardAlgorithmEx(h, d.x, x, d.w, w, d.conv, d.y, y, count,
+                                                  returned, perf, ws, bytes);
+  }
+};
+
+template <>
+struct cudnn_direction<conv2d_direction::backward_data> {
+  using perf_t = cudnnConvolutionBwdDataAlgoPerf_t;
+  using algo_t = cudnnConvolutionBwdDataAlgo_t;
+  static constexpr int count = CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT;
+  static cudnnStatus_t heuristics(cudnnHandle_t h, const conv2d_descriptors& d, int* returned,
+                                  perf_t* perf) {
+    return cudnnGetConvolutionBackwardDataAlgorithm_v7(h, d.w, d.y, d.conv, d.x, count, returned,
+                                                       perf);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const conv2d_descriptors& d, algo_t algo,
+                                 std::size_t* bytes) {
+    return cudnnGetConvolutionBackwardDataWorkspaceSize(h, d.w, d.y, d.conv, d.x, algo, bytes);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const conv2d_descriptors& d, void* x, void* w, void* y,
+                            int* returned, perf_t* perf, void* ws, std::size_t bytes) {
+    // dx = f(w, dy): the output buffer is x's.
+    return cudnnFindConvolutionBackwardDataAlgorithmEx(h, d.w, w, d.y, y, d.conv, d.x, x, count,
+                                                       returned, perf, ws, bytes);
+  }
+};
+
+template <>
+struct cudnn_direction<conv2d_direction::backward_filter> {
+  using perf_t = cudnnConvolutionBwdFilterAlgoPerf_t;
+  using algo_t = cudnnConvolutionBwdFilterAlgo_t;
+  static constexpr int count = CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT;
+  static cudnnStatus_t heuristics(cudnnHandle_t h, const conv2d_descriptors& d, int* returned,
+                                  perf_t* perf) {
+    return cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, d.x, d.y, d.conv, d.w, count, returned,
+                                                         perf);
+  }
+  static cudnnStatus_t workspace(cudnnHandle_t h, const conv2d_descriptors& d, algo_t algo,
+                                 std::size_t* bytes) {
+    return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, d.x, d.y, d.conv, d.w, algo, bytes);
+  }
+  static cudnnStatus_t find(cudnnHandle_t h, const conv2d_descriptors& d, void* x, void* w, void* y,
+                            int* returned, perf_t* perf, void* ws, std::size_t bytes) {
+    // dw = f(x, dy): the output buffer is w's.
+    return cudnnFindConvolutionBackwardFilterAlgorithmEx(h, d.x, x, d.y, y, d.conv, d.w, w, count,
+                                                         returned, perf, ws, bytes);
+  }
+};
+
+/// cuDNN's answers as candidates for the host-side choice. Untimed answers (the heuristics) get
+/// their workspace asked with their own math type set, as the call will run them.
+template <conv2d_direction D>
+std::vector<conv2d_candidate> cudnn_candidates(cudnnHandle_t h, const conv2d_descriptors& d,
+                                               const typename cudnn_direction<D>::perf_t* perf,
+                                               int count, bool timed) {
+  using dir = cudnn_direction<D>;
+  std::vector<conv2d_candidate> candidates;
+  for (int i = 0; i < count; ++i) {
+    const auto& r = perf[i];
+    conv2d_candidate c;
+    c.algorithm = static_cast<int>(r.algo);
+    c.math = static_cast<int>(r.mathType);
+    c.math_class = cudnn_math_class(r.mathType);
+    c.ok = r.status == CUDNN_STATUS_SUCCESS;
+    c.deterministic = r.determinism == CUDNN_DETERMINISTIC;
+    c.milliseconds = timed ? r.time : -1.0f;
+    c.workspace = r.memory;
+    if (c.ok && !timed) {
+      TESSERA_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, r.mathType));
+      std::size_t bytes = 0;
+      c.ok = dir::workspace(h, d, r.algo, &bytes) == CUDNN_STATUS_SUCCESS;
+      c.workspace = bytes;
+    }
+    candidates.push_back(c);
+  }
+  return candidates;
 }
 
-/// Asks cuDNN's heuristics for the three calls of problem p (conv2d_choose's uncached work).
-template <class T>
-conv2d_algorithms cudnn_choose(cudnnHandle_t handle, const conv2d_problem& p, bool allow_tf32,
-                               bool only_deterministic, std::size_t limit) {
-  conv2d_descriptors d(p, cudnn_data_type<T>(), cudnn_compute_type<T>(),
-                       cudnn_requested_math<T>(allow_tf32));
+/// Times the candidates of direction D (cudnnFind*AlgorithmEx) on `buffers`, with the largest
+/// scratch workspace within the limit that the pool can give; empty when the buffers or any
+/// scratch cannot be had (the caller then asks the heuristics).
+template <conv2d_direction D>
+std::vector<conv2d_candidate> cudnn_timed_candidates(cudnnHandle_t h, const conv2d_descriptors& d,
+                                                     int device, stream_ref stream,
+                                                     cudnn_timing_buffers& buffers,
+                                                     std::size_t limit) {
+  using dir = cudnn_direction<D>;
+  void *x = nullptr, *w = nullptr, *y = nullptr;
+  try {
+    std::tie(x, w, y) = buffers.get();
+  } catch (const out_of_memory_error&) {
+    return {};
+  }
+  std::vector<std::size_t> workspaces;
+  for (int a = 0; a < dir::count; ++a) {
+    std::size_t bytes = 0;
+    if (dir::workspace(h, d, static_cast<typename dir::algo_t>(a), &bytes) ==
+        CUDNN_STATUS_SUCCESS) {
+      workspaces.push_back(bytes);
+    }
+  }
+  for (const std::size_t size : conv2d_scratch_sizes(workspaces, limit)) {
+    std::unique_ptr<cudnn_scratch> scratch;
+    if (size > 0) {
+      try {
+        scratch = std::make_unique<cudnn_scratch>(device, stream, size);
+      } catch (const out_of_memory_error&) {
+        continue;  // a smaller scratch times fewer algorithms
+      }
+    }
+    typename dir::perf_t perf[dir::count];
+    int count = 0;
+    TESSERA_CUDNN_CHECK(
+        dir::find(h, d, x, w, y, &count, perf, scratch ? scratch->data() : nullptr, size));
+    return cudnn_candidates<D>(h, d, perf, count, true);
+  }
+  return {};
+}
+
+/// Builds the call of `key` (its descriptors and algorithm): the timed fastest in benchmark
+/// mode (falling back to the heuristics when timing could not run), else the heuristics' first
+/// that keeps the precision, is deterministic when asked and fits the workspace limit.
+template <class T, conv2d_direction D>
+std::unique_ptr<conv2d_cudnn_call> cudnn_make_call(cudnnHandle_t h, const conv2d_key& key,
+                                                   stream_ref stream,
+                                                   cudnn_timing_buffers& buffers) {
+  using dir = cudnn_direction<D>;
+  const conv2d_problem& p = key.problem;
+  const cudnnMathType_t requested = cudnn_requested_math<T>(key.allow_tf32);
+  auto call = std::make_unique<conv2d_cudnn_call>(p, cudnn_data_type<T>(), cudnn_compute_type<T>(),
+                                                  requested);
+  const conv2d_descriptors& d = call->d;
   const auto [n, o, oh, ow] = d.output_dims();
   if (n != p.n || o != p.o || oh != p.oh || ow != p.ow) {
     throw error("conv2d: internal error: cuDNN's output [" + std::to_string(n) + ", " +
@@ -306,53 +527,36 @@ conv2d_algorithms cudnn_choose(cudnnHandle_t handle, const conv2d_problem& p, bo
                 "] differs from Tessera's [" + std::to_string(p.n) + ", " + std::to_string(p.o) +
                 ", " + std::to_string(p.oh) + ", " + std::to_string(p.ow) + "]");
   }
-  conv2d_algorithms a;
-  const cudnnMathType_t requested = cudnn_requested_math<T>(allow_tf32);
-  {
-    cudnnConvolutionFwdAlgoPerf_t perf[CUDNN_CONVOLUTION_FWD_ALGO_COUNT];
-    int count = 0;
-    TESSERA_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(
-        handle, d.x, d.w, d.conv, d.y, CUDNN_CONVOLUTION_FWD_ALGO_COUNT, &count, perf));
-    auto workspace_of = [&](cudnnConvolutionFwdAlgo_t algo, std::size_t& bytes) {
-      return cudnnGetConvolutionForwardWorkspaceSize(handle, d.x, d.w, d.conv, d.y, algo, &bytes);
-    };
-    if (!cudnn_pick<T>(perf, count, limit, allow_tf32, only_deterministic, d.conv, workspace_of,
-                       a.forward, a.forward_math, a.forward_bytes)) {
-      return {};
-    }
+  const conv2d_requirements need{conv2d_precision_of<T>(key.allow_tf32), key.deterministic,
+                                 key.workspace_limit};
+  std::vector<conv2d_candidate> candidates;
+  bool timed = false;
+  if (key.benchmark) {
+    candidates = cudnn_timed_candidates<D>(h, d, key.device, stream, buffers, key.workspace_limit);
+    timed = !candidates.empty();
   }
-  TESSERA_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, requested));
-  {
-    cudnnConvolutionBwdDataAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT];
+  if (!timed) {
+    TESSERA_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, requested));
+    typename dir::perf_t perf[dir::count];
     int count = 0;
-    TESSERA_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(
-        handle, d.w, d.y, d.conv, d.x, CUDNN_CONVOLUTION_BWD_DATA_ALGO_COUNT, &count, perf));
-    auto workspace_of = [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t& bytes) {
-      return cudnnGetConvolutionBackwardDataWorkspaceSize(handle, d.w, d.y, d.conv, d.x, algo,
-                                                          &bytes);
-    };
-    if (!cudnn_pick<T>(perf, count, limit, allow_tf32, only_deterministic, d.conv, workspace_of,
-                       a.backward_data, a.backward_data_math, a.backward_data_bytes)) {
-      return {};
-    }
+    TESSERA_CUDNN_CHECK(dir::heuristics(h, d, &count, perf));
+    candidates = cudnn_candidates<D>(h, d, perf, count, false);
   }
-  TESSERA_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, requested));
-  {
-    cudnnConvolutionBwdFilterAlgoPerf_t perf[CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT];
-    int count = 0;
-    TESSERA_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(
-        handle, d.x, d.y, d.conv, d.w, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_COUNT, &count, perf));
-    auto workspace_of = [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t& bytes) {
-      return cudnnGetConvolutionBackwardFilterWorkspaceSize(handle, d.x, d.y, d.conv, d.w, algo,
-                                                            &bytes);
-    };
-    if (!cudnn_pick<T>(perf, count, limit, allow_tf32, only_deterministic, d.conv, workspace_of,
-                       a.backward_filter, a.backward_filter_math, a.backward_filter_bytes)) {
-      return {};
-    }
-  }
-  a.usable = true;
-  return a;
+  const int chosen = conv2d_choose_candidate(candidates, need, timed);
+  if (chosen < 0) return call;  // usable false: im2col + cuBLAS
+  const conv2d_candidate& c = candidates[static_cast<std::size_t>(chosen)];
+  // The call runs with the candidate's math type set on its descriptor (PyTorch's Note [behavior
+  // of cudnnFind and cudnnGet]), and its workspace is asked again with it.
+  TESSERA_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, static_cast<cudnnMathType_t>(c.math)));
+  std::size_t bytes = 0;
+  TESSERA_CUDNN_CHECK(dir::workspace(h, d, static_cast<typename dir::algo_t>(c.algorithm), &bytes));
+  bytes = std::max(bytes, c.workspace);
+  if (bytes > key.workspace_limit) return call;
+  call->usable = true;
+  call->algorithm = c.algorithm;
+  call->math = c.math;
+  call->bytes = bytes;
+  return call;
 }
 
 /// alpha and beta in the compute type's precision (double for double data, float otherwise).
@@ -363,53 +567,92 @@ using cudnn_scale_t = std::conditional_t<std::is_same_v<T, double>, double, floa
 #endif
 
 /// The algorithms cuDNN runs for problem p of dtype T on CUDA device `device`, under the current
-/// switches (backends::cudnn). Chosen by cuDNN's heuristics the first time a (device, dtype,
-/// problem, switches) is seen and remembered for the process (a lock guards the table: threads
-/// driving devices choose at once). Unusable (`usable` false) where cuDNN does not take the
-/// problem. Throws cuda_error when cuDNN itself fails.
+/// switches (backends::cudnn): all three calls, or with `with_backward` false only the forward
+/// (an eager call). Each call's entry is built the first time its key (cudnn_cache.hpp) is seen
+/// and kept for the process: descriptors created once, the algorithm from cuDNN's heuristics or,
+/// with backends::cudnn::benchmark, from timing the candidates (once per key; it synchronises
+/// the device). Unusable (`usable` false) where cuDNN does not take the problem or a call has no
+/// algorithm within the switches. Throws cuda_error when cuDNN itself fails, device_error for an
+/// ordinal that does not exist.
 template <class T>
-conv2d_algorithms conv2d_choose(int device, const conv2d_problem& p) {
+conv2d_algorithms conv2d_choose(int device, const conv2d_problem& p, bool with_backward = true) {
 #if TESSERA_CUDNN
   if constexpr (conv2d_cudnn_supports<T>) {
     if (!backends::cudnn::enabled.load() || !conv2d_fits_cudnn(p) || p.n == 0 || p.c == 0 ||
         p.o == 0) {
       return {};
     }
-    const bool tf32 = backends::cudnn::allow_tf32.load();
-    const bool only_deterministic = backends::cudnn::deterministic.load();
-    const std::size_t limit = backends::cudnn::workspace_limit.load();
-    using key_t = std::tuple<int, int, conv2d_problem, bool, bool, std::size_t>;
-    static std::mutex mutex;
-    static std::map<key_t, conv2d_algorithms> chosen;
-    const key_t key{
-        device, static_cast<int>(detail::cudnn_data_type<T>()), p, tf32, only_deterministic, limit};
-    std::lock_guard<std::mutex> lock(mutex);
-    if (const auto it = chosen.find(key); it != chosen.end()) return it->second;
+    check_device(Device{DeviceType::cuda, device});
+    conv2d_key key;
+    key.problem = p;
+    key.device = device;
+    key.dtype = static_cast<int>(detail::cudnn_data_type<T>());
+    key.allow_tf32 = std::is_same_v<T, float> && backends::cudnn::allow_tf32.load();
+    key.deterministic = backends::cudnn::deterministic.load();
+    key.benchmark = backends::cudnn::benchmark.load();
+    key.workspace_limit = backends::cudnn::workspace_limit.load();
+    const stream_ref stream = detail::cudnn_stream(device);
+    detail::cudnn_timing_buffers buffers(device, stream, p, sizeof(T));
+    auto entry = [&]<conv2d_direction D>() -> const detail::conv2d_cudnn_call& {
+      key.direction = D;
+      return detail::conv2d_calls().get(key, [&] {
+        std::unique_ptr<detail::conv2d_cudnn_call> made;
+        detail::cudnn_handles::with_handle(device, stream, [&](cudnnHandle_t h) {
+          made = detail::cudnn_make_call<T, D>(h, key, stream, buffers);
+        });
+        return made;
+      });
+    };
     conv2d_algorithms a;
-    detail::cudnn_handles::with_handle(device, detail::cudnn_stream(device), [&](cudnnHandle_t h) {
-      a = detail::cudnn_choose<T>(h, p, tf32, only_deterministic, limit);
-    });
-    chosen.emplace(key, a);
+    const detail::conv2d_cudnn_call& f = entry.template operator()<conv2d_direction::forward>();
+    if (!f.usable) return {};
+    a.forward = f.algorithm, a.forward_math = f.math, a.forward_bytes = f.bytes;
+    a.forward_call = &f;
+    if (with_backward) {
+      const detail::conv2d_cudnn_call& bd =
+          entry.template operator()<conv2d_direction::backward_data>();
+      const detail::conv2d_cudnn_call& bf =
+          entry.template operator()<conv2d_direction::backward_filter>();
+      if (!bd.usable || !bf.usable) return {};
+      a.backward_data = bd.algorithm, a.backward_data_math = bd.math;
+      a.backward_data_bytes = bd.bytes, a.backward_data_call = &bd;
+      a.backward_filter = bf.algorithm, a.backward_filter_math = bf.math;
+      a.backward_filter_bytes = bf.bytes, a.backward_filter_call = &bf;
+    }
+    a.usable = true;
     return a;
   }
 #endif
-  (void)device, (void)p;
+  (void)device, (void)p, (void)with_backward;
   return {};
 }
 
 #if TESSERA_CUDNN
+namespace detail {
+/// Runs `fn(handle, call)` for a chosen call on the device's current stream, holding the call.
+template <class Fn>
+void cudnn_run(int device, const conv2d_cudnn_call* call, const char* what, Fn&& fn) {
+  if (call == nullptr || !call->usable) {
+    throw error(std::string("conv2d: internal error: cuDNN's ") + what + " was not chosen");
+  }
+  cudnn_handles::with_handle(device, cudnn_stream(device), [&](cudnnHandle_t h) {
+    const std::lock_guard lock(call->mutex);
+    fn(h, *call);
+  });
+}
+}  // namespace detail
+
 /// y = conv2d(x, w) with the chosen forward algorithm, on the device's current stream; x, w, y
 /// contiguous NCHW on `device`, `workspace` at least a.forward_bytes.
 template <class T>
 void conv2d_forward(int device, const conv2d_problem& p, const conv2d_algorithms& a, const T* x,
                     const T* w, T* y, void* workspace) {
-  detail::cudnn_handles::with_handle(device, detail::cudnn_stream(device), [&](cudnnHandle_t h) {
-    detail::conv2d_descriptors d(p, detail::cudnn_data_type<T>(), detail::cudnn_compute_type<T>(),
-                                 static_cast<cudnnMathType_t>(a.forward_math));
+  (void)p;  // the entry's descriptors hold it
+  detail::cudnn_run(device, a.forward_call, "forward", [&](cudnnHandle_t h, const auto& c) {
     const detail::cudnn_scale_t<T> alpha = 1, beta = 0;
-    TESSERA_CUDNN_CHECK(cudnnConvolutionForward(h, &alpha, d.x, x, d.w, w, d.conv,
-                                                static_cast<cudnnConvolutionFwdAlgo_t>(a.forward),
-                                                workspace, a.forward_bytes, &beta, d.y, y));
+    TESSERA_CUDNN_CHECK(cudnnConvolutionForward(h, &alpha, c.d.x, x, c.d.w, w, c.d.conv,
+                                                static_cast<cudnnConvolutionFwdAlgo_t>(c.algorithm),
+                                                workspace, c.bytes, &beta, c.d.y, y));
   });
 }
 
@@ -417,30 +660,30 @@ void conv2d_forward(int device, const conv2d_problem& p, const conv2d_algorithms
 template <class T>
 void conv2d_backward_data(int device, const conv2d_problem& p, const conv2d_algorithms& a,
                           const T* gy, const T* w, T* dx, bool accumulate, void* workspace) {
-  detail::cudnn_handles::with_handle(device, detail::cudnn_stream(device), [&](cudnnHandle_t h) {
-    detail::conv2d_descriptors d(p, detail::cudnn_data_type<T>(), detail::cudnn_compute_type<T>(),
-                                 static_cast<cudnnMathType_t>(a.backward_data_math));
-    const detail::cudnn_scale_t<T> alpha = 1, beta = accumulate ? 1 : 0;
-    TESSERA_CUDNN_CHECK(
-        cudnnConvolutionBackwardData(h, &alpha, d.w, w, d.y, gy, d.conv,
-                                     static_cast<cudnnConvolutionBwdDataAlgo_t>(a.backward_data),
-                                     workspace, a.backward_data_bytes, &beta, d.x, dx));
-  });
+  (void)p;
+  detail::cudnn_run(
+      device, a.backward_data_call, "input gradient", [&](cudnnHandle_t h, const auto& c) {
+        const detail::cudnn_scale_t<T> alpha = 1, beta = accumulate ? 1 : 0;
+        TESSERA_CUDNN_CHECK(
+            cudnnConvolutionBackwardData(h, &alpha, c.d.w, w, c.d.y, gy, c.d.conv,
+                                         static_cast<cudnnConvolutionBwdDataAlgo_t>(c.algorithm),
+                                         workspace, c.bytes, &beta, c.d.x, dx));
+      });
 }
 
 /// dw = (or, with `accumulate`, dw +=) the weight gradient of y = conv2d(x, w) for gy.
 template <class T>
 void conv2d_backward_filter(int device, const conv2d_problem& p, const conv2d_algorithms& a,
                             const T* x, const T* gy, T* dw, bool accumulate, void* workspace) {
-  detail::cudnn_handles::with_handle(device, detail::cudnn_stream(device), [&](cudnnHandle_t h) {
-    detail::conv2d_descriptors d(p, detail::cudnn_data_type<T>(), detail::cudnn_compute_type<T>(),
-                                 static_cast<cudnnMathType_t>(a.backward_filter_math));
-    const detail::cudnn_scale_t<T> alpha = 1, beta = accumulate ? 1 : 0;
-    TESSERA_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
-        h, &alpha, d.x, x, d.y, gy, d.conv,
-        static_cast<cudnnConvolutionBwdFilterAlgo_t>(a.backward_filter), workspace,
-        a.backward_filter_bytes, &beta, d.w, dw));
-  });
+  (void)p;
+  detail::cudnn_run(device, a.backward_filter_call, "weight gradient",
+                    [&](cudnnHandle_t h, const auto& c) {
+                      const detail::cudnn_scale_t<T> alpha = 1, beta = accumulate ? 1 : 0;
+                      TESSERA_CUDNN_CHECK(cudnnConvolutionBackwardFilter(
+                          h, &alpha, c.d.x, x, c.d.y, gy, c.d.conv,
+                          static_cast<cudnnConvolutionBwdFilterAlgo_t>(c.algorithm), workspace,
+                          c.bytes, &beta, c.d.w, dw));
+                    });
 }
 #endif
 

@@ -7,6 +7,7 @@
 #include <string>
 #include <type_traits>
 
+#include "tessera/backend/backends.hpp"
 #include "tessera/core/config.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/dtype.hpp"
@@ -18,8 +19,8 @@
 #include <cublas_v2.h>
 
 #include <climits>
-#include <memory>
 #include <map>
+#include <memory>
 #include <utility>
 
 namespace tessera::detail {
@@ -103,7 +104,9 @@ inline int to_cublas_int(std::int64_t value, const char* what) {
 /// op(B) [k, n]; an operand that is `trans`posed is stored column-major (its rows are its
 /// columns), with leading dimension lda / ldb. C is row-major [m, n] with leading dimension ldc.
 /// Batch strides may be 0 (one matrix shared by the batch). Sums run in fp32 for float, half and
-/// bfloat16 (CUBLAS_COMPUTE_32F: no TF32, as PyTorch's default) and in fp64 for double. Runs on
+/// bfloat16 (CUBLAS_COMPUTE_32F) and in fp64 for double; float products are plain fp32 unless
+/// backends::cuda::matmul::allow_tf32 is on (read at each call; off by default, as PyTorch's),
+/// which lets cuBLAS use TF32 tensor cores (CUBLAS_COMPUTE_32F_FAST_TF32). Runs on
 /// `stream` of device `device` (enqueued; the caller synchronises as usual). Throws dtype_error
 /// for other dtypes, shape_error for sizes beyond cuBLAS's int, cuda_error for cuBLAS failures,
 /// and device_error in a build without CUDA.
@@ -111,7 +114,8 @@ template <class T>
 void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::int64_t k,
           const T* a, bool a_trans, std::int64_t lda, std::int64_t a_batch_stride, const T* b,
           bool b_trans, std::int64_t ldb, std::int64_t b_batch_stride, T* c, std::int64_t ldc,
-          std::int64_t c_batch_stride, stream_ref stream = tessera::detail::current_cuda_stream(), bool accumulate = false) {
+          std::int64_t c_batch_stride, stream_ref stream = tessera::detail::current_cuda_stream(),
+          bool accumulate = false) {
   if constexpr (!gemm_supports<T>) {
     throw dtype_error(std::string("matmul: cuBLAS has no ") + dtype_name<T>() +
                       " GEMM here (float32, float64, float16 and bfloat16 only); multiply on the "
@@ -131,7 +135,13 @@ void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::i
     const cublasOperation_t op_a = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
     constexpr cudaDataType_t type = detail::cuda_data_type<T>();
     constexpr bool is_double = std::is_same_v<T, double>;
-    constexpr cublasComputeType_t compute = is_double ? CUBLAS_COMPUTE_64F : CUBLAS_COMPUTE_32F;
+    // TF32 for float only: half and bfloat16 run on tensor cores anyway, double never does.
+    const cublasComputeType_t compute =
+        is_double ? CUBLAS_COMPUTE_64F
+        : std::is_same_v<T, float> &&
+                backends::cuda::matmul::allow_tf32.load(std::memory_order_relaxed)
+            ? CUBLAS_COMPUTE_32F_FAST_TF32
+            : CUBLAS_COMPUTE_32F;
     // alpha and beta have the compute type's precision (host pointers: the default mode).
     using scale_t = std::conditional_t<is_double, double, float>;
     // accumulate: beta = 1, C += A B (gradients accumulating into a buffer).

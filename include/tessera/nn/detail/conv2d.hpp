@@ -330,14 +330,15 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
 }
 
 /// Lets cuDNN take a convolution of T on `device` when K is CUDA and cuDNN takes the problem
-/// (backends::cudnn's switches, read now): its algorithms go into g.cudnn. Called once per traced
-/// or eager call, after conv2d_geometry_of.
+/// (backends::cudnn's switches, read now): its algorithms, and the process-wide entries of its
+/// calls, go into g.cudnn. Called once per traced or eager call, after conv2d_geometry_of; an
+/// eager call (`with_backward` false) needs only the forward's.
 template <class T, class K>
-void conv2d_choose_cudnn(conv2d_geometry& g, Device device) {
+void conv2d_choose_cudnn(conv2d_geometry& g, Device device, bool with_backward = true) {
   if constexpr (std::is_same_v<K, tessera::cuda>) {
-    g.cudnn = backend::cuda::conv2d_choose<T>(device.index, g.problem());
+    g.cudnn = backend::cuda::conv2d_choose<T>(device.index, g.problem(), with_backward);
   } else {
-    (void)g, (void)device;
+    (void)g, (void)device, (void)with_backward;
   }
 }
 
