@@ -11,7 +11,9 @@
 //   steps at 224 x 224 (batch 8 and 32 on cuDNN, batch 8 on im2col + cuBLAS), with each step's
 //   peak memory and where its time goes (forward, backward, optimiser, launches). Their PyTorch 2
 //   baselines come from bench/cuda_torch_baseline.py, run just before on the same GPU: give its
-//   JSON in TESSERA_TORCH_BASELINE and the ratios torch / tessera are printed with the others.
+//   JSON in TESSERA_TORCH_BASELINE and the ratios torch / tessera are printed with the others;
+// - the host's time per cuDNN convolution call (forward, both gradients, the old per-call
+//   descriptors, an eager F::conv2d) against an empty kernel launch (issue 41's goal: <= 10 us).
 // Kernel rows are timed with CUDA events (manual time); training steps with the host clock, as
 // each ends in the loss's item(), which waits for the GPU. Each benchmark checks what it
 // computed against a float64 reference on the CPU (a sample of elements) and aborts on a
@@ -20,6 +22,7 @@
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -30,6 +33,7 @@
 #include <memory>
 #include <sstream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench_report.hpp"
@@ -620,6 +624,155 @@ BENCHMARK(BM_resnet50_step_tessera)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+// ---- host time per convolution call ------------------------------------------------------------
+// What the host spends to issue one cuDNN convolution through Tessera (issue 41, item 3: goal
+// <= 10 us), against launching an empty kernel: host_calls calls of a small problem enqueued back
+// to back and timed with the host clock; the device is synchronised after each batch, outside
+// the timing. A call keeps the GPU busy a few microseconds and a batch queues at most a few
+// hundred launches, so the launch queue never fills and the host is what is measured.
+
+constexpr int host_calls = 100;
+
+__global__ void empty_kernel() {}
+
+template <class Body>
+void time_host_calls(benchmark::State& state, Body&& body) {
+  using clock = std::chrono::steady_clock;
+  body();  // first use: handles, lazy module loading
+  check_cuda(cudaDeviceSynchronize(), "warm-up");
+  for (auto _ : state) {
+    const auto start = clock::now();
+    for (int i = 0; i < host_calls; ++i) body();
+    const auto stop = clock::now();
+    check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+    state.SetIterationTime(std::chrono::duration<double>(stop - start).count());
+  }
+  state.counters["calls"] = host_calls;
+}
+
+void BM_host_per_call_empty_kernel(benchmark::State& state) {
+  time_host_calls(state, [] { empty_kernel<<<1, 1>>>(); });
+}
+BENCHMARK(BM_host_per_call_empty_kernel)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+#if TESSERA_CUDNN
+/// The small problem the host-cost rows call: [1, 16, 14, 14] * [16, 16, 3, 3], padding 1.
+struct host_cost_problem {
+  ts::backend::cuda::conv2d_problem p{1, 16, 14, 14, 16, 3, 3, 1, 1, 1, 1, 1, 1, 1, 14, 14};
+  ts::Tensor<float, ts::cuda> x = ts::bench::random_tensor({1, 16, 14, 14}, 8).cuda();
+  ts::Tensor<float, ts::cuda> w = ts::bench::random_tensor({16, 16, 3, 3}, 9).cuda();
+  ts::Tensor<float, ts::cuda> y = ts::empty<float, ts::cuda>({1, 16, 14, 14});
+  ts::backend::cuda::conv2d_algorithms a = ts::backend::cuda::conv2d_choose<float>(0, p);
+  std::size_t workspace_bytes =
+      std::max({a.forward_bytes, a.backward_data_bytes, a.backward_filter_bytes, std::size_t{1}});
+  void* workspace = ts::memory::allocate(gpu0, workspace_bytes);
+  host_cost_problem() {
+    if (!a.usable) fail("host cost rows: cuDNN does not take the small problem");
+    // What the rows call computes the convolution (against float64 on the CPU).
+    ts::backend::cuda::conv2d_forward<float>(0, p, a, x.data(), w.data(), y.data(), workspace);
+    const ts::Tensor<double> x64 = ts::cast<double>(x.cpu());
+    const ts::Tensor<double> w64 = ts::cast<double>(w.cpu());
+    const ts::Tensor<double> expected = nn::functional::conv2d(x64, w64, {.padding = 1});
+    const auto got = y.cpu().to_vector();
+    const auto want = expected.to_vector();
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      if (!(std::abs(got[i] - want[i]) <= 1e-4 * (1 + std::abs(want[i])))) {
+        fail("host cost rows: element " + std::to_string(i) + " is " + std::to_string(got[i]) +
+             ", float64 reference " + std::to_string(want[i]));
+      }
+    }
+  }
+  ~host_cost_problem() { ts::memory::deallocate(gpu0, workspace, workspace_bytes); }
+};
+
+/// range(0): 0 forward, 1 input gradient, 2 weight gradient, each as a compiled program's node
+/// calls it (the chosen entry kept, the workspace given).
+void BM_host_per_call_cudnn(benchmark::State& state) {
+  host_cost_problem h;
+  namespace cu = ts::backend::cuda;
+  switch (state.range(0)) {
+    case 0:
+      time_host_calls(state, [&] {
+        cu::conv2d_forward<float>(0, h.p, h.a, h.x.data(), h.w.data(), h.y.data(), h.workspace);
+      });
+      break;
+    case 1:
+      time_host_calls(state, [&] {
+        cu::conv2d_backward_data<float>(0, h.p, h.a, h.y.data(), h.w.data(), h.x.data(), false,
+                                        h.workspace);
+      });
+      break;
+    default:
+      time_host_calls(state, [&] {
+        cu::conv2d_backward_filter<float>(0, h.p, h.a, h.x.data(), h.y.data(), h.w.data(), false,
+                                          h.workspace);
+      });
+  }
+}
+BENCHMARK(BM_host_per_call_cudnn)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+/// The forward as Tessera called it before the cache: the four descriptors built and destroyed
+/// around each cudnnConvolutionForward. Tells apart the descriptors' share and cuDNN's own.
+void BM_host_per_call_cudnn_fresh_descriptors(benchmark::State& state) {
+  host_cost_problem h;
+  namespace cu = ts::backend::cuda;
+  cudnnHandle_t handle = nullptr;
+  if (cudnnCreate(&handle) != CUDNN_STATUS_SUCCESS) fail("cudnnCreate");
+  time_host_calls(state, [&] {
+    const cu::detail::conv2d_descriptors d(h.p, CUDNN_DATA_FLOAT, CUDNN_DATA_FLOAT,
+                                           static_cast<cudnnMathType_t>(h.a.forward_math));
+    const float alpha = 1, beta = 0;
+    if (cudnnConvolutionForward(handle, &alpha, d.x, h.x.data(), d.w, h.w.data(), d.conv,
+                                static_cast<cudnnConvolutionFwdAlgo_t>(h.a.forward), h.workspace,
+                                h.a.forward_bytes, &beta, d.y,
+                                h.y.data()) != CUDNN_STATUS_SUCCESS) {
+      fail("cudnnConvolutionForward");
+    }
+  });
+  cudnnDestroy(handle);
+}
+BENCHMARK(BM_host_per_call_cudnn_fresh_descriptors)->UseManualTime()->Unit(benchmark::kMicrosecond);
+
+/// An eager ts::nn::functional::conv2d on tensors: the geometry, the cache lookup, the output
+/// and workspace from the pool, and the call.
+void BM_host_per_call_conv2d_eager(benchmark::State& state) {
+  host_cost_problem h;
+  time_host_calls(
+      state, [&] { benchmark::DoNotOptimize(nn::functional::conv2d(h.x, h.w, {.padding = 1})); });
+}
+BENCHMARK(BM_host_per_call_conv2d_eager)->UseManualTime()->Unit(benchmark::kMicrosecond);
+#endif
+
+/// The host-cost rows' summary: microseconds per call, against the empty launch and the goal.
+void print_host_per_call(const std::map<std::string, double>& results) {
+  const auto empty = results.find("BM_host_per_call_empty_kernel");
+  if (empty == results.end()) return;
+  std::printf("host time per call (%d calls enqueued, small problem): empty kernel launch %.2f us",
+              host_calls, empty->second / host_calls);
+  const std::pair<const char*, const char*> rows[] = {
+      {"cuDNN forward", "BM_host_per_call_cudnn/0"},
+      {"input gradient", "BM_host_per_call_cudnn/1"},
+      {"weight gradient", "BM_host_per_call_cudnn/2"},
+      {"forward with descriptors built per call", "BM_host_per_call_cudnn_fresh_descriptors"},
+      {"eager F::conv2d", "BM_host_per_call_conv2d_eager"}};
+  double worst = 0;
+  for (const auto& [what, row] : rows) {
+    const auto it = results.find(row);
+    if (it == results.end()) continue;
+    std::printf("; %s %.2f us", what, it->second / host_calls);
+    if (std::string(row).rfind("BM_host_per_call_cudnn/", 0) == 0) {
+      worst = std::max(worst, it->second / host_calls);
+    }
+  }
+  if (worst > 0) std::printf(" (goal <= 10 us per cuDNN call: %s)", worst <= 10 ? "met" : "MISSED");
+  std::printf("\n");
+}
+
 /// PyTorch's rows from bench/cuda_torch_baseline.py's JSON ({"row": milliseconds, ...}).
 std::map<std::string, double> torch_rows() {
   std::map<std::string, double> rows;
@@ -649,6 +802,10 @@ int main(int argc, char** argv) {
     std::printf("cuda_bench: no CUDA device is available; nothing to measure\n");
     return 0;
   }
+  // Float32 with TF32 off for matmul and cuDNN, as bench/cuda_torch_baseline.py sets PyTorch
+  // (cuDNN's switch is on by default in both).
+  ts::backends::cuda::matmul::allow_tf32 = false;
+  ts::backends::cudnn::allow_tf32 = false;
   register_mlp_rows();
   register_conv_rows();
   benchmark::Initialize(&argc, argv);
@@ -683,6 +840,7 @@ int main(int argc, char** argv) {
         {"conv " + l.name + " (fwd+bwd, batch 8)",
          {{"im2col+cuBLAS / cuDNN", "conv_cudnn/" + l.name, "conv_im2col_cublas/" + l.name, 0}}});
   }
+  print_host_per_call(results);
   const auto torch = torch_rows();
   if (!torch.empty()) {
     for (const auto& [row, ms] : torch) results["torch/" + row] = ms;
@@ -712,6 +870,10 @@ int main(int argc, char** argv) {
       const std::string torch_row = std::string("resnet50_step_b") + images;
       ts::bench::print_summary(results, {std::string("ResNet-50 step batch ") + images,
                                          {{"torch / tessera", row, "torch/" + torch_row, 1.0}}});
+      // PyTorch's step captured whole in a CUDA graph, against Tessera's step as it runs today.
+      ts::bench::print_summary(
+          results, {std::string("ResNet-50 step batch ") + images,
+                    {{"torch CUDA graph / tessera", row, "torch/" + torch_row + "_graph", 0}}});
       const std::string torch_peak = torch_row + "_peak_MiB";
       if (torch.count(torch_peak) && reporter.counters.count(row)) {
         const double ours = reporter.counters[row]["peak_MiB"];

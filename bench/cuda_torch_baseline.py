@@ -11,8 +11,16 @@ sum(conv(x) * g) for x and the weight), BatchNorm2d + ReLU forward and backward,
 ResNet-50 training steps at batch 8 and 32 with their peak memory, and a device-to-device copy.
 Each row is the median of timed runs after warm-up, in milliseconds; step rows end in
 loss.item() as Tessera's do.
+
+PyTorch's strongest form of the ResNet-50 step is also measured (resnet50_step_b8_graph and
+_b32_graph): the whole step (forward, cross-entropy, backward, SGD with momentum) captured once
+in a CUDA graph with torch.cuda.graph, as PyTorch's CUDA Graphs notes capture a whole network
+(warm-up on a side stream, static input buffers, gradients left to the graph's private pool),
+then per step the batch copied into the static input, the graph replayed and loss.item().
+cudnn.benchmark stays off in every row, as in Tessera's rows.
 """
 import json
+import os
 import statistics
 import sys
 import time
@@ -61,7 +69,52 @@ def median_ms(fn, warmup=3, runs=20, events=False):
     return statistics.median(times)
 
 
+def graphed_resnet_step(images, warmup=3):
+    """A ResNet-50 training step captured whole in one CUDA graph; returns step(), which copies
+    a batch into the graph's static input, replays it and returns the loss (item())."""
+    model = torchvision.models.resnet50(num_classes=1000).to(dev)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    x = torch.rand(images, 3, 224, 224, device=dev) * 2 - 1
+    labels = torch.arange(images, device=dev) % 1000
+    static_x = torch.empty_like(x)
+    static_x.copy_(x)
+    # Warm-up on a side stream (cuDNN's and cuBLAS's first-use work, SGD's momentum buffers),
+    # which capture requires; then the capture itself, with gradients set to None so that
+    # backward allocates them from the graph's pool.
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmup):
+            opt.zero_grad(set_to_none=True)
+            F.cross_entropy(model(static_x), labels).backward()
+            opt.step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    opt.zero_grad(set_to_none=True)
+    with torch.cuda.graph(graph):
+        static_loss = F.cross_entropy(model(static_x), labels)
+        static_loss.backward()
+        opt.step()
+
+    def step():
+        static_x.copy_(x)  # the next batch into the captured input
+        graph.replay()
+        return static_loss.item()
+
+    return step
+
+
 rows = {}
+
+
+def record(row, value):
+    """Keeps a row and rewrites the JSON at once (whole: written aside, then renamed), so that a
+    run stopped by device_check.sh's time limit still leaves the rows measured so far."""
+    rows[row] = value
+    with open(sys.argv[1] + ".part", "w") as out:
+        json.dump(rows, out, indent=1)
+    os.replace(sys.argv[1] + ".part", sys.argv[1])
+
 
 # MLP steps (cuda_bench's mlp_configs).
 for name, widths, batch in [("mlp784_b256", [784, 1024, 1024, 10], 256),
@@ -75,7 +128,7 @@ for name, widths, batch in [("mlp784_b256", [784, 1024, 1024, 10], 256),
     x = torch.rand(batch, widths[0], device=dev) * 2 - 1
     y = torch.rand(batch, widths[-1], device=dev) * 2 - 1
     mlp_step = sgd_step(model, lambda: F.mse_loss(model(x), y))
-    rows[f"mlp_step/{name}"] = median_ms(mlp_step, runs=50)
+    record(f"mlp_step/{name}", median_ms(mlp_step, runs=50))
 
 # Convolution layers, forward and backward (cuda_bench's layers).
 for name, c, o, k, stride, padding, hw in [("3x3_64_56", 64, 64, 3, 1, 1, 56),
@@ -95,7 +148,7 @@ for name, c, o, k, stride, padding, hw in [("3x3_64_56", 64, 64, 3, 1, 1, 56),
         loss.backward()
         return loss.item()
 
-    rows[f"conv/{name}"] = median_ms(conv_step, runs=50)
+    record(f"conv/{name}", median_ms(conv_step, runs=50))
 
 # BatchNorm2d (training) and ReLU, forward and backward (cuda_bench's bn_shapes).
 for name, c, hw in [("64_112", 64, 112), ("256_56", 256, 56)]:
@@ -110,17 +163,17 @@ for name, c, hw in [("64_112", 64, 112), ("256_56", 256, 56)]:
         loss.backward()
         return loss.item()
 
-    rows[f"bn_relu/{name}"] = median_ms(bn_step, runs=50)
+    record(f"bn_relu/{name}", median_ms(bn_step, runs=50))
 
 # matmul 4096 float, CUDA events.
 a = torch.rand(4096, 4096, device=dev)
 b = torch.rand(4096, 4096, device=dev)
-rows["matmul_4096"] = median_ms(lambda: torch.mm(a, b), events=True)
+record("matmul_4096", median_ms(lambda: torch.mm(a, b), events=True))
 
 # Device-to-device copy of 2^26 floats (cuda_bench's reference), CUDA events.
 src = torch.rand(1 << 26, device=dev)
 dst = torch.empty_like(src)
-rows["copy_2^26"] = median_ms(lambda: dst.copy_(src), events=True)
+record("copy_2^26", median_ms(lambda: dst.copy_(src), events=True))
 del a, b, src, dst
 
 # ResNet-50 steps at batch 8 and 32, 224 x 224, and their peak memory over what was allocated
@@ -133,10 +186,17 @@ for images in (8, 32):
     x = torch.rand(images, 3, 224, 224, device=dev) * 2 - 1
     labels = torch.arange(images, device=dev) % 1000
     resnet_step = sgd_step(model, lambda: F.cross_entropy(model(x), labels))
-    rows[f"resnet50_step_b{images}"] = median_ms(resnet_step, runs=20)
-    rows[f"resnet50_step_b{images}_peak_MiB"] = (torch.cuda.max_memory_allocated(dev) - base) / 2**20
+    record(f"resnet50_step_b{images}", median_ms(resnet_step, runs=20))
+    record(f"resnet50_step_b{images}_peak_MiB",
+           (torch.cuda.max_memory_allocated(dev) - base) / 2**20)
     del model, x, labels, resnet_step  # the step holds the optimiser
 
-json.dump(rows, open(sys.argv[1], "w"), indent=1)
+# The same steps captured in a CUDA graph and replayed (after the eager rows, so that their peak
+# memory does not count the graphs' pools).
+for images in (8, 32):
+    graphed_step = graphed_resnet_step(images)
+    record(f"resnet50_step_b{images}_graph", median_ms(graphed_step, runs=20))
+    del graphed_step  # the graph, its pool and the model it captured
+
 for key, value in rows.items():
     print(f"torch {key}: {value:.3f}")
