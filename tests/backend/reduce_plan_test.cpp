@@ -4,10 +4,14 @@
 // number of elements whenever there are enough elements for one block to have them. A reduction
 // done slice by slice in the plan's order equals a float64 sum of the same numbers. The same for
 // reductions along a dimension: the rows plan's lanes, loads and splits (walked as the kernel
-// walks them) and the columns plan's slices read each element of each row exactly once.
+// walks them) and the columns plan's slices read each element of each row exactly once. Batch
+// norm's channel plan covers each channel once; its one-pass moments (in float, merged as the
+// kernel merges them) match float64 where a sum of squares would not.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdint>
+#include <random>
 #include <utility>
 #include <vector>
 
@@ -15,7 +19,10 @@
 
 namespace reduce_plan_test {  // one namespace per file: a unity build
 
+using tessera::backend::cuda::channel_reduction_plan;
 using tessera::backend::cuda::column_reduction_plan;
+using tessera::backend::cuda::merge_moments;
+using tessera::backend::cuda::moments;
 using tessera::backend::cuda::full_reduction_plan;
 using tessera::backend::cuda::reduce_batch_values;
 using tessera::backend::cuda::row_reduction_plan;
@@ -213,6 +220,94 @@ TEST_CASE("column reduction plan: slices cover the reduced dimension once", "[re
       if (plan.splits > 1) CHECK(plan.slice >= std::int64_t{plan.lanes} * 32);
     }
   }
+}
+
+TEST_CASE("channel reduction plan: slices cover a channel once, in whole loads", "[reduce_plan]") {
+  for (const std::int64_t channels : {std::int64_t{1}, std::int64_t{4}, std::int64_t{64},
+                                      std::int64_t{2048}}) {
+    for (const std::int64_t count :
+         {std::int64_t{1}, std::int64_t{49}, std::int64_t{8 * 49}, std::int64_t{8 * 12544},
+          std::int64_t{32 * 3136}, std::int64_t{1} << 24}) {
+      for (const int vector : {1, 4}) {
+        const auto plan =
+            channel_reduction_plan::make(channels, count, vector, 256, std::int64_t{132} * 2048);
+        CAPTURE(channels, count, vector, plan.splits, plan.slice);
+        REQUIRE(plan.splits >= 1);
+        REQUIRE(plan.splits <= channel_reduction_plan::max_splits);
+        REQUIRE(plan.slice % (256 * vector) == 0);
+        REQUIRE(plan.first(0) == 0);
+        REQUIRE(plan.last(plan.splits - 1) == count);
+        for (std::int64_t s = 0; s + 1 < plan.splits; ++s) {
+          REQUIRE(plan.last(s) == plan.first(s + 1));
+          REQUIRE(plan.last(s) > plan.first(s));
+        }
+        // Splits only while the channels leave the device idle, each thread 16 values a slice.
+        if (plan.splits > 1) {
+          CHECK(channels * 256 < std::int64_t{132} * 2048);
+          CHECK(plan.slice >= 256 * 16);
+        }
+      }
+    }
+  }
+  // ResNet-50's first batch norm at batch 8: 64 channels of 8 * 112 * 112 values fill the device.
+  const auto first = channel_reduction_plan::make(64, 8 * 12544, 4, 256, std::int64_t{132} * 2048);
+  CHECK(first.splits * 64 * 256 >= std::int64_t{132} * 2048 / 2);
+}
+
+TEST_CASE("moments: one pass in float, merged as the kernels merge, matches float64",
+          "[reduce_plan]") {
+  // Values 1000 + N(0, 2): a sum-of-squares variance in float would lose everything
+  // (1000^2 / 4 * 2^-24 is 0.015 of the variance per value, summed over thousands). Each "thread"
+  // takes every 256th value in float (deviations from its first value, as the kernel's), the
+  // threads merge in float in a tree, the slices in double.
+  std::mt19937 rng(5);
+  std::normal_distribution<double> normal(1000.0, 2.0);
+  const std::int64_t count = 8 * 12544;
+  std::vector<float> values(static_cast<std::size_t>(count));
+  for (auto& v : values) v = static_cast<float>(normal(rng));
+  double mean = 0;
+  for (float v : values) mean += v;
+  mean /= static_cast<double>(count);
+  double var = 0;
+  for (float v : values) var += (v - mean) * (v - mean);
+  var /= static_cast<double>(count);
+
+  const auto plan = channel_reduction_plan::make(1, count, 1, 256, std::int64_t{132} * 2048);
+  moments<double> total;
+  for (std::int64_t s = 0; s < plan.splits; ++s) {
+    std::vector<moments<float>> threads;
+    for (std::int64_t t = 0; t < 256; ++t) {
+      float shift = 0, sum = 0, squares = 0, n = 0;
+      for (std::int64_t j = plan.first(s) + t; j < plan.last(s); j += 256) {
+        const float v = values[static_cast<std::size_t>(j)];
+        if (n == 0) shift = v;
+        const float d = v - shift;
+        sum += d;
+        squares += d * d;
+        n += 1;
+      }
+      threads.push_back(moments<float>::from_shifted_sums(n, shift, sum, squares));
+    }
+    for (std::size_t width = 1; width < threads.size(); width *= 2) {
+      for (std::size_t i = 0; i + width < threads.size(); i += 2 * width) {
+        threads[i] = merge_moments(threads[i], threads[i + width]);
+      }
+    }
+    total = merge_moments(total, moments<double>{threads[0].count, threads[0].mean, threads[0].m2});
+  }
+  CHECK(total.count == static_cast<double>(count));
+  CHECK(std::abs(total.mean - mean) <= 1e-6 * std::abs(mean));
+  CHECK(std::abs(total.m2 / total.count - var) <= 1e-4 * var);
+  // Merging an empty set changes nothing; two halves give the whole.
+  const moments<double> empty;
+  CHECK(merge_moments(total, empty).mean == total.mean);
+  CHECK(merge_moments(empty, total).m2 == total.m2);
+  const auto a = moments<double>::from_shifted_sums(2, 1.0, 1.0, 1.0);   // values 1, 2
+  const auto b = moments<double>::from_shifted_sums(2, 10.0, 2.0, 4.0);  // values 10, 12
+  const auto ab = merge_moments(a, b);
+  CHECK(ab.count == 4);
+  CHECK(ab.mean == 6.25);
+  CHECK(std::abs(ab.m2 - (5.25 * 5.25 + 4.25 * 4.25 + 3.75 * 3.75 + 5.75 * 5.75)) < 1e-12);
 }
 
 }  // namespace reduce_plan_test

@@ -48,7 +48,7 @@ class batch_norm_stats_node final : public autograd::detail::node {
     inputs = {x};
   }
   const char* name() const override { return "batch_norm_stats"; }
-  std::size_t forward_scratch() const override { return batch_norm_stats_workspace<T>(view_); }
+  std::size_t forward_scratch() const override { return batch_norm_stats_workspace<T, K>(view_); }
   void forward(autograd::detail::value_table& table) override {
     const Tensor<T, K> x3 = contiguous_value<T, K>(table, inputs[0]).view(view_);
     Tensor<T, K> stats = table.template get<T, K>(output);
@@ -119,7 +119,7 @@ class batch_norm_apply_node final : public autograd::detail::node {
     return autograd::detail::encode_reads(values, {output});
   }
   std::size_t backward_scratch() const override {
-    return batch_norm_backward_workspace<T>(view_);
+    return batch_norm_backward_workspace<T, K>(view_);
   }
   void backward(autograd::detail::value_table& table,
                 const std::vector<char>& accumulate) override {
@@ -312,7 +312,7 @@ class batch_norm : public Module {
       const Shape view = checked_view(shape);
       const Tensor<T, K> x3 = (input.is_contiguous() ? input : input.contiguous()).view(view);
       Tensor<T, K> stats = Tensor<T, K>::empty_on(Shape{3, num_features_}, input.device());
-      workspace ws = eager_workspace(input.device(), batch_norm_stats_workspace<T>(view) +
+      workspace ws = eager_workspace(input.device(), batch_norm_stats_workspace<T, K>(view) +
                                                          batch_norm_apply_workspace<T>(view));
       // Every allocation before the running statistics move: a failure (out of memory) leaves
       // the module as it was.

@@ -172,4 +172,85 @@ struct column_reduction_plan {
   }
 };
 
+/// Per-channel reductions of an [N, C, L] tensor (batch norm's statistics and gradient sums):
+/// channel c's N * L elements, at positions j = n * L + l, are cut into `splits` slices, one
+/// block each (grid channels * splits); a block's threads take `vector` consecutive positions at a
+/// time (16-byte loads when L is a multiple of vector and the tensors are aligned: a load then
+/// never crosses from one n to the next). A second launch merges a channel's slices.
+struct channel_reduction_plan {
+  static constexpr std::int64_t max_splits = 32;  // bounds the partials a caller reserves
+  std::int64_t channels = 0;
+  std::int64_t count = 0;  // elements per channel, N * L
+  int vector = 1;
+  std::int64_t splits = 1;
+  std::int64_t slice = 0;  // positions per split: a multiple of block * vector
+
+  /// Splits while the channels leave the device idle, each thread keeping 16 values a slice.
+  TESSERA_HOST_DEVICE static channel_reduction_plan make(std::int64_t channels, std::int64_t count,
+                                                         int vector, int block,
+                                                         std::int64_t resident_threads) {
+    channel_reduction_plan plan;
+    plan.channels = channels;
+    plan.count = count;
+    plan.vector = vector;
+    std::int64_t splits = 1;
+    if (channels * block < resident_threads) {
+      const std::int64_t by_device = (resident_threads + channels * block - 1) / (channels * block);
+      const std::int64_t by_work = count / (std::int64_t{block} * 16);
+      splits = by_device < by_work ? by_device : by_work;
+      if (splits > max_splits) splits = max_splits;
+      if (splits < 1) splits = 1;
+    }
+    const std::int64_t granule = std::int64_t{block} * vector;
+    std::int64_t slice = (count + splits - 1) / splits;
+    slice = (slice + granule - 1) / granule * granule;
+    plan.slice = slice;
+    plan.splits = slice > 0 ? (count + slice - 1) / slice : 1;
+    if (plan.splits < 1) plan.splits = 1;
+    return plan;
+  }
+  TESSERA_HOST_DEVICE std::int64_t first(std::int64_t split) const { return split * slice; }
+  TESSERA_HOST_DEVICE std::int64_t last(std::int64_t split) const {
+    const std::int64_t end = (split + 1) * slice;
+    return end < count ? end : count;
+  }
+};
+
+/// A set of values summarised for the mean and variance: count, mean, and the sum of squared
+/// deviations from the mean (m2). Merging two is Chan, Golub and LeVeque's update, exact in
+/// exact arithmetic and free of the cancellation of sum-of-squares formulas.
+template <class A>
+struct moments {
+  A count = 0;
+  A mean = 0;
+  A m2 = 0;
+
+  /// The moments of values x_i = shift + d_i from sum(d) and sum(d^2) of `count` values: one pass
+  /// over a thread's few values, whose shift is its first value (so d stays small).
+  TESSERA_HOST_DEVICE static moments from_shifted_sums(A count, A shift, A sum, A sum_squares) {
+    moments m;
+    if (count > 0) {
+      const A mean_shift = sum / count;
+      m.count = count;
+      m.mean = shift + mean_shift;
+      const A m2 = sum_squares - sum * mean_shift;
+      m.m2 = m2 > 0 ? m2 : A(0);
+    }
+    return m;
+  }
+};
+
+template <class A>
+TESSERA_HOST_DEVICE moments<A> merge_moments(const moments<A>& a, const moments<A>& b) {
+  const A count = a.count + b.count;
+  if (count == 0) return a;
+  const A delta = b.mean - a.mean;
+  const A weight = b.count / count;
+  moments<A> m;
+  m.count = count;
+  m.mean = a.mean + delta * weight;
+  m.m2 = a.m2 + b.m2 + delta * delta * a.count * weight;
+  return m;
+}
+
 }  // namespace tessera::backend::cuda

@@ -10,11 +10,16 @@
 //   scale * (g - sum(g) / M - (x - mean) * invstd^2 * sum(g (x - mean)) / M) with batch
 //   statistics, scale * g with running ones; dw = invstd * sum(g (x - mean)), db = sum(g).
 //   With ReLU fused, g is first masked by y > 0 (y, the output, is kept for that).
+// On CUDA devices (units nvcc compiles), float and double take backend/cuda/batch_norm.cuh for the
+// per-channel reductions: the statistics in one pass over x, the backward's two sums in one pass
+// over g and x, each two launches instead of the expressions' six or more.
 #pragma once
 
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
+#include "tessera/backend/cuda/batch_norm.cuh"
 #include "tessera/expr/assign.hpp"
 #include "tessera/expr/operators.hpp"
 #include "tessera/expr/reduce.hpp"
@@ -39,9 +44,27 @@ void channel_sum(const E& e, Tensor<T, K> out, Tensor<T, K>& partial) {
       out, tessera::detail::as_node(partial), 0, "batch_norm");
 }
 
-template <class T>
+/// Whether the CUDA channel reductions (backend/cuda/batch_norm.cuh) serve T on K in this unit.
+template <class T, class K>
+inline constexpr bool cuda_channel_reductions =
+    TESSERA_CUDA_KERNELS && std::is_same_v<K, cuda> &&
+    (std::is_same_v<T, float> || std::is_same_v<T, double>);
+
+/// Bytes of the CUDA channel reductions' partials for C channels (0 where they are not used).
+template <class T, class K>
+std::size_t channel_partials_workspace(std::int64_t channels) {
+#if TESSERA_CUDA_KERNELS
+  if constexpr (cuda_channel_reductions<T, K>) {
+    return workspace::raw_bytes(backend::cuda::channel_partials_bytes(channels));
+  }
+#endif
+  (void)channels;
+  return 0;
+}
+
+template <class T, class K>
 std::size_t batch_norm_stats_workspace(const Shape& view) {
-  return workspace::bytes<T>(view[0] * view[1]);
+  return workspace::bytes<T>(view[0] * view[1]) + channel_partials_workspace<T, K>(view[1]);
 }
 
 /// The batch's statistics of x3 [N, C, L] into stats [3, C].
@@ -49,6 +72,16 @@ template <class T, class K>
 void batch_norm_batch_stats(const Tensor<T, K>& x3, Tensor<T, K>& stats, double eps,
                             workspace& ws) {
   const std::int64_t n = x3.size(0), c = x3.size(1), l = x3.size(2);
+#if TESSERA_CUDA_KERNELS
+  if constexpr (cuda_channel_reductions<T, K>) {
+    if (x3.is_contiguous() && stats.is_contiguous()) {
+      DeviceGuard<cuda> guard(x3.device().index);
+      void* partials = ws.take_raw(backend::cuda::channel_partials_bytes(c));
+      backend::cuda::batch_norm_statistics(x3.data(), n, c, l, stats.data(), eps, partials);
+      return;
+    }
+  }
+#endif
   Tensor<T, K> partial = ws.take<T, K>(Shape{n, c});
   Tensor<T, K> mean = stats.select(0, 0), invstd = stats.select(0, 1), var = stats.select(0, 2);
   const double inverse_count = 1.0 / static_cast<double>(n * l);
@@ -97,9 +130,10 @@ void batch_norm_apply(const Tensor<T, K>& x3, const Tensor<T, K>& stats, const T
   }
 }
 
-template <class T>
+template <class T, class K>
 std::size_t batch_norm_backward_workspace(const Shape& view) {
-  return workspace::bytes<T>(view[0] * view[1]) + 5 * workspace::bytes<T>(view[1]);
+  return workspace::bytes<T>(view[0] * view[1]) + 5 * workspace::bytes<T>(view[1]) +
+         channel_partials_workspace<T, K>(view[1]);
 }
 
 /// Gradients of batch_norm_apply for the upstream gradient g3 (dx3, dw, db: null when not
@@ -122,8 +156,23 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
   auto body = [&](const auto& g) {
     const bool sums = dw != nullptr || db != nullptr || (dx3 != nullptr && batch);
     if (sums) {
-      channel_sum(g, sum_g, partial);
-      channel_sum(g * (x3 - mean3), sum_gx, partial);
+      bool done = false;
+#if TESSERA_CUDA_KERNELS
+      if constexpr (cuda_channel_reductions<T, K>) {
+        if (x3.is_contiguous() && g3_in.is_contiguous() && (!relu_after || y3.is_contiguous())) {
+          DeviceGuard<cuda> guard(x3.device().index);
+          void* partials = ws.take_raw(backend::cuda::channel_partials_bytes(c));
+          backend::cuda::batch_norm_gradient_sums(g3_in.data(), x3.data(),
+                                                  relu_after ? y3.data() : nullptr, mean.data(),
+                                                  n, c, l, sum_g.data(), sum_gx.data(), partials);
+          done = true;
+        }
+      }
+#endif
+      if (!done) {
+        channel_sum(g, sum_g, partial);
+        channel_sum(g * (x3 - mean3), sum_gx, partial);
+      }
     }
     if (db != nullptr) {
       if (db_accumulate) {

@@ -1,0 +1,347 @@
+// Batch normalisation's per-channel reductions on CUDA, for contiguous [N, C, L] float and double
+// tensors: the batch's statistics in one pass over x (each thread sums its values' deviations
+// from its first one, and threads, blocks and slices merge as (count, mean, m2) moments), and the
+// backward's two sums, of g and of g * (x - mean) (g masked by y > 0 when ReLU follows), in one
+// pass over g and x. Each is two launches: blocks over (channel, slice) write partials, one
+// thread per channel merges them and writes the [C] results. How a channel is cut is
+// channel_reduction_plan (reduce_plan.hpp, tested on the CPU). nn/detail/batch_norm.hpp calls
+// these on CUDA devices; elsewhere it runs the same arithmetic as fused expressions. Included
+// only by nvcc-compiled units.
+#pragma once
+
+#include "tessera/core/config.hpp"
+
+#if TESSERA_CUDA_KERNELS
+#include <cmath>
+#include <cstdint>
+#include <initializer_list>
+#include <type_traits>
+
+#include <cub/block/block_reduce.cuh>
+
+#include "tessera/backend/cpu/reduce.hpp"
+#include "tessera/backend/cuda/executor.cuh"
+#include "tessera/backend/cuda/reduce.cuh"
+#include "tessera/backend/cuda/reduce_plan.hpp"
+#include "tessera/core/error.hpp"
+#include "tessera/core/profiler.hpp"
+#include "tessera/core/stream.hpp"
+
+namespace tessera::backend::cuda {
+
+/// Bytes of the partials a channel reduction of `channels` channels needs (at most
+/// channel_reduction_plan::max_splits slices each, 24 bytes a slice).
+inline std::size_t channel_partials_bytes(std::int64_t channels) {
+  return static_cast<std::size_t>(channels * channel_reduction_plan::max_splits) *
+         sizeof(moments<double>);
+}
+
+/// Where position j = n * L + l of channel c is, from the channel's first element.
+struct channel_positions {
+  std::int64_t inner = 1;     // L
+  std::int64_t row_step = 1;  // C * L: from one n to the next
+  bool narrow = true;         // positions fit 32 bits: one 32-bit division per load
+
+  __device__ std::int64_t offset(std::int64_t j) const {
+    std::int64_t n;
+    if (narrow) {
+      n = static_cast<std::int64_t>(static_cast<std::uint32_t>(j) /
+                                    static_cast<std::uint32_t>(inner));
+    } else {
+      n = j / inner;
+    }
+    return n * row_step + (j - n * inner);
+  }
+};
+
+/// Calls visit.run(values[N]) on a thread's values of channel slice `split`, in increasing
+/// positions: runs of 16 (four 16-byte loads, or 16 single loads), then of 4 (one load), then
+/// single values. load.get<W>(offset, out) reads W consecutive elements.
+template <class Load, class Visit>
+__device__ void channel_walk(const channel_reduction_plan& plan, std::int64_t split,
+                             const channel_positions& where, Load&& load, Visit&& visit) {
+  const std::int64_t begin = plan.first(split);
+  const std::int64_t end = plan.last(split);
+  const std::int64_t threads = blockDim.x;
+  if (plan.vector == 4) {
+    const std::int64_t vector_end = begin + (end - begin) / 4 * 4;
+    const std::int64_t step = threads * 4;
+    std::int64_t j = begin + static_cast<std::int64_t>(threadIdx.x) * 4;
+    for (; j + 3 * step + 4 <= vector_end; j += 4 * step) {
+      typename std::remove_cvref_t<Load>::value_type values[16];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) load.template get<4>(where.offset(j + k * step), values + 4 * k);
+      visit.template run<16>(values);
+    }
+    for (; j + 4 <= vector_end; j += step) {
+      typename std::remove_cvref_t<Load>::value_type values[4];
+      load.template get<4>(where.offset(j), values);
+      visit.template run<4>(values);
+    }
+    for (std::int64_t q = vector_end + threadIdx.x; q < end; q += threads) {
+      typename std::remove_cvref_t<Load>::value_type values[1];
+      load.template get<1>(where.offset(q), values);
+      visit.template run<1>(values);
+    }
+  } else {
+    std::int64_t j = begin + threadIdx.x;
+    for (; j + 15 * threads < end; j += 16 * threads) {
+      typename std::remove_cvref_t<Load>::value_type values[16];
+#pragma unroll
+      for (int k = 0; k < 16; ++k) load.template get<1>(where.offset(j + k * threads), values + k);
+      visit.template run<16>(values);
+    }
+    for (; j < end; j += threads) {
+      typename std::remove_cvref_t<Load>::value_type values[1];
+      load.template get<1>(where.offset(j), values);
+      visit.template run<1>(values);
+    }
+  }
+}
+
+/// The values of up to three tensors at one offset (x; or g, x and y), as A.
+template <class T, class A, int Tensors>
+struct channel_load {
+  struct value_type {
+    A v[Tensors];
+  };
+  const T* data[Tensors];
+
+  template <int W>
+  __device__ void get(std::int64_t offset, value_type* out) const {
+#pragma unroll
+    for (int t = 0; t < Tensors; ++t) {
+      if constexpr (W == 4) {
+        const auto loaded = *reinterpret_cast<const aligned_vector<T, 4>*>(data[t] + offset);
+#pragma unroll
+        for (int k = 0; k < 4; ++k) out[k].v[t] = static_cast<A>(loaded.values[k]);
+      } else {
+        out[0].v[t] = data[t] == nullptr ? A(0) : static_cast<A>(data[t][offset]);
+      }
+    }
+  }
+};
+
+/// A slice's sums for the backward: of g and of g * (x - mean).
+struct gradient_partial {
+  double g = 0;
+  double gx = 0;
+};
+static_assert(sizeof(gradient_partial) <= sizeof(moments<double>),
+              "channel_partials_bytes reserves a moments<double> per slice");
+
+template <class A>
+struct moments_merge {
+  __device__ moments<A> operator()(const moments<A>& a, const moments<A>& b) const {
+    return merge_moments(a, b);
+  }
+};
+
+/// A thread's values of x: deviations from its first value, summed (cascades, as every
+/// reduction) with their squares.
+template <class A>
+struct moments_visit {
+  thread_fold<sum_op<A>> sum, squares;
+  A shift = 0;
+  A count = 0;
+
+  template <int N, class V>
+  __device__ void run(const V (&values)[N]) {
+    if (count == 0) shift = values[0].v[0];
+    A d[N], d2[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      d[k] = values[k].v[0] - shift;
+      d2[k] = d[k] * d[k];
+    }
+    add(sum, d);
+    add(squares, d2);
+    count += N;
+  }
+  template <int N>
+  __device__ static void add(thread_fold<sum_op<A>>& fold, const A (&values)[N]) {
+    if constexpr (N == 1) {
+      fold.add(values[0]);
+    } else {
+      fold.add_run(values);
+    }
+  }
+};
+
+template <class T, class A>
+__global__ void __launch_bounds__(threads_per_block)
+    batch_norm_moments_kernel(channel_load<T, A, 1> x, channel_positions where,
+                              channel_reduction_plan plan, moments<double>* partials) {
+  using block_reduce = cub::BlockReduce<moments<A>, threads_per_block>;
+  __shared__ typename block_reduce::TempStorage temporary;
+  const std::int64_t c = blockIdx.x / plan.splits;
+  const std::int64_t split = blockIdx.x % plan.splits;
+  channel_load<T, A, 1> channel = x;
+  channel.data[0] += c * where.inner;
+  moments_visit<A> visit;
+  channel_walk(plan, split, where, channel, visit);
+  const moments<A> mine = moments<A>::from_shifted_sums(visit.count, visit.shift,
+                                                        visit.sum.result(), visit.squares.result());
+  const moments<A> total = block_reduce(temporary).Reduce(mine, moments_merge<A>{});
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = moments<double>{static_cast<double>(total.count),
+                                           static_cast<double>(total.mean),
+                                           static_cast<double>(total.m2)};
+  }
+}
+
+/// One thread per channel: merges its slices' moments (in slice order, in double) and writes
+/// stats [3, C]: mean, 1 / sqrt(var + eps), var (biased).
+template <class T>
+__global__ void __launch_bounds__(threads_per_block)
+    batch_norm_statistics_kernel(const moments<double>* partials, std::int64_t channels,
+                                 std::int64_t splits, double eps, T* stats) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c < channels; c += stride) {
+    moments<double> m;
+    for (std::int64_t s = 0; s < splits; ++s) m = merge_moments(m, partials[c * splits + s]);
+    const double var = m.count > 0 ? m.m2 / m.count : 0.0;
+    stats[c] = static_cast<T>(m.mean);
+    stats[channels + c] = static_cast<T>(1.0 / ::sqrt(var + eps));
+    stats[2 * channels + c] = static_cast<T>(var);
+  }
+}
+
+/// A thread's values of (g, x, y): sums of g and of g * (x - mean), g masked by y > 0 when y is
+/// given (ReLU after the batch norm).
+template <class A>
+struct gradient_visit {
+  thread_fold<sum_op<A>> sum_g, sum_gx;
+  A mean = 0;
+  bool relu = false;
+
+  template <int N, class V>
+  __device__ void run(const V (&values)[N]) {
+    A g[N], gx[N];
+#pragma unroll
+    for (int k = 0; k < N; ++k) {
+      const A masked = relu && !(values[k].v[2] > A(0)) ? A(0) : values[k].v[0];
+      g[k] = masked;
+      gx[k] = masked * (values[k].v[1] - mean);
+    }
+    moments_visit<A>::add(sum_g, g);
+    moments_visit<A>::add(sum_gx, gx);
+  }
+};
+
+template <class T, class A>
+__global__ void __launch_bounds__(threads_per_block)
+    batch_norm_gradient_sums_kernel(channel_load<T, A, 3> gxy, const T* mean,
+                                    channel_positions where, channel_reduction_plan plan,
+                                    gradient_partial* partials) {
+  using block_reduce = cub::BlockReduce<A, threads_per_block>;
+  __shared__ typename block_reduce::TempStorage temporary;
+  const std::int64_t c = blockIdx.x / plan.splits;
+  const std::int64_t split = blockIdx.x % plan.splits;
+  channel_load<T, A, 3> channel = gxy;
+  const bool relu = channel.data[2] != nullptr;
+  for (int t = 0; t < 3; ++t) {
+    if (channel.data[t] != nullptr) channel.data[t] += c * where.inner;
+  }
+  // Without ReLU, y is not read: its slot points at g (a value loaded and ignored would cost a
+  // pass over memory; reading g's again hits the cache lines just loaded).
+  if (!relu) channel.data[2] = channel.data[0];
+  gradient_visit<A> visit;
+  visit.mean = static_cast<A>(mean[c]);
+  visit.relu = relu;
+  channel_walk(plan, split, where, channel, visit);
+  const A sum_g = block_reduce(temporary).Sum(visit.sum_g.result());
+  __syncthreads();  // the temporary storage is reused
+  const A sum_gx = block_reduce(temporary).Sum(visit.sum_gx.result());
+  if (threadIdx.x == 0) {
+    partials[blockIdx.x] = gradient_partial{static_cast<double>(sum_g), static_cast<double>(sum_gx)};
+  }
+}
+
+/// One thread per channel: adds its slices' sums (in slice order, in double) into sum_g[c] and
+/// sum_gx[c].
+template <class T>
+__global__ void __launch_bounds__(threads_per_block)
+    batch_norm_gradient_finish_kernel(const gradient_partial* partials, std::int64_t channels,
+                                      std::int64_t splits, T* sum_g, T* sum_gx) {
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t c = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       c < channels; c += stride) {
+    double g = 0, gx = 0;
+    for (std::int64_t s = 0; s < splits; ++s) {
+      g += partials[c * splits + s].g;
+      gx += partials[c * splits + s].gx;
+    }
+    sum_g[c] = static_cast<T>(g);
+    sum_gx[c] = static_cast<T>(gx);
+  }
+}
+
+/// The plan and positions of a channel reduction over [n, c, l] tensors at `pointers` (16-byte
+/// loads when l is a multiple of 4 and every pointer allows them).
+template <class T>
+channel_reduction_plan channel_plan(std::int64_t n, std::int64_t c, std::int64_t l,
+                                    std::initializer_list<const T*> pointers,
+                                    channel_positions& where) {
+  bool aligned = l % 4 == 0;
+  for (const T* p : pointers) {
+    aligned = aligned && (p == nullptr ||
+                          reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * 4) == 0);
+  }
+  where.inner = l;
+  where.row_step = c * l;
+  where.narrow = n * l <= static_cast<std::int64_t>(UINT32_MAX);
+  return channel_reduction_plan::make(c, n * l, aligned ? 4 : 1, threads_per_block,
+                                      static_cast<std::int64_t>(multiprocessor_count()) * 2048);
+}
+
+/// stats [3, C] (mean, 1 / sqrt(var + eps), var) of contiguous x [n, c, l] (n * l > 0), with
+/// `partials` device memory of channel_partials_bytes(c). Counts one launch (two kernels).
+template <class T>
+void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int64_t l, T* stats,
+                           double eps, void* partials,
+                           stream_ref stream = tessera::detail::current_cuda_stream()) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "batch_norm_statistics: float or double");
+  profiler::count_launch();
+  if (c == 0) return;
+  channel_positions where;
+  const channel_reduction_plan plan = channel_plan<T>(n, c, l, {x}, where);
+  auto* parts = static_cast<moments<double>*>(partials);
+  batch_norm_moments_kernel<T, T>
+      <<<static_cast<unsigned>(c * plan.splits), threads_per_block, 0, stream.native()>>>(
+          channel_load<T, T, 1>{{x}}, where, plan, parts);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  batch_norm_statistics_kernel<T>
+      <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
+          parts, c, plan.splits, eps, stats);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+/// sum_g[c] = sum of g, sum_gx[c] = sum of g * (x - mean[c]) over n and l, for contiguous g, x
+/// (and y, or null: g is masked by y > 0 when given) [n, c, l], with `partials` device memory of
+/// channel_partials_bytes(c). Counts one launch (two kernels).
+template <class T>
+void batch_norm_gradient_sums(const T* g, const T* x, const T* y, const T* mean, std::int64_t n,
+                              std::int64_t c, std::int64_t l, T* sum_g, T* sum_gx, void* partials,
+                              stream_ref stream = tessera::detail::current_cuda_stream()) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "batch_norm_gradient_sums: float or double");
+  profiler::count_launch();
+  if (c == 0) return;
+  channel_positions where;
+  const channel_reduction_plan plan = channel_plan<T>(n, c, l, {g, x, y}, where);
+  auto* parts = static_cast<gradient_partial*>(partials);
+  batch_norm_gradient_sums_kernel<T, T>
+      <<<static_cast<unsigned>(c * plan.splits), threads_per_block, 0, stream.native()>>>(
+          channel_load<T, T, 3>{{g, x, y}}, mean, where, plan, parts);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  batch_norm_gradient_finish_kernel<T>
+      <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
+          parts, c, plan.splits, sum_g, sum_gx);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace tessera::backend::cuda
+#endif
