@@ -508,8 +508,9 @@ std::vector<conv2d_candidate> cudnn_timed_candidates(cudnnHandle_t h, const conv
 }
 
 /// Builds the call of `key` (its descriptors and algorithm): the timed fastest in benchmark
-/// mode (falling back to the heuristics when timing could not run), else the heuristics' first
-/// that keeps the precision, is deterministic when asked and fits the workspace limit.
+/// mode (falling back to the heuristics when timing could not run or timed nothing acceptable),
+/// else the heuristics' first that keeps the precision, is deterministic when asked and fits the
+/// workspace limit.
 template <class T, conv2d_direction D>
 std::unique_ptr<conv2d_cudnn_call> cudnn_make_call(cudnnHandle_t h, const conv2d_key& key,
                                                    stream_ref stream,
@@ -530,19 +531,19 @@ std::unique_ptr<conv2d_cudnn_call> cudnn_make_call(cudnnHandle_t h, const conv2d
   const conv2d_requirements need{conv2d_precision_of<T>(key.allow_tf32), key.deterministic,
                                  key.workspace_limit};
   std::vector<conv2d_candidate> candidates;
-  bool timed = false;
+  int chosen = -1;
   if (key.benchmark) {
     candidates = cudnn_timed_candidates<D>(h, d, key.device, stream, buffers, key.workspace_limit);
-    timed = !candidates.empty();
+    chosen = conv2d_choose_candidate(candidates, need, true);
   }
-  if (!timed) {
+  if (chosen < 0) {  // not timed, or nothing timed was acceptable: the heuristics
     TESSERA_CUDNN_CHECK(cudnnSetConvolutionMathType(d.conv, requested));
     typename dir::perf_t perf[dir::count];
     int count = 0;
     TESSERA_CUDNN_CHECK(dir::heuristics(h, d, &count, perf));
     candidates = cudnn_candidates<D>(h, d, perf, count, false);
+    chosen = conv2d_choose_candidate(candidates, need, false);
   }
-  const int chosen = conv2d_choose_candidate(candidates, need, timed);
   if (chosen < 0) return call;  // usable false: im2col + cuBLAS
   const conv2d_candidate& c = candidates[static_cast<std::size_t>(chosen)];
   // The call runs with the candidate's math type set on its descriptor (PyTorch's Note [behavior
