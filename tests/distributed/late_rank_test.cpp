@@ -54,9 +54,18 @@ TEST_CASE("a rank that comes after the timeout throws and so does every other", 
     }
   }
   CHECK(t.to_vector() == std::vector<float>(64, static_cast<float>(pg.size())));
-  // The group refuses further work on every rank, at once.
+  // The group refuses further work on every rank, at once, naming the collective that broke it.
   const auto refused = std::chrono::steady_clock::now();
-  CHECK_THROWS_WITH(pg.barrier(), Catch::Contains("the process group is broken"));
+#define CHECK_BROKEN(call)                                                              \
+  CHECK_THROWS_WITH(call, Catch::Contains("the process group is broken (") &&          \
+                              Catch::Contains("all_reduce") &&                          \
+                              Catch::Contains("call ts::distributed::finalize()"))
+  CHECK_BROKEN(pg.barrier());
+  CHECK_BROKEN(pg.all_reduce(t));
+  CHECK_BROKEN(pg.broadcast_async(t, 0).wait());
+  CHECK_BROKEN(pg.send(t, pg.rank() == 0 ? 1 : 0));
+  CHECK_BROKEN(pg.recv(t, pg.rank() == 0 ? 1 : 0));
+#undef CHECK_BROKEN
   CHECK(std::chrono::steady_clock::now() - refused < milliseconds(900));
   dist::finalize();  // returns on every rank: none is inside MPI
   REQUIRE_FALSE(dist::is_initialized());

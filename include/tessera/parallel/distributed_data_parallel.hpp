@@ -21,6 +21,7 @@
 #include "tessera/autograd/program.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/nn/module.hpp"
+#include "tessera/parallel/detail/step_rollback.hpp"
 #include "tessera/parallel/process_group.hpp"
 #include "tessera/tensor/any_tensor.hpp"
 #include "tessera/tensor/state_dict.hpp"
@@ -224,6 +225,23 @@ class gradient_reducer {
   void wait_started() {
     for (std::size_t i = 0; i < next_; ++i) buckets_[i].work.wait();
   }
+
+ public:
+  // After a backward that threw: waits for the all-reduces already started (their errors are
+  // not the one to report), so that none writes into a gradient after the caller has put the
+  // gradients back.
+  void settle() noexcept {
+    in_backward_ = false;
+    for (std::size_t i = 0; i < next_; ++i) {
+      try {
+        buckets_[i].work.wait();
+      } catch (...) {
+      }
+    }
+    copied_.clear();
+  }
+
+ private:
 
   distributed::ProcessGroup group_;
   DistributedDataParallelOptions options_;
@@ -454,20 +472,19 @@ class DistributedProgram {
   }
   /// This rank's backward, every bucket's all-reduce (average) started as soon as its gradients
   /// are final; returns when all are reduced (gradients accumulate, as Program::backward's).
-  /// Under no_sync(), a local backward only.
+  /// Under no_sync(), a local backward only. When it throws (this rank's backward failed, or an
+  /// all-reduce did: another rank failed and the group timed out), the all-reduces already
+  /// started are waited for and the module's gradients are put back as they were before the
+  /// call, on every rank that throws.
   void backward() {
-    reducer_->prepare();
-    program_.backward();
-    reducer_->finish();
+    run_backward([&] { program_.backward(); });
   }
   /// backward() seeded with `scaler`'s loss scale (mixed precision): the averaged gradients are
   /// the scale times the true ones, and an inf or NaN on any rank reaches every rank through the
   /// all-reduce, so every rank's scaler.step(optimizer) skips the same steps (include
   /// tessera/optim/grad_scaler.hpp).
   void backward(const optim::GradScaler& scaler) {
-    reducer_->prepare();
-    program_.backward(scaler);
-    reducer_->finish();
+    run_backward([&] { program_.backward(scaler); });
   }
   /// This rank's program (its memory plan).
   Program& program() noexcept { return program_; }
@@ -484,9 +501,26 @@ class DistributedProgram {
   }
 
  private:
+  template <class Run>
+  void run_backward(const Run& run) {
+    gradients_.record(owner_->module_.parameters());
+    try {
+      reducer_->prepare();
+      run();
+      reducer_->finish();
+    } catch (...) {
+      reducer_->settle();
+      gradients_.restore();
+      gradients_.commit();
+      throw;
+    }
+    gradients_.commit();
+  }
+
   DistributedDataParallel<M>* owner_;
   Program program_;
   std::shared_ptr<detail::gradient_reducer> reducer_;
+  detail::gradient_rollback gradients_;  // the module's gradients before the backward
 };
 
 }  // namespace tessera::parallel

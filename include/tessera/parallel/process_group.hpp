@@ -50,6 +50,9 @@ struct runtime {
   int local_size = 1;
   std::unique_ptr<mpi_engine> engine;
   std::shared_ptr<group_state> world;
+  // Sends and receives given up on whose buffers MPI may still use: kept past MPI_Finalize (for
+  // the process's life when the user finalizes MPI).
+  std::vector<std::shared_ptr<operation>> stranded;
   MPI_Op nan_max = MPI_OP_NULL;  // max / min that propagate NaN, as Communicator's (MPI's do not)
   MPI_Op nan_min = MPI_OP_NULL;
   // Sum and product of 8- and 16-bit integers modulo 2^bits: OpenMPI 4.1's vectorised ops
@@ -281,6 +284,7 @@ inline void finalize() {
   std::lock_guard lock(r.mutex);
   if (!r.active) return;
   r.engine->stop();
+  for (auto& op : r.engine->take_stranded()) r.stranded.push_back(std::move(op));
   r.engine.reset();
   if (r.world->broken.empty()) {
     MPI_Comm_free(&r.world->comm);
@@ -295,6 +299,7 @@ inline void finalize() {
   if (r.started_mpi) {
     MPI_Finalize();
     r.finalized = true;
+    r.stranded.clear();  // MPI has let go of every buffer
   }
 }
 
@@ -366,8 +371,14 @@ class Work {
 /// asked for (communication_error for another operation, root or reduce op; dtype_error,
 /// shape_error, device_error), the tensors are untouched and the group can still be used. A
 /// collective that some rank has not joined within timeout() throws timeout_error on every rank
-/// that joined it, naming the missing ranks, and on a rank that comes later, at once; the group
-/// then refuses further work on those ranks (finalize() still works and returns).
+/// that joined it, naming the missing ranks, and on a rank that comes later, at once. After a
+/// timeout (a collective's, a send's or a receive's) the group is broken, as PyTorch's after its
+/// watchdog aborts the communicator: on the rank that timed out at once, on the others as soon as
+/// its note comes (a rank waiting in a collective then gives up instead of waiting for its own
+/// timeout), every later operation throws communication_error "ProcessGroup::<op>: the process
+/// group is broken (<what broke it>) ..." without waiting or touching its tensors; finalize()
+/// still works and returns. A receive that timed out is cancelled, so a late message does not
+/// land in its tensor.
 /// Handles share one group: a copy is the same group. Thread-safe; collectives are ordered as
 /// submitted (from one thread, or ordered by the caller).
 class ProcessGroup {

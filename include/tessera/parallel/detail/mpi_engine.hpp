@@ -12,7 +12,11 @@
 //      7.5 MB, bench/RESULTS.md), and then every rank is in it.
 // A rank whose timeout passes before every arrival note has come gives up on k: it tells the
 // others (abandon), fails k naming the ranks that have not joined, and the group is marked broken
-// so that nothing waits on it again. A rank that has sent "ready" never gives up on its own, and
+// so that nothing waits on it again. A send or receive that times out breaks the group too, and
+// the rank tells the others (broken), which refuse further work on it as soon as the note comes;
+// a rank still arriving at a collective abandons it then instead of waiting for its timeout.
+// A timed-out receive is cancelled, and the buffers of a send or receive that MPI may still use
+// stay alive until MPI_Finalize (never freed under MPI's feet). A rank that has sent "ready" never gives up on its own, and
 // waits for every ready note or an abandon note instead: an abandoning rank has sent no ready note,
 // so either every rank runs k or none does, and a late rank finds the abandon note when it comes
 // and throws too. Sends and receives are nonblocking, posted as soon as they are submitted and
@@ -185,12 +189,21 @@ struct operation {
 /// it (with its call), is ready to run it, or has abandoned it. Travels as bytes; ready and
 /// abandon notes leave out the call.
 struct control_note {
-  enum kind_t : std::uint32_t { arrival = 1, ready = 2, abandon = 3 };
-  enum reason_t : std::uint32_t { none = 0, timed_out = 1, finalized = 2 };
+  enum kind_t : std::uint32_t { arrival = 1, ready = 2, abandon = 3, broken = 4 };
+  enum reason_t : std::uint32_t {
+    none = 0,
+    timed_out = 1,      // abandon: the sender's timeout passed
+    finalized = 2,      // abandon: the sender called finalize()
+    send_timed_out = 3,  // broken: the sender's send to `peer` timed out
+    recv_timed_out = 4,  // broken: the sender's receive from `peer` timed out
+    group_broken = 5,    // abandon: the group broke while the sender waited for the others
+  };
   std::uint64_t sequence = 0;
   std::uint32_t kind = 0;
-  std::uint32_t reason = none;  // abandon: why
-  std::int64_t timeout_ms = 0;  // abandon (timed_out): the sender's timeout
+  std::uint32_t reason = none;  // abandon, broken: why
+  std::int64_t timeout_ms = 0;  // the sender's timeout
+  std::int64_t peer = -1;       // broken: the other end of the send or receive
+  collective_kind operation = collective_kind::barrier;  // abandon: the collective given up on
   collective_call call;         // arrival: the sender's call
 };
 inline constexpr int short_note_bytes = static_cast<int>(offsetof(control_note, call));
@@ -217,6 +230,14 @@ struct group_state {
   std::string broken;                              // why the group cannot be used, once it cannot
   std::shared_ptr<void> nccl;                      // the NCCL communicator (CUDA tensors)
 };
+
+/// The message of an operation refused by a broken group: `who` names the operation
+/// ("ProcessGroup::barrier"), `why` what broke the group.
+inline std::string broken_group_text(const std::string& who, const std::string& why) {
+  return who + ": the process group is broken (" + why +
+         "); every operation on it fails from now on: call ts::distributed::finalize() and "
+         "start the processes again";
+}
 
 /// The progress thread and its queues. One per process, made by ts::distributed::init.
 class mpi_engine {
@@ -277,6 +298,10 @@ class mpi_engine {
     if (thread_.joinable()) thread_.join();
   }
 
+  /// After stop(): the sends and receives that timed out while MPI could still use their
+  /// buffers. The caller keeps them until MPI_Finalize.
+  std::vector<std::shared_ptr<operation>> take_stranded() { return std::move(stranded_); }
+
   /// Registers a group: the engine posts its note receives. Engine thread (inside call()).
   void add_group(const std::shared_ptr<group_state>& group) {
     const auto n = static_cast<std::size_t>(group->size);
@@ -318,10 +343,11 @@ class mpi_engine {
 
   // Tells the other ranks that this one gives up on collective `sequence` (it has sent no ready
   // note for it). Best effort: this rank is failing already.
-  void abandon(group_state& group, std::uint64_t sequence, control_note::reason_t reason) {
+  void abandon(group_state& group, const operation& op, control_note::reason_t reason) {
     if (group.size == 1) return;
     control_note n;
-    n.sequence = sequence;
+    n.sequence = op.sequence;
+    n.operation = op.call.kind;
     n.kind = control_note::abandon;
     n.reason = reason;
     n.timeout_ms = group.timeout_ms.load();
@@ -332,12 +358,37 @@ class mpi_engine {
   }
 
   static std::string abandon_text(int from, const control_note& n) {
-    const std::string which = "collective #" + std::to_string(n.sequence);
-    if (n.reason == control_note::finalized) {
-      return "rank " + std::to_string(from) + " called ts::distributed::finalize() during " + which;
+    const std::string which = "collective #" + std::to_string(n.sequence) + " (" +
+                              to_string(n.operation) + ")";
+    const std::string rank = "rank " + std::to_string(from);
+    switch (n.reason) {
+      case control_note::finalized:
+        return rank + " called ts::distributed::finalize() during " + which;
+      case control_note::group_broken:
+        return rank + " gave up on " + which + " because the group broke";
+      case control_note::send_timed_out:
+        return rank + "'s send to rank " + std::to_string(n.peer) +
+               " did not complete within its timeout of " + std::to_string(n.timeout_ms) + " ms";
+      case control_note::recv_timed_out:
+        return rank + "'s receive from rank " + std::to_string(n.peer) +
+               " did not complete within its timeout of " + std::to_string(n.timeout_ms) + " ms";
+      default:
+        return rank + " gave up on " + which + " after its timeout of " +
+               std::to_string(n.timeout_ms) + " ms";
     }
-    return "rank " + std::to_string(from) + " gave up on " + which + " after its timeout of " +
-           std::to_string(n.timeout_ms) + " ms";
+  }
+
+  // The group cannot be used any more, for `why` (the first reason stays). `tell`: send the other
+  // ranks a broken note with `n`'s reason, so that they refuse further work on it too instead of
+  // waiting for this rank. Best effort.
+  void break_group(group_state& group, const std::string& why, const control_note* tell) {
+    if (group.broken.empty()) group.broken = why;
+    if (tell && group.size > 1) {
+      try {
+        send_note(group, *tell);
+      } catch (...) {  // the error already being reported says more
+      }
+    }
   }
 
   // Polls the note receives and the notes sent; true when any completed.
@@ -359,6 +410,8 @@ class mpi_engine {
         } else if (n.kind == control_note::abandon) {
           group->abandoned[i] = n;
           // Whatever this rank does next with the group would wait for that one.
+          if (group->broken.empty()) group->broken = abandon_text(r, n);
+        } else if (n.kind == control_note::broken) {
           if (group->broken.empty()) group->broken = abandon_text(r, n);
         }
         post_note_receive(*group, r);
@@ -390,9 +443,8 @@ class mpi_engine {
       return false;
     }
     if (!group.broken.empty()) {
-      fail(op, std::make_exception_ptr(communication_error(
-                   "ProcessGroup::" + op.name + ": the process group is broken: " +
-                   group.broken)));
+      fail(op, std::make_exception_ptr(
+                   communication_error(broken_group_text("ProcessGroup::" + op.name, group.broken))));
       return false;
     }
     if (op.collective) {
@@ -542,6 +594,15 @@ class mpi_engine {
         abandoned_by_others(group, op);
         return true;
       }
+      if (!group.broken.empty()) {
+        // Broken while this rank waited (a send or receive timed out here or on another rank):
+        // the rank that broke it will not come, so this one gives up now, not at its timeout,
+        // and tells the others (it has sent no ready note: no rank can have started k).
+        abandon(group, op, control_note::group_broken);
+        fail(op, std::make_exception_ptr(
+                     communication_error(broken_group_text(where(group, op), group.broken))));
+        return true;
+      }
       if (!everyone_arrived(group, op.sequence)) {
         if (now <= op.deadline) return false;
         time_out(group, op);
@@ -602,11 +663,17 @@ class mpi_engine {
     // Still arriving: this rank has sent no ready note, so no rank can have started k; telling
     // them makes them (and a late rank, when it comes) throw too instead of waiting.
     if (op.collective && op.at == operation::stage::arriving) {
-      abandon(group, op.sequence, control_note::timed_out);
+      abandon(group, op, control_note::timed_out);
     }
     // A late rank would now find the others gone, and a send's request may still match later
-    // (it is left to MPI_Finalize): the group refuses further work, which could only wait.
-    if (group.broken.empty()) group.broken = message;
+    // (it is left to MPI_Finalize): the group refuses further work, which could only wait. The
+    // other ranks learn it from the abandon note, or for a send or receive from a broken note.
+    control_note note;
+    note.kind = control_note::broken;
+    note.reason = op.name == "recv" ? control_note::recv_timed_out : control_note::send_timed_out;
+    note.timeout_ms = group.timeout_ms.load();
+    note.peer = op.peer;
+    break_group(group, message, op.collective ? nullptr : &note);
     if (op.on_timeout) {
       try {
         op.on_timeout();
@@ -639,6 +706,14 @@ class mpi_engine {
       fail(op, std::make_exception_ptr(communication_error(message)));
       return;
     }
+    if (first->reason == control_note::group_broken) {
+      // The group broke while the others waited (or before this rank came): it is broken here
+      // too, for the reason this rank heard first.
+      if (group.broken.empty()) group.broken = abandon_text(ranks.front(), *first);
+      fail(op, std::make_exception_ptr(
+                   communication_error(broken_group_text(where(group, op), group.broken))));
+      return;
+    }
     const std::string message =
         where(group, op) + " did not complete: " + who + " gave up on it after " +
         (one ? "its timeout of " + std::to_string(first->timeout_ms) + " ms"
@@ -664,17 +739,42 @@ class mpi_engine {
         ": ts::distributed::finalize() was called before it completed")));
   }
 
+  // A send or receive given up on (timed out, or cut short by finalize) whose MPI request may
+  // still be active: a receive is cancelled (a late message must not land in the caller's
+  // tensor), and the operation, which holds its tensor, is kept until MPI has let go of the
+  // request, so that MPI never reads or writes freed memory.
+  void strand(std::shared_ptr<operation> op) {
+    if (op->request == MPI_REQUEST_NULL) return;  // nothing posted, or GPU work (aborted)
+    if (op->name == "recv") MPI_Cancel(&op->request);
+    stranded_.push_back(std::move(op));
+  }
+  // Lets go of the stranded operations whose requests have completed (or been cancelled).
+  void poll_stranded() {
+    for (auto it = stranded_.begin(); it != stranded_.end();) {
+      int flag = 0;
+      if ((*it)->request == MPI_REQUEST_NULL ||
+          (MPI_Test(&(*it)->request, &flag, MPI_STATUS_IGNORE) == MPI_SUCCESS && flag)) {
+        it = stranded_.erase(it);
+      } else {
+        ++it;
+      }
+    }
+  }
+
   // At stop: queued work fails; a collective still arriving is abandoned (this rank has sent no
   // ready note: the others throw instead of committing to it); one already committed or running
   // stays, to complete with the others (loop drains it).
   void refuse_for_stop() {
-    for (auto& [group, op] : p2p_) refuse(*op);
+    for (auto& [group, op] : p2p_) {
+      refuse(*op);
+      strand(std::move(op));
+    }
     p2p_.clear();
     for (const auto& group : groups_) {
       for (auto& op : group->waiting) refuse(*op);
       group->waiting.clear();
       if (group->active && group->active->at == operation::stage::arriving) {
-        abandon(*group, group->active->sequence, control_note::finalized);
+        abandon(*group, *group->active, control_note::finalized);
         refuse(*group->active);
         group->active.reset();
       }
@@ -727,6 +827,7 @@ class mpi_engine {
 
       bool progress = !incoming.empty() || !calls.empty();
       if (poll_notes()) progress = true;
+      poll_stranded();
       const auto now = clock::now();
       for (const auto& group : groups_) {
         while (true) {
@@ -746,6 +847,7 @@ class mpi_engine {
           it = p2p_.erase(it);
         } else if (now > op->deadline) {
           time_out(*group, *op);
+          strand(std::move(op));
           it = p2p_.erase(it);
         } else {
           ++it;
@@ -773,8 +875,17 @@ class mpi_engine {
   // Engine thread, at the end of stop: whatever is left fails; the note receives are cancelled so
   // MPI_Finalize does not wait on them.
   void shut_down() {
-    for (auto& [group, op] : p2p_) refuse(*op);
+    for (auto& [group, op] : p2p_) {
+      refuse(*op);
+      strand(std::move(op));
+    }
     p2p_.clear();
+    // What MPI may still use: its requests freed (MPI_Finalize reclaims them), the operations
+    // (their tensors) handed to finalize(), which keeps them past MPI_Finalize.
+    poll_stranded();
+    for (auto& op : stranded_) {
+      if (op->request != MPI_REQUEST_NULL) MPI_Request_free(&op->request);
+    }
     for (const auto& group : groups_) {
       if (group->active) refuse(*group->active);
       group->active.reset();
@@ -815,6 +926,7 @@ class mpi_engine {
   std::vector<std::shared_ptr<group_state>> groups_;
   std::vector<std::pair<std::shared_ptr<group_state>, std::shared_ptr<operation>>> p2p_;
   std::vector<note> notes_;
+  std::vector<std::shared_ptr<operation>> stranded_;  // see strand()
   std::thread thread_;  // last: started once the members above exist
 };
 
