@@ -347,4 +347,45 @@ TEST_CASE("DataParallel backward(scaler): the scale times backward()'s summed gr
   CHECK(scaler.step(sgd));
 }
 
+TEST_CASE("DataParallel: losses kept over the steps keep their values",
+          "[parallel][dp][training]") {
+  // losses.push_back(dp_step.forward(x, y)), as PyTorch users keep them: each kept loss is the
+  // value it had when returned (they were one buffer, which every forward overwrote), and a loss
+  // dropped at once still costs no allocation.
+  auto loss_of = [](auto& m, ag::Var<double> in, ag::Var<std::int64_t> labels) {
+    return nn::cross_entropy(m(in), labels);
+  };
+  const auto x = inputs_of<double>(8, 6, 12);
+  const auto y = labels_of(8, 12);
+  ts::manual_seed(5);
+  auto model = make_mlp<double>();
+  par::DataParallel dp(model, {0, 1});
+  auto dp_step = dp.compile(loss_of, ag::input<double>({8, 6}), ag::input<std::int64_t>({8}));
+  ts::optim::SGD opt(model.parameters(), {.lr = 0.5});
+  std::vector<ts::Tensor<double>> losses;
+  std::vector<double> returned;
+  for (int i = 0; i < 4; ++i) {
+    opt.zero_grad();
+    losses.push_back(dp_step.forward(x, y));
+    returned.push_back(losses.back().item());
+    dp_step.backward();
+    opt.step();
+  }
+  for (std::size_t i = 0; i < losses.size(); ++i) {
+    INFO("step " << i);
+    CHECK(losses[i].item() == returned[i]);
+    if (i > 0) CHECK(returned[i] < returned[i - 1]);  // the values differ: training goes on
+  }
+  losses.clear();  // none held: the next forwards write the same tensor again
+  const auto allocated =
+      ts::memory::stats(ts::Device{ts::DeviceType::cpu, 0}).allocations.allocated;
+  for (int i = 0; i < 2; ++i) {
+    opt.zero_grad();
+    (void)dp_step.forward(x, y).item();
+    dp_step.backward();
+    opt.step();
+  }
+  CHECK(ts::memory::stats(ts::Device{ts::DeviceType::cpu, 0}).allocations.allocated == allocated);
+}
+
 }  // namespace data_parallel_training_threads_test

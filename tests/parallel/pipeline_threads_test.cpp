@@ -484,4 +484,59 @@ TEST_CASE("a stage that fails while another waits for it: the failing stage's er
   check_close(grads_of(seq), grads, 0);
 }
 
+TEST_CASE("pipeline losses kept over the steps keep their values", "[parallel][pipeline]") {
+  const std::int64_t batch = 12;
+  const auto x = inputs_of<double>(batch, 6, 21);
+  const auto y = labels_of(batch, 22);
+  for (par::Schedule schedule : {par::Schedule::gpipe, par::Schedule::one_f_one_b}) {
+    INFO(name_of(schedule));
+    ts::manual_seed(23);
+    auto seq = make_mlp();
+    par::Pipeline pipe(seq, {.balance = {3, 4}, .chunks = 3, .schedule = schedule});
+    auto program =
+        pipe.compile(loss_fn, ag::input<double>({batch, 6}), ag::input<std::int64_t>({batch}));
+    ts::optim::SGD opt(seq.parameters(), {.lr = 0.5});
+    std::vector<ts::Tensor<double>> losses;
+    std::vector<double> returned;
+    for (int i = 0; i < 4; ++i) {
+      opt.zero_grad();
+      losses.push_back(program.forward(x, y));
+      returned.push_back(losses.back().item());
+      program.backward();
+      opt.step();
+    }
+    for (std::size_t i = 0; i < losses.size(); ++i) {
+      INFO("step " << i);
+      CHECK(losses[i].item() == returned[i]);
+      if (i > 0) CHECK(returned[i] < returned[i - 1]);
+    }
+  }
+}
+
+TEST_CASE("a pipeline whose layers cannot all move (out of memory) moves none of them",
+          "[parallel][pipeline][memory]") {
+  // Stage 1 (cpu:1) holds a Linear of 4 MB, which fits the limit, then one of 12 MB, which
+  // does not: the first must not stay moved.
+  auto seq = nn::Sequential(nn::Linear<float>(6, 1000), nn::Linear<float>(1000, 1000),
+                            nn::Linear<float>(1000, 3000));
+  const auto weights = [&] {
+    return std::vector<ts::AnyTensor>{seq.get<0>().weight().value(), seq.get<1>().weight().value(),
+                                      seq.get<1>().bias().value(), seq.get<2>().weight().value()};
+  };
+  const auto before = weights();
+  const ts::Device cpu1{ts::DeviceType::cpu, 1};
+  ts::memory::empty_cache(cpu1);
+  ts::memory::set_limit(cpu1, ts::memory::allocated(cpu1) + (std::size_t{7} << 20));
+  CHECK_THROWS_AS(par::Pipeline(seq, {.balance = {1, 2}}), ts::out_of_memory_error);
+  ts::memory::set_limit(cpu1, ts::memory::no_limit);
+  const auto after = weights();
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    INFO("tensor " << i);
+    CHECK(after[i].device() == ts::Device{ts::DeviceType::cpu, 0});
+    CHECK(after[i].storage().is_same(before[i].storage()));  // the very tensors, not copies
+  }
+  par::Pipeline pipe(seq, {.balance = {1, 2}});  // with room, it moves
+  CHECK(seq.get<1>().weight().value().device() == cpu1);
+}
+
 }  // namespace pipeline_threads_test

@@ -591,7 +591,8 @@ class DataParallelProgram {
   /// Copies the module's state into the replicas, each piece of `inputs` (tensors of the specs'
   /// dtypes and whole-batch shapes, on any ordinal of Kind) into its device's input buffers, runs
   /// every device's forward at once, and returns the whole batch's loss on device_ids[0] (a
-  /// buffer overwritten by the next forward). Throws shape_error naming the expected whole-batch
+  /// loss you keep, losses.push_back(loss), keeps its value: the next forward writes a new
+  /// tensor when the last one is still held). Throws shape_error naming the expected whole-batch
   /// shape for an input of another shape. When any device's forward throws (a label out of
   /// range in its piece, out of memory), the module's buffers (BatchNorm's running statistics)
   /// and the devices' random generators are put back as they were, and backward() is refused
@@ -624,6 +625,8 @@ class DataParallelProgram {
     forwarded_ = true;
     double total = 0;
     for (double loss : losses_) total += loss;
+    // The last loss, when the caller still holds it, keeps its value.
+    if (loss_.storage().use_count() > 1) loss_ = Result::empty_on({}, loss_.device());
     loss_.fill_(static_cast<typename Result::value_type>(total));
     return loss_;
   }

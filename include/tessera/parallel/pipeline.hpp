@@ -151,7 +151,8 @@ class Pipeline {
   /// std::invalid_argument, naming the values, when balance does not add up to the
   /// Sequential's length or has a stage with no layer, when there are fewer devices than
   /// stages, when both chunks and split_size are set, or when chunks or split_size < 1;
-  /// device_error for an ordinal that does not exist. Nothing is moved when it throws.
+  /// device_error for an ordinal that does not exist. Nothing is moved when it throws (out of
+  /// memory on a stage's device included).
   Pipeline(Seq& seq, PipelineOptions options)
       : seq_(seq), options_(checked(std::move(options))), threads_(options_.devices) {
     int first = 0;
@@ -298,9 +299,18 @@ class Pipeline {
     return s;
   }
 
+  // Each layer to its stage's device. A layer that cannot move (out of memory there) leaves
+  // every layer where it was: those already moved get their old tensors back.
   template <std::size_t... I>
   void move_layers(std::index_sequence<I...>) {
-    (move_layer(seq_.template get<I>(), stage_of(I)), ...);
+    detail::placement_rollback placement;
+    placement.record(seq_.parameters(), seq_.buffers());
+    try {
+      (move_layer(seq_.template get<I>(), stage_of(I)), ...);
+    } catch (...) {
+      placement.restore();
+      throw;
+    }
   }
   template <class L>
   void move_layer(L& layer, int stage) {
@@ -433,7 +443,8 @@ class PipelineProgram {
 
   /// Runs the batch `inputs` (tensors of the specs' dtypes and whole-batch shapes, on any
   /// ordinal of Kind): every micro-batch's forward through the stages, and returns the batch's
-  /// loss on the last stage's device (a buffer overwritten by the next forward). With
+  /// loss on the last stage's device (kept, losses.push_back(loss), it keeps its value: the
+  /// next forward writes a new tensor when the last one is still held). With
   /// Schedule::one_f_one_b the forwards and backwards interleave, so this runs the whole step
   /// and adds the gradients; backward() then only ends the step. Throws shape_error naming the
   /// expected shape for an input of another shape. When a micro-batch fails on any stage (a
@@ -572,6 +583,8 @@ class PipelineProgram {
     forwarded_ = true;
     double total = 0;
     for (double l : losses_) total += l;
+    // The last loss, when the caller still holds it, keeps its value.
+    if (loss_.storage().use_count() > 1) loss_ = Result::empty_on({}, loss_.device());
     loss_.fill_(static_cast<typename Result::value_type>(total));
     return loss_;
   }

@@ -397,7 +397,8 @@ class ProcessGroup {
   int rank() const noexcept { return group_->rank; }
   int size() const noexcept { return group_->size; }
   /// How long a collective, send or receive may take before it throws timeout_error (default 5
-  /// minutes). Applies to operations started afterwards. std::invalid_argument below 1 ms.
+  /// minutes). Applies to operations started afterwards. std::invalid_argument below 1 ms; one
+  /// longer than the clock can count (milliseconds::max()) never passes.
   void set_timeout(std::chrono::milliseconds timeout) {
     if (timeout.count() < 1) {
       throw std::invalid_argument("ProcessGroup::set_timeout: " +

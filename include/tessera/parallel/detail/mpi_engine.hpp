@@ -204,6 +204,10 @@ struct control_note {
   std::int64_t timeout_ms = 0;  // the sender's timeout
   std::int64_t peer = -1;       // broken: the other end of the send or receive
   collective_kind operation = collective_kind::barrier;  // abandon: the collective given up on
+  // abandon (group_broken): what broke the group, as the broken note that said it (origin: the
+  // rank that sent it; -1 when unknown), so that every rank names the first cause.
+  std::uint32_t cause = none;
+  std::int64_t origin = -1;
   collective_call call;         // arrival: the sender's call
 };
 inline constexpr int short_note_bytes = static_cast<int>(offsetof(control_note, call));
@@ -228,6 +232,7 @@ struct group_state {
   std::vector<control_note> note_buffer;           // [rank]: the posted receive's buffer
   std::vector<MPI_Request> note_requests;          // [rank]
   std::string broken;                              // why the group cannot be used, once it cannot
+  control_note broke_by;  // the send or receive timeout that broke it (origin -1: none known)
   std::shared_ptr<void> nccl;                      // the NCCL communicator (CUDA tensors)
 };
 
@@ -348,13 +353,27 @@ class mpi_engine {
     control_note n;
     n.sequence = op.sequence;
     n.operation = op.call.kind;
+    n.cause = group.broke_by.reason;
+    n.origin = group.broke_by.origin;
+    n.peer = group.broke_by.peer;
     n.kind = control_note::abandon;
     n.reason = reason;
-    n.timeout_ms = group.timeout_ms.load();
+    n.timeout_ms = reason == control_note::group_broken && group.broke_by.origin >= 0
+                       ? group.broke_by.timeout_ms
+                       : group.timeout_ms.load();
     try {
       send_note(group, n);
     } catch (...) {  // the error already being reported says more
     }
+  }
+
+  // "rank 1's receive from rank 0 did not complete within its timeout of 500 ms".
+  static std::string point_to_point_text(std::int64_t from, std::uint32_t reason,
+                                         std::int64_t peer, std::int64_t timeout_ms) {
+    return "rank " + std::to_string(from) +
+           (reason == control_note::recv_timed_out ? "'s receive from rank " : "'s send to rank ") +
+           std::to_string(peer) + " did not complete within its timeout of " +
+           std::to_string(timeout_ms) + " ms";
   }
 
   static std::string abandon_text(int from, const control_note& n) {
@@ -365,13 +384,11 @@ class mpi_engine {
       case control_note::finalized:
         return rank + " called ts::distributed::finalize() during " + which;
       case control_note::group_broken:
-        return rank + " gave up on " + which + " because the group broke";
+        return n.origin < 0 ? rank + " gave up on " + which + " because the group broke"
+                            : point_to_point_text(n.origin, n.cause, n.peer, n.timeout_ms);
       case control_note::send_timed_out:
-        return rank + "'s send to rank " + std::to_string(n.peer) +
-               " did not complete within its timeout of " + std::to_string(n.timeout_ms) + " ms";
       case control_note::recv_timed_out:
-        return rank + "'s receive from rank " + std::to_string(n.peer) +
-               " did not complete within its timeout of " + std::to_string(n.timeout_ms) + " ms";
+        return point_to_point_text(from, n.reason, n.peer, n.timeout_ms);
       default:
         return rank + " gave up on " + which + " after its timeout of " +
                std::to_string(n.timeout_ms) + " ms";
@@ -413,6 +430,10 @@ class mpi_engine {
           if (group->broken.empty()) group->broken = abandon_text(r, n);
         } else if (n.kind == control_note::broken) {
           if (group->broken.empty()) group->broken = abandon_text(r, n);
+          if (group->broke_by.origin < 0) {
+            group->broke_by = n;
+            group->broke_by.origin = r;
+          }
         }
         post_note_receive(*group, r);
         progress = true;
@@ -435,7 +456,15 @@ class mpi_engine {
   // Posts `op`'s first step, or announces a collective; false when it completed (or failed) at
   // once.
   bool start(group_state& group, operation& op) {
-    op.deadline = clock::now() + std::chrono::milliseconds(group.timeout_ms.load());
+    // now + timeout, saturated: a timeout past what the clock holds (milliseconds::max()) means
+    // none, not an overflow into a deadline already passed.
+    const auto now = clock::now();
+    const std::int64_t timeout = group.timeout_ms.load();
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                          clock::time_point::max() - now)
+                          .count();
+    op.deadline =
+        timeout >= left ? clock::time_point::max() : now + std::chrono::milliseconds(timeout);
     if (op.collective && anyone_abandoned(group, group.started + 1)) {
       // A late rank: the others gave up on this collective before it came.
       op.sequence = ++group.started;
@@ -673,6 +702,8 @@ class mpi_engine {
     note.reason = op.name == "recv" ? control_note::recv_timed_out : control_note::send_timed_out;
     note.timeout_ms = group.timeout_ms.load();
     note.peer = op.peer;
+    note.origin = group.rank;
+    if (!op.collective && group.broke_by.origin < 0) group.broke_by = note;
     break_group(group, message, op.collective ? nullptr : &note);
     if (op.on_timeout) {
       try {

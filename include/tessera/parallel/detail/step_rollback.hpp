@@ -144,4 +144,44 @@ class effect_rollback {
   bool recorded_ = false;
 };
 
+/// Which tensors a module's parameters (value and gradient) and buffers are: handles, not
+/// copies, so a move of several layers (Module::to, each layer staged and committed on its own)
+/// that fails at a later layer gives the layers already moved their old tensors back.
+class placement_rollback {
+ public:
+  void record(const std::vector<nn::ParameterRef>& parameters,
+              const std::vector<nn::BufferRef>& buffers) {
+    for (const auto& p : parameters) {
+      visit_slot(p, [&](const auto& slot) {
+        parameters_.push_back({p, AnyTensor(slot.value), AnyTensor(slot.grad), slot.grad_zero});
+      });
+    }
+    for (const auto& b : buffers) buffers_.emplace_back(b, b.value());
+  }
+
+  void restore() const {
+    for (const auto& e : parameters_) {
+      visit_slot(e.parameter, [&](auto& slot) {
+        using Value = decltype(slot.value);
+        using T = typename Value::value_type;
+        using K = typename Value::device_kind;
+        slot.value = e.value.defined() ? e.value.template as<T, K>() : Value{};
+        slot.grad = e.grad.defined() ? e.grad.template as<T, K>() : Value{};
+        slot.grad_zero = e.grad_zero;
+      });
+    }
+    for (const auto& [buffer, value] : buffers_) buffer.set_value(value);
+  }
+
+ private:
+  struct entry {
+    nn::ParameterRef parameter;
+    AnyTensor value;
+    AnyTensor grad;
+    bool grad_zero = false;
+  };
+  std::vector<entry> parameters_;
+  std::vector<std::pair<nn::BufferRef, AnyTensor>> buffers_;
+};
+
 }  // namespace tessera::parallel::detail
