@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <cstdint>
+#include <exception>
 #include <memory>
 #include <mutex>
 #include <random>
@@ -49,6 +50,89 @@ inline void mark_batch_thread() noexcept {
   (void)pthread_setschedparam(pthread_self(), SCHED_BATCH, &param);
 #endif
 }
+
+/// A batch's failure: the kind of the example's exception and its message with the batch and
+/// example named before it, rethrown as the same kind on the loop's thread (PyTorch re-raises a
+/// worker's exception as its own class), so that `catch (const out_of_memory_error&)` still
+/// catches an example that ran out of memory. Kept as kind and text, not as the exception
+/// object: an exception shared between threads is freed by whichever drops it last, an order
+/// ThreadSanitizer cannot see.
+class batch_failure {
+ public:
+  enum class kind {
+    none,
+    error,
+    shape,
+    device_mismatch,
+    dtype,
+    out_of_memory,
+    io,
+    device,
+    invalid_argument,
+    out_of_range,
+    other
+  };
+
+  bool failed() const noexcept { return kind_ != kind::none; }
+  void clear() noexcept {
+    kind_ = kind::none;
+    message_.clear();
+  }
+
+  /// Records `e` (the exception being handled) with `where` before its message.
+  void take(std::exception_ptr e, const std::string& where) {
+    try {
+      std::rethrow_exception(e);
+    } catch (const shape_error& x) {
+      set(kind::shape, where + x.what());
+    } catch (const device_mismatch_error& x) {
+      set(kind::device_mismatch, where + x.what());
+    } catch (const dtype_error& x) {
+      set(kind::dtype, where + x.what());
+    } catch (const out_of_memory_error& x) {
+      set(kind::out_of_memory, where + x.what());
+    } catch (const io_error& x) {
+      set(kind::io, where + x.what());
+    } catch (const device_error& x) {
+      set(kind::device, where + x.what());
+    } catch (const tessera::error& x) {
+      set(kind::error, where + x.what());
+    } catch (const std::invalid_argument& x) {
+      set(kind::invalid_argument, where + x.what());
+    } catch (const std::out_of_range& x) {
+      set(kind::out_of_range, where + x.what());
+    } catch (const std::exception& x) {
+      set(kind::other, where + x.what());
+    } catch (...) {
+      set(kind::other, where + "an exception that is not a std::exception");
+    }
+  }
+
+  /// Throws the recorded failure as its kind (other kinds as tessera::error); nothing when none.
+  void rethrow() const {
+    switch (kind_) {
+      case kind::none: return;
+      case kind::shape: throw shape_error(message_);
+      case kind::device_mismatch: throw device_mismatch_error(message_);
+      case kind::dtype: throw dtype_error(message_);
+      case kind::out_of_memory: throw out_of_memory_error(message_);
+      case kind::io: throw io_error(message_);
+      case kind::device: throw device_error(message_);
+      case kind::invalid_argument: throw std::invalid_argument(message_);
+      case kind::out_of_range: throw std::out_of_range(message_);
+      case kind::error:
+      case kind::other: throw tessera::error(message_);
+    }
+  }
+
+ private:
+  void set(kind k, std::string message) {
+    kind_ = k;
+    message_ = std::move(message);
+  }
+  kind kind_ = kind::none;
+  std::string message_;
+};
 
 }  // namespace detail
 
@@ -221,7 +305,7 @@ class DataLoader {
         std::unique_lock lock(mutex_);
         changed_.wait(lock, [&] { return s.filled == k; });
       }
-      if (!s.failure.empty()) throw error(s.failure);
+      s.failure.rethrow();
       return s.batch;
     }
 
@@ -257,7 +341,7 @@ class DataLoader {
     struct slot {
       std::int64_t filled = -1;  // the batch it holds
       batch_type batch{};
-      std::string failure;
+      detail::batch_failure failure;
     };
     slot& slot_of(std::int64_t k) { return slots_[static_cast<std::size_t>(k) % slots_.size()]; }
 
@@ -284,7 +368,7 @@ class DataLoader {
           s = &slot_of(k);
         }
         batch_type batch;
-        std::string failure;
+        detail::batch_failure failure;
         {
           std::lock_guard lock(mutex_);
           batch = s->batch;  // the buffer to reuse, if any
@@ -308,7 +392,7 @@ class DataLoader {
     }
 
     // Loads batch k's examples into `batch` (a buffer of the right shapes, reused or new).
-    void fill_into(std::int64_t k, batch_type& batch, std::string& failure) const {
+    void fill_into(std::int64_t k, batch_type& batch, detail::batch_failure& failure) const {
       const std::int64_t b = batch_size_;
       const std::int64_t first = k * b;
       const std::int64_t length =
@@ -322,12 +406,9 @@ class DataLoader {
           if (j == 0) prepare(batch, example, length, pinned_);
           copy_row(batch, example, j, index);
         }
-      } catch (const std::exception& e) {
-        failure = "DataLoader: batch " + std::to_string(k) + " (example " +
-                  std::to_string(index) + "): " + e.what();
       } catch (...) {
-        failure = "DataLoader: batch " + std::to_string(k) + " (example " +
-                  std::to_string(index) + "): an exception that is not a std::exception";
+        failure.take(std::current_exception(), "DataLoader: batch " + std::to_string(k) +
+                                                   " (example " + std::to_string(index) + "): ");
       }
     }
 
@@ -401,7 +482,8 @@ class DataLoader {
     using value_type = batch_type;
     using difference_type = std::ptrdiff_t;
 
-    /// The current batch (waits for its worker); throws the example's error.
+    /// The current batch (waits for its worker); throws the example's error, as its own kind
+    /// (out_of_memory_error, shape_error, std::out_of_range...), naming the batch and example.
     batch_type operator*() const { return run_->get(k_); }
     iterator& operator++() {
       run_->release(k_);
