@@ -250,6 +250,7 @@ TEST_CASE("a compiled DataParallel forward with a bad label on one device moves 
   CHECK(generators(3) == drawn);
   CHECK_THROWS_WITH(dp_step.backward(), Contains("needs a forward that succeeded first"));
   check_same(state_of(model), before);
+  CHECK_THROWS_WITH(dp_step.program(3), Contains("device 3 of a program over 3 devices"));
   CHECK(dp_step.forward(x, y).item() == want_loss);
   dp_step.backward();
   check_same(state_of(model), want);
@@ -268,6 +269,20 @@ TEST_CASE("an eager DataParallel forward that fails puts the random generators b
   CHECK_THROWS_AS(dp(x), ts::error);
   check_same(state_of(model), before);
   CHECK(generators(3) == drawn);
+}
+
+TEST_CASE("a pipeline's inference whose last micro-batch fails moves no statistics",
+          "[parallel][pipeline][failure]") {
+  // split_size 2 of a batch of 5: micro-batches 2, 2, 1; BatchNorm (training) refuses the last.
+  ts::manual_seed(9);
+  auto seq = make_net();
+  par::Pipeline pipe(seq, {.balance = {4, 3}, .split_size = 2});
+  const auto x = inputs_of<double>(5, 6, 10);
+  const auto before = state_of(seq);
+  const auto drawn = generators(2);
+  CHECK_THROWS_AS(pipe(x), ts::error);
+  check_same(state_of(seq), before);
+  CHECK(generators(2) == drawn);
 }
 
 // A pipeline of make_net over cpu:0 and cpu:1, four micro-batches of 3 (checkpointed but the

@@ -18,6 +18,7 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <stdexcept>
 #include <string>
 #include <tuple>
 #include <type_traits>
@@ -657,8 +658,15 @@ class DataParallelProgram {
   /// Number of devices the batch is split over, and each piece's size along dim.
   int devices() const noexcept { return static_cast<int>(programs_.size()); }
   const std::vector<std::int64_t>& split_sizes() const noexcept { return sizes_; }
-  /// Device i's own program (its memory plan, its hooks).
-  Program& program(int i) { return programs_.at(static_cast<std::size_t>(i)); }
+  /// Device i's own program (its memory plan, its hooks). std::out_of_range naming i and the
+  /// count for i outside [0, devices()).
+  Program& program(int i) {
+    if (i < 0 || i >= devices()) {
+      throw std::out_of_range("DataParallel program: device " + std::to_string(i) +
+                              " of a program over " + std::to_string(devices()) + " devices");
+    }
+    return programs_[static_cast<std::size_t>(i)];
+  }
 
   DataParallelProgram(DataParallel<M, Kind>* owner, std::vector<Program> programs,
                       std::vector<Shape> shapes, std::vector<std::int64_t> sizes, int dim,

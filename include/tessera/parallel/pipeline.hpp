@@ -183,16 +183,38 @@ class Pipeline {
   /// Inference: `x` (a tensor of Kind on any ordinal, the batch along dimension 0) through the
   /// stages, micro-batch after micro-batch, the stages working at once; the output on the last
   /// stage's device. Uses the layers' current modes (BatchNorm in training mode normalises each
-  /// micro-batch with its own statistics).
+  /// micro-batch with its own statistics). When a micro-batch fails on any stage, the layers'
+  /// buffers and the stages' random generators are put back as they were.
   template <Dtype T>
   Tensor<T, Kind> operator()(const Tensor<T, Kind>& x) {
     if (!x.defined()) throw error("Pipeline: the input is undefined");
     if (x.dim() == 0) throw shape_error("Pipeline: the input is 0-dim; it needs a batch dimension");
     std::vector<std::int64_t> sizes = detail::micro_batch_sizes(x.size(0), options_);
     if (sizes.empty()) sizes.push_back(0);  // an empty batch goes through as one empty piece
+    std::vector<Tensor<T, Kind>> outputs(sizes.size());
+    // A micro-batch that fails (BatchNorm refusing one sample, out of memory) must not leave
+    // the earlier ones' running statistics and random draws: put back if any stage throws.
+    detail::effect_rollback effects;
+    std::vector<Device> devices;
+    for (int s = 0; s < stages(); ++s) devices.push_back(device(s));
+    effects.record(seq_.is_training() ? seq_.buffers() : std::vector<nn::BufferRef>{}, devices);
+    try {
+      run_stages(x, sizes, outputs);
+    } catch (...) {
+      effects.restore();
+      throw;
+    }
+    if (outputs.size() == 1) return outputs[0];
+    return cat(outputs, 0);
+  }
+
+ private:
+  // operator()'s micro-batches through the stages, each stage on its thread.
+  template <Dtype T>
+  void run_stages(const Tensor<T, Kind>& x, const std::vector<std::int64_t>& sizes,
+                  std::vector<Tensor<T, Kind>>& outputs) {
     const int count = static_cast<int>(sizes.size());
     const int last = stages() - 1;
-    std::vector<Tensor<T, Kind>> outputs(sizes.size());
     std::vector<Tensor<T, Kind>> boxes(static_cast<std::size_t>(stages() * count));
     exchange sync;
     run_all(sync, [&](int s) {
@@ -217,9 +239,9 @@ class Pipeline {
         }
       }
     });
-    if (outputs.size() == 1) return outputs[0];
-    return cat(outputs, 0);
   }
+
+ public:
 
   /// Training: `loss(out, vars...)` maps the last stage's output and the remaining inputs to
   /// the loss of the micro-batch it is given, as a mean over it (cross_entropy, mse_loss).
