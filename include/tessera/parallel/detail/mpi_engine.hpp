@@ -838,6 +838,9 @@ class mpi_engine {
           c.work->finish(std::current_exception());
         }
       }
+      // Notes first: a broken note that came while the engine slept must stop a send or
+      // receive submitted now from being posted (it would match the other rank's stale one).
+      bool noted = !incoming.empty() && poll_notes();
       for (auto& [group, op] : incoming) {
         if (stopping) {
           refuse(*op);
@@ -856,7 +859,7 @@ class mpi_engine {
         return;
       }
 
-      bool progress = !incoming.empty() || !calls.empty();
+      bool progress = !incoming.empty() || !calls.empty() || noted;
       if (poll_notes()) progress = true;
       poll_stranded();
       const auto now = clock::now();
