@@ -104,35 +104,38 @@ void batch_norm_running_stats(const Tensor<T, K>& running_mean, const Tensor<T, 
 }
 
 template <class T>
-std::size_t batch_norm_apply_workspace(const Shape& view) {
-  return 2 * workspace::bytes<T>(view[1]);
+std::size_t batch_norm_apply_workspace(const Shape&) {
+  return 0;
 }
 
-/// y3 = x3 * scale + shift (then ReLU when `relu`); w, b undefined when not affine.
+/// y3 = x3 * scale + shift (then ReLU when `relu`); w, b undefined when not affine. One pass:
+/// scale = invstd * w and shift = b - mean * scale are computed per element from the [1, C, 1]
+/// operands (the same arithmetic as storing them first, without two launches over C).
 template <class T, class K>
 void batch_norm_apply(const Tensor<T, K>& x3, const Tensor<T, K>& stats, const Tensor<T, K>* w,
-                      const Tensor<T, K>* b, bool relu_after, Tensor<T, K>& y3, workspace& ws) {
+                      const Tensor<T, K>* b, bool relu_after, Tensor<T, K>& y3, workspace&) {
   const std::int64_t c = x3.size(1);
-  Tensor<T, K> scale = ws.take<T, K>(Shape{c}), shift = ws.take<T, K>(Shape{c});
-  const Tensor<T, K> mean = stats.select(0, 0), invstd = stats.select(0, 1);
+  const Tensor<T, K> mean3 = stats.select(0, 0).view(Shape{1, c, 1});
+  const Tensor<T, K> invstd3 = stats.select(0, 1).view(Shape{1, c, 1});
+  auto run = [&](const auto& scale, const auto& shift) {
+    if (relu_after) {
+      tessera::detail::run_expression(y3, relu(x3 * scale + shift));
+    } else {
+      tessera::detail::run_expression(y3, x3 * scale + shift);
+    }
+  };
   if (w != nullptr) {
-    tessera::detail::run_expression(scale, invstd * *w);
-    tessera::detail::run_expression(shift, *b - mean * scale);
+    const Tensor<T, K> w3 = w->view(Shape{1, c, 1}), b3 = b->view(Shape{1, c, 1});
+    const auto scale = invstd3 * w3;
+    run(scale, b3 - mean3 * scale);
   } else {
-    scale.copy_(invstd);
-    tessera::detail::run_expression(shift, -(mean * invstd));
-  }
-  const Tensor<T, K> s3 = scale.view(Shape{1, c, 1}), h3 = shift.view(Shape{1, c, 1});
-  if (relu_after) {
-    tessera::detail::run_expression(y3, relu(x3 * s3 + h3));
-  } else {
-    tessera::detail::run_expression(y3, x3 * s3 + h3);
+    run(invstd3, -(mean3 * invstd3));
   }
 }
 
 template <class T, class K>
 std::size_t batch_norm_backward_workspace(const Shape& view) {
-  return workspace::bytes<T>(view[0] * view[1]) + 5 * workspace::bytes<T>(view[1]) +
+  return workspace::bytes<T>(view[0] * view[1]) + 2 * workspace::bytes<T>(view[1]) +
          channel_partials_workspace<T, K>(view[1]);
 }
 
@@ -149,10 +152,8 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
   const std::int64_t n = x3.size(0), c = x3.size(1), l = x3.size(2);
   Tensor<T, K> partial = ws.take<T, K>(Shape{n, c});
   Tensor<T, K> sum_g = ws.take<T, K>(Shape{c}), sum_gx = ws.take<T, K>(Shape{c});
-  Tensor<T, K> scale = ws.take<T, K>(Shape{c}), a = ws.take<T, K>(Shape{c}),
-               b = ws.take<T, K>(Shape{c});
   const Tensor<T, K> mean = stats.select(0, 0), invstd = stats.select(0, 1);
-  const Tensor<T, K> mean3 = mean.view(Shape{1, c, 1});
+  const Tensor<T, K> mean3 = mean.view(Shape{1, c, 1}), invstd3 = invstd.view(Shape{1, c, 1});
   auto body = [&](const auto& g) {
     const bool sums = dw != nullptr || db != nullptr || (dx3 != nullptr && batch);
     if (sums) {
@@ -189,30 +190,32 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
       }
     }
     if (dx3 == nullptr) return;
-    if (w != nullptr) {
-      run_expression(scale, invstd * *w);
-    } else {
-      scale.copy_(invstd);
-    }
-    const Tensor<T, K> s3 = scale.view(Shape{1, c, 1});
-    if (!batch) {
-      if (dx_accumulate) {
-        tessera::detail::add_into(*dx3, g * s3);
-      } else {
-        run_expression(*dx3, g * s3);
+    // dx = scale * g - a - (x - mean) * b, scale = invstd * w, a = scale * sum(g) / M,
+    // b = scale * invstd^2 * sum(g (x - mean)) / M: one pass, the [1, C, 1] factors computed per
+    // element (the same arithmetic as storing them first, without three launches over C).
+    auto finish = [&](const auto& scale) {
+      if (!batch) {
+        if (dx_accumulate) {
+          tessera::detail::add_into(*dx3, g * scale);
+        } else {
+          run_expression(*dx3, g * scale);
+        }
+        return;
       }
-      return;
-    }
-    // dx = scale * g - a - (x - mean) * b, a = scale * sum(g) / M, b = scale * invstd^2 *
-    // sum(g (x - mean)) / M.
-    const double inverse_count = 1.0 / static_cast<double>(n * l);
-    run_expression(a, scale * sum_g * inverse_count);
-    run_expression(b, scale * invstd * invstd * sum_gx * inverse_count);
-    const Tensor<T, K> a3 = a.view(Shape{1, c, 1}), b3 = b.view(Shape{1, c, 1});
-    if (dx_accumulate) {
-      tessera::detail::add_into(*dx3, g * s3 - a3 - (x3 - mean3) * b3);
+      const double inverse_count = 1.0 / static_cast<double>(n * l);
+      const Tensor<T, K> sum_g3 = sum_g.view(Shape{1, c, 1}), sum_gx3 = sum_gx.view(Shape{1, c, 1});
+      const auto a = scale * sum_g3 * inverse_count;
+      const auto b = scale * invstd3 * invstd3 * sum_gx3 * inverse_count;
+      if (dx_accumulate) {
+        tessera::detail::add_into(*dx3, g * scale - a - (x3 - mean3) * b);
+      } else {
+        run_expression(*dx3, g * scale - a - (x3 - mean3) * b);
+      }
+    };
+    if (w != nullptr) {
+      finish(invstd3 * w->view(Shape{1, c, 1}));
     } else {
-      run_expression(*dx3, g * s3 - a3 - (x3 - mean3) * b3);
+      finish(invstd3);
     }
   };
   if (relu_after) {
