@@ -4,7 +4,7 @@
 Each kernel nvcc compiles into an object gets a host stub whose name carries the kernel's mangled
 name (`__device_stub__Z...`, with local statics named after it); this script reads those names
 from `nm`, demangles them with `c++filt`, and counts them by family (the kernel template:
-vector_kernel, reduce_all_kernel, update_kernel...) and by dtype (the element type the kernel
+vector_kernel, reduce_all_kernel, multi_update_kernel...) and by dtype (the element type the kernel
 writes: its first pointer parameter, or its first template argument that is a dtype).
 
     python3 bench/cuda_kernels.py unit.o [more.o ...]      # table per object, then totals

@@ -306,11 +306,14 @@ void adam_base<Options, Decoupled>::step() {
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     with_typed(i, [&](auto value, auto, auto...) { staged[i] = stage(i, value); });
   }
+  // CUDA parameters' updates go out as multi-tensor launches (a few per step, not one each).
+  detail::batched_updates batch;
   for (std::size_t i = 0; i < parameters_.size(); ++i) {
     with_typed(i, [&](auto value, auto grad, auto... low) {
       update(i, value, grad, staged[i], low...);
     });
   }
+  batch.flush();
 }
 
 template <class Options, bool Decoupled>

@@ -1,8 +1,9 @@
 // Optimizer: what SGD, Adam and AdamW share. It holds the parameters as nn::ParameterRef (so
 // `module.to(i)` and `load_state_dict`, which replace or overwrite values in the shared slots,
 // are seen at the next step), dispatches each one to its dtype and device kind at run time, and
-// runs each parameter's update as one fused elementwise pass (a threaded CPU loop, or a
-// grid-stride CUDA kernel in nvcc-compiled units) that writes the parameter and its state.
+// runs each parameter's update as one fused elementwise pass (a threaded CPU loop) that writes
+// the parameter and its state; on CUDA (nvcc-compiled units) a step's updates of one rule type
+// go out as multi-tensor launches, a few per step (optim/detail/update_list.hpp).
 // A half or bfloat16 parameter is updated through an fp32 master copy (mixed precision): the
 // pass reads the 16-bit gradient, updates the float master and float state, and writes the
 // master rounded to the 16-bit parameter.
@@ -26,6 +27,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/profiler.hpp"
 #include "tessera/nn/parameter.hpp"
+#include "tessera/optim/detail/update_list.hpp"
 #include "tessera/tensor/any_tensor.hpp"
 #include "tessera/tensor/factories.hpp"
 #include "tessera/tensor/state_dict.hpp"
@@ -38,19 +40,76 @@ namespace tessera::optim {
 namespace detail {
 
 #if TESSERA_CUDA_KERNELS
+/// Elements a block of multi_update_kernel updates (16 per thread).
+inline constexpr std::int64_t update_block_elements = backend::cuda::threads_per_block * 16;
+
+/// Rules of type Update that fit one launch's 4 KiB of kernel parameters.
+template <class Update>
+inline constexpr int update_list_capacity =
+    static_cast<int>((4000 - 32) / (sizeof(Update) + 2 * sizeof(std::int64_t)));
+
+/// One launch's rules: rule r updates sizes[r] elements and owns blocks [first_block[r],
+/// first_block[r + 1]) (update_list_plan).
+template <class Update>
+struct update_list {
+  static constexpr int capacity = update_list_capacity<Update>;
+  Update rules[capacity];
+  std::int64_t sizes[capacity];
+  std::int64_t first_block[capacity + 1];
+  int count;
+};
+
+/// Several parameters' updates in one launch: each block finds its rule, then updates its chunk.
 template <class Update>
 __global__ void __launch_bounds__(backend::cuda::threads_per_block)
-    update_kernel(std::int64_t n, Update update) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t i = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < n;
-       i += stride) {
-    update(i);
+    multi_update_kernel(update_list<Update> list) {
+  const std::int64_t blocks = list.first_block[list.count];
+  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
+    const auto r = update_list_plan::rule_of(list.first_block, static_cast<std::size_t>(list.count), b);
+    const std::int64_t begin = (b - list.first_block[r]) * update_block_elements;
+    const std::int64_t end = std::min(begin + update_block_elements, list.sizes[r]);
+    const Update rule = list.rules[r];
+    for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) rule(i);
   }
 }
+
+/// Rules of type Update queued on one device during a step.
+template <class Update>
+struct typed_updates final : pending_updates {
+  static_assert(sizeof(update_list<Update>) <= 4096,
+                "Tessera: an optimiser's update rule is too large for a multi-tensor launch");
+  Device device;
+  std::vector<Update> rules;
+  std::vector<std::int64_t> sizes;
+
+  explicit typed_updates(Device d) : device(d) {}
+  void launch() override {
+    const update_list_plan plan = update_list_plan::make(
+        sizes, static_cast<std::size_t>(update_list<Update>::capacity), update_block_elements);
+    DeviceGuard<tessera::cuda> guard(device.index);
+    for (const auto& l : plan.launches) {
+      profiler::count_launch();
+      update_list<Update> list;
+      list.count = static_cast<int>(l.count);
+      for (std::size_t r = 0; r < l.count; ++r) {
+        list.rules[r] = rules[l.first + r];
+        list.sizes[r] = sizes[l.first + r];
+      }
+      for (std::size_t r = 0; r <= l.count; ++r) list.first_block[r] = l.first_block[r];
+      const std::int64_t blocks = l.first_block[l.count];
+      const std::int64_t cap = static_cast<std::int64_t>(backend::cuda::multiprocessor_count()) * 8;
+      multi_update_kernel<<<static_cast<unsigned>(std::max<std::int64_t>(1, std::min(blocks, cap))),
+                            backend::cuda::threads_per_block, 0,
+                            tessera::detail::current_cuda_stream().native()>>>(list);
+      TESSERA_CUDA_CHECK(cudaGetLastError());
+    }
+  }
+};
 #endif
 
 /// Runs update(i) for every i in [0, n) on `device`, as one pass (one counted launch): a
-/// threaded loop on the CPU, a grid-stride kernel on CUDA. The update reads and writes
+/// threaded loop on the CPU, a grid-stride kernel on CUDA; on CUDA during an optimiser's step
+/// (a batched_updates on this thread), queued and launched with the step's other updates. The update reads and writes
 /// contiguous arrays through raw pointers, so a pass writes every output of the rule at once.
 /// A CUDA parameter in a unit not compiled by nvcc throws tessera::error saying so.
 template <DeviceKind K, class Update>
@@ -74,12 +133,24 @@ void for_each_element(const char* optimiser, Device device, std::int64_t n, cons
                                });
   } else {
 #if TESSERA_CUDA_KERNELS
-    profiler::count_launch();
-    if (n == 0) return;
-    DeviceGuard<tessera::cuda> guard(device.index);
-    update_kernel<<<backend::cuda::grid_for(n), backend::cuda::threads_per_block, 0,
-                    tessera::detail::current_cuda_stream().native()>>>(n, update);
-    TESSERA_CUDA_CHECK(cudaGetLastError());
+    if (batched_updates* queue = batched_updates::current()) {
+      // An optimiser's step: queued, launched with the step's other updates of this rule type.
+      if (n == 0) return;
+      auto& typed = static_cast<typed_updates<Update>&>(queue->template queue<Update>(
+          device, [&] { return std::make_unique<typed_updates<Update>>(device); }));
+      typed.rules.push_back(update);
+      typed.sizes.push_back(n);
+      return;
+    }
+    if (n == 0) {
+      profiler::count_launch();
+      return;
+    }
+    // One parameter: a list of one (the same kernel as a step's lists: one less per rule type).
+    typed_updates<Update> single(device);
+    single.rules.push_back(update);
+    single.sizes.push_back(n);
+    single.launch();
 #else
     (void)n;
     (void)update;
@@ -358,13 +429,14 @@ class Optimizer {
     } else if (master.device() != value.device()) {
       master = master.as<float, K>().template to<K>(value.device().index);
     }
-    fn(master.as<float, K>(), grad.as<L, K>().contiguous(), low);
+    fn(master.as<float, K>(), detail::kept_until_flush(grad.as<L, K>().contiguous()), low);
   }
 
   template <Dtype T, class Fn>
   static void typed(const AnyTensor& value, const AnyTensor& grad, Fn& fn) {
     if (value.device().is_cuda()) {
-      fn(value.as<T, tessera::cuda>(), grad.as<T, tessera::cuda>().contiguous());
+      fn(value.as<T, tessera::cuda>(),
+         detail::kept_until_flush(grad.as<T, tessera::cuda>().contiguous()));
     } else {
       fn(value.as<T, tessera::cpu>(), grad.as<T, tessera::cpu>().contiguous());
     }
