@@ -1,5 +1,5 @@
-// optim/detail/update_list.hpp on the host: how an optimiser step's CUDA updates become
-// multi-tensor launches. Every element of every parameter belongs to exactly one block of one
+// backend/cuda/update_list_plan.hpp and optim/detail/update_list.hpp on the host: how an
+// optimiser step's CUDA updates become multi-tensor launches. Every element of every parameter belongs to exactly one block of one
 // launch (walked as multi_update_kernel walks them), launches hold at most their capacity of
 // rules, in order; batched_updates keeps queued temporaries alive until its flush and nests.
 #include <catch2/catch.hpp>
@@ -8,12 +8,13 @@
 #include <memory>
 #include <vector>
 
+#include "tessera/backend/cuda/update_list_plan.hpp"
 #include "tessera/optim/detail/update_list.hpp"
 
 namespace update_list_test {  // one namespace per file: a unity build
 
 using tessera::optim::detail::batched_updates;
-using tessera::optim::detail::update_list_plan;
+using tessera::backend::cuda::update_list_plan;
 
 TEST_CASE("update list plan: each element of each parameter is updated once", "[optim][update_list]") {
   // ResNet-50-like sizes (a few large weights, many small vectors), empty-free, odd sizes.

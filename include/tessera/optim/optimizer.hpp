@@ -32,7 +32,7 @@
 #include "tessera/tensor/factories.hpp"
 #include "tessera/tensor/state_dict.hpp"
 #if TESSERA_CUDA_KERNELS
-#include "tessera/backend/cuda/executor.cuh"
+#include "tessera/backend/cuda/multi_update.cuh"
 #endif
 
 namespace tessera::optim {
@@ -40,76 +40,25 @@ namespace tessera::optim {
 namespace detail {
 
 #if TESSERA_CUDA_KERNELS
-/// Elements a block of multi_update_kernel updates (16 per thread).
-inline constexpr std::int64_t update_block_elements = backend::cuda::threads_per_block * 16;
-
-/// Rules of type Update that fit one launch's 4 KiB of kernel parameters.
-template <class Update>
-inline constexpr int update_list_capacity =
-    static_cast<int>((4000 - 32) / (sizeof(Update) + 2 * sizeof(std::int64_t)));
-
-/// One launch's rules: rule r updates sizes[r] elements and owns blocks [first_block[r],
-/// first_block[r + 1]) (update_list_plan).
-template <class Update>
-struct update_list {
-  static constexpr int capacity = update_list_capacity<Update>;
-  Update rules[capacity];
-  std::int64_t sizes[capacity];
-  std::int64_t first_block[capacity + 1];
-  int count;
-};
-
-/// Several parameters' updates in one launch: each block finds its rule, then updates its chunk.
-template <class Update>
-__global__ void __launch_bounds__(backend::cuda::threads_per_block)
-    multi_update_kernel(update_list<Update> list) {
-  const std::int64_t blocks = list.first_block[list.count];
-  for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
-    const auto r = update_list_plan::rule_of(list.first_block, static_cast<std::size_t>(list.count), b);
-    const std::int64_t begin = (b - list.first_block[r]) * update_block_elements;
-    const std::int64_t end = std::min(begin + update_block_elements, list.sizes[r]);
-    const Update rule = list.rules[r];
-    for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) rule(i);
-  }
-}
-
 /// Rules of type Update queued on one device during a step.
 template <class Update>
 struct typed_updates final : pending_updates {
-  static_assert(sizeof(update_list<Update>) <= 4096,
-                "Tessera: an optimiser's update rule is too large for a multi-tensor launch");
   Device device;
   std::vector<Update> rules;
   std::vector<std::int64_t> sizes;
 
   explicit typed_updates(Device d) : device(d) {}
   void launch() override {
-    const update_list_plan plan = update_list_plan::make(
-        sizes, static_cast<std::size_t>(update_list<Update>::capacity), update_block_elements);
     DeviceGuard<tessera::cuda> guard(device.index);
-    for (const auto& l : plan.launches) {
-      profiler::count_launch();
-      update_list<Update> list;
-      list.count = static_cast<int>(l.count);
-      for (std::size_t r = 0; r < l.count; ++r) {
-        list.rules[r] = rules[l.first + r];
-        list.sizes[r] = sizes[l.first + r];
-      }
-      for (std::size_t r = 0; r <= l.count; ++r) list.first_block[r] = l.first_block[r];
-      const std::int64_t blocks = l.first_block[l.count];
-      const std::int64_t cap = static_cast<std::int64_t>(backend::cuda::multiprocessor_count()) * 8;
-      multi_update_kernel<<<static_cast<unsigned>(std::max<std::int64_t>(1, std::min(blocks, cap))),
-                            backend::cuda::threads_per_block, 0,
-                            tessera::detail::current_cuda_stream().native()>>>(list);
-      TESSERA_CUDA_CHECK(cudaGetLastError());
-    }
+    backend::cuda::run_update_lists(rules, sizes);
   }
 };
 #endif
 
 /// Runs update(i) for every i in [0, n) on `device`, as one pass (one counted launch): a
-/// threaded loop on the CPU, a grid-stride kernel on CUDA; on CUDA during an optimiser's step
-/// (a batched_updates on this thread), queued and launched with the step's other updates. The update reads and writes
+/// threaded loop on the CPU, a multi-tensor launch of one rule on CUDA (backend/cuda/
+/// multi_update.cuh); on CUDA during an optimiser's step (a batched_updates on this thread),
+/// queued and launched with the step's other updates of its type. The update reads and writes
 /// contiguous arrays through raw pointers, so a pass writes every output of the rule at once.
 /// A CUDA parameter in a unit not compiled by nvcc throws tessera::error saying so.
 template <DeviceKind K, class Update>

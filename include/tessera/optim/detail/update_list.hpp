@@ -1,58 +1,18 @@
-// Multi-tensor updates (PyTorch's foreach/fused optimisers): an optimiser step on CUDA queues each
-// parameter's update rule, and one launch then updates up to a kernel-parameter-sized list of
-// parameters, each block taking a chunk of one parameter's elements. update_list_plan is the
-// arithmetic (which rules go in which launch, which blocks belong to which rule), plain host code
-// so that CPU tests check every element of every parameter is updated exactly once;
-// batched_updates queues the rules while a step runs (the kernel is in optim/optimizer.hpp).
+// Multi-tensor updates (PyTorch's foreach/fused optimisers): while an optimiser step runs, each CUDA
+// parameter's update rule is queued here, and the step's end launches them as lists through the
+// backend (backend/cuda/multi_update.cuh: one launch per list of rules of one type and device that
+// fits the kernel parameters).
 #pragma once
 
-#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <typeindex>
 #include <utility>
 #include <vector>
 
-#include "tessera/core/config.hpp"
 #include "tessera/core/device.hpp"
 
 namespace tessera::optim::detail {
-
-/// How the queued updates of one rule type and device become launches: launch k updates rules
-/// [first, first + count) (at most max_rules), and rule r of a launch owns blocks
-/// [first_block[r], first_block[r + 1]) of it, each block `per_block` consecutive elements.
-struct update_list_plan {
-  struct launch {
-    std::size_t first = 0;
-    std::size_t count = 0;
-    std::vector<std::int64_t> first_block;  // count + 1 entries, from 0
-  };
-  std::vector<launch> launches;
-
-  static update_list_plan make(const std::vector<std::int64_t>& sizes, std::size_t max_rules,
-                               std::int64_t per_block) {
-    update_list_plan plan;
-    for (std::size_t first = 0; first < sizes.size(); first += max_rules) {
-      launch l;
-      l.first = first;
-      l.count = std::min(max_rules, sizes.size() - first);
-      l.first_block.push_back(0);
-      for (std::size_t r = 0; r < l.count; ++r) {
-        const std::int64_t blocks = (sizes[first + r] + per_block - 1) / per_block;
-        l.first_block.push_back(l.first_block.back() + blocks);
-      }
-      plan.launches.push_back(std::move(l));
-    }
-    return plan;
-  }
-  /// The rule that block b of a launch belongs to (the kernel's scan over first_block).
-  TESSERA_HOST_DEVICE static std::size_t rule_of(const std::int64_t* first_block,
-                                                 std::size_t count, std::int64_t b) {
-    std::size_t r = 0;
-    while (r + 1 < count && first_block[r + 1] <= b) ++r;
-    return r;
-  }
-};
 
 /// Queued updates of one rule type on one device.
 struct pending_updates {
