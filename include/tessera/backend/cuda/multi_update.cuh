@@ -46,7 +46,8 @@ __global__ void __launch_bounds__(threads_per_block)
   for (std::int64_t b = blockIdx.x; b < blocks; b += gridDim.x) {
     const auto r = update_list_plan::rule_of(list.first_block, static_cast<std::size_t>(list.count), b);
     const std::int64_t begin = (b - list.first_block[r]) * update_block_elements;
-    const std::int64_t end = std::min(begin + update_block_elements, list.sizes[r]);
+    const std::int64_t limit = begin + update_block_elements;
+    const std::int64_t end = limit < list.sizes[r] ? limit : list.sizes[r];
     const Update rule = list.rules[r];
     for (std::int64_t i = begin + threadIdx.x; i < end; i += blockDim.x) rule(i);
   }
