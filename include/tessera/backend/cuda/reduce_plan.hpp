@@ -43,6 +43,17 @@ struct full_reduction_plan {
   }
 };
 
+/// Cuts `count` positions into about `wanted` slices of a whole number of `granule`s; writes the
+/// slice length and the number of (non-empty) slices, at least 1.
+TESSERA_HOST_DEVICE inline void cut_slices(std::int64_t count, std::int64_t wanted,
+                                           std::int64_t granule, std::int64_t& slice,
+                                           std::int64_t& splits) {
+  slice = (count + wanted - 1) / wanted;
+  slice = (slice + granule - 1) / granule * granule;
+  splits = slice > 0 ? (count + slice - 1) / slice : 1;
+  if (splits < 1) splits = 1;
+}
+
 /// Values a lane reads before it folds them (one batch: its loads are in flight together).
 inline constexpr int reduce_batch_values = 16;
 
@@ -88,11 +99,7 @@ struct row_reduction_plan {
       if (splits < 1) splits = 1;
     }
     const std::int64_t granule = std::int64_t{group} * reduce_batch_values;
-    std::int64_t slice = (extent + splits - 1) / splits;
-    slice = (slice + granule - 1) / granule * granule;
-    plan.slice = slice;
-    plan.splits = slice > 0 ? (extent + slice - 1) / slice : 1;
-    if (plan.splits < 1) plan.splits = 1;
+    cut_slices(extent, splits, granule, plan.slice, plan.splits);
     return plan;
   }
   /// Blocks of work: row blocks times splits (a grid-stride loop goes over them).
@@ -152,11 +159,7 @@ struct column_reduction_plan {
       splits = by_device < by_work ? by_device : by_work;
       if (splits < 1) splits = 1;
     }
-    std::int64_t slice = (extent + splits - 1) / splits;
-    slice = (slice + plan.lanes - 1) / plan.lanes * plan.lanes;
-    plan.slice = slice;
-    plan.splits = slice > 0 ? (extent + slice - 1) / slice : 1;
-    if (plan.splits < 1) plan.splits = 1;
+    cut_slices(extent, splits, plan.lanes, plan.slice, plan.splits);
     return plan;
   }
   TESSERA_HOST_DEVICE static std::int64_t column_blocks(std::int64_t outputs, int columns) {
@@ -202,11 +205,7 @@ struct channel_reduction_plan {
       if (splits < 1) splits = 1;
     }
     const std::int64_t granule = std::int64_t{block} * vector;
-    std::int64_t slice = (count + splits - 1) / splits;
-    slice = (slice + granule - 1) / granule * granule;
-    plan.slice = slice;
-    plan.splits = slice > 0 ? (count + slice - 1) / slice : 1;
-    if (plan.splits < 1) plan.splits = 1;
+    cut_slices(count, splits, granule, plan.slice, plan.splits);
     return plan;
   }
   TESSERA_HOST_DEVICE std::int64_t first(std::int64_t split) const { return split * slice; }
