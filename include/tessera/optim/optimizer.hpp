@@ -378,7 +378,11 @@ class Optimizer {
     } else if (master.device() != value.device()) {
       master = master.as<float, K>().template to<K>(value.device().index);
     }
-    fn(master.as<float, K>(), detail::kept_until_flush(grad.as<L, K>().contiguous()), low);
+    if constexpr (std::is_same_v<K, tessera::cuda>) {  // a queued CUDA rule points into it
+      fn(master.as<float, K>(), detail::kept_until_flush(grad.as<L, K>().contiguous()), low);
+    } else {
+      fn(master.as<float, K>(), grad.as<L, K>().contiguous(), low);
+    }
   }
 
   template <Dtype T, class Fn>
