@@ -4,7 +4,8 @@
 # PyTorch's baseline and cuda_bench, whose ratios torch / tessera it prints with its rows.
 # Results go to $OUT (or build/device/out) as text and JSON.
 #   bash bench/device_check.sh [pack.tar.xz=build/device/pack.tar.xz]
-# Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _BENCH_S: 240, 90, 180);
+# Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _BENCH_S, _PROFILE_S: 240,
+# 90, 180, 100);
 # a part that fails or runs out is reported and the next one still runs.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -44,6 +45,16 @@ baseline=()
 part cuda_bench "${TESSERA_DEVICE_BENCH_S:-180}" "${baseline[@]}" "$dir/bin/cuda_bench" \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json
+# Where a ResNet-50 step's GPU time goes: ncu times every kernel of about one step at batch 8
+# (launches 3000-4199, past the model's creation and the first steps) and kernel_profile.py sums
+# them by kernel; TESSERA_DEVICE_PROFILE_S=0 skips it (it is last, so a cut run loses only it).
+profile_s=${TESSERA_DEVICE_PROFILE_S:-100}
+if [ "$profile_s" -gt 0 ] && command -v ncu >/dev/null 2>&1; then
+  part ncu_resnet50 "$profile_s" ncu --clock-control none --metrics gpu__time_duration.sum \
+    --print-units base --csv --launch-skip 3000 --launch-count 1200 --log-file "$out/ncu.csv" \
+    "$dir/bin/cuda_bench" --benchmark_filter='BM_resnet50_step_tessera/8/1'
+  [ -s "$out/ncu.csv" ] && python3 bench/kernel_profile.py "$out/ncu.csv" | tee "$out/profile.txt"
+fi
 echo
 echo "device_check: results in $out; $([ "$status" -eq 0 ] && echo 'every part passed' || echo 'a part FAILED')"
 exit "$status"
