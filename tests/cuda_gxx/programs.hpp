@@ -14,11 +14,11 @@ void append(std::vector<double>& out, const ts::Tensor<T, K>& t) {
   for (const T v : t.contiguous().to_vector()) out.push_back(static_cast<double>(v));
 }
 
-template <class M>
+template <class K, class M>
 void append_parameters(run_result& result, M& model) {
   for (const auto& [name, parameter] : model.named_parameters()) {
     (void)name;
-    append(result.parameters, parameter.value().template as<float, ts::cpu>().cpu(0));
+    append(result.parameters, parameter.value().template as<float, K>().cpu(0));
   }
 }
 
@@ -45,7 +45,7 @@ run_result train_mlp(int steps) {
     program.backward();
     adam.step();
   }
-  append_parameters(result, model);
+  append_parameters<K>(result, model);
   return result;
 }
 
@@ -92,7 +92,7 @@ run_result train_conv(int steps) {
     program.backward();
     sgd.step();
   }
-  append_parameters(result, model);
+  append_parameters<K>(result, model);
   append(result.parameters, model.bn.running_mean().value().cpu(0));
   append(result.parameters, model.bn.running_var().value().cpu(0));
   return result;

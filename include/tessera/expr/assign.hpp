@@ -32,23 +32,29 @@ template <class T, class E>
 void run_cuda_primitive(const Tensor<T, cuda>& out, const E& p);
 #endif
 
+#if TESSERA_CUDA_KERNELS
+/// `node` into `out` on CUDA as one kernel of this unit. A name of its own, defined only where
+/// nvcc compiles kernels: run_expression has another body in a unit that evaluates op by op
+/// (g++ with tessera::compiled), and the linker keeps one body per name, so the library's
+/// primitives, which must launch their kernel, never call run_expression (that body would hand
+/// the primitive back to them, forever).
+template <class T, class E>
+void run_expression_kernel(const Tensor<T, cuda>& out, const E& node) {
+  DeviceGuard<cuda> guard(out.device_index());
+  backend::cuda::execute(out.data(), out.strides(), out.shape(), leaf_strides_of(node, out.shape()),
+                         evaluator_factory(node));
+}
+#endif
+
 /// Runs `node` into `out` (shapes already agree: every operand broadcasts to out's shape).
 template <class T, class K, class E>
 void run_expression(const Tensor<T, K>& out, const E& node) {
-  constexpr int leaves = E::leaf_count;
-  std::array<Strides, leaves> strides;
-  int next = 0;
-  node.collect_strides(out.shape(), strides.data(), next);
-  auto make_evaluator = [&node](const Strides* leaf_strides, int rank) {
-    int position = 0;
-    return node.evaluator(leaf_strides, rank, position);
-  };
   if constexpr (std::is_same_v<K, cpu>) {
-    backend::cpu::execute(out.data(), out.strides(), out.shape(), strides, make_evaluator);
+    backend::cpu::execute(out.data(), out.strides(), out.shape(), leaf_strides_of(node, out.shape()),
+                          evaluator_factory(node));
   } else {
 #if TESSERA_CUDA_KERNELS
-    DeviceGuard<cuda> guard(out.device_index());
-    backend::cuda::execute(out.data(), out.strides(), out.shape(), strides, make_evaluator);
+    run_expression_kernel(out, node);
 #elif TESSERA_CUDA_OP_BY_OP
     // No kernels here: the library's, one operation at a time.
     auto run = [](const auto& into, const auto& p) { run_cuda_primitive(into, p); };
@@ -66,7 +72,7 @@ void run_expression(const Tensor<T, K>& out, const E& node) {
 #if TESSERA_CUDA_KERNELS
 template <class T, class E>
 void run_cuda_primitive(const Tensor<T, cuda>& out, const E& p) {
-  run_expression(out, p);
+  run_expression_kernel(out, p);
 }
 #endif
 

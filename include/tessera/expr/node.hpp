@@ -5,6 +5,7 @@
 // broadcast and live on one device, so errors point at the statement that caused them.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -504,6 +505,29 @@ template <class U, class A>
 struct is_cast<unary_expr<ops::cast_to<U>, A>> : std::true_type {
   using target = U;
 };
+
+/// What an executor takes of a node: a maker of its evaluator for leaf strides laid out in `rank`
+/// dimensions...
+template <class Node>
+auto evaluator_factory(const Node& node) {
+  return [&node](const Strides* leaf_strides, int rank) {
+    int position = 0;
+    return node.evaluator(leaf_strides, rank, position);
+  };
+}
+
+/// ...and its leaves' strides expanded to `shape` (the output's; by default the node's own).
+template <class Node>
+std::array<Strides, Node::leaf_count> leaf_strides_of(const Node& node, const Shape& shape) {
+  std::array<Strides, Node::leaf_count> strides;
+  int next = 0;
+  node.collect_strides(shape, strides.data(), next);
+  return strides;
+}
+template <class Node>
+std::array<Strides, Node::leaf_count> leaf_strides_of(const Node& node) {
+  return leaf_strides_of(node, node.shape());
+}
 }  // namespace detail
 
 /// A tensor or a lazy expression of tensors.

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <type_traits>
+#include <utility>
 
 #include "tessera/backend/cpu/reduce.hpp"
 #include "tessera/core/device.hpp"
@@ -54,24 +55,6 @@ inline constexpr bool reduce_always_false = false;
   "PROPERTIES LANGUAGE CUDA)), or link tessera::compiled, which runs it one operation at a "   \
   "time."
 
-/// Builds the evaluator of `node` for leaf strides laid out in `rank` dimensions.
-template <class Node>
-auto evaluator_factory(const Node& node) {
-  return [&node](const Strides* leaf_strides, int rank) {
-    int position = 0;
-    return node.evaluator(leaf_strides, rank, position);
-  };
-}
-
-/// The leaves' strides expanded to the node's own shape.
-template <class Node>
-std::array<Strides, Node::leaf_count> leaf_strides_of(const Node& node) {
-  std::array<Strides, Node::leaf_count> strides;
-  int next = 0;
-  node.collect_strides(node.shape(), strides.data(), next);
-  return strides;
-}
-
 /// Maps `dim` into [0, rank); a 0-dim input takes 0 and -1, as in PyTorch. Throws shape_error
 /// naming the dimension, the rank and the shape.
 TESSERA_API int reduction_dim(const Shape& shape, std::int64_t dim, const char* operation);
@@ -107,6 +90,43 @@ void require_floating(const char* operation) {
   }
 }
 
+/// The rows softmax runs over: the node's shape and leaf strides, a 0-dim input as a row of one
+/// element.
+template <class Node>
+std::pair<Shape, std::array<Strides, Node::leaf_count>> softmax_rows(const Node& node) {
+  auto strides = leaf_strides_of(node);
+  if (node.shape().size() > 0) return {node.shape(), strides};
+  for (auto& s : strides) s = Strides{0};
+  return {Shape{1}, strides};
+}
+
+#if TESSERA_CUDA_KERNELS
+// The CUDA kernels of the reductions below, under names of their own, defined only where nvcc
+// compiles kernels (the library's primitives call them; see run_expression_kernel in
+// expr/assign.hpp for why they cannot call the reductions themselves).
+template <class Op, class Finish, class Out, class Node>
+void reduce_all_kernel(const Tensor<Out, cuda>& out, const Node& node, Device device) {
+  DeviceGuard<cuda> guard(device.index);
+  backend::cuda::reduce_all<Op, typename Node::value_type, Finish>(
+      out.data(), node.shape(), leaf_strides_of(node), evaluator_factory(node));
+}
+template <class Op, class Finish, class Out, class Node>
+void reduce_dim_kernel(const Tensor<Out, cuda>& out, const Node& node, int dim, Device device) {
+  DeviceGuard<cuda> guard(device.index);
+  backend::cuda::reduce_dim<Op, typename Node::value_type, Finish>(
+      out.data(), node.shape(), dim, leaf_strides_of(node), evaluator_factory(node));
+}
+template <bool Log, class F, class Node>
+void softmax_kernel(const Tensor<F, cuda>& out, const Node& node, std::int64_t dim,
+                    const char* operation) {
+  const int d = reduction_dim(node.shape(), dim, operation);
+  const auto [row_shape, row_strides] = softmax_rows(node);
+  DeviceGuard<cuda> guard(device_of(node, operation).index);
+  backend::cuda::softmax<Log, typename Node::value_type>(out.data(), row_shape, d, row_strides,
+                                                         evaluator_factory(node));
+}
+#endif
+
 /// A full reduction of `node` into `out` (one element, on the node's device).
 template <class Op, class Finish, class Out, class Node>
 void reduce_all_into(const Tensor<Out, typename Node::device_kind>& out, const Node& node,
@@ -114,15 +134,12 @@ void reduce_all_into(const Tensor<Out, typename Node::device_kind>& out, const N
   using K = typename Node::device_kind;
   using V = typename Node::value_type;
   const Device device = device_of(node, operation);
-  const auto strides = leaf_strides_of(node);
   if constexpr (std::is_same_v<K, cpu>) {
-    backend::cpu::reduce_all<Op, V, Finish>(out.data(), node.shape(), strides,
+    backend::cpu::reduce_all<Op, V, Finish>(out.data(), node.shape(), leaf_strides_of(node),
                                             evaluator_factory(node));
   } else {
 #if TESSERA_CUDA_KERNELS
-    DeviceGuard<cuda> guard(device.index);
-    backend::cuda::reduce_all<Op, V, Finish>(out.data(), node.shape(), strides,
-                                             evaluator_factory(node));
+    reduce_all_kernel<Op, Finish>(out, node, device);
 #elif TESSERA_CUDA_OP_BY_OP
     (void)device;
     auto run = [](const auto& into, const auto& p) { run_cuda_primitive(into, p); };
@@ -156,15 +173,12 @@ void reduce_dim_into(const Tensor<Out, typename Node::device_kind>& out, const N
   const Shape& shape = node.shape();
   if (shape.size() == 0) return reduce_all_into<Op, Finish, Out>(out, node, operation);
   const Device device = device_of(node, operation);
-  const auto strides = leaf_strides_of(node);
   if constexpr (std::is_same_v<K, cpu>) {
-    backend::cpu::reduce_dim<Op, V, Finish>(out.data(), shape, dim, strides,
+    backend::cpu::reduce_dim<Op, V, Finish>(out.data(), shape, dim, leaf_strides_of(node),
                                             evaluator_factory(node));
   } else {
 #if TESSERA_CUDA_KERNELS
-    DeviceGuard<cuda> guard(device.index);
-    backend::cuda::reduce_dim<Op, V, Finish>(out.data(), shape, dim, strides,
-                                             evaluator_factory(node));
+    reduce_dim_kernel<Op, Finish>(out, node, dim, device);
 #elif TESSERA_CUDA_OP_BY_OP
     (void)device;
     auto run = [](const auto& into, const auto& p) { run_cuda_primitive(into, p); };
@@ -198,33 +212,21 @@ void softmax_into(const Tensor<floating_of<typename Node::value_type>, typename 
                   const Node& node, std::int64_t dim, const char* operation) {
   using K = typename Node::device_kind;
   using V = typename Node::value_type;
-  const Shape& shape = node.shape();
-  const int d = reduction_dim(shape, dim, operation);
-  const Device device = device_of(node, operation);
-  const auto strides = leaf_strides_of(node);
-  // A 0-dim input is a row of one element.
-  const Shape row_shape = shape.size() == 0 ? Shape{1} : shape;
-  const auto row_strides = [&] {
-    if (shape.size() > 0) return strides;
-    auto widened = strides;
-    for (auto& s : widened) s = Strides{0};
-    return widened;
-  }();
+  const int d = reduction_dim(node.shape(), dim, operation);
+  (void)device_of(node, operation);  // the operands' devices agree, or it throws
   if constexpr (std::is_same_v<K, cpu>) {
+    const auto [row_shape, row_strides] = softmax_rows(node);
     backend::cpu::softmax<Log, V>(out.data(), row_shape, d, row_strides, evaluator_factory(node));
   } else {
 #if TESSERA_CUDA_KERNELS
-    DeviceGuard<cuda> guard(device.index);
-    backend::cuda::softmax<Log, V>(out.data(), row_shape, d, row_strides, evaluator_factory(node));
+    softmax_kernel<Log>(out, node, dim, operation);
 #elif TESSERA_CUDA_OP_BY_OP
-    (void)device;
     auto run = [](const auto& into, const auto& p) { run_cuda_primitive(into, p); };
     auto softmax = [dim, operation](const auto& into, const auto& leaf) {
       softmax_cuda_primitive<Log>(into, leaf, dim, operation);
     };
     op_by_op::softmax<K>(out, node, run, softmax);
 #else
-    (void)device;
     static_assert(reduce_always_false<Node>, TESSERA_REDUCE_NEEDS_NVCC("softmax of"));
 #endif
   }
@@ -246,17 +248,21 @@ auto softmax_of(const Node& node, std::int64_t dim, const char* operation) {
 template <class Op, class Finish, class Out, class V>
 void reduce_all_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
                                const char* operation) {
-  reduce_all_into<Op, Finish, Out>(out, leaf, operation);
+  reduce_all_kernel<Op, Finish>(out, leaf, device_of(leaf, operation));
 }
 template <class Op, class Finish, class Out, class V>
 void reduce_dim_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
                                int dim, const char* operation) {
-  reduce_dim_into<Op, Finish, Out>(out, leaf, dim, operation);
+  if (leaf.shape().size() == 0) {
+    reduce_all_kernel<Op, Finish>(out, leaf, device_of(leaf, operation));
+  } else {
+    reduce_dim_kernel<Op, Finish>(out, leaf, dim, device_of(leaf, operation));
+  }
 }
 template <bool Log, class F>
 void softmax_cuda_primitive(const Tensor<F, cuda>& out, const tensor_leaf<F, cuda>& leaf,
                             std::int64_t dim, const char* operation) {
-  softmax_into<Log>(out, leaf, dim, operation);
+  softmax_kernel<Log>(out, leaf, dim, operation);
 }
 #endif
 
