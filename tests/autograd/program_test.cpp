@@ -8,6 +8,7 @@
 #include <cmath>
 #include <memory>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -449,6 +450,77 @@ TEST_CASE("a gradient hook fires once per parameter when its gradient is final",
   CHECK(matched == program.parameter_count());
 }
 
+TEST_CASE("a backward that throws part-way puts every gradient back as it was",
+          "[autograd][program][failure]") {
+  Mlp<double> model(4, 8, 2);
+  auto program = ag::compile([&](ag::Var<double> input) { return ts::sum(model.forward(input)); },
+                             ag::input<double>({3, 4}));
+  // The hook throws at the last gradient to be final: by then the others are written.
+  bool fail = false;
+  std::size_t readied = 0;
+  program.on_gradient_ready([&](const ag::GradientReady&) {
+    if (fail && ++readied == program.parameter_count()) throw std::runtime_error("hook failed");
+  });
+  const auto x = random_tensor<double>({3, 4}, 21);
+  auto failing_backward = [&] {
+    fail = true;
+    readied = 0;
+    program.forward(x);
+    CHECK_THROWS_WITH(program.backward(), "hook failed");
+    fail = false;
+    CHECK(readied == program.parameter_count());  // every other gradient was written first
+  };
+  auto grads = [&] {
+    std::vector<std::vector<double>> out;
+    for (auto& p : model.parameters()) out.push_back(p.grad().as<double>().to_vector());
+    return out;
+  };
+
+  // No gradient before: none after.
+  failing_backward();
+  for (auto& p : model.parameters()) CHECK_FALSE(p.grad().defined());
+  // The backward needs a new forward (it may have used the forward's buffers).
+  CHECK_THROWS_WITH(program.backward(), Catch::Contains("call forward first"));
+
+  // Reference gradients in double from a backward that succeeds: d sum(fc2(relu(fc1 x))).
+  program.forward(x);
+  program.backward();
+  const auto once = grads();
+  // Accumulating onto values: the values come back exactly, and the next backward adds to them.
+  failing_backward();
+  CHECK(grads() == once);
+  program.forward(x);
+  program.backward();
+  auto twice = grads();
+  for (std::size_t k = 0; k < twice.size(); ++k) {
+    for (std::size_t i = 0; i < twice[k].size(); ++i) {
+      CHECK(twice[k][i] == Approx(2 * once[k][i]).margin(1e-12));
+    }
+  }
+  // After zero_grad: zeros (unwritten) again, and the next backward writes, not adds.
+  model.zero_grad();
+  failing_backward();
+  for (const auto& g : grads()) CHECK(g == std::vector<double>(g.size(), 0.0));
+  model.zero_grad();
+  failing_backward();
+  program.forward(x);
+  program.backward();
+  CHECK(grads() == once);
+
+  // Options::restore_gradients = false keeps no copy: the zero and none states still come back
+  // (they cost nothing); accumulated values are left part-written.
+  Mlp<double> other(4, 8, 2);
+  auto plain = ag::compile([&](ag::Var<double> input) { return ts::sum(other.forward(input)); },
+                           ag::input<double>({3, 4}), ag::Options{.restore_gradients = false});
+  bool fail_plain = true;
+  plain.on_gradient_ready([&](const ag::GradientReady& ready) {
+    if (fail_plain && ready.index == 0) throw std::runtime_error("hook failed");
+  });
+  plain.forward(x);
+  CHECK_THROWS_WITH(plain.backward(), "hook failed");
+  for (auto& p : other.parameters()) CHECK_FALSE(p.grad().defined());
+}
+
 TEST_CASE("a product hook is offered each weight's product when it is the gradient's only one",
           "[autograd][program]") {
   // fc1 is applied twice (two contributions: never offered); fc2's weight has one product. The
@@ -592,8 +664,9 @@ TEST_CASE("an elementwise expression and its gradients are fused", "[autograd][p
   const auto mid = ts::profiler::kernel_launches();
   program.backward();
   // The seed, then per parameter one fused reduction of its gradient expression over the batch
-  // dim and one pass adding it into .grad() (backward accumulates).
-  CHECK(ts::profiler::kernel_launches() - mid == 5);
+  // dim and one pass adding it into .grad() (backward accumulates); first, since it accumulates,
+  // a copy of each gradient to put back should the backward fail (Options::restore_gradients).
+  CHECK(ts::profiler::kernel_launches() - mid == 2 + 5);
 }
 
 TEST_CASE("forward checks its inputs and backward needs a forward", "[autograd][program]") {

@@ -31,6 +31,13 @@ struct Options {
   /// y.backward(grad)): the result may then have any shape. false: the first result is a
   /// one-element loss, and backward() seeds it with 1.
   bool seed_gradient = false;
+  /// A backward that throws part-way (out of memory in a node, a gradient hook that throws) puts
+  /// every parameter's gradient back as it was before it: none, zero, or its values. Zero and
+  /// none cost nothing to keep; a gradient that accumulates onto earlier values (a second
+  /// backward without zero_grad) is copied first, into a buffer the program keeps. false: no
+  /// copy, and a failed backward leaves those gradients part-written (DataParallel, DDP and
+  /// Pipeline turn it off: they keep the module's gradients themselves, once per step).
+  bool restore_gradients = true;
 };
 
 /// Where a program's memory goes, in bytes. planned_bytes is the arena (all devices);

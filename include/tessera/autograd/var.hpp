@@ -81,6 +81,10 @@ struct parameter_binding {
   std::function<std::pair<AnyTensor, bool>()> grad_for_backward;
   std::function<void()> written;
   std::function<bool()> has_grad;
+  // Undoes a failed backward's effect on the slot: `created` (the slot had no gradient before):
+  // no gradient again; else zero unwritten again (the values, when there were some, are copied
+  // back by the program).
+  std::function<void(bool created)> unwrite;
   int value_id = -1;
 };
 
@@ -267,6 +271,10 @@ class graph {
     };
     binding.written = [raw] { raw->grad_zero = false; };
     binding.has_grad = [raw] { return raw->grad.defined(); };
+    binding.unwrite = [raw](bool created) {
+      if (created) raw->grad = Tensor<T, K>{};
+      raw->grad_zero = !created;
+    };
     binding.value_id = add_value(std::move(info));
     parameters.push_back(std::move(binding));
     return parameters.back().value_id;

@@ -228,6 +228,7 @@ class DataParallel {
     const auto all = std::tie(args...);
     autograd::Options options;
     if constexpr (has_options) options = std::get<sizeof...(Args) - 1>(all);
+    options.restore_gradients = false;  // the step's rollback keeps the module's gradients
     if constexpr (is_module) rebind_if_changed();  // the replicas traced on the current tensors
     return [&]<std::size_t... I>(std::index_sequence<I...>) {
       const std::vector<Shape> shapes{std::get<I>(all).shape...};

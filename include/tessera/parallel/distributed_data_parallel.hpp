@@ -342,12 +342,21 @@ class DistributedDataParallel {
   auto compile(Fn fn, const Args&... args) {
     M& m = module_;
     // The inputs live where the module does (an input spec's device defaults to 0).
+    // The step's rollback keeps the module's gradients (gradients_), so the program keeps none.
     auto on_module_device = [device = module_device().index](auto arg) {
       if constexpr (requires { arg.shape, arg.device = device; }) arg.device = device;
+      if constexpr (std::is_same_v<decltype(arg), autograd::Options>) arg.restore_gradients = false;
       return arg;
     };
-    auto program = autograd::compile([fn, &m](auto... vars) { return fn(m, vars...); },
-                                     on_module_device(args)...);
+    auto traced = [fn, &m](auto... vars) { return fn(m, vars...); };
+    auto program = [&] {
+      if constexpr (autograd::detail::ends_with_options<Args...>()) {
+        return autograd::compile(traced, on_module_device(args)...);
+      } else {
+        return autograd::compile(traced, on_module_device(args)...,
+                                 autograd::Options{.restore_gradients = false});
+      }
+    }();
     return DistributedProgram<M, decltype(program)>(this, std::move(program), reducer_);
   }
 

@@ -999,7 +999,9 @@ auto Pipeline<Seq>::compile(Fn loss, const Spec& input_spec, const Specs&... spe
         const autograd::Options opts{.mode = trains[static_cast<std::size_t>(s)]
                                                   ? autograd::Mode::training
                                                   : autograd::Mode::inference,
-                                     .seed_gradient = true};
+                                     .seed_gradient = true,
+                                     // the step's rollback keeps every gradient (gradients_)
+                                     .restore_gradients = false};
         auto& list = stage_programs[static_cast<std::size_t>(s)][static_cast<std::size_t>(c)];
         for (int k = 0; k < std::max(n, 1); ++k) list.push_back(autograd::compile(fn, spec, opts));
         in_shapes[static_cast<std::size_t>(s) + 1][static_cast<std::size_t>(c)] = out_shape;

@@ -49,6 +49,7 @@ class program_state {
   Mode mode = Mode::training;
   Checkpoint checkpoint;
   bool seed_gradient = false;
+  bool restore_gradients = true;  // Options::restore_gradients
   std::vector<int> input_ids;
   std::vector<int> output_ids;
   std::vector<step> schedule;
@@ -148,6 +149,19 @@ class program_state {
 
   /// In place, buffers, packing, accounting.
   void place();
+
+  /// Each parameter's gradient as run_backward found it, so that a backward that throws puts it
+  /// back (Options::restore_gradients); copies_ holds the values of those that accumulate (kept
+  /// from step to step, so that a warm step allocates nothing).
+  enum class grad_before : char { none, zero, values };
+  std::vector<grad_before> grads_before_;
+  std::vector<AnyTensor> grad_copies_;
+  /// Records parameter p's gradient state (and its values when it accumulates); returns the
+  /// gradient for this backward and whether it is zero unwritten.
+  std::pair<AnyTensor, bool> record_gradient(std::size_t p);
+  /// Puts back the gradients of the first `count` parameters recorded.
+  void restore_gradients_before(std::size_t count) noexcept;
+  void run_backward_steps(const AnyTensor* seed, double seed_value);
 
   std::vector<char> live_nodes_;
 };

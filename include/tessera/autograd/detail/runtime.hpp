@@ -142,21 +142,76 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
         "run, and each forward allows one backward)");
   }
   keep_handed_out();
+  forwarded = false;  // (a backward that throws needs a new forward: it may have used its buffers)
   // Each parameter's gradient: its first contribution adds to it, or writes it when its zeros
-  // are unwritten (a new gradient, or one after zero_grad).
-  for (std::size_t p = 0; p < g->parameters.size(); ++p) {
+  // are unwritten (a new gradient, or one after zero_grad). Recorded first, so that a backward
+  // that throws puts every gradient back.
+  grads_before_.assign(g->parameters.size(), grad_before::none);
+  std::size_t recorded = 0;
+  try {
+    for (; recorded < g->parameters.size(); ++recorded) {
+      const std::size_t p = recorded;
+      const int gid = g->values[static_cast<std::size_t>(g->parameters[p].value_id)].grad;
+      if (gid < 0) continue;
+      auto [grad, zero] = record_gradient(p);
+      table.tensors[static_cast<std::size_t>(gid)] = std::move(grad);
+      const auto [at, position] = first_contribution[p];
+      if (at >= 0) {  // (a gradient no step contributes to keeps its unwritten zeros)
+        schedule[static_cast<std::size_t>(at)].accumulate[static_cast<std::size_t>(position)] =
+            zero ? 0 : 1;
+      }
+    }
+    run_backward_steps(seed, seed_value);
+  } catch (...) {
+    restore_gradients_before(recorded);
+    throw;
+  }
+}
+
+TESSERA_API std::pair<AnyTensor, bool> program_state::record_gradient(std::size_t p) {
+  const parameter_binding& binding = g->parameters[p];
+  const bool had = binding.has_grad();
+  auto [grad, zero] = binding.grad_for_backward();  // creates it (zero) when there was none
+  const grad_before before = !had ? grad_before::none : zero ? grad_before::zero : grad_before::values;
+  grads_before_[p] = before;
+  if (before == grad_before::values && restore_gradients) {
+    if (grad_copies_.size() < g->parameters.size()) grad_copies_.resize(g->parameters.size());
+    AnyTensor& copy = grad_copies_[p];
+    if (!copy.defined() || copy.shape() != grad.shape() || copy.dtype() != grad.dtype() ||
+        copy.device() != grad.device()) {
+      copy = grad.visit([](const auto& t) -> AnyTensor { return t.clone(); });
+    } else {
+      copy.copy_(grad);
+    }
+  } else if (p < grad_copies_.size()) {
+    grad_copies_[p] = AnyTensor{};  // held only while the gradient accumulates
+  }
+  return {std::move(grad), zero};
+}
+
+TESSERA_API void program_state::restore_gradients_before(std::size_t count) noexcept {
+  for (std::size_t p = 0; p < count && p < grads_before_.size(); ++p) {
     const parameter_binding& binding = g->parameters[p];
-    const int gid = g->values[static_cast<std::size_t>(binding.value_id)].grad;
-    if (gid < 0) continue;
-    auto [grad, zero] = binding.grad_for_backward();
-    table.tensors[static_cast<std::size_t>(gid)] = std::move(grad);
-    const auto [at, position] = first_contribution[p];
-    if (at >= 0) {  // (a gradient no step contributes to keeps its unwritten zeros)
-      schedule[static_cast<std::size_t>(at)].accumulate[static_cast<std::size_t>(position)] =
-          zero ? 0 : 1;
+    if (g->values[static_cast<std::size_t>(binding.value_id)].grad < 0) continue;
+    switch (grads_before_[p]) {
+      case grad_before::none:
+        binding.unwrite(true);
+        break;
+      case grad_before::zero:
+        binding.unwrite(false);
+        break;
+      case grad_before::values:
+        if (!restore_gradients || p >= grad_copies_.size() || !grad_copies_[p].defined()) break;
+        try {
+          binding.grad_for_backward().first.copy_(grad_copies_[p]);
+        } catch (...) {  // a copy into an existing buffer of its own shape: cannot fail short of
+        }                // a device fault, which the next call reports
+        break;
     }
   }
-  forwarded = false;
+}
+
+TESSERA_API void program_state::run_backward_steps(const AnyTensor* seed, double seed_value) {
   std::fill(table.product_taken.begin(), table.product_taken.end(), char{0});
   for (const step& s : schedule) {
     switch (s.kind) {

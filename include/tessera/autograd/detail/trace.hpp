@@ -62,6 +62,7 @@ TESSERA_API std::unique_ptr<program_state> start_trace(const Options& options) {
   state->mode = options.mode;
   state->checkpoint = options.checkpoint;
   state->seed_gradient = options.seed_gradient && options.mode == Mode::training;
+  state->restore_gradients = options.restore_gradients;
   return state;
 }
 TESSERA_API int add_input(program_state& state, value_info info) {
