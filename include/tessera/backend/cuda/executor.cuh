@@ -80,10 +80,12 @@ __global__ void __launch_bounds__(threads_per_block)
     const std::int64_t row =
         tile / plan.splits * plan.rows_per_block + static_cast<int>(threadIdx.x) / plan.group;
     if (row >= plan.outputs) continue;
+    // Constant bounds (see leaf_evaluator): the index stays in registers.
     std::int64_t index[max_dims] = {};
     std::int64_t out_offset = 0;
     std::int64_t rest = row;
-    for (int d = kept_rank - 1; d >= 0; --d) {
+    for (int d = max_dims - 2; d >= 0; --d) {
+      if (d >= kept_rank) continue;
       index[d] = rest % layout.sizes[d];
       rest /= layout.sizes[d];
       out_offset += index[d] * layout.out_strides[d];

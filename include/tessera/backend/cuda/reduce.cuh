@@ -59,9 +59,10 @@ struct strided_element {
   Evaluator evaluator;
   strided_layout_args layout;
   __device__ typename Op::acc_type operator()(std::int64_t i) const {
-    std::int64_t index[max_dims];
+    std::int64_t index[max_dims] = {};
     std::int64_t rest = i;
-    for (int d = layout.rank - 1; d >= 0; --d) {
+    for (int d = max_dims - 1; d >= 0; --d) {  // constant bounds: see leaf_evaluator
+      if (d >= layout.rank) continue;
       index[d] = rest % layout.sizes[d];
       rest /= layout.sizes[d];
     }
@@ -303,7 +304,8 @@ struct row_source {
     Evaluator placed = evaluator;
     if constexpr (!Linear) {
       std::int64_t index[max_dims] = {};
-      for (int d = layout.kept_rank - 1; d >= 0; --d) {
+      for (int d = max_dims - 1; d >= 0; --d) {  // constant bounds: see leaf_evaluator
+        if (d >= layout.kept_rank) continue;
         index[d] = o % layout.kept[d];
         o /= layout.kept[d];
       }
