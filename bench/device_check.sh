@@ -4,6 +4,8 @@
 # PyTorch's baseline and cuda_bench, whose ratios torch / tessera it prints with its rows.
 # Results go to $OUT (or build/device/out) as text and JSON.
 #   bash bench/device_check.sh [pack.tar.xz=build/device/pack.tar.xz]
+# A short run: TESSERA_DEVICE_SKIP="cuda_gxx_tests ncu_resnet50" skips those parts, and
+# TESSERA_DEVICE_BENCH_FILTER=regex runs only those cuda_bench rows.
 # Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _BENCH_S, _PROFILE_S: 240,
 # 90, 180, 100);
 # a part that fails or runs out is reported and the next one still runs.
@@ -25,6 +27,10 @@ status=0
 part() {  # name, seconds, command...
   local name=$1 seconds=$2
   shift 2
+  if [[ " ${TESSERA_DEVICE_SKIP:-} " == *" $name "* ]]; then
+    echo "==== $name: skipped (TESSERA_DEVICE_SKIP)"
+    return
+  fi
   local start=$SECONDS
   echo
   echo "==== $name (limit ${seconds} s)"
@@ -44,7 +50,8 @@ baseline=()
 [ -s "$out/torch.json" ] && baseline=(env "TESSERA_TORCH_BASELINE=$out/torch.json")
 part cuda_bench "${TESSERA_DEVICE_BENCH_S:-180}" "${baseline[@]}" "$dir/bin/cuda_bench" \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
-  --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json
+  --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json \
+  "--benchmark_filter=${TESSERA_DEVICE_BENCH_FILTER:-.}"
 # Where a ResNet-50 step's GPU time goes: ncu times every kernel of about one step at batch 8
 # (launches 3000-4199, past the model's creation and the first steps) and kernel_profile.py sums
 # them by kernel; TESSERA_DEVICE_PROFILE_S=0 skips it (it is last, so a cut run loses only it).
