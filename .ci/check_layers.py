@@ -27,7 +27,6 @@ KNOWN = {
     "up": set(),
     "cycle": set(),
     "long": {
-        "nn/detail/conv2d.hpp",
         "parallel/pipeline.hpp", "parallel/process_group.hpp", "parallel/data_parallel.hpp",
         "backend/cpu/reduce.hpp", "parallel/communicator.hpp", "parallel/detail/mpi_engine.hpp",
     },

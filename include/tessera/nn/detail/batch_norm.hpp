@@ -23,7 +23,7 @@
 #include "tessera/expr/assign.hpp"
 #include "tessera/expr/operators.hpp"
 #include "tessera/expr/reduce.hpp"
-#include "tessera/nn/detail/conv2d.hpp"
+#include "tessera/nn/detail/workspace.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera::nn::detail {

@@ -19,7 +19,8 @@
 #include "tessera/expr/assign.hpp"
 #include "tessera/expr/operators.hpp"
 #include "tessera/expr/reduce.hpp"
-#include "tessera/nn/detail/conv2d.hpp"
+#include "tessera/nn/detail/conv2d_geometry.hpp"
+#include "tessera/nn/detail/workspace.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera::nn {
