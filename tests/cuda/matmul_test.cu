@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "skip.hpp"
 #include "tessera/expr/matmul.hpp"
 #include "tessera/memory/memory.hpp"
 #include "tessera/tensor/factories.hpp"
@@ -249,14 +250,17 @@ TEST_CASE("cuda: bad operands throw naming the values, before anything changes",
   CHECK_THROWS_WITH(ts::matmul(i23, i32), Catch::Contains("cuBLAS has no int32 GEMM"));
   CHECK_THROWS_WITH(ts::matmul(f23, d32), Catch::Contains("got float32 and float64"));
   CHECK(ts::memory::stats(d).allocations.allocated == before.allocations.allocated);
-  if (ts::cuda::device_count() >= 2) {
-    auto other = ts::ones<float, ts::cuda>({3, 2}, 1);
-    CHECK_THROWS_WITH(ts::matmul(f23, other),
-                      "matmul: expected both operands on the same device, got cuda:0 and cuda:1");
-    CHECK_THROWS_AS(ts::matmul(f23, other), ts::device_mismatch_error);
-  } else {
-    WARN("one CUDA device: the cuda:0 x cuda:1 mismatch is not exercised");
+}
+
+TEST_CASE("cuda: operands on two GPUs throw naming both", "[cuda][matmul][errors][skippable]") {
+  if (ts::cuda::device_count() < 2) {
+    TESSERA_SKIP("one CUDA device: the cuda:0 x cuda:1 mismatch is not exercised");
   }
+  auto f23 = ts::ones<float, ts::cuda>({2, 3});
+  auto other = ts::ones<float, ts::cuda>({3, 2}, 1);
+  CHECK_THROWS_WITH(ts::matmul(f23, other),
+                    "matmul: expected both operands on the same device, got cuda:0 and cuda:1");
+  CHECK_THROWS_AS(ts::matmul(f23, other), ts::device_mismatch_error);
 }
 
 TEST_CASE("cuda: transposed views are not copied: one allocation, the output",

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "skip.hpp"
 #include "tessera/backend/cpu/gemm.hpp"
 #include "tessera/expr/matmul.hpp"
 #include "tessera/tensor/factories.hpp"
@@ -371,45 +372,60 @@ TEST_CASE("half and bfloat16 sum in float and round once", "[matmul][half]") {
   });
 }
 
-TEST_CASE("every micro-kernel build the CPU runs gives the product", "[matmul][kernels]") {
+namespace {
+/// The product of every dtype at awkward sizes on one CPU micro-kernel build, against float64.
+void check_kernel(cpu_backend::gemm_kernel kernel) {
   std::mt19937 rng(9);
-  for (auto kernel : {cpu_backend::gemm_kernel::portable, cpu_backend::gemm_kernel::avx2,
-                      cpu_backend::gemm_kernel::avx512}) {
-    if (!cpu_backend::gemm_kernel_supported(kernel)) {
-      WARN("the " << cpu_backend::name(kernel) << " kernel is not supported here");
-      continue;
+  INFO("kernel " << cpu_backend::name(kernel));
+  auto run = [&](auto tag, std::int64_t m, std::int64_t k, std::int64_t n) {
+    using T = typename decltype(tag)::type;
+    auto a = random_tensor<T>({k, m}, rng).t();  // Trans-like strides
+    auto b = random_tensor<T>({k, n}, rng);
+    auto c = ts::empty<T>({m, n});
+    cpu_backend::gemm_fallback<T>({1, m, n, k}, {a.data(), 0, a.stride(0), a.stride(1)},
+                                  {b.data(), 0, b.stride(0), b.stride(1)},
+                                  {c.data(), 0, c.stride(0)}, ts::Device{}, kernel);
+    const reference want = naive_product(values_of(a), a.shape(), values_of(b), b.shape());
+    const auto got = values_of(c);
+    for (std::size_t i = 0; i < got.size(); ++i) {
+      REQUIRE(std::abs(got[i] - want.values[i]) <=
+              bound<T>(static_cast<double>(k), want.magnitude[i], want.values[i]));
     }
-    INFO("kernel " << cpu_backend::name(kernel));
-    auto run = [&](auto tag, std::int64_t m, std::int64_t k, std::int64_t n) {
-      using T = typename decltype(tag)::type;
-      auto a = random_tensor<T>({k, m}, rng).t();  // Trans-like strides
-      auto b = random_tensor<T>({k, n}, rng);
-      auto c = ts::empty<T>({m, n});
-      cpu_backend::gemm_fallback<T>({1, m, n, k}, {a.data(), 0, a.stride(0), a.stride(1)},
-                                    {b.data(), 0, b.stride(0), b.stride(1)},
-                                    {c.data(), 0, c.stride(0)}, ts::Device{}, kernel);
-      const reference want = naive_product(values_of(a), a.shape(), values_of(b), b.shape());
-      const auto got = values_of(c);
-      for (std::size_t i = 0; i < got.size(); ++i) {
-        REQUIRE(std::abs(got[i] - want.values[i]) <=
-                bound<T>(static_cast<double>(k), want.magnitude[i], want.values[i]));
-      }
-    };
-    for (auto [m, k, n] : {std::array<std::int64_t, 3>{1, 1, 1},
-                           {7, 13, 5},
-                           {33, 65, 17},
-                           {129, 1, 257},
-                           {150, 300, 70}}) {
-      run(ts::type_tag<float>{}, m, k, n);
-      run(ts::type_tag<double>{}, m, k, n);
-      run(ts::type_tag<ts::half>{}, m, k, n);
-      run(ts::type_tag<std::int32_t>{}, m, k, n);
-      run(ts::type_tag<std::int64_t>{}, m, k, n);
-    }
+  };
+  for (auto [m, k, n] : {std::array<std::int64_t, 3>{1, 1, 1},
+                         {7, 13, 5},
+                         {33, 65, 17},
+                         {129, 1, 257},
+                         {150, 300, 70}}) {
+    run(ts::type_tag<float>{}, m, k, n);
+    run(ts::type_tag<double>{}, m, k, n);
+    run(ts::type_tag<ts::half>{}, m, k, n);
+    run(ts::type_tag<std::int32_t>{}, m, k, n);
+    run(ts::type_tag<std::int64_t>{}, m, k, n);
   }
+}
+}  // namespace
+
+TEST_CASE("the portable micro-kernel gives the product", "[matmul][kernels]") {
+  check_kernel(cpu_backend::gemm_kernel::portable);
   CHECK_THROWS_AS(cpu_backend::gemm_fallback<float>({1, 1, 1, 1}, {}, {}, {}, ts::Device{},
                                                     static_cast<cpu_backend::gemm_kernel>(99)),
                   ts::device_error);
+}
+
+// The wider builds run where the CPU has their instructions; elsewhere they report a skip.
+TEST_CASE("the AVX2 micro-kernel gives the product", "[matmul][kernels][skippable]") {
+  if (!cpu_backend::gemm_kernel_supported(cpu_backend::gemm_kernel::avx2)) {
+    TESSERA_SKIP("this CPU has no AVX2: the avx2 micro-kernel was not run");
+  }
+  check_kernel(cpu_backend::gemm_kernel::avx2);
+}
+
+TEST_CASE("the AVX-512 micro-kernel gives the product", "[matmul][kernels][skippable]") {
+  if (!cpu_backend::gemm_kernel_supported(cpu_backend::gemm_kernel::avx512)) {
+    TESSERA_SKIP("this CPU has no AVX-512: the avx512 micro-kernel was not run");
+  }
+  check_kernel(cpu_backend::gemm_kernel::avx512);
 }
 
 TEST_CASE("matmul on the second virtual CPU device", "[matmul][placement]") {
@@ -530,12 +546,12 @@ TEST_CASE("set_blas_enabled switches the path process-wide", "[matmul][blas]") {
 
 #if defined(OPENBLAS_VERSION) && defined(_OPENMP)
 TEST_CASE("BLAS products take the thread's share even after the program set OpenBLAS's threads",
-          "[matmul][blas][threads]") {
+          "[matmul][blas][threads][skippable]") {
   // OpenBLAS's OpenMP build runs a product on the calling thread's OpenMP count, which Tessera
   // sets to the thread's share before each product; a program may change it in between.
   if (openblas_get_parallel() != 2) {
-    WARN("this OpenBLAS is not its OpenMP build: its thread count is not the thread's OpenMP one");
-    return;
+    TESSERA_SKIP("this OpenBLAS is not its OpenMP build: its thread count is not the thread's "
+                 "OpenMP one");
   }
   struct restore_share {
     ~restore_share() { ts::cpu::set_num_threads(ts::cpu::core_count()); }
