@@ -142,7 +142,6 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
         "run, and each forward allows one backward)");
   }
   keep_handed_out();
-  forwarded = false;  // (a backward that throws needs a new forward: it may have used its buffers)
   // Each parameter's gradient: its first contribution adds to it, or writes it when its zeros
   // are unwritten (a new gradient, or one after zero_grad). Recorded first, so that a backward
   // that throws puts every gradient back.
@@ -161,6 +160,9 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
             zero ? 0 : 1;
       }
     }
+    // From here a backward that throws needs a new forward (its steps reuse the forward's
+    // buffers); one that could not make its gradients may be called again.
+    forwarded = false;
     run_backward_steps(seed, seed_value);
   } catch (...) {
     restore_gradients_before(recorded);
