@@ -4,10 +4,10 @@
 # PyTorch's baseline and cuda_bench, whose ratios torch / tessera it prints with its rows.
 # Results go to $OUT (or build/device/out) as text and JSON.
 #   bash bench/device_check.sh [pack.tar.xz=build/device/pack.tar.xz]
-# A short run: TESSERA_DEVICE_SKIP="cuda_gxx_tests ncu_resnet50" skips those parts, and
+# A short run: TESSERA_DEVICE_SKIP="cuda_gxx_tests host_time ncu_resnet50" skips those parts, and
 # TESSERA_DEVICE_BENCH_FILTER=regex runs only those cuda_bench rows.
-# Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _BENCH_S, _PROFILE_S: 240,
-# 90, 180, 100);
+# Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _BENCH_S, _HOST_TIME_S,
+# _PROFILE_S: 240, 90, 180, 60, 100; the CUDA tests take about 85 s on an H100);
 # a part that fails or runs out is reported and the next one still runs.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -52,6 +52,15 @@ part cuda_bench "${TESSERA_DEVICE_BENCH_S:-180}" "${baseline[@]}" "$dir/bin/cuda
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json \
   "--benchmark_filter=${TESSERA_DEVICE_BENCH_FILTER:-.}"
+# Where the host's time goes in a ResNet-50 step at batch 8: the time inside each CUDA, cuDNN and
+# cuBLAS call (bench/host_time.c, preloaded; a step makes 53 cuDNN forward calls).
+if [ -f "$dir/lib/host_time.so" ]; then
+  part host_time "${TESSERA_DEVICE_HOST_TIME_S:-60}" env LD_PRELOAD="$dir/lib/host_time.so" \
+    HOST_TIME_OUT="$out/host_time_calls.txt" "$dir/bin/cuda_bench" \
+    --benchmark_filter='BM_resnet50_step_tessera/8/1' --benchmark_min_time=2
+  [ -s "$out/host_time_calls.txt" ] && cat "$out/host_time_calls.txt"
+fi
+
 # Where a ResNet-50 step's GPU time goes: ncu times every kernel of about one step at batch 8
 # (launches 3000-4199, past the model's creation and the first steps) and kernel_profile.py sums
 # them by kernel; TESSERA_DEVICE_PROFILE_S=0 skips it (it is last, so a cut run loses only it).

@@ -40,6 +40,8 @@ for binary in "$stage"/bin/*; do
   ldd "$binary" | awk '/=> \// { print $3 }'
 done | sort -u | grep -E 'libopenblas|libgfortran|libquadmath|libgomp|libbenchmark' |
   while read -r library; do cp -L "$library" "$stage/lib/"; done
+# The host-time interposer (bench/host_time.c: time inside CUDA, cuDNN and cuBLAS calls).
+gcc -O2 -shared -fPIC -o "$stage/lib/host_time.so" bench/host_time.c -ldl
 cp bench/cuda_torch_baseline.py bench/device_check.sh "$stage/"
 git rev-parse --short HEAD > "$stage/commit"
 tar cJf build/device/pack.tar.xz -C build/device pack
