@@ -519,6 +519,19 @@ TEST_CASE("a backward that throws part-way puts every gradient back as it was",
   plain.forward(x);
   CHECK_THROWS_WITH(plain.backward(), "hook failed");
   for (auto& p : other.parameters()) CHECK_FALSE(p.grad().defined());
+  // An accumulating backward copies each of the four gradients first, unless turned off.
+  fail_plain = false;
+  auto accumulating_launches = [&](auto& compiled) {
+    compiled.forward(x);
+    compiled.backward();  // makes the gradients
+    compiled.forward(x);
+    const auto before = ts::profiler::kernel_launches();
+    compiled.backward();  // adds to them
+    return ts::profiler::kernel_launches() - before;
+  };
+  auto restoring = ag::compile([&](ag::Var<double> input) { return ts::sum(other.forward(input)); },
+                               ag::input<double>({3, 4}));
+  CHECK(accumulating_launches(restoring) == accumulating_launches(plain) + 4);
 }
 
 TEST_CASE("a product hook is offered each weight's product when it is the gradient's only one",

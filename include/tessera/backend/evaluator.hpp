@@ -122,14 +122,18 @@ struct leaf_evaluator {
   }
 
   TESSERA_HOST_DEVICE result_type get(linear_access a) const { return result_type(data[a.i]); }
-  // The loops over dimensions below run to max_dims, a constant, and skip those past the rank:
-  // nvcc unrolls them and indexes `strides` by constants, so a kernel's copy of the evaluator
-  // stays in registers and parameter space. A loop to `rank` indexes it at run time, which puts
-  // the whole evaluator in each thread's local memory (1.4 KB per thread for batch norm's input
-  // gradient, 8x slower than the copy's bandwidth on an H100).
+  // In device code the loops over dimensions below run to max_dims, a constant, and skip those
+  // past the rank: nvcc unrolls them and indexes `strides` by constants, so a kernel's copy of
+  // the evaluator stays in registers and parameter space. A loop to `rank` indexes it at run
+  // time, which puts the whole evaluator in each thread's local memory (1.4 KB per thread for
+  // batch norm's input gradient, 8x slower than the copy's bandwidth on an H100). The host keeps
+  // the loop to `rank` (no extra iterations per row on the CPU).
+  TESSERA_HOST_DEVICE static constexpr int loop_dims(int r) {
+    return TESSERA_DEVICE_CODE ? max_dims : r;
+  }
   TESSERA_HOST_DEVICE result_type get(index_access a) const {
     std::int64_t offset = 0;
-    for (int d = 0; d < max_dims; ++d) {
+    for (int d = 0; d < loop_dims(rank); ++d) {
       if (d < rank) offset += a.index[d] * strides[d];
     }
     return result_type(data[offset]);
@@ -140,7 +144,7 @@ struct leaf_evaluator {
   /// Points `row` at the start of the row `index[0 .. rank-2]`.
   TESSERA_HOST_DEVICE void bind_row(const std::int64_t* index) {
     std::int64_t offset = 0;
-    for (int d = 0; d + 1 < max_dims; ++d) {
+    for (int d = 0; d + 1 < loop_dims(rank); ++d) {
       if (d + 1 < rank) offset += index[d] * strides[d];
     }
     row = data + offset;

@@ -117,11 +117,9 @@ void reduce_dim_kernel(const Tensor<Out, cuda>& out, const Node& node, int dim, 
       out.data(), node.shape(), dim, leaf_strides_of(node), evaluator_factory(node));
 }
 template <bool Log, class F, class Node>
-void softmax_kernel(const Tensor<F, cuda>& out, const Node& node, std::int64_t dim,
-                    const char* operation) {
-  const int d = reduction_dim(node.shape(), dim, operation);
+void softmax_kernel(const Tensor<F, cuda>& out, const Node& node, int d, Device device) {
   const auto [row_shape, row_strides] = softmax_rows(node);
-  DeviceGuard<cuda> guard(device_of(node, operation).index);
+  DeviceGuard<cuda> guard(device.index);
   backend::cuda::softmax<Log, typename Node::value_type>(out.data(), row_shape, d, row_strides,
                                                          evaluator_factory(node));
 }
@@ -213,13 +211,14 @@ void softmax_into(const Tensor<floating_of<typename Node::value_type>, typename 
   using K = typename Node::device_kind;
   using V = typename Node::value_type;
   const int d = reduction_dim(node.shape(), dim, operation);
-  (void)device_of(node, operation);  // the operands' devices agree, or it throws
+  const Device device = device_of(node, operation);  // the operands' devices agree, or it throws
   if constexpr (std::is_same_v<K, cpu>) {
+    (void)device;
     const auto [row_shape, row_strides] = softmax_rows(node);
     backend::cpu::softmax<Log, V>(out.data(), row_shape, d, row_strides, evaluator_factory(node));
   } else {
 #if TESSERA_CUDA_KERNELS
-    softmax_kernel<Log>(out, node, dim, operation);
+    softmax_kernel<Log>(out, node, d, device);
 #elif TESSERA_CUDA_OP_BY_OP
     auto run = [](const auto& into, const auto& p) { run_cuda_primitive(into, p); };
     auto softmax = [dim, operation](const auto& into, const auto& leaf) {
@@ -262,7 +261,8 @@ void reduce_dim_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V
 template <bool Log, class F>
 void softmax_cuda_primitive(const Tensor<F, cuda>& out, const tensor_leaf<F, cuda>& leaf,
                             std::int64_t dim, const char* operation) {
-  softmax_kernel<Log>(out, leaf, dim, operation);
+  softmax_kernel<Log>(out, leaf, reduction_dim(leaf.shape(), dim, operation),
+                      device_of(leaf, operation));
 }
 #endif
 
