@@ -591,6 +591,9 @@ void BM_resnet50_step_tessera(benchmark::State& state) {
   auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
   double forward = 0, backward = 0, backward_issue = 0, optimiser = 0;
   const std::int64_t launches_before = ts::profiler::kernel_launches();
+#if TESSERA_CUDNN
+  const auto cudnn_before = ts::backend::cuda::conv2d_cudnn_calls();
+#endif
   constexpr int steps = 5;
   for (int i = 0; i < steps; ++i) {
     const auto t0 = clock::now();
@@ -615,6 +618,13 @@ void BM_resnet50_step_tessera(benchmark::State& state) {
   state.counters["sgd_ms"] = optimiser;
   state.counters["launches"] =
       static_cast<double>(ts::profiler::kernel_launches() - launches_before) / steps;
+#if TESSERA_CUDNN
+  // cuDNN calls per step through kept plans and through the legacy API (the slow host path).
+  const auto cudnn_after = ts::backend::cuda::conv2d_cudnn_calls();
+  state.counters["plan_calls"] = static_cast<double>(cudnn_after.plan - cudnn_before.plan) / steps;
+  state.counters["legacy_calls"] =
+      static_cast<double>(cudnn_after.legacy - cudnn_before.legacy) / steps;
+#endif
   ts::backends::cudnn::enabled = saved_cudnn;
 }
 BENCHMARK(BM_resnet50_step_tessera)
@@ -686,10 +696,18 @@ struct host_cost_problem {
 };
 
 /// range(0): 0 forward, 1 input gradient, 2 weight gradient, each as a compiled program's node
-/// calls it (the chosen entry kept, the workspace given).
+/// calls it (the chosen entry kept, the workspace given); range(1): 0 its kept execution plan
+/// (the default), 1 cuDNN's legacy call (backends::cudnn::legacy_api), for comparison.
 void BM_host_per_call_cudnn(benchmark::State& state) {
   host_cost_problem h;
   namespace cu = ts::backend::cuda;
+  const bool legacy = state.range(1) != 0;
+  const bool saved = ts::backends::cudnn::legacy_api.exchange(legacy);
+  const std::int64_t engine = state.range(0) == 0   ? h.a.forward_engine
+                              : state.range(0) == 1 ? h.a.backward_data_engine
+                                                    : h.a.backward_filter_engine;
+  if (!legacy && engine < 0) fail("host cost rows: no execution plan for the small problem");
+  const auto before = cu::conv2d_cudnn_calls();
   switch (state.range(0)) {
     case 0:
       time_host_calls(state, [&] {
@@ -708,11 +726,15 @@ void BM_host_per_call_cudnn(benchmark::State& state) {
                                           h.workspace);
       });
   }
+  const auto after = cu::conv2d_cudnn_calls();
+  ts::backends::cudnn::legacy_api = saved;
+  // What ran is what the row says.
+  if ((legacy ? after.plan - before.plan : after.legacy - before.legacy) != 0) {
+    fail(std::string("host cost rows: a call ran ") + (legacy ? "a plan" : "the legacy call"));
+  }
 }
 BENCHMARK(BM_host_per_call_cudnn)
-    ->Arg(0)
-    ->Arg(1)
-    ->Arg(2)
+    ->ArgsProduct({{0, 1, 2}, {0, 1}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
@@ -755,9 +777,12 @@ void print_host_per_call(const std::map<std::string, double>& results) {
   std::printf("host time per call (%d calls enqueued, small problem): empty kernel launch %.2f us",
               host_calls, empty->second / host_calls);
   const std::pair<const char*, const char*> rows[] = {
-      {"cuDNN forward", "BM_host_per_call_cudnn/0"},
-      {"input gradient", "BM_host_per_call_cudnn/1"},
-      {"weight gradient", "BM_host_per_call_cudnn/2"},
+      {"cuDNN forward", "BM_host_per_call_cudnn/0/0"},
+      {"input gradient", "BM_host_per_call_cudnn/1/0"},
+      {"weight gradient", "BM_host_per_call_cudnn/2/0"},
+      {"legacy calls: forward", "BM_host_per_call_cudnn/0/1"},
+      {"input gradient", "BM_host_per_call_cudnn/1/1"},
+      {"weight gradient", "BM_host_per_call_cudnn/2/1"},
       {"forward with descriptors built per call", "BM_host_per_call_cudnn_fresh_descriptors"},
       {"eager F::conv2d", "BM_host_per_call_conv2d_eager"}};
   double worst = 0;
@@ -765,7 +790,8 @@ void print_host_per_call(const std::map<std::string, double>& results) {
     const auto it = results.find(row);
     if (it == results.end()) continue;
     std::printf("; %s %.2f us", what, it->second / host_calls);
-    if (std::string(row).rfind("BM_host_per_call_cudnn/", 0) == 0) {
+    const std::string name = row;
+    if (name.rfind("BM_host_per_call_cudnn/", 0) == 0 && name.substr(name.size() - 2) == "/0") {
       worst = std::max(worst, it->second / host_calls);
     }
   }

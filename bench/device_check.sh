@@ -53,10 +53,13 @@ part cuda_bench "${TESSERA_DEVICE_BENCH_S:-180}" "${baseline[@]}" "$dir/bin/cuda
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json \
   "--benchmark_filter=${TESSERA_DEVICE_BENCH_FILTER:-.}"
 # Where the host's time goes in a ResNet-50 step at batch 8: the time inside each CUDA, cuDNN and
-# cuBLAS call (bench/host_time.c, preloaded; a step makes 53 cuDNN forward calls).
+# cuBLAS call (bench/host_time.c, preloaded; a step makes 53 cuDNN forward calls), and samples of
+# the host's call stacks (host_samples.txt: bench/host_profile.py sums them by function, on the
+# CPU machine, where addr2line has the same binary).
 if [ -f "$dir/lib/host_time.so" ]; then
   part host_time "${TESSERA_DEVICE_HOST_TIME_S:-60}" env LD_PRELOAD="$dir/lib/host_time.so" \
-    HOST_TIME_OUT="$out/host_time_calls.txt" "$dir/bin/cuda_bench" \
+    HOST_TIME_OUT="$out/host_time_calls.txt" HOST_TIME_SAMPLES="$out/host_samples.txt" \
+    "$dir/bin/cuda_bench" \
     --benchmark_filter='BM_resnet50_step_tessera/8/1' --benchmark_min_time=2
   [ -s "$out/host_time_calls.txt" ] && cat "$out/host_time_calls.txt"
 fi

@@ -4,6 +4,12 @@
 // What the host spends outside these calls is the program's own work. Built by
 // bench/device_pack.sh; bench/device_check.sh runs cuda_bench's ResNet-50 step under it.
 //   LD_PRELOAD=host_time.so HOST_TIME_OUT=host_time.txt ./cuda_bench --benchmark_filter=...
+// Kernels launched with <<<>>> from code nvcc 13 compiled go through __cudaLaunchKernel (not
+// cudaLaunchKernel), with __cudaPushCallConfiguration / __cudaPopCallConfiguration around it.
+// With HOST_TIME_SAMPLES=path it also samples the process's call stacks every 200 us of CPU time
+// (ITIMER_PROF) and writes them at exit, each frame as module and offset (with the module's
+// nearest dynamic symbol where it has one); bench/host_profile.py sums them by function,
+// symbolising the program's own frames with addr2line.
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <stddef.h>
@@ -12,6 +18,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <execinfo.h>
+#include <signal.h>
+#include <sys/time.h>
+#include <unistd.h>
 
 enum {
 #define NAMES(X)                                                                                   \
@@ -20,6 +30,8 @@ enum {
   X(cudaStreamWaitEvent) X(cudaEventQuery) X(cudaEventCreateWithFlags) X(cudaEventDestroy)        \
   X(cudaMalloc) X(cudaFree) X(cudaMallocAsync) X(cudaFreeAsync) X(cudaGetDevice) X(cudaSetDevice) \
   X(cudaGetLastError) X(cudaPointerGetAttributes) X(cudaStreamGetCaptureInfo)                     \
+  X(__cudaLaunchKernel) X(__cudaPushCallConfiguration) X(__cudaPopCallConfiguration)            \
+  X(cudaEventCreate) X(cudaEventElapsedTime)                                                     \
   X(cudnnConvolutionForward) X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter)    \
   X(cudnnSetStream) X(cudnnBackendExecute) X(cublasSgemm_v2) X(cublasGemmEx)                      \
   X(cublasSgemmStridedBatched) X(cublasSetStream_v2) X(cublasLtMatmul)
@@ -64,6 +76,11 @@ static void* real(const char* name) {
 typedef struct { unsigned x, y, z; } dim3_t;
 typedef void* P;
 WRAP(int, cudaLaunchKernel, (const void* f, dim3_t g, dim3_t b, void** a, size_t s, P st), (f, g, b, a, s, st))
+WRAP(int, __cudaLaunchKernel, (const void* k, dim3_t g, dim3_t b, void** a, size_t s, P st), (k, g, b, a, s, st))
+WRAP(unsigned, __cudaPushCallConfiguration, (dim3_t g, dim3_t b, size_t s, P st), (g, b, s, st))
+WRAP(int, __cudaPopCallConfiguration, (dim3_t* g, dim3_t* b, size_t* s, P st), (g, b, s, st))
+WRAP(int, cudaEventCreate, (P* e), (e))
+WRAP(int, cudaEventElapsedTime, (float* ms, P a, P b), (ms, a, b))
 WRAP(int, cudaMemcpyAsync, (P d, const void* s, size_t n, int k, P st), (d, s, n, k, st))
 WRAP(int, cudaMemcpy, (P d, const void* s, size_t n, int k), (d, s, n, k))
 WRAP(int, cudaMemsetAsync, (P d, int v, size_t n, P st), (d, v, n, st))
@@ -102,7 +119,69 @@ WRAP(int, cublasSetStream_v2, (P h, P st), (h, st))
 WRAP(int, cublasLtMatmul, (P h, P d, P al, P a, P ad, P b, P bd, P be, P c, P cd, P dd, P ddesc, P algo, P ws, size_t wn, P st),
      (h, d, al, a, ad, b, bd, be, c, cd, dd, ddesc, algo, ws, wn, st))
 
+// ---- call-stack samples (HOST_TIME_SAMPLES) ----------------------------------------------------
+enum { sample_frames = 48, sample_max = 60000 };
+static void* samples[sample_max][sample_frames];
+static unsigned char sample_depth[sample_max];
+static int sample_count;
+// The process the library was loaded into: a forked child (whose timers are not inherited) writes
+// nothing over its parent's files.
+static pid_t owner;
+
+static void on_sample(int signal) {
+  (void)signal;
+  const int i = __atomic_fetch_add(&sample_count, 1, __ATOMIC_RELAXED);
+  if (i < sample_max) sample_depth[i] = (unsigned char)backtrace(samples[i], sample_frames);
+}
+
+__attribute__((constructor)) static void start_sampling(void) {
+  owner = getpid();
+  if (!getenv("HOST_TIME_SAMPLES")) return;
+  void* warm[4];
+  backtrace(warm, 4);  // loads libgcc's unwinder now, not inside the signal handler
+  struct sigaction action;
+  memset(&action, 0, sizeof action);
+  action.sa_handler = on_sample;
+  action.sa_flags = SA_RESTART;
+  sigaction(SIGPROF, &action, NULL);
+  struct itimerval every = {{0, 200}, {0, 200}};
+  setitimer(ITIMER_PROF, &every, NULL);
+}
+
+static void write_samples(void) {
+  const char* path = getenv("HOST_TIME_SAMPLES");
+  if (!path || getpid() != owner || sample_count == 0) return;  // see owner; a process exec'd
+  // under the same environment records nothing and writes nothing over the one that did
+  struct itimerval off;
+  memset(&off, 0, sizeof off);
+  setitimer(ITIMER_PROF, &off, NULL);
+  FILE* out = fopen(path, "w");
+  if (!out) return;
+  const int count = sample_count < sample_max ? sample_count : sample_max;
+  fprintf(out, "# host_time samples: %d (every 200 us of CPU time); frames: module offset [symbol]\n",
+          count);
+  for (int i = 0; i < count; ++i) {
+    fputs("S", out);
+    // Frames 0-1 are this handler and the kernel's signal trampoline.
+    for (int f = 2; f < sample_depth[i]; ++f) {
+      Dl_info info;
+      if (dladdr(samples[i][f], &info) && info.dli_fname) {
+        const char* base = strrchr(info.dli_fname, '/');
+        fprintf(out, " %s+0x%lx", base ? base + 1 : info.dli_fname,
+                (unsigned long)((char*)samples[i][f] - (char*)info.dli_fbase));
+        if (info.dli_sname) fprintf(out, "(%s)", info.dli_sname);
+      } else {
+        fprintf(out, " ?+%p", samples[i][f]);
+      }
+    }
+    fputs("\n", out);
+  }
+  fclose(out);
+}
+
 __attribute__((destructor)) static void report(void) {
+  if (getpid() != owner) return;
+  write_samples();
   const char* path = getenv("HOST_TIME_OUT");
   FILE* out = path ? fopen(path, "w") : stderr;
   if (!out) out = stderr;

@@ -3,11 +3,12 @@
 // cuBLAS with cuDNN switched off; the pooling passes and the batch-norm reductions as CUDA
 // kernels), against the same computation on the CPU, which tests/nn and tests/models check
 // against PyTorch and torchvision. float64, so the two agree to rounding; float checks that
-// cuDNN keeps fp32 products unless TF32 is allowed, and that each call's choice (heuristics or
-// benchmark mode's timing) is made once per key. The whole executable reports itself skipped
+// cuDNN keeps fp32 products unless TF32 is allowed, that each call's choice (heuristics or
+// benchmark mode's timing) is made once per key, and that its kept execution plan is what runs. The whole executable reports itself skipped
 // without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -276,6 +277,97 @@ TEST_CASE("conv2d on CUDA with cuDNN: each call's choice is made once and kept",
     CHECK(b.usable);
     CHECK(b.forward_call != first.forward_call);
     CHECK(conv2d_choose<float>(0, p).forward_call == b.forward_call);
+  }
+}
+#endif
+
+#if TESSERA_CUDNN
+TEST_CASE("conv2d on CUDA with cuDNN runs kept execution plans; the legacy calls what they cannot",
+          "[cuda][conv]") {
+  // Every call of a traced convolution runs the execution plan made when its entry was built
+  // (backend/cuda/cudnn_plan.hpp); backends::cudnn::legacy_api and buffers that are not 16-byte
+  // aligned run cuDNN's legacy calls. Each way, the values are the CPU's in float64.
+  using ts::backend::cuda::conv2d_cudnn_calls;
+  const switch_scope<bool> fp32(ts::backends::cudnn::allow_tf32, false);
+  ts::manual_seed(19);
+  nn::Conv2d<double> reference(8, 16, 3, {.padding = 1});
+  auto gpu_conv = nn::to<ts::cuda>(nn::to<float>(reference), 0);
+  const auto x = ts::randn<double>({4, 8, 10, 10});
+  const auto g = ts::randn<double>({4, 16, 10, 10});
+  const auto chosen =
+      ts::backend::cuda::conv2d_choose<float>(0, problem_of(gpu_conv, x.shape()));
+  REQUIRE(chosen.usable);
+  CHECK(chosen.forward_engine >= 0);
+  CHECK(chosen.backward_data_engine >= 0);
+  CHECK(chosen.backward_filter_engine >= 0);
+
+  // The reference: the same step on the CPU in float64.
+  auto spec_cpu = ag::input<double>(x.shape());
+  spec_cpu.requires_grad = true;
+  auto cpu_program = ag::compile(
+      [&](const auto& v, const auto& gv) { return ts::sum(reference(v) * gv); }, spec_cpu,
+      ag::input<double>(g.shape()));
+  reference.zero_grad();
+  cpu_program.forward(x, g);
+  cpu_program.backward();
+  const auto dx_want = cpu_program.input_grad(0).as<double, ts::cpu>().to_vector();
+  const auto dw_want = reference.weight().grad().to_vector();
+  auto close = [](const std::vector<double>& got, const std::vector<double>& want) {
+    REQUIRE(got.size() == want.size());
+    double worst = 0, scale = 0;
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      worst = std::max(worst, std::abs(got[i] - want[i]));
+      scale = std::max(scale, std::abs(want[i]));
+    }
+    INFO("largest error " << worst << " for values up to " << scale);
+    CHECK(worst <= 2e-5 * scale);
+  };
+  auto steps = [&](int count) {
+    auto spec = ag::input<float, ts::cuda>(x.shape(), 0);
+    spec.requires_grad = true;
+    auto program = ag::compile(
+        [&](const auto& v, const auto& gv) { return ts::sum(gpu_conv(v) * gv); }, spec,
+        ag::input<float, ts::cuda>(g.shape(), 0));
+    const auto xg = x.to<float>().to<ts::cuda>(0);
+    const auto gg = g.to<float>().to<ts::cuda>(0);
+    for (int i = 0; i < count; ++i) {
+      gpu_conv.zero_grad();
+      program.forward(xg, gg);
+      program.backward();
+    }
+    close(program.input_grad(0).as<float, ts::cuda>().to<double>().to<ts::cpu>().to_vector(),
+          dx_want);
+    close(gpu_conv.weight().grad().to<double>().to<ts::cpu>().to_vector(), dw_want);
+  };
+  {
+    const auto before = conv2d_cudnn_calls();
+    steps(2);
+    const auto after = conv2d_cudnn_calls();
+    CHECK(after.plan - before.plan == 6);  // forward, input and weight gradients, twice
+    CHECK(after.legacy == before.legacy);
+  }
+  {
+    const switch_scope<bool> legacy(ts::backends::cudnn::legacy_api, true);
+    const auto before = conv2d_cudnn_calls();
+    steps(1);
+    const auto after = conv2d_cudnn_calls();
+    CHECK(after.legacy - before.legacy == 3);
+    CHECK(after.plan == before.plan);
+  }
+  {
+    // An input that starts 300 bytes into its buffer (the second of five images of 75 floats).
+    const auto images = ts::randn<double>({5, 3, 5, 5});
+    const auto w = ts::randn<double>({4, 3, 3, 3});
+    const ts::Tensor<double> want = F::conv2d(images.narrow(0, 1, 2), w, {.padding = 1});
+    const auto on_gpu = images.to<float>().to<ts::cuda>(0);
+    const auto view = on_gpu.narrow(0, 1, 2);
+    REQUIRE(reinterpret_cast<std::uintptr_t>(view.data()) % 16 != 0);
+    const auto before = conv2d_cudnn_calls();
+    const ts::Tensor<float, ts::cuda> y =
+        F::conv2d(view, w.to<float>().to<ts::cuda>(0), {.padding = 1});
+    const auto after = conv2d_cudnn_calls();
+    CHECK(after.legacy - before.legacy == 1);
+    close(y.to<double>().to<ts::cpu>().to_vector(), want.to_vector());
   }
 }
 #endif

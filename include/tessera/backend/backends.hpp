@@ -47,6 +47,13 @@ inline std::atomic<bool> deterministic{false};
 /// an eager call allocates it for the call.
 inline std::atomic<std::size_t> workspace_limit{std::size_t{1} << 30};
 
+/// Convolutions run through cuDNN's legacy calls (cudnnConvolutionForward and its siblings)
+/// instead of execution plans of its graph API kept per call (the default, as PyTorch's). The
+/// legacy calls finalize a plan inside every call: the same numbers, 5-10x the host time per
+/// call. For comparison (cuda_bench's host-cost rows); not in PyTorch. Read when a problem's
+/// calls are first chosen (no plan is made for them while it is on) and at every call.
+inline std::atomic<bool> legacy_api{false};
+
 }  // namespace cudnn
 
 }  // namespace tessera::backends
