@@ -17,7 +17,8 @@ _b32_graph): the whole step (forward, cross-entropy, backward, SGD with momentum
 in a CUDA graph with torch.cuda.graph, as PyTorch's CUDA Graphs notes capture a whole network
 (warm-up on a side stream, static input buffers, gradients left to the graph's private pool),
 then per step the batch copied into the static input, the graph replayed and loss.item().
-cudnn.benchmark stays off in every row, as in Tessera's rows.
+cudnn.benchmark stays off in every row, as in Tessera's rows, except the ResNet-50 rows named
+_benchmark (against Tessera's with backends::cudnn::benchmark).
 """
 import json
 import os
@@ -190,6 +191,18 @@ for images in (8, 32):
     record(f"resnet50_step_b{images}_peak_MiB",
            (torch.cuda.max_memory_allocated(dev) - base) / 2**20)
     del model, x, labels, resnet_step  # the step holds the optimiser
+
+# The eager steps again with cudnn.benchmark on (each convolution's algorithm timed once), against
+# Tessera's rows with backends::cudnn::benchmark.
+torch.backends.cudnn.benchmark = True
+for images in (8, 32):
+    model = torchvision.models.resnet50(num_classes=1000).to(dev)
+    x = torch.rand(images, 3, 224, 224, device=dev) * 2 - 1
+    labels = torch.arange(images, device=dev) % 1000
+    resnet_step = sgd_step(model, lambda: F.cross_entropy(model(x), labels))
+    record(f"resnet50_step_b{images}_benchmark", median_ms(resnet_step, runs=20))
+    del model, x, labels, resnet_step
+torch.backends.cudnn.benchmark = False
 
 # The same steps captured in a CUDA graph and replayed (after the eager rows, so that their peak
 # memory does not count the graphs' pools).
