@@ -12,6 +12,7 @@
 #include <random>
 #include <string>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/tessera.hpp"
@@ -170,6 +171,63 @@ TEST_CASE("BatchNorm2d on CUDA: statistics, running statistics and gradients aga
     }
     check_near(doubles(bn.running_mean().value().cpu()), running_mean, 1e-5, "running_mean");
     check_near(doubles(bn.running_var().value().cpu()), running_var, 1e-5, "running_var");
+  }
+}
+
+TEST_CASE("BatchNorm2d on CUDA: running statistics, no affine, and input gradients that add up",
+          "[cuda][batchnorm]") {
+  // Two batch norms read the same input: one without weight and bias normalising with the
+  // batch's statistics, one with the running statistics (eval) and ReLU fused. The input's
+  // gradient is the sum of both (the second written onto the first), each through CUDA's dx
+  // pass, against the same program on the CPU in float64; planes of 49 (one element at a time)
+  // and of 64 (16-byte steps).
+  for (const ts::Shape& shape : {ts::Shape{4, 6, 7, 7}, ts::Shape{3, 5, 8, 8}}) {
+    INFO("shape " << shape);
+    const std::int64_t c = shape[1];
+    ts::manual_seed(21);
+    ts::nn::BatchNorm2d<double> plain_cpu(c, {.affine = false});
+    ts::nn::BatchNorm2d<double> running_cpu(c);
+    running_cpu.running_mean().value().copy_(ts::randn<double>({c}));
+    running_cpu.running_var().value().copy_(ts::eval(ts::rand<double>({c}) + 0.5));
+    running_cpu.weight().value().copy_(ts::randn<double>({c}));
+    running_cpu.bias().value().copy_(ts::randn<double>({c}));
+    auto plain_gpu = ts::nn::to<ts::cuda>(plain_cpu, 0);
+    auto running_gpu = ts::nn::to<ts::cuda>(running_cpu, 0);
+    running_cpu.eval();
+    running_gpu.eval();
+    const auto x = ts::randn<double>(shape);
+    const auto g = ts::randn<double>(shape);
+    auto run = [&](auto& plain, auto& running, const auto& input, const auto& grad) {
+      using K = typename std::remove_cvref_t<decltype(input)>::device_kind;
+      auto spec = ag::input<double, K>(shape, 0);
+      spec.requires_grad = true;
+      auto program = ag::compile(
+          [&](const auto& v, const auto& gv) {
+            return ts::sum((plain(v) + running.forward_relu(v)) * gv);
+          },
+          spec, ag::input<double, K>(shape, 0));
+      plain.zero_grad();
+      running.zero_grad();
+      program.forward(input, grad);
+      program.backward();
+      return std::tuple{
+          program.input_grad(0).template as<double, K>().template to<ts::cpu>().to_vector(),
+          running.weight().grad().template to<ts::cpu>().to_vector(),
+          running.bias().grad().template to<ts::cpu>().to_vector()};
+    };
+    const auto [dx_cpu, dw_cpu, db_cpu] = run(plain_cpu, running_cpu, x, g);
+    const auto [dx_gpu, dw_gpu, db_gpu] =
+        run(plain_gpu, running_gpu, x.to<ts::cuda>(0), g.to<ts::cuda>(0));
+    check_near(dx_gpu, dx_cpu, 1e-12, "dx");
+    check_near(dw_gpu, dw_cpu, 1e-12, "dweight");
+    check_near(db_gpu, db_cpu, 1e-12, "dbias");
+    // The outputs too (the apply pass, with and without weight and bias).
+    const ts::Tensor<double> y_cpu = plain_cpu(x);
+    const ts::Tensor<double, ts::cuda> y_gpu = plain_gpu(x.to<ts::cuda>(0));
+    check_near(y_gpu.to<ts::cpu>().to_vector(), y_cpu.to_vector(), 1e-12, "y, no affine");
+    const ts::Tensor<double> z_cpu = running_cpu.forward_relu(x);
+    const ts::Tensor<double, ts::cuda> z_gpu = running_gpu.forward_relu(x.to<ts::cuda>(0));
+    check_near(z_gpu.to<ts::cpu>().to_vector(), z_cpu.to_vector(), 1e-12, "y, running, ReLU");
   }
 }
 

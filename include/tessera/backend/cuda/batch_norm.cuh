@@ -343,5 +343,208 @@ void batch_norm_gradient_sums(const T* g, const T* x, const T* y, const T* mean,
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 
+// ---- the elementwise passes over [N, C, L] with per-channel factors -------------------------
+// Batch norm's apply (y = x * scale + shift, ReLU after when asked) and input gradient (dx = g *
+// scale - a - (x - mean) * b) as one thread per V consecutive elements of the flat tensor, the
+// channel of each V computed with one division (V = 16 bytes of T when L is a multiple of it and
+// every pointer is 16-byte aligned: V elements then never cross a channel; else V = 1). The
+// generic row kernel placed every operand of the 15-operand expression once per row of L, which
+// over ResNet's short planes (L = 49 to 784) cost 3-6x the bytes' time (ncu, 2026-11-27).
+
+/// The channel of flat position i of an [N, C, L] tensor: (i / L) % C, in 32 bits when the
+/// positions fit.
+struct channel_of_position {
+  std::int64_t inner = 1;     // L
+  std::int64_t channels = 1;  // C
+  bool narrow = true;         // N * C * L < 2^32
+
+  __device__ std::int64_t operator()(std::int64_t i) const {
+    if (narrow) {
+      const auto row = static_cast<std::uint32_t>(i) / static_cast<std::uint32_t>(inner);
+      return static_cast<std::int64_t>(row % static_cast<std::uint32_t>(channels));
+    }
+    return (i / inner) % channels;
+  }
+};
+
+template <int V, class T>
+__device__ void load_values(const T* p, T (&values)[V]) {
+  if constexpr (V == 1) {
+    values[0] = *p;
+  } else {
+    const auto loaded = *reinterpret_cast<const aligned_vector<T, V>*>(p);
+#pragma unroll
+    for (int k = 0; k < V; ++k) values[k] = loaded.values[k];
+  }
+}
+
+template <int V, class T>
+__device__ void store_values(T* p, const T (&values)[V]) {
+  if constexpr (V == 1) {
+    *p = values[0];
+  } else {
+    aligned_vector<T, V> stored;
+#pragma unroll
+    for (int k = 0; k < V; ++k) stored.values[k] = values[k];
+    *reinterpret_cast<aligned_vector<T, V>*>(p) = stored;
+  }
+}
+
+/// y = x * scale + shift (ReLU after when `relu`): scale = invstd * w, shift = b - mean * scale
+/// (without w and b: scale = invstd, shift = -(mean * invstd)); stats [3, C] as
+/// batch_norm_statistics writes them.
+template <class T>
+struct batch_norm_apply_map {
+  T* y;
+  const T* x;
+  const T* mean;
+  const T* invstd;
+  const T* w;  // null: not affine (b null too)
+  const T* b;
+  bool relu;
+
+  template <int V>
+  __device__ void run(std::int64_t i, std::int64_t c) const {
+    T scale, shift;
+    if (w != nullptr) {
+      scale = invstd[c] * w[c];
+      shift = b[c] - mean[c] * scale;
+    } else {
+      scale = invstd[c];
+      shift = -(mean[c] * invstd[c]);
+    }
+    T values[V];
+    load_values<V>(x + i, values);
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const T v = values[k] * scale + shift;
+      // torch.relu's NaN: passed on.
+      values[k] = relu && !(v > T(0) || v != v) ? T(0) : v;
+    }
+    store_values<V>(y + i, values);
+  }
+};
+
+/// dx = g * scale - a - (x - mean) * b (or added to dx), scale = invstd * w (invstd without w),
+/// a = scale * sum_g / M, b = scale * invstd^2 * sum_gx / M (M = N * L); with the running
+/// statistics (`batch` false) dx = g * scale. g is masked by y > 0 when y is given (ReLU after).
+/// dx may be g's buffer (each element is read before it is written, by the same thread).
+template <class T>
+struct batch_norm_input_gradient_map {
+  T* dx;
+  const T* g;
+  const T* x;
+  const T* y;  // null: no ReLU after
+  const T* mean;
+  const T* invstd;
+  const T* w;  // null: not affine
+  const T* sum_g;
+  const T* sum_gx;
+  T inverse_count;
+  bool batch;
+  bool accumulate;
+
+  template <int V>
+  __device__ void run(std::int64_t i, std::int64_t c) const {
+    const T scale = w != nullptr ? invstd[c] * w[c] : invstd[c];
+    T gv[V];
+    load_values<V>(g + i, gv);
+    if (y != nullptr) {
+      T yv[V];
+      load_values<V>(y + i, yv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) gv[k] = yv[k] > T(0) ? gv[k] : T(0);
+    }
+    T out[V];
+    if (batch) {
+      const T a = scale * sum_g[c] * inverse_count;
+      const T b = scale * invstd[c] * invstd[c] * sum_gx[c] * inverse_count;
+      const T m = mean[c];
+      T xv[V];
+      load_values<V>(x + i, xv);
+#pragma unroll
+      for (int k = 0; k < V; ++k) out[k] = gv[k] * scale - a - (xv[k] - m) * b;
+    } else {
+#pragma unroll
+      for (int k = 0; k < V; ++k) out[k] = gv[k] * scale;
+    }
+    if (accumulate) {
+      T before[V];
+      load_values<V>(dx + i, before);
+#pragma unroll
+      for (int k = 0; k < V; ++k) out[k] = before[k] + out[k];
+    }
+    store_values<V>(dx + i, out);
+  }
+};
+
+/// map.run<V>(i, channel) for every V consecutive elements of the flat [N, C, L] tensor (n of
+/// them in all, a multiple of V), grid-stride.
+template <int V, class Map>
+__global__ void __launch_bounds__(threads_per_block)
+    channel_map_kernel(Map map, std::int64_t n, channel_of_position channel) {
+  const std::int64_t vectors = n / V;
+  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
+  for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+       v < vectors; v += stride) {
+    const std::int64_t i = v * V;
+    map.template run<V>(i, channel(i));
+  }
+}
+
+/// Launches channel_map_kernel over [n, c, l] with 16-byte steps when l allows them and every
+/// pointer is aligned. Counts one launch.
+template <class T, class Map>
+void launch_channel_map(const Map& map, std::int64_t n, std::int64_t c, std::int64_t l,
+                        std::initializer_list<const T*> pointers, stream_ref stream) {
+  profiler::count_launch();
+  const std::int64_t total = n * c * l;
+  if (total == 0) return;
+  constexpr int V = vector_elements<T>;
+  bool aligned = l % V == 0;
+  for (const T* p : pointers) {
+    aligned = aligned && (p == nullptr ||
+                          reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0);
+  }
+  const channel_of_position channel{l, c, total <= static_cast<std::int64_t>(UINT32_MAX)};
+  if (aligned) {
+    channel_map_kernel<V><<<grid_for(total / V * elements_per_thread), threads_per_block, 0,
+                            stream.native()>>>(map, total, channel);
+  } else {
+    channel_map_kernel<1><<<grid_for(total), threads_per_block, 0, stream.native()>>>(
+        map, total, channel);
+  }
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+/// y = x * scale + shift per channel, ReLU after when `relu` (batch_norm_apply_map), for
+/// contiguous x, y [n, c, l]; stats [3, C] contiguous; w, b [C] or null. Counts one launch.
+template <class T>
+void batch_norm_apply_channels(const T* x, const T* stats, const T* w, const T* b, bool relu,
+                               std::int64_t n, std::int64_t c, std::int64_t l, T* y,
+                               stream_ref stream = tessera::detail::current_cuda_stream()) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "batch_norm_apply_channels: float or double");
+  const batch_norm_apply_map<T> map{y, x, stats, stats + c, w, b, relu};
+  launch_channel_map<T>(map, n, c, l, {x, y}, stream);
+}
+
+/// dx (or dx +=, `accumulate`) of batch norm for contiguous g, x, dx (and y when ReLU follows,
+/// else null) [n, c, l] (batch_norm_input_gradient_map); stats [3, C]; w [C] or null; sum_g,
+/// sum_gx [C] as batch_norm_gradient_sums wrote them (read only when `batch`). Counts one launch.
+template <class T>
+void batch_norm_input_gradient(const T* g, const T* x, const T* y, const T* stats, const T* w,
+                               const T* sum_g, const T* sum_gx, bool batch, bool accumulate,
+                               std::int64_t n, std::int64_t c, std::int64_t l, T* dx,
+                               stream_ref stream = tessera::detail::current_cuda_stream()) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "batch_norm_input_gradient: float or double");
+  const T inverse_count = n * l > 0 ? static_cast<T>(1.0 / static_cast<double>(n * l)) : T(0);
+  const batch_norm_input_gradient_map<T> map{dx,    g,     x,           y,     stats,     stats + c,
+                                             w,     sum_g, sum_gx,      inverse_count, batch,
+                                             accumulate};
+  launch_channel_map<T>(map, n, c, l, {g, x, y, dx}, stream);
+}
+
 }  // namespace tessera::backend::cuda
 #endif

@@ -11,8 +11,10 @@
 //   statistics, scale * g with running ones; dw = invstd * sum(g (x - mean)), db = sum(g).
 //   With ReLU fused, g is first masked by y > 0 (y, the output, is kept for that).
 // On CUDA devices (units nvcc compiles), float and double take backend/cuda/batch_norm.cuh for the
-// per-channel reductions: the statistics in one pass over x, the backward's two sums in one pass
-// over g and x, each two launches instead of the expressions' six or more.
+// per-channel reductions (the statistics in one pass over x, the backward's two sums in one pass
+// over g and x, each two launches instead of the expressions' six or more) and for the apply and
+// dx passes over contiguous tensors (the same arithmetic, a thread per 16 bytes with the channel
+// from its position).
 #pragma once
 
 #include <cstdint>
@@ -115,6 +117,21 @@ template <class T, class K>
 void batch_norm_apply(const Tensor<T, K>& x3, const Tensor<T, K>& stats, const Tensor<T, K>* w,
                       const Tensor<T, K>* b, bool relu_after, Tensor<T, K>& y3, workspace&) {
   const std::int64_t c = x3.size(1);
+#if TESSERA_CUDA_KERNELS
+  if constexpr (cuda_channel_reductions<T, K>) {
+    // One thread per 16 bytes with the channel from its position (batch_norm.cuh), not the row
+    // kernel, which places each per-channel operand once per row of L.
+    if (x3.is_contiguous() && y3.is_contiguous() && stats.is_contiguous() &&
+        (w == nullptr || (w->is_contiguous() && b->is_contiguous()))) {
+      DeviceGuard<cuda> guard(x3.device().index);
+      backend::cuda::batch_norm_apply_channels(x3.data(), stats.data(),
+                                               w != nullptr ? w->data() : nullptr,
+                                               w != nullptr ? b->data() : nullptr, relu_after,
+                                               x3.size(0), c, x3.size(2), y3.data());
+      return;
+    }
+  }
+#endif
   const Tensor<T, K> mean3 = stats.select(0, 0).view(Shape{1, c, 1});
   const Tensor<T, K> invstd3 = stats.select(0, 1).view(Shape{1, c, 1});
   auto run = [&](const auto& scale, const auto& shift) {
@@ -190,6 +207,20 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
       }
     }
     if (dx3 == nullptr) return;
+#if TESSERA_CUDA_KERNELS
+    if constexpr (cuda_channel_reductions<T, K>) {
+      if (x3.is_contiguous() && g3_in.is_contiguous() && dx3->is_contiguous() &&
+          stats.is_contiguous() && (!relu_after || y3.is_contiguous()) &&
+          (w == nullptr || w->is_contiguous())) {
+        DeviceGuard<cuda> guard(x3.device().index);
+        backend::cuda::batch_norm_input_gradient(
+            g3_in.data(), x3.data(), relu_after ? y3.data() : nullptr, stats.data(),
+            w != nullptr ? w->data() : nullptr, sum_g.data(), sum_gx.data(), batch,
+            dx_accumulate, n, c, l, dx3->data());
+        return;
+      }
+    }
+#endif
     // dx = scale * g - a - (x - mean) * b, scale = invstd * w, a = scale * sum(g) / M,
     // b = scale * invstd^2 * sum(g (x - mean)) / M: one pass, the [1, C, 1] factors computed per
     // element (the same arithmetic as storing them first, without three launches over C).
