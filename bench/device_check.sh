@@ -54,6 +54,8 @@ part cuda_bench "${TESSERA_DEVICE_BENCH_S:-180}" "${baseline[@]}" "$dir/bin/cuda
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json \
   "--benchmark_filter=${TESSERA_DEVICE_BENCH_FILTER:-.}"
+# NVRTC's cost with the driver's load of the cubin, which only a GPU machine measures (issue 45).
+[ -x "$dir/bin/nvrtc_cost" ] && part nvrtc_cost 60 "$dir/bin/nvrtc_cost" 5
 # Where the host's time goes in a ResNet-50 step at batch 8: the time inside each CUDA, cuDNN and
 # cuBLAS call (bench/host_time.c, preloaded; a step makes 53 cuDNN forward calls), and samples of
 # the host's call stacks (host_samples.txt: bench/host_profile.py sums them by function, on the
