@@ -19,6 +19,7 @@
 #include "tessera/core/stream.hpp"
 #include "tessera/memory/cuda_memory_resource.hpp"
 #include "tessera/memory/detail/device_registry.hpp"
+#include "tessera/memory/detail/private_pool.hpp"
 #include "tessera/memory/detail/thread_cache.hpp"
 #include "tessera/memory/device_memory_resource.hpp"
 #include "tessera/memory/format.hpp"
@@ -41,7 +42,8 @@ namespace detail {
 
 /// A block of exactly `bytes` for CPU device `device` from the calling thread's cache, or nullptr.
 [[gnu::always_inline]] inline void* allocate_cached(Device device, std::size_t bytes) noexcept {
-  if (device.type != DeviceType::cpu || devices_recording.load(std::memory_order_relaxed) != 0) {
+  if (device.type != DeviceType::cpu || devices_recording.load(std::memory_order_relaxed) != 0 ||
+      private_pools_live.load(std::memory_order_relaxed) != 0) {
     return nullptr;
   }
   device_thread_cache* cache = thread_cache::find_local(device.index);
@@ -54,7 +56,8 @@ namespace detail {
                                                      std::size_t bytes) noexcept {
   if (device.type != DeviceType::cpu ||
       device.index != tessera::detail::current_cpu_device_slot() ||
-      devices_recording.load(std::memory_order_relaxed) != 0) {
+      devices_recording.load(std::memory_order_relaxed) != 0 ||
+      private_pools_live.load(std::memory_order_relaxed) != 0) {
     return false;
   }
   device_thread_cache* cache = thread_cache::find_local(device.index);
@@ -108,6 +111,9 @@ TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
 /// synchronous, it only checks the pointer. Throws std::invalid_argument for a pointer the pool
 /// did not hand out; nullptr is a no-op.
 inline void record_stream(Device device, void* pointer, stream_ref stream) {
+  if (detail::private_pools_live.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    if (detail::record_stream_private(device, pointer, stream)) return;
+  }
   detail::resource_of(device, "record_stream").record_stream(pointer, stream);
 }
 
@@ -220,6 +226,9 @@ TESSERA_API void pinned_record_stream(void* pointer, Device device, stream_ref s
 
 #if TESSERA_DEFINITIONS
 TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream) {
+  if (detail::private_pools_live.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    if (void* pointer = detail::allocate_private(device, bytes, stream)) return pointer;
+  }
   if (detail::devices_recording.load(std::memory_order_relaxed) != 0) [[unlikely]] {
     return detail::recorded_allocate(device, bytes, stream);
   }
@@ -228,6 +237,9 @@ TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream) 
 
 TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
                             stream_ref stream) noexcept {
+  if (detail::private_pools_live.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    if (detail::deallocate_private(device, pointer, bytes, stream)) return;
+  }
   if (detail::devices_recording.load(std::memory_order_relaxed) != 0) [[unlikely]] {
     detail::recorded_deallocate(device, pointer, bytes, stream);
     return;

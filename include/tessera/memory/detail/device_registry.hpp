@@ -126,6 +126,10 @@ inline MemoryStats user_stats(Device device, const char* operation) {
 /// it with one relaxed load and take the recording path only when it is not 0.
 inline std::atomic<int> devices_recording{0};
 
+/// How many private pools (memory::MemPool) are alive. allocate and deallocate read it with one
+/// relaxed load and ask the private pools first only when it is not 0 (detail/private_pool.hpp).
+inline std::atomic<int> private_pools_live{0};
+
 /// allocate, deallocate and empty_cache while some device records its history; they record only
 /// for a device that does (memory/detail/history.hpp). Cold and never inlined: inlined, they
 /// took the place of the allocation path itself in its callers (alloc_bench's pool row lost 5 %).
