@@ -42,8 +42,8 @@ namespace detail {
 
 /// A block of exactly `bytes` for CPU device `device` from the calling thread's cache, or nullptr.
 [[gnu::always_inline]] inline void* allocate_cached(Device device, std::size_t bytes) noexcept {
-  if (device.type != DeviceType::cpu || devices_recording.load(std::memory_order_relaxed) != 0 ||
-      private_pools_live.load(std::memory_order_relaxed) != 0) {
+  if (device.type != DeviceType::cpu ||
+      slow_allocation_paths.load(std::memory_order_relaxed) != 0) {
     return nullptr;
   }
   device_thread_cache* cache = thread_cache::find_local(device.index);
@@ -56,8 +56,7 @@ namespace detail {
                                                      std::size_t bytes) noexcept {
   if (device.type != DeviceType::cpu ||
       device.index != tessera::detail::current_cpu_device_slot() ||
-      devices_recording.load(std::memory_order_relaxed) != 0 ||
-      private_pools_live.load(std::memory_order_relaxed) != 0) {
+      slow_allocation_paths.load(std::memory_order_relaxed) != 0) {
     return false;
   }
   device_thread_cache* cache = thread_cache::find_local(device.index);
@@ -226,22 +225,16 @@ TESSERA_API void pinned_record_stream(void* pointer, Device device, stream_ref s
 
 #if TESSERA_DEFINITIONS
 TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream) {
-  if (detail::private_pools_live.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-    if (void* pointer = detail::allocate_private(device, bytes, stream)) return pointer;
-  }
-  if (detail::devices_recording.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-    return detail::recorded_allocate(device, bytes, stream);
+  if (detail::slow_allocation_paths.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    return detail::allocate_slow(device, bytes, stream);
   }
   return detail::allocate_unrecorded(device, bytes, stream);
 }
 
 TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
                             stream_ref stream) noexcept {
-  if (detail::private_pools_live.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-    if (detail::deallocate_private(device, pointer, bytes, stream)) return;
-  }
-  if (detail::devices_recording.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-    detail::recorded_deallocate(device, pointer, bytes, stream);
+  if (detail::slow_allocation_paths.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    detail::deallocate_slow(device, pointer, bytes, stream);
     return;
   }
   detail::deallocate_unrecorded(device, pointer, bytes, stream);

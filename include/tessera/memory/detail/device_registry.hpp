@@ -126,9 +126,12 @@ inline MemoryStats user_stats(Device device, const char* operation) {
 /// it with one relaxed load and take the recording path only when it is not 0.
 inline std::atomic<int> devices_recording{0};
 
-/// How many private pools (memory::MemPool) are alive. allocate and deallocate read it with one
-/// relaxed load and ask the private pools first only when it is not 0 (detail/private_pool.hpp).
+/// How many private pools (memory::MemPool) are alive (detail/private_pool.hpp).
 inline std::atomic<int> private_pools_live{0};
+
+/// devices_recording + private_pools_live: allocate, deallocate and the CPU thread-cache fast path
+/// read this one word with one relaxed load, and take their cold paths only when it is not 0.
+inline std::atomic<int> slow_allocation_paths{0};
 
 /// allocate, deallocate and empty_cache while some device records its history; they record only
 /// for a device that does (memory/detail/history.hpp). Cold and never inlined: inlined, they

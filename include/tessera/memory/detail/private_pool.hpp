@@ -57,6 +57,7 @@ class private_pool_registry {
     std::lock_guard lock(mutex_);
     pools_.push_back(pool);
     private_pools_live.fetch_add(1, std::memory_order_release);
+    slow_allocation_paths.fetch_add(1, std::memory_order_release);
   }
   void remove(private_pool_state* pool) noexcept {
     std::lock_guard lock(mutex_);
@@ -65,6 +66,7 @@ class private_pool_registry {
         pools_[i] = pools_.back();
         pools_.pop_back();
         private_pools_live.fetch_sub(1, std::memory_order_release);
+        slow_allocation_paths.fetch_sub(1, std::memory_order_release);
         return;
       }
     }
@@ -103,10 +105,16 @@ inline private_pool_state* scoped_pool(Device device) noexcept {
   return nullptr;
 }
 
-/// memory::allocate's first stop while a private pool is alive: a block of the calling thread's
-/// scoped pool for `device`, or nullptr when it has none (or for 0 bytes).
+/// memory::allocate and deallocate while a private pool is alive or a device records its history
+/// (slow_allocation_paths): the private pools first, then the device's pool with the history.
+/// Cold and never inlined, as recorded_allocate.
+[[gnu::cold]] TESSERA_API void* allocate_slow(Device device, std::size_t bytes, stream_ref stream);
+[[gnu::cold]] TESSERA_API void deallocate_slow(Device device, void* pointer, std::size_t bytes,
+                                               stream_ref stream) noexcept;
+/// allocate_slow's first stop: a block of the calling thread's scoped pool for `device`, or
+/// nullptr when it has none (or for 0 bytes).
 TESSERA_API void* allocate_private(Device device, std::size_t bytes, stream_ref stream);
-/// memory::deallocate's first stop while a private pool is alive: true when a private pool owned
+/// deallocate_slow's first stop: true when a private pool owned
 /// `pointer` and took it back.
 TESSERA_API bool deallocate_private(Device device, void* pointer, std::size_t bytes,
                                     stream_ref stream) noexcept;
@@ -148,6 +156,22 @@ TESSERA_API void device_pool_deallocate(Device device, void* pointer, std::size_
     return;
   }
   deallocate_unrecorded(device, pointer, bytes, stream);
+}
+
+TESSERA_API void* allocate_slow(Device device, std::size_t bytes, stream_ref stream) {
+  if (private_pools_live.load(std::memory_order_relaxed) != 0) {
+    if (void* pointer = allocate_private(device, bytes, stream)) return pointer;
+  }
+  return device_pool_allocate(device, bytes, stream);
+}
+
+TESSERA_API void deallocate_slow(Device device, void* pointer, std::size_t bytes,
+                                 stream_ref stream) noexcept {
+  if (private_pools_live.load(std::memory_order_relaxed) != 0 &&
+      deallocate_private(device, pointer, bytes, stream)) {
+    return;
+  }
+  device_pool_deallocate(device, pointer, bytes, stream);
 }
 
 TESSERA_API void* allocate_private(Device device, std::size_t bytes, stream_ref stream) {
