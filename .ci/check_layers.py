@@ -27,7 +27,6 @@ KNOWN = {
     "up": set(),
     "cycle": set(),
     "long": {
-        "parallel/pipeline.hpp",
         "backend/cpu/reduce.hpp", "parallel/communicator.hpp", "parallel/detail/mpi_engine.hpp",
     },
 }
