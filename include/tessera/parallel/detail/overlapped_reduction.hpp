@@ -151,7 +151,13 @@ struct overlapped_reduction {
     news.notify_all();
   }
 
-  // Sums blocks of parameter p, at most `most` of them, until none is left.
+  // Sums blocks of parameter p, at most `most` of them, until none is left. The elements go
+  // through the Communicator's CPU engine (reduce_elements); the Communicator's calls themselves
+  // cannot be used here (issue 44, item 4): Communicator::reduce is a blocking collective that
+  // runs every member on its own DeviceThreads, so it is called from outside the devices' threads
+  // and only once every device has its gradient. Here a device's thread, inside its backward,
+  // sums a share of the blocks and goes on, and the devices that end first take the rest; moved
+  // after the backward, the sums would wait for the slowest device and add to the step.
   void reduce_blocks(std::size_t p,
                      std::int64_t most = std::numeric_limits<std::int64_t>::max()) {
     const std::vector<AnyTensor>& g = grads[p];
