@@ -17,8 +17,10 @@
 #include "tessera/autograd/var.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/expr/matmul.hpp"
-#include "tessera/parallel/communicator.hpp"
 #include "tessera/parallel/detail/meeting_point.hpp"
+#include "tessera/parallel/detail/reduce_elements.hpp"
+#include "tessera/parallel/even_split.hpp"
+#include "tessera/parallel/reduce_op.hpp"
 #include "tessera/tensor/any_tensor.hpp"
 #include "tessera/tensor/tensor.hpp"
 
