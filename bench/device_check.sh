@@ -7,7 +7,7 @@
 # A short run: TESSERA_DEVICE_SKIP="cuda_gxx_tests torch_profile host_time ncu_resnet50" skips
 # those parts, and TESSERA_DEVICE_BENCH_FILTER=regex runs only those cuda_bench rows.
 # Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _TORCH_PROFILE_S, _BENCH_S,
-# _HOST_TIME_S, _PROFILE_S: 240, 90, 60, 180, 60, 100; the CUDA tests take about 85 s on an H100);
+# _HOST_TIME_S, _PROFILE_S: 240, 90, 60, 240, 60, 100; the CUDA tests take about 85 s on an H100);
 # a part that fails or runs out is reported and the next one still runs.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -50,7 +50,7 @@ baseline=()
 [ -s "$out/torch.json" ] && baseline=(env "TESSERA_TORCH_BASELINE=$out/torch.json")
 # Where PyTorch's ResNet-50 step spends its GPU time, by kernel (to set beside ncu_resnet50's).
 part torch_profile "${TESSERA_DEVICE_TORCH_PROFILE_S:-60}" python3 bench/torch_profile.py 8 5
-part cuda_bench "${TESSERA_DEVICE_BENCH_S:-180}" "${baseline[@]}" "$dir/bin/cuda_bench" \
+part cuda_bench "${TESSERA_DEVICE_BENCH_S:-240}" "${baseline[@]}" "$dir/bin/cuda_bench" \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json \
   "--benchmark_filter=${TESSERA_DEVICE_BENCH_FILTER:-.}"

@@ -49,6 +49,10 @@ class batch_norm_stats_node final : public autograd::detail::node {
   }
   const char* name() const override { return "batch_norm_stats"; }
   std::size_t forward_scratch() const override { return batch_norm_stats_workspace<T, K>(view_); }
+  // The module's mode chooses the kernels (batch or running statistics) and the effect's update.
+  std::int64_t prepare_replay(autograd::detail::value_table&) override {
+    return (bn_.uses_batch_statistics() ? 1 : 0) + (bn_.is_training() ? 2 : 0);
+  }
   void forward(autograd::detail::value_table& table) override {
     const Tensor<T, K> x3 = contiguous_value<T, K>(table, inputs[0]).view(view_);
     Tensor<T, K> stats = table.template get<T, K>(output);
@@ -83,6 +87,11 @@ class batch_norm_apply_node final : public autograd::detail::node {
   }
   const char* name() const override { return relu_ ? "batch_norm_relu" : "batch_norm"; }
   std::size_t forward_scratch() const override { return batch_norm_apply_workspace<T>(view_); }
+  // backward follows the statistics forward used (batch_), which the module's mode chooses.
+  std::int64_t prepare_replay(autograd::detail::value_table&) override {
+    batch_ = bn_.uses_batch_statistics();
+    return batch_ ? 1 : 0;
+  }
   void forward(autograd::detail::value_table& table) override {
     batch_ = bn_.uses_batch_statistics();
     const Tensor<T, K> x3 = contiguous_value<T, K>(table, inputs[0]).view(view_);
@@ -346,11 +355,17 @@ class batch_norm : public Module {
       if (track_running_stats_) {
         const batch_norm self = *this;  // a handle: the same buffers and mode
         const std::int64_t count = view[0] * view[2];
-        autograd::on_forward(
+        autograd::detail::effect_node& effect = autograd::detail::record_effect(
             [self, count](const Tensor<T, K>& s) {
               if (self.is_training()) self.update_running_stats(s.select(0, 0), s.select(0, 2), count);
             },
             stats);
+        // With a momentum the update is device work only; the cumulative average (momentum
+        // None) reads the batch count on the host.
+        effect.set_capture_blocker(
+            momentum_ ? nullptr
+                      : "BatchNorm with momentum None (its cumulative average reads the batch "
+                        "count on the host)");
       }
       int w = -1, b = -1;
       if (affine_) {
