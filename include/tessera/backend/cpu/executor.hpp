@@ -11,8 +11,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "tessera/backend/cpu/parallel.hpp"
 #include "tessera/backend/cpu/strided_loop.hpp"
+#include "tessera/backend/cpu/thread_pool.hpp"
 #include "tessera/backend/evaluator.hpp"
 #include "tessera/core/profiler.hpp"
 #include "tessera/core/shape.hpp"

@@ -38,7 +38,7 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/thread_pool.hpp"
 #include "tessera/backend/cuda/cudnn.hpp"
 #include "tessera/core/detail/checked.hpp"
 #include "tessera/core/error.hpp"

@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/thread_pool.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/expr/matmul.hpp"
 #include "tessera/tensor/tensor.hpp"
