@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "tessera/backend/cpu/executor.hpp"
-#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/thread_pool.hpp"
 #include "tessera/backend/evaluator.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/dtype.hpp"

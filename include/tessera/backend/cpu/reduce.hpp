@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "tessera/backend/cpu/executor.hpp"
-#include "tessera/backend/cpu/parallel.hpp"
 #include "tessera/backend/cpu/strided_loop.hpp"
+#include "tessera/backend/cpu/thread_pool.hpp"
 #include "tessera/backend/evaluator.hpp"
 #include "tessera/backend/functors.hpp"
 #include "tessera/core/profiler.hpp"
