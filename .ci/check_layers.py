@@ -26,9 +26,7 @@ LONG = 800
 KNOWN = {
     "up": set(),
     "cycle": set(),
-    "long": {
-        "backend/cpu/reduce.hpp",
-    },
+    "long": set(),
 }
 INCLUDE = re.compile(r'^\s*#\s*include\s+"tessera/([^"]+)"')
 
