@@ -53,10 +53,10 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
-#include "tessera/parallel/detail/collective_call.hpp"
-#include "tessera/parallel/detail/mpi_check.hpp"
-#include "tessera/parallel/detail/mpi_group_state.hpp"
-#include "tessera/parallel/detail/mpi_operation.hpp"
+#include "tessera/distributed/detail/collective_call.hpp"
+#include "tessera/distributed/detail/mpi_check.hpp"
+#include "tessera/distributed/detail/mpi_group_state.hpp"
+#include "tessera/distributed/detail/mpi_operation.hpp"
 
 namespace tessera::distributed::detail {
 
