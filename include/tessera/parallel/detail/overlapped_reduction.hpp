@@ -166,8 +166,11 @@ struct overlapped_reduction {
     visit_dtype(g[0].dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (is_floating_point_v<T>) {  // gradients are floating
-        std::vector<const T*> sources;
-        for (const AnyTensor& t : g) sources.push_back(static_cast<const T*>(t.data_ptr()));
+        // Sized, then filled by index: push_back instantiates vector::back(), whose `end() - 1`
+        // GCC 12 finds ambiguous against half's hidden friend operators at -O0 in this namespace
+        // (a parallel_bench build at 389ddc5 stopped on it).
+        std::vector<const T*> sources(g.size());
+        for (std::size_t i = 0; i < g.size(); ++i) sources[i] = static_cast<const T*>(g[i].data_ptr());
         T* target = static_cast<T*>(g[0].data_ptr());
         const std::int64_t n = g[0].numel();
         for (std::int64_t done = 0; done < most; ++done) {
