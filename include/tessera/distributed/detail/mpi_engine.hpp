@@ -26,14 +26,7 @@
 // what its caller waits on), mpi_group_state.hpp (a group's state, the control notes).
 #pragma once
 
-#if !TESSERA_MPI
-#error "tessera/distributed.hpp needs MPI: build with -DTESSERA_WITH_MPI=ON and link tessera::distributed"
-#endif
-
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1  // OpenMPI's deprecated C++ bindings: not used, and slow to compile
-#endif
-#include <mpi.h>
+// MPI itself (and the check that this build has it) comes with mpi_check.hpp.
 
 #include <algorithm>
 #include <atomic>
