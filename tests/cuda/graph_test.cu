@@ -33,6 +33,19 @@ void append(std::vector<float>& out, const ts::Tensor<T, ts::cuda>& t) {
   for (const T v : t.contiguous().cpu(0).to_vector()) out.push_back(static_cast<float>(v));
 }
 
+/// The model's parameters and BatchNorm's running statistics after the last step, and the
+/// program's CUDA graph status.
+template <class Net, class Program>
+void finish(Trajectory& t, Net& net, const Program& program) {
+  for (const auto& [name, p] : net.named_parameters()) {
+    (void)name;
+    append(t.state, p.value().template as<float, ts::cuda>());
+  }
+  append(t.state, net.bn.running_mean().value());
+  append(t.state, net.bn.running_var().value());
+  t.status = program.cuda_graphs();
+}
+
 struct Mlp : nn::Module {
   nn::Linear<float, ts::cuda> fc1{10, 32, true, 0};
   nn::BatchNorm1d<float, ts::cuda> bn;
@@ -89,13 +102,7 @@ Trajectory train_mlp(bool graphs, std::optional<double> momentum, int steps, int
     program.backward();
     adam.step();
   }
-  for (const auto& [name, p] : net.named_parameters()) {
-    (void)name;
-    append(t.state, p.value().as<float, ts::cuda>());
-  }
-  append(t.state, net.bn.running_mean().value());
-  append(t.state, net.bn.running_var().value());
-  t.status = program.cuda_graphs();
+  finish(t, net, program);
   return t;
 }
 
@@ -135,13 +142,7 @@ Trajectory train_conv(bool graphs, int steps) {
     program.backward();
     sgd.step();
   }
-  for (const auto& [name, p] : net.named_parameters()) {
-    (void)name;
-    append(t.state, p.value().as<float, ts::cuda>());
-  }
-  append(t.state, net.bn.running_mean().value());
-  append(t.state, net.bn.running_var().value());
-  t.status = program.cuda_graphs();
+  finish(t, net, program);
   return t;
 }
 

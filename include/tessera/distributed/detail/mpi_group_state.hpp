@@ -11,9 +11,9 @@
 #include <string>
 #include <vector>
 
-#include "tessera/parallel/detail/collective_call.hpp"
-#include "tessera/parallel/detail/mpi_check.hpp"
-#include "tessera/parallel/detail/mpi_operation.hpp"
+#include "tessera/distributed/detail/collective_call.hpp"
+#include "tessera/distributed/detail/mpi_check.hpp"
+#include "tessera/distributed/detail/mpi_operation.hpp"
 
 namespace tessera::distributed::detail {
 

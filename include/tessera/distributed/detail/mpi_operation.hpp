@@ -15,8 +15,8 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
-#include "tessera/parallel/detail/collective_call.hpp"
-#include "tessera/parallel/detail/mpi_check.hpp"
+#include "tessera/distributed/detail/collective_call.hpp"
+#include "tessera/distributed/detail/mpi_check.hpp"
 
 namespace tessera::distributed::detail {
 

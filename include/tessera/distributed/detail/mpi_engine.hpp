@@ -26,14 +26,7 @@
 // what its caller waits on), mpi_group_state.hpp (a group's state, the control notes).
 #pragma once
 
-#if !TESSERA_MPI
-#error "tessera/distributed.hpp needs MPI: build with -DTESSERA_WITH_MPI=ON and link tessera::distributed"
-#endif
-
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1  // OpenMPI's deprecated C++ bindings: not used, and slow to compile
-#endif
-#include <mpi.h>
+// MPI itself (and the check that this build has it) comes with mpi_check.hpp.
 
 #include <algorithm>
 #include <atomic>
@@ -53,10 +46,10 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
-#include "tessera/parallel/detail/collective_call.hpp"
-#include "tessera/parallel/detail/mpi_check.hpp"
-#include "tessera/parallel/detail/mpi_group_state.hpp"
-#include "tessera/parallel/detail/mpi_operation.hpp"
+#include "tessera/distributed/detail/collective_call.hpp"
+#include "tessera/distributed/detail/mpi_check.hpp"
+#include "tessera/distributed/detail/mpi_group_state.hpp"
+#include "tessera/distributed/detail/mpi_operation.hpp"
 
 namespace tessera::distributed::detail {
 
