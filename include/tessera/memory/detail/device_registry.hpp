@@ -133,6 +133,30 @@ inline std::atomic<int> private_pools_live{0};
 /// read this one word with one relaxed load, and take their cold paths only when it is not 0.
 inline std::atomic<int> slow_allocation_paths{0};
 
+/// The same count for each CPU device alone (its history recording plus its private pools): when
+/// slow_allocation_paths is not 0, the thread-cache fast paths of a CPU device whose own word is 0
+/// stay on. A fixed array (4 KiB, zero before any code runs), so that reading it needs no guard.
+inline std::atomic<int> cpu_slow_allocation_paths[tessera::detail::max_cpu_devices]{};
+
+/// Counts one slow path more (`change` 1) or less (-1) on `device`, in both words.
+inline void add_slow_allocation_path(Device device, int change) noexcept {
+  if (device.is_cpu()) {
+    cpu_slow_allocation_paths[device.index].fetch_add(change, std::memory_order_release);
+  }
+  slow_allocation_paths.fetch_add(change, std::memory_order_release);
+}
+
+/// True when CPU device `index` must leave its thread-cache fast path to memory::allocate and
+/// deallocate: while it records its history or has a private pool (or for an index that is no
+/// device). The common case, nothing recording and no private pool anywhere, reads one word.
+[[gnu::always_inline]] inline bool cpu_slow_allocation_path(int index) noexcept {
+  if (slow_allocation_paths.load(std::memory_order_relaxed) == 0) [[likely]] {
+    return false;
+  }
+  return static_cast<unsigned>(index) >= static_cast<unsigned>(tessera::detail::max_cpu_devices) ||
+         cpu_slow_allocation_paths[index].load(std::memory_order_relaxed) != 0;
+}
+
 /// allocate, deallocate and empty_cache while some device records its history; they record only
 /// for a device that does (memory/detail/history.hpp). Cold and never inlined: inlined, they
 /// took the place of the allocation path itself in its callers (alloc_bench's pool row lost 5 %).
