@@ -12,7 +12,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <map>
-#include <optional>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
@@ -63,18 +63,18 @@ class mem_pool_elsewhere {
   static constexpr std::size_t block_bytes = 4096;
   mem_pool_elsewhere() {
     if (tessera::cpu::device_count() < 2) return;
-    pool_.emplace(device_);
+    pool_ = std::make_unique<tessera::memory::MemPool>(device_);
     tessera::memory::use_mem_pool scope(*pool_);
     block_ = tessera::memory::allocate(device_, block_bytes);
   }
   ~mem_pool_elsewhere() {
     if (block_ != nullptr) tessera::memory::deallocate(device_, block_, block_bytes);
   }
-  bool alive() const { return pool_.has_value(); }
+  bool alive() const { return pool_ != nullptr; }
 
  private:
   tessera::Device device_{tessera::DeviceType::cpu, 1};
-  std::optional<tessera::memory::MemPool> pool_;
+  std::unique_ptr<tessera::memory::MemPool> pool_;
   void* block_ = nullptr;
 };
 
@@ -160,6 +160,27 @@ void BM_tessera_empty_mem_pool_elsewhere(benchmark::State& state) {
 }
 BENCHMARK(BM_tessera_empty_mem_pool_elsewhere);
 
+// One small tensor, ts::empty<float>({1024}) (4 KiB), created and destroyed: the thread cache's
+// hit path (memory::detail::allocate_cached and deallocate_cached), alone and with the MemPool.
+void BM_tessera_empty_4KiB(benchmark::State& state) {
+  for (auto _ : state) {
+    auto t = tessera::empty<float>({1024});
+    (void)keep(t.data());
+  }
+  tessera::memory::empty_cache(tessera::Device{});
+}
+BENCHMARK(BM_tessera_empty_4KiB);
+
+void BM_tessera_empty_4KiB_mem_pool_elsewhere(benchmark::State& state) {
+  mem_pool_elsewhere other;
+  if (!other.alive()) {
+    state.SkipWithError("needs TESSERA_CPU_DEVICES=2");
+    return;
+  }
+  BM_tessera_empty_4KiB(state);
+}
+BENCHMARK(BM_tessera_empty_4KiB_mem_pool_elsewhere);
+
 #if TESSERA_BENCH_TORCH
 void BM_torch_empty(benchmark::State& state) {
   const auto& sz = sizes();
@@ -233,6 +254,8 @@ int main(int argc, char** argv) {
               "BM_tessera_pool");
   print_ratio(reporter.results, "tensor, MemPool on cpu:1 / none",
               "BM_tessera_empty_mem_pool_elsewhere", "BM_tessera_empty");
+  print_ratio(reporter.results, "4 KiB tensor, MemPool on cpu:1 / none",
+              "BM_tessera_empty_4KiB_mem_pool_elsewhere", "BM_tessera_empty_4KiB");
 #if !TESSERA_BENCH_TORCH
   std::printf("torch / tessera: LibTorch not found at configure time\n");
 #endif
