@@ -155,6 +155,131 @@ TEST_CASE("use_mem_pool scopes are per thread and per device, and nest", "[mem_p
   require_clean(cpu1);
 }
 
+TEST_CASE("a free on a device without a private pool goes to that device's pool", "[mem_pool]") {
+  require_clean(cpu0);
+  require_clean(cpu1);
+  mem::reset_accumulated(cpu1);
+  {
+    mem::MemPool pool(cpu0);
+    mem::use_mem_pool scope(pool);
+    void* private_block = mem::allocate(cpu0, 4096);
+    void* plain = mem::allocate(cpu1, 4096);  // the scope is cpu:0's: cpu:1's pool serves
+    CHECK(mem::allocated(cpu1) == 4096);
+    mem::deallocate(cpu1, plain, 4096);
+    const mem::MemoryStats other = mem::stats(cpu1);
+    CHECK(other.allocations.current == 0);
+    CHECK(other.allocations.allocated == 1);
+    CHECK(other.allocations.freed == 1);
+    CHECK(other.allocated_bytes.freed == 4096);
+    CHECK(pool.stats().allocations.current == 1);  // the private pool saw nothing of it
+    CHECK(pool.stats().allocations.freed == 0);
+    mem::deallocate(cpu0, private_block, 4096);
+    CHECK(pool.stats().allocations.freed == 1);
+  }
+  require_clean(cpu0);
+  require_clean(cpu1);
+}
+
+TEST_CASE("a CPU device without a private pool keeps its thread cache while another has one",
+          "[mem_pool]") {
+  ts::DeviceGuard<ts::cpu> drive(1);  // a thread caches the blocks of its current device only
+  require_clean(cpu0);
+  require_clean(cpu1);
+  mem::MemPool pool(cpu0);
+  {
+    mem::use_mem_pool scope(pool);  // cpu:0's scope: cpu:1 is not affected
+    void* warm = mem::allocate(cpu1, 4000);
+    mem::deallocate(cpu1, warm, 4000);  // kept in this thread's cache of cpu:1
+    const auto& counters = mem::detail::thread_cache::local()->of(1).statistics();
+    const std::int64_t hits_before = counters.hit_blocks.load();
+    const std::int64_t puts_before = counters.put_blocks.load();
+    // The inlined fast paths of a tensor's storage serve cpu:1 from the cache.
+    void* again = mem::detail::allocate_cached(cpu1, 4000);
+    CHECK(again == warm);
+    CHECK(counters.hit_blocks.load() - hits_before == 1);
+    REQUIRE(again != nullptr);
+    CHECK(mem::detail::deallocate_cached(cpu1, again, 4000));
+    CHECK(counters.put_blocks.load() - puts_before == 1);
+    CHECK(mem::allocated(cpu1) == 0);  // the query returns the cached block to the pool
+    CHECK(pool.stats().allocations.allocated == 0);
+  }
+  {
+    // cpu:0 has the private pool: its fast paths give way to memory::allocate and deallocate,
+    // which serve the scope from the private pool.
+    ts::DeviceGuard<ts::cpu> drive_cpu0(0);
+    mem::use_mem_pool scope(pool);
+    CHECK(mem::detail::allocate_cached(cpu0, 4000) == nullptr);
+    void* block = mem::allocate(cpu0, 4000);
+    CHECK(pool_allocated(pool) == 4096);
+    CHECK_FALSE(mem::detail::deallocate_cached(cpu0, block, 4000));
+    mem::deallocate(cpu0, block, 4000);
+    CHECK(pool_allocated(pool) == 0);
+    CHECK(pool.stats().allocations.freed == 1);
+  }
+  pool.empty_cache();
+  require_clean(cpu0);
+  require_clean(cpu1);
+}
+
+TEST_CASE("frees find their pool among many segments, and not after a segment went back",
+          "[mem_pool]") {
+  require_clean(cpu0);
+  constexpr std::size_t bytes = 1 * MiB;  // two blocks to a 2 MiB segment
+  mem::MemPool first(cpu0);
+  mem::MemPool second(cpu0);
+  std::vector<void*> first_blocks;
+  std::vector<void*> second_blocks;
+  std::vector<void*> plain_blocks;
+  for (int i = 0; i < 6; ++i) {  // the two pools' segments and the device's blocks interleaved
+    {
+      mem::use_mem_pool scope(first);
+      first_blocks.push_back(mem::allocate(cpu0, bytes));
+    }
+    {
+      mem::use_mem_pool scope(second);
+      second_blocks.push_back(mem::allocate(cpu0, bytes));
+    }
+    plain_blocks.push_back(mem::allocate(cpu0, bytes));
+  }
+  CHECK(pool_reserved(first) == 3 * small_segment);
+  CHECK(pool_reserved(second) == 3 * small_segment);
+  // Freed in an order unlike the allocations' (last, first, middle ...), outside any scope.
+  for (std::size_t i : {5, 0, 3, 1, 4, 2}) {
+    mem::deallocate(cpu0, second_blocks[i], bytes);
+    mem::deallocate(cpu0, plain_blocks[i], bytes);
+    mem::deallocate(cpu0, first_blocks[i], bytes);
+  }
+  CHECK(first.stats().allocations.freed == 6);
+  CHECK(second.stats().allocations.freed == 6);
+  CHECK(first.stats().allocations.current == 0);
+  CHECK(second.stats().allocations.current == 0);
+  // Only the pools' segments are left allocated on the device.
+  CHECK(mem::allocated(cpu0) == static_cast<std::size_t>(6 * small_segment));
+
+  first.empty_cache();
+  second.empty_cache();
+  CHECK(mem::allocated(cpu0) == 0);
+
+  // A segment given back is the device's again: a block the device's pool makes of it is freed
+  // there, not to the pool that held it (which would refuse it and end the program).
+  require_clean(cpu0);
+  void* segment_begin = nullptr;
+  {
+    mem::use_mem_pool scope(first);
+    segment_begin = mem::allocate(cpu0, bytes);  // the first block of a new segment
+    mem::deallocate(cpu0, segment_begin, bytes);
+  }
+  first.empty_cache();
+  // Best fit, lowest address: the segment's memory, at the start of the device's free 20 MiB.
+  void* reused = mem::allocate(cpu0, 2 * MiB);
+  CHECK(reused == segment_begin);
+  mem::deallocate(cpu0, reused, 2 * MiB);
+  CHECK(mem::allocated(cpu0) == 0);
+  CHECK(first.stats().allocations.allocated == 7);
+  CHECK(first.stats().allocations.freed == 7);
+  require_clean(cpu0);
+}
+
 TEST_CASE("private pool errors name the device and leave the scopes as they were", "[mem_pool]") {
   const ts::Device missing{ts::DeviceType::cpu, 5};
   CHECK_THROWS_AS(mem::MemPool(missing), ts::device_error);

@@ -34,10 +34,7 @@ private_pool_state* make_private_pool(Device device) {
   auto state = std::make_unique<private_pool_state>();
   state->device = device;
   state->resource = std::make_unique<device_resource_adaptor<pool_type>>(
-      device, device_pool_upstream<StreamPolicy>{device});
-  state->owns = [](device_memory_resource& resource, const void* pointer) {
-    return static_cast<device_resource_adaptor<pool_type>&>(resource).pool().owns(pointer);
-  };
+      device, device_pool_upstream<StreamPolicy>{device, state.get()});
   private_pool_registry::instance().add(state.get());
   return state.release();
 }

@@ -35,17 +35,15 @@ namespace detail {
 
 // The hit path of a CPU tensor's storage (tensor/storage.hpp), inlined where storage is made and
 // released, in header-only and compiled use alike: a block of the calling thread's cache without
-// a call. Each says when it cannot serve (no cache yet, another device, the history recording, a
-// size not cached); memory::allocate and deallocate then do, with every check. Measured: the
-// calls of the general path (allocate, deallocate, the cache's take and put) were half of a
-// create+destroy in a large translation unit, where GCC stops inlining them.
+// a call. Each says when it cannot serve (no cache yet, another device, the device recording its
+// history or having a private pool, a size not cached); memory::allocate and deallocate then do,
+// with every check. Measured: the calls of the general path (allocate, deallocate, the cache's
+// take and put) were half of a create+destroy in a large translation unit, where GCC stops
+// inlining them.
 
 /// A block of exactly `bytes` for CPU device `device` from the calling thread's cache, or nullptr.
 [[gnu::always_inline]] inline void* allocate_cached(Device device, std::size_t bytes) noexcept {
-  if (device.type != DeviceType::cpu ||
-      slow_allocation_paths.load(std::memory_order_relaxed) != 0) {
-    return nullptr;
-  }
+  if (device.type != DeviceType::cpu || cpu_slow_allocation_path(device.index)) return nullptr;
   device_thread_cache* cache = thread_cache::find_local(device.index);
   return cache != nullptr ? cache->take(bytes) : nullptr;
 }
@@ -56,7 +54,7 @@ namespace detail {
                                                      std::size_t bytes) noexcept {
   if (device.type != DeviceType::cpu ||
       device.index != tessera::detail::current_cpu_device_slot() ||
-      slow_allocation_paths.load(std::memory_order_relaxed) != 0) {
+      cpu_slow_allocation_path(device.index)) {
     return false;
   }
   device_thread_cache* cache = thread_cache::find_local(device.index);

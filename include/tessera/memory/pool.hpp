@@ -155,13 +155,6 @@ class pool_resource {
     if constexpr (StreamPolicy::tracks_streams) add_stream_use(b, stream);
   }
 
-  /// True when `pointer` is a live block this pool handed out (a private pool's owner lookup:
-  /// memory/detail/private_pool.hpp).
-  bool owns(const void* pointer) {
-    std::lock_guard lock(mutex_);
-    return allocated_blocks_.find(pointer) != nullptr;
-  }
-
   /// Returns every fully free segment to the upstream, after waiting for pending stream events.
   /// Segments that still hold a live block stay ("non-releasable" memory).
   void empty_cache() {
