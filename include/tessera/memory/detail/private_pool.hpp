@@ -70,20 +70,7 @@ struct private_segment_table {
   std::vector<private_segment> segments;
 
   /// The pool whose segment holds `address`, or nullptr.
-  private_pool_state* find(std::uintptr_t address) const noexcept {
-    std::size_t low = 0;
-    std::size_t high = segments.size();
-    while (low < high) {  // the first segment that begins after `address` is at `high`
-      const std::size_t middle = low + (high - low) / 2;
-      if (segments[middle].begin <= address) {
-        low = middle + 1;
-      } else {
-        high = middle;
-      }
-    }
-    if (high == 0 || address >= segments[high - 1].end) return nullptr;
-    return segments[high - 1].pool;
-  }
+  private_pool_state* find(std::uintptr_t address) const noexcept;
 };
 
 /// The private pools of one device, as a free sees them.
@@ -104,84 +91,25 @@ class private_pool_registry {
     static private_pool_registry* registry = new private_pool_registry();  // as device_registry
     return *registry;
   }
-  void add(private_pool_state* pool) {
-    std::lock_guard lock(mutex_);
-    of(pool->device).live.fetch_add(1, std::memory_order_release);
-    private_pools_live.fetch_add(1, std::memory_order_release);
-    add_slow_allocation_path(pool->device, 1);
-  }
-  void remove(private_pool_state* pool) noexcept {
-    std::lock_guard lock(mutex_);
-    of(pool->device).live.fetch_sub(1, std::memory_order_release);
-    private_pools_live.fetch_sub(1, std::memory_order_release);
-    add_slow_allocation_path(pool->device, -1);
-  }
+  void add(private_pool_state* pool);
+  void remove(private_pool_state* pool) noexcept;
 
   /// Enters the segment [pointer, pointer + bytes) that `pool` took from its device's pool.
   /// Throws std::bad_alloc (the table is copied), with nothing changed.
-  void add_segment(private_pool_state* pool, const void* pointer, std::size_t bytes) {
-    const auto begin = reinterpret_cast<std::uintptr_t>(pointer);
-    std::lock_guard lock(mutex_);
-    device_private_pools& pools = of(pool->device);
-    const private_segment_table* current = pools.table.load(std::memory_order_relaxed);
-    auto next = std::make_unique<private_segment_table>();
-    const std::size_t count = current != nullptr ? current->segments.size() : 0;
-    next->segments.reserve(count + 1);
-    const private_segment added{begin, begin + bytes, pool};
-    bool placed = false;
-    for (std::size_t i = 0; i < count; ++i) {
-      if (!placed && current->segments[i].begin > begin) {
-        next->segments.push_back(added);
-        placed = true;
-      }
-      next->segments.push_back(current->segments[i]);
-    }
-    if (!placed) next->segments.push_back(added);
-    pools.retired.reserve(pools.retired.size() + 1);
-    publish(pools, next.release());
-  }
+  void add_segment(private_pool_state* pool, const void* pointer, std::size_t bytes);
 
   /// Takes out the segment that begins at `pointer`, before it goes back to the device's pool.
   /// Copying the table may throw std::bad_alloc, which in the pools' noexcept paths terminates.
-  void remove_segment(Device device, const void* pointer) {
-    const auto begin = reinterpret_cast<std::uintptr_t>(pointer);
-    std::lock_guard lock(mutex_);
-    device_private_pools& pools = of(device);
-    const private_segment_table* current = pools.table.load(std::memory_order_relaxed);
-    if (current == nullptr) return;
-    auto next = std::make_unique<private_segment_table>();
-    next->segments.reserve(current->segments.size());
-    for (const private_segment& segment : current->segments) {
-      if (segment.begin != begin) next->segments.push_back(segment);
-    }
-    if (next->segments.size() == current->segments.size()) return;  // not a segment of the table
-    pools.retired.reserve(pools.retired.size() + 1);
-    publish(pools, next->segments.empty() ? nullptr : next.release());
-  }
+  void remove_segment(Device device, const void* pointer);
 
   /// The live pool of `device` whose segment holds `pointer`, or nullptr: without a lock, and
   /// without reading the table when the device has no private pool. The pool stays alive while
   /// the caller uses it only through a reference of its own: a live block of the pool has one,
   /// so a free or record_stream of a live block may use it (any other pointer is a bug).
-  private_pool_state* owner_of(Device device, const void* pointer) noexcept {
-    if (device.index < 0 || device.index >= count(device.type)) return nullptr;
-    device_private_pools& pools = of(device);
-    if (pools.live.load(std::memory_order_relaxed) == 0) return nullptr;
-    // seq_cst, paired with publish(): see the header's opening comment.
-    pools.readers.fetch_add(1, std::memory_order_seq_cst);
-    const private_segment_table* table = pools.table.load(std::memory_order_seq_cst);
-    private_pool_state* owner =
-        table != nullptr ? table->find(reinterpret_cast<std::uintptr_t>(pointer)) : nullptr;
-    pools.readers.fetch_sub(1, std::memory_order_release);
-    return owner;
-  }
+  private_pool_state* owner_of(Device device, const void* pointer) noexcept;
 
  private:
-  private_pool_registry()
-      : cpu_count_(cpu::device_count()),
-        cuda_count_(cuda::device_count()),
-        cpu_(new device_private_pools[static_cast<std::size_t>(cpu_count_)]),
-        cuda_(new device_private_pools[static_cast<std::size_t>(cuda_count_)]) {}
+  private_pool_registry();
 
   int count(DeviceType type) const noexcept {
     return type == DeviceType::cpu ? cpu_count_ : cuda_count_;
@@ -192,17 +120,7 @@ class private_pool_registry {
 
   /// Installs `next` (nullptr: no segment) and retires the table it replaces; deletes the retired
   /// tables when no lookup is inside one. Under mutex_, with room reserved in `retired`.
-  static void publish(device_private_pools& pools, const private_segment_table* next) noexcept {
-    const private_segment_table* previous = pools.table.load(std::memory_order_relaxed);
-    pools.table.store(next, std::memory_order_seq_cst);
-    if (previous != nullptr) pools.retired.push_back(previous);
-    // A lookup that loaded a retired table counted itself in before; 0 here (read after the
-    // store) means each such lookup is done, and any later one loads `next` or a newer table.
-    if (pools.readers.load(std::memory_order_seq_cst) == 0) {
-      for (const private_segment_table* table : pools.retired) delete table;
-      pools.retired.clear();
-    }
-  }
+  static void publish(device_private_pools& pools, const private_segment_table* next) noexcept;
 
   std::mutex mutex_;
   int cpu_count_;
@@ -278,6 +196,110 @@ struct device_pool_upstream {
 };
 
 #if TESSERA_DEFINITIONS
+// The registry's and the tables' members (out of the classes: a unit in compiled mode then
+// instantiates nothing they use).
+
+TESSERA_API private_pool_state* private_segment_table::find(std::uintptr_t address) const noexcept {
+  std::size_t low = 0;
+  std::size_t high = segments.size();
+  while (low < high) {  // the first segment that begins after `address` is at `high`
+    const std::size_t middle = low + (high - low) / 2;
+    if (segments[middle].begin <= address) {
+      low = middle + 1;
+    } else {
+      high = middle;
+    }
+  }
+  if (high == 0 || address >= segments[high - 1].end) return nullptr;
+  return segments[high - 1].pool;
+}
+
+TESSERA_API private_pool_registry::private_pool_registry()
+    : cpu_count_(cpu::device_count()),
+      cuda_count_(cuda::device_count()),
+      cpu_(new device_private_pools[static_cast<std::size_t>(cpu_count_)]),
+      cuda_(new device_private_pools[static_cast<std::size_t>(cuda_count_)]) {}
+
+TESSERA_API void private_pool_registry::add(private_pool_state* pool) {
+  std::lock_guard lock(mutex_);
+  of(pool->device).live.fetch_add(1, std::memory_order_release);
+  private_pools_live.fetch_add(1, std::memory_order_release);
+  add_slow_allocation_path(pool->device, 1);
+}
+
+TESSERA_API void private_pool_registry::remove(private_pool_state* pool) noexcept {
+  std::lock_guard lock(mutex_);
+  of(pool->device).live.fetch_sub(1, std::memory_order_release);
+  private_pools_live.fetch_sub(1, std::memory_order_release);
+  add_slow_allocation_path(pool->device, -1);
+}
+
+TESSERA_API void private_pool_registry::add_segment(private_pool_state* pool, const void* pointer,
+                                                    std::size_t bytes) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(pointer);
+  std::lock_guard lock(mutex_);
+  device_private_pools& pools = of(pool->device);
+  const private_segment_table* current = pools.table.load(std::memory_order_relaxed);
+  auto next = std::make_unique<private_segment_table>();
+  const std::size_t count = current != nullptr ? current->segments.size() : 0;
+  next->segments.reserve(count + 1);
+  const private_segment added{begin, begin + bytes, pool};
+  bool placed = false;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (!placed && current->segments[i].begin > begin) {
+      next->segments.push_back(added);
+      placed = true;
+    }
+    next->segments.push_back(current->segments[i]);
+  }
+  if (!placed) next->segments.push_back(added);
+  pools.retired.reserve(pools.retired.size() + 1);
+  publish(pools, next.release());
+}
+
+TESSERA_API void private_pool_registry::remove_segment(Device device, const void* pointer) {
+  const auto begin = reinterpret_cast<std::uintptr_t>(pointer);
+  std::lock_guard lock(mutex_);
+  device_private_pools& pools = of(device);
+  const private_segment_table* current = pools.table.load(std::memory_order_relaxed);
+  if (current == nullptr) return;
+  auto next = std::make_unique<private_segment_table>();
+  next->segments.reserve(current->segments.size());
+  for (const private_segment& segment : current->segments) {
+    if (segment.begin != begin) next->segments.push_back(segment);
+  }
+  if (next->segments.size() == current->segments.size()) return;  // not a segment of the table
+  pools.retired.reserve(pools.retired.size() + 1);
+  publish(pools, next->segments.empty() ? nullptr : next.release());
+}
+
+TESSERA_API private_pool_state* private_pool_registry::owner_of(Device device,
+                                                                const void* pointer) noexcept {
+  if (device.index < 0 || device.index >= count(device.type)) return nullptr;
+  device_private_pools& pools = of(device);
+  if (pools.live.load(std::memory_order_relaxed) == 0) return nullptr;
+  // seq_cst, paired with publish(): see the header's opening comment.
+  pools.readers.fetch_add(1, std::memory_order_seq_cst);
+  const private_segment_table* table = pools.table.load(std::memory_order_seq_cst);
+  private_pool_state* owner =
+      table != nullptr ? table->find(reinterpret_cast<std::uintptr_t>(pointer)) : nullptr;
+  pools.readers.fetch_sub(1, std::memory_order_release);
+  return owner;
+}
+
+TESSERA_API void private_pool_registry::publish(device_private_pools& pools,
+                                                const private_segment_table* next) noexcept {
+  const private_segment_table* previous = pools.table.load(std::memory_order_relaxed);
+  pools.table.store(next, std::memory_order_seq_cst);
+  if (previous != nullptr) pools.retired.push_back(previous);
+  // A lookup that loaded a retired table counted itself in before; 0 here (read after the
+  // store) means each such lookup is done, and any later one loads `next` or a newer table.
+  if (pools.readers.load(std::memory_order_seq_cst) == 0) {
+    for (const private_segment_table* table : pools.retired) delete table;
+    pools.retired.clear();
+  }
+}
+
 TESSERA_API void* device_pool_allocate(Device device, std::size_t bytes, stream_ref stream) {
   if (devices_recording.load(std::memory_order_relaxed) != 0) {
     return recorded_allocate(device, bytes, stream);
