@@ -51,7 +51,8 @@ TESSERA_API int parse_cpu_device_count(const char* text) {
   if (code != std::errc() || end != view.data() + view.size() || value < 1 ||
       value > max_cpu_devices) {
     throw std::invalid_argument("TESSERA_CPU_DEVICES='" + std::string(view) +
-                                "' is not a device count in [1, 1024]");
+                                "' is not a device count in [1, " +
+                                std::to_string(max_cpu_devices) + "]");
   }
   return value;
 }

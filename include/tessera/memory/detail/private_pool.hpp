@@ -21,6 +21,7 @@
 // least, so they are few.
 #pragma once
 
+#include <algorithm>
 #include <atomic>
 #include <cstddef>
 #include <cstdint>
@@ -200,18 +201,13 @@ struct device_pool_upstream {
 // instantiates nothing they use).
 
 TESSERA_API private_pool_state* private_segment_table::find(std::uintptr_t address) const noexcept {
-  std::size_t low = 0;
-  std::size_t high = segments.size();
-  while (low < high) {  // the first segment that begins after `address` is at `high`
-    const std::size_t middle = low + (high - low) / 2;
-    if (segments[middle].begin <= address) {
-      low = middle + 1;
-    } else {
-      high = middle;
-    }
-  }
-  if (high == 0 || address >= segments[high - 1].end) return nullptr;
-  return segments[high - 1].pool;
+  // The first segment that begins after `address`; the one before it may hold it.
+  const auto after = std::upper_bound(
+      segments.begin(), segments.end(), address,
+      [](std::uintptr_t a, const private_segment& segment) { return a < segment.begin; });
+  if (after == segments.begin()) return nullptr;
+  const private_segment& before = *(after - 1);
+  return address < before.end ? before.pool : nullptr;
 }
 
 TESSERA_API private_pool_registry::private_pool_registry()
@@ -241,18 +237,11 @@ TESSERA_API void private_pool_registry::add_segment(private_pool_state* pool, co
   device_private_pools& pools = of(pool->device);
   const private_segment_table* current = pools.table.load(std::memory_order_relaxed);
   auto next = std::make_unique<private_segment_table>();
-  const std::size_t count = current != nullptr ? current->segments.size() : 0;
-  next->segments.reserve(count + 1);
-  const private_segment added{begin, begin + bytes, pool};
-  bool placed = false;
-  for (std::size_t i = 0; i < count; ++i) {
-    if (!placed && current->segments[i].begin > begin) {
-      next->segments.push_back(added);
-      placed = true;
-    }
-    next->segments.push_back(current->segments[i]);
-  }
-  if (!placed) next->segments.push_back(added);
+  if (current != nullptr) next->segments = current->segments;
+  const auto after = std::upper_bound(
+      next->segments.begin(), next->segments.end(), begin,
+      [](std::uintptr_t a, const private_segment& segment) { return a < segment.begin; });
+  next->segments.insert(after, private_segment{begin, begin + bytes, pool});
   pools.retired.reserve(pools.retired.size() + 1);
   publish(pools, next.release());
 }
