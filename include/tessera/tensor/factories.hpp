@@ -1,5 +1,6 @@
-// Tensor factories: empty, zeros, ones, full, arange, rand, randn, from_vector. Each takes the
-// dtype and device kind as template arguments and an ordinal (-1: the kind's current device).
+// Tensor factories: empty, zeros, ones, full, arange, rand, randn, from_vector, empty_like and
+// zeros_like. Each takes the dtype and device kind as template arguments and an ordinal (-1: the
+// kind's current device); empty and the *_like ones also a memory format.
 #pragma once
 
 #include <cmath>
@@ -18,6 +19,34 @@ namespace tessera {
 template <Dtype T, DeviceKind K = cpu>
 Tensor<T, K> empty(const Shape& shape, int device = -1) {
   return Tensor<T, K>::empty_on(shape, resolve_device<K>(device));
+}
+
+/// An uninitialised dense tensor laid out in `format` (`ts::memory_format::channels_last` for
+/// a 4-d [N, C, H, W] tensor stored NHWC). Throws shape_error for channels_last on a shape that
+/// is not 4-d and tessera::error for preserve_format, before anything is allocated.
+template <Dtype T, DeviceKind K = cpu>
+Tensor<T, K> empty(const Shape& shape, memory_format format, int device = -1) {
+  return Tensor<T, K>::empty_on(shape, resolve_device<K>(device), format);
+}
+
+/// An uninitialised tensor with `like`'s shape, dtype and device, in `format`; preserve_format
+/// (the default, as PyTorch's empty_like) keeps a channels_last tensor's layout (see
+/// Tensor::clone).
+template <Dtype T, DeviceKind K>
+Tensor<T, K> empty_like(const Tensor<T, K>& like,
+                        memory_format format = memory_format::preserve_format) {
+  if (!like.defined()) detail::throw_undefined("empty_like");
+  return Tensor<T, K>::empty_on(like.shape(), like.device(),
+                                detail::resolve_format(format, like.shape(), like.strides()));
+}
+
+/// empty_like filled with zeros.
+template <Dtype T, DeviceKind K>
+Tensor<T, K> zeros_like(const Tensor<T, K>& like,
+                        memory_format format = memory_format::preserve_format) {
+  auto out = empty_like(like, format);
+  out.zero_();
+  return out;
 }
 
 /// A tensor filled with `value` (a number converted to T; one that does not fit T, as NaN for an

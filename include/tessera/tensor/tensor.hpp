@@ -15,6 +15,7 @@
 #include "tessera/core/device.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/memory_format.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/tensor/detail/copy.hpp"
 #include "tessera/tensor/storage.hpp"
@@ -178,6 +179,12 @@ class Tensor {
   static Tensor empty_on(const Shape& shape, Device device) {
     return make_on(shape, device, false);
   }
+  /// An uninitialised dense tensor on `device` laid out in `format` (contiguous_format or
+  /// channels_last). Throws shape_error for channels_last on a shape that is not 4-d, and
+  /// tessera::error for preserve_format (which needs a source: see clone), before allocating.
+  static Tensor empty_on(const Shape& shape, Device device, memory_format format) {
+    return make_on(shape, device, false, detail::strides_for(shape, format, "empty"));
+  }
   /// The same in pinned (page-locked) host memory (see pin_memory); throws device_error without
   /// CUDA support or a CUDA device.
   static Tensor empty_pinned_on(const Shape& shape, Device device)
@@ -199,6 +206,28 @@ class Tensor {
     return strides_[shape_.normalize_dim(dim, "stride")];
   }
   bool is_contiguous() const noexcept { return backend::cpu::is_row_major(shape_, strides_); }
+  /// True when the elements lie densely in `format`'s order (PyTorch's is_contiguous(
+  /// memory_format)): extent-1 dimensions' strides do not matter, and channels_last is false for
+  /// a tensor that is not 4-d. A 4-d tensor with C = 1 (or H = W = 1) can be both. Throws
+  /// tessera::error for preserve_format, as PyTorch does.
+  bool is_contiguous(memory_format format) const {
+    switch (format) {
+      case memory_format::contiguous_format:
+        return is_contiguous();
+      case memory_format::channels_last:
+        return detail::is_channels_last_contiguous(shape_, strides_);
+      case memory_format::preserve_format:
+        break;
+    }
+    throw error("is_contiguous: memory_format preserve_format is not a layout to test for");
+  }
+  /// channels_last when the strides order this 4-d tensor's dimensions as channels_last does
+  /// (dense or not), contiguous_format otherwise (PyTorch's suggest_memory_format; ambiguous
+  /// layouts, such as [N, 1, 1, 1], count as contiguous_format).
+  memory_format suggest_memory_format() const noexcept {
+    return detail::is_channels_last_like(shape_, strides_) ? memory_format::channels_last
+                                                           : memory_format::contiguous_format;
+  }
   Device device() const noexcept { return Device{Kind::type, storage_.device().index}; }
   int device_index() const noexcept { return storage_.device().index; }
   static constexpr bool is_cuda() noexcept { return Kind::type == DeviceType::cuda; }
@@ -257,7 +286,7 @@ class Tensor {
     if (auto strides = detail::view_strides(shape_, strides_, target)) {
       return Tensor(storage_, target, *strides, offset_);
     }
-    return clone().view(target);
+    return clone(memory_format::contiguous_format).view(target);
   }
 
   /// Swaps dimensions a and b.
@@ -442,13 +471,32 @@ class Tensor {
   /// This tensor when contiguous, otherwise a contiguous copy.
   Tensor contiguous() const {
     require_defined("contiguous");
-    return is_contiguous() ? *this : clone();
+    return is_contiguous() ? *this : clone(memory_format::contiguous_format);
   }
 
-  /// A contiguous copy on the same device.
-  Tensor clone() const {
+  /// This tensor when its elements lie densely in `format` already (is_contiguous(format)),
+  /// otherwise a copy in that layout (`x.contiguous(ts::memory_format::channels_last)`). Throws
+  /// shape_error naming the shape for channels_last on a tensor that is not 4-d, and
+  /// tessera::error for preserve_format, as PyTorch does; nothing is allocated then.
+  Tensor contiguous(memory_format format) const {
+    require_defined("contiguous");
+    if (format == memory_format::preserve_format) {
+      throw error("contiguous: memory_format preserve_format is not supported (use clone)");
+    }
+    if (format == memory_format::channels_last && dim() != 4) {
+      (void)detail::strides_for(shape_, format, "contiguous");  // throws, naming the shape
+    }
+    return is_contiguous(format) ? *this : clone(format);
+  }
+
+  /// A dense copy on the same device in `format`. The default, preserve_format, keeps a
+  /// channels_last-like tensor channels_last (suggest_memory_format) and makes every other copy
+  /// contiguous; PyTorch would also keep the strides of other dense permutations, such as a
+  /// transposed matrix, which Tessera's copies make contiguous. Throws shape_error for
+  /// channels_last on a tensor that is not 4-d.
+  Tensor clone(memory_format format = memory_format::preserve_format) const {
     require_defined("clone");
-    Tensor out = empty_on(shape_, device());
+    Tensor out = empty_on(shape_, device(), detail::resolve_format(format, shape_, strides_));
     out.copy_from(*this);
     return out;
   }
@@ -474,7 +522,8 @@ class Tensor {
   }
 
   /// This tensor on ordinal `index` of kind K2 (-1: K2's current device). Returns a handle to the
-  /// same storage when that is where it already is. From a pinned tensor to CUDA, the copy does
+  /// same storage when that is where it already is; a copy keeps a channels_last tensor
+  /// channels_last (preserve_format, as clone). From a pinned tensor to CUDA, the copy does
   /// not wait (see pin_memory); every other copy between host and device does.
   template <DeviceKind K2>
   Tensor<T, K2> to(int index = -1) const {
@@ -483,7 +532,7 @@ class Tensor {
     if constexpr (std::is_same_v<K2, Kind>) {
       if (target == device()) return *this;
     }
-    auto out = Tensor<T, K2>::empty_on(shape_, target);
+    auto out = Tensor<T, K2>::empty_on(shape_, target, suggest_memory_format());
     out.copy_(*this);
     return out;
   }
@@ -491,14 +540,15 @@ class Tensor {
   /// This tensor on ordinal `index` of the same kind.
   Tensor to(int index) const { return to<Kind>(index); }
 
-  /// This tensor converted to dtype U (a handle to the same storage when U is T).
+  /// This tensor converted to dtype U (a handle to the same storage when U is T); the copy
+  /// keeps a channels_last tensor channels_last (preserve_format, as clone).
   template <Dtype U>
   Tensor<U, Kind> to() const {
     require_defined("to");
     if constexpr (std::is_same_v<U, T>) {
       return *this;
     } else {
-      auto out = Tensor<U, Kind>::empty_on(shape_, device());
+      auto out = Tensor<U, Kind>::empty_on(shape_, device(), suggest_memory_format());
       out.copy_(*this);
       return out;
     }
@@ -615,6 +665,10 @@ class Tensor {
 
   // empty_on and empty_pinned_on: the checks, then the storage from the device's pool or pinned.
   static Tensor make_on(const Shape& shape, Device device, bool pinned) {
+    return make_on(shape, device, pinned, shape.contiguous_strides());
+  }
+  // The same with the dense `strides` of one of the memory formats (they span numel elements).
+  static Tensor make_on(const Shape& shape, Device device, bool pinned, const Strides& strides) {
     shape.check_size("empty", sizeof(T));
     if (device.type != Kind::type) {
       throw device_mismatch_error("empty: device " + device.str() + " is not a " +
@@ -624,7 +678,7 @@ class Tensor {
     const auto bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
     return Tensor(
         pinned ? Storage::allocate_pinned(device, bytes) : Storage::allocate(device, bytes), shape,
-        shape.contiguous_strides(), 0);
+        strides, 0);
   }
 
   // New tensors go where this one is; an undefined tensor has no device, so use the current one.
