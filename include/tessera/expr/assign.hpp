@@ -1,6 +1,7 @@
 // Evaluation: where a lazy expression becomes a tensor. `Tensor<T, K> y = e;`, `y = e;`,
 // `y += e;` and `ts::eval(e)` each run one executor pass (one CUDA kernel or one CPU loop) that
-// reads every operand and writes the output once; nothing else is allocated but the output.
+// reads every operand and writes the output once; nothing else is allocated but the output,
+// which is channels_last when the operands of its shape are (result_memory_format).
 #pragma once
 
 #include <array>
@@ -106,13 +107,33 @@ bool aliases_output(const Tensor<T, K>& out, const E& node) {
   return unsafe;
 }
 
-/// A new tensor of dtype T holding the expression's values.
+/// The memory format of a new tensor holding the expression's values: channels_last when the
+/// result is 4-d and the operands of the result's shape are all laid out channels_last (dense or
+/// not: suggest_memory_format), so that NHWC in gives NHWC out, as PyTorch's TensorIterator
+/// does; contiguous_format otherwise. Operands that broadcast (a bias [1, C, 1, 1]) and numbers
+/// have no say.
+template <class E>
+memory_format result_memory_format(const E& node) {
+  const Shape& shape = node.shape();
+  if (shape.size() != 4) return memory_format::contiguous_format;
+  bool channels_last = false;
+  bool other = false;
+  node.for_each_tensor([&](const auto& tensor) {
+    if (tensor.shape() != shape) return;
+    (tensor.suggest_memory_format() == memory_format::channels_last ? channels_last : other) = true;
+  });
+  return channels_last && !other ? memory_format::channels_last
+                                 : memory_format::contiguous_format;
+}
+
+/// A new tensor of dtype T holding the expression's values (in result_memory_format).
 template <class T, class K, class E>
 Tensor<T, K> evaluate_as(const E& node) {
   static_assert(std::is_same_v<typename E::device_kind, K>,
                 "Tessera: the expression's operands are on another kind of device than the tensor "
                 "it is assigned to; move it with .to<...>() after evaluating it");
-  auto out = Tensor<T, K>::empty_on(node.shape(), device_of(node, "evaluate"));
+  auto out = Tensor<T, K>::empty_on(node.shape(), device_of(node, "evaluate"),
+                                    result_memory_format(node));
   run_expression(out, node);
   return out;
 }

@@ -1,8 +1,10 @@
 // The CPU executor: runs one evaluator over an output in one pass (one "launch"), threaded with
 // execute_loop (on the thread pool, as parallel_for), the loop other CPU work runs on too. When the
 // output and every operand are contiguous with the output's shape it loops over a linear index
-// the compiler can vectorise; otherwise it merges dimensions (strided_layout) and walks rows: one
-// dot product per row to place each operand, then a strided inner loop.
+// the compiler can vectorise; otherwise it orders the dimensions as the output lies in memory,
+// merges them (strided_layout::in_memory_order) and walks rows: one dot product per row to place
+// each operand, then a strided inner loop (or the linear loop, when every operand lies densely
+// in the output's order, as channels_last tensors do).
 // Compute-bound expressions (exp, tanh, sigmoid) get their linear loop built twice on x86-64,
 // for SSE2 and for AVX2, picked at load time by the CPU (GCC's target_clones).
 #pragma once
@@ -104,6 +106,23 @@ linear_loop_cloned(T* out, const Evaluator evaluator, std::int64_t first, std::i
 }
 #endif
 
+/// out[i] = evaluator at i for i in [0, n), threaded, with the cloned loop for compute-bound
+/// expressions.
+template <class T, class Evaluator>
+void execute_linear(T* out, const Evaluator& evaluator, std::int64_t n) {
+  execute_loop(0, n, grain_size, [&](std::int64_t first, std::int64_t last) {
+#if TESSERA_CPU_TARGET_CLONES
+    if constexpr (is_compute_bound<Evaluator>::value) {
+      linear_loop_cloned(out, evaluator, first, last);
+    } else {
+      linear_loop(out, evaluator, first, last);
+    }
+#else
+    linear_loop(out, evaluator, first, last);
+#endif
+  });
+}
+
 /// The index over the outer dimensions of row `row` of `shape` (the last dimension's stays 0).
 inline void first_row_index(const Shape& shape, std::int64_t row, std::int64_t* index) {
   for (int d = shape.size() - 2; d >= 0; --d) {
@@ -179,28 +198,28 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   for (const Strides& strides : leaf_strides) linear = linear && is_row_major(shape, strides);
   if (linear) {
     const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-    execute_loop(0, n, grain_size, [&](std::int64_t first, std::int64_t last) {
-#if TESSERA_CPU_TARGET_CLONES
-      if constexpr (is_compute_bound<std::remove_cvref_t<decltype(evaluator)>>::value) {
-        linear_loop_cloned(out, evaluator, first, last);
-      } else {
-        linear_loop(out, evaluator, first, last);
-      }
-#else
-      linear_loop(out, evaluator, first, last);
-#endif
-    });
+    execute_linear(out, evaluator, n);
     return;
   }
 
   std::array<Strides, L + 1> all;
   all[0] = out_strides;
   std::copy(leaf_strides.begin(), leaf_strides.end(), all.begin() + 1);
-  const strided_layout<static_cast<int>(L + 1)> layout(shape, all);
+  // In the output's memory order: operands laid out alike in another order than row-major (all
+  // channels_last) merge into one dense run and take the linear loop below.
+  const auto layout = strided_layout<static_cast<int>(L + 1)>::in_memory_order(shape, all);
   const int rank = layout.shape.size();
   if (rank == 0) {  // a single element behind unusual strides
     const auto evaluator = make_evaluator(layout.strides.data() + 1, 0);
     out[0] = store_cast<T>(evaluator.get(index_access{nullptr}));
+    return;
+  }
+  bool dense = rank == 1;
+  for (const Strides& strides : layout.strides) dense = dense && strides[0] == 1;
+  if (dense) {
+    // The operands' elements lie in one order with no gaps: element i of each at data[i].
+    const auto evaluator = make_evaluator(layout.strides.data() + 1, 1);
+    execute_linear(out, evaluator, n);
     return;
   }
   const std::int64_t inner = layout.shape[rank - 1];

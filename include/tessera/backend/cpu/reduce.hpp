@@ -319,28 +319,10 @@ struct memory_order_layout {
       : merged(sorted(shape, leaf_strides)) {}
 
  private:
-  // True when dimension `a` should be walked inside dimension `b`: the first leaf that steps
-  // through both (stride 0 says nothing) has a smaller stride in a.
-  static bool inside(int a, int b, const std::array<Strides, L>& leaf_strides) {
-    for (const Strides& strides : leaf_strides) {
-      const std::int64_t sa = strides[a] < 0 ? -strides[a] : strides[a];
-      const std::int64_t sb = strides[b] < 0 ? -strides[b] : strides[b];
-      if (sa == 0 || sb == 0 || sa == sb) continue;
-      return sa < sb;
-    }
-    return false;
-  }
   static strided_layout<static_cast<int>(L + 1)> sorted(
       const Shape& shape, const std::array<Strides, L>& leaf_strides) {
     const int rank = shape.size();
-    std::array<int, max_dims> order{};
-    for (int d = 0; d < rank; ++d) order[d] = d;
-    // Insertion sort: stable, and undecided pairs (broadcast dimensions) keep the logical order.
-    for (int i = 1; i < rank; ++i) {
-      for (int j = i; j > 0 && inside(order[j - 1], order[j], leaf_strides); --j) {
-        std::swap(order[j - 1], order[j]);
-      }
-    }
+    const std::array<int, max_dims> order = memory_order(rank, leaf_strides);
     const Strides logical = shape.contiguous_strides();
     Shape extents;
     std::array<Strides, L + 1> strides;

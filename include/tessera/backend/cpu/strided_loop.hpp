@@ -1,15 +1,44 @@
 // Dimension merging for strided loops: a shape and N operands' strides with every pair of
 // dimensions that all operands step through as one merged, and extent-1 dimensions dropped. The
 // CPU and CUDA executors walk the merged layout, so a transposed or broadcast operand costs as
-// few index computations as its layout allows.
+// few index computations as its layout allows. memory_order puts the dimensions in the order
+// the operands lie in memory first, so that operands laid out alike in any order (channels_last
+// tensors) are walked in storage order, merged into one run.
 #pragma once
 
 #include <array>
+#include <cstddef>
 #include <cstdint>
+#include <utility>
 
 #include "tessera/core/shape.hpp"
 
 namespace tessera::backend::cpu {
+
+/// The dimensions 0..rank-1 ordered outermost first by memory (PyTorch's TensorIterator order):
+/// dimension a goes inside b when the first operand that steps through both with different
+/// strides (stride 0, a broadcast, says nothing) has the smaller stride in a. Stable: undecided
+/// pairs keep the logical order, so row-major operands keep it.
+template <std::size_t M>
+std::array<int, max_dims> memory_order(int rank, const std::array<Strides, M>& strides) {
+  auto inside = [&strides](int a, int b) {
+    for (const Strides& s : strides) {
+      const std::int64_t sa = s[a] < 0 ? -s[a] : s[a];
+      const std::int64_t sb = s[b] < 0 ? -s[b] : s[b];
+      if (sa == 0 || sb == 0 || sa == sb) continue;
+      return sa < sb;
+    }
+    return false;
+  };
+  std::array<int, max_dims> order{};
+  for (int d = 0; d < rank; ++d) order[d] = d;
+  for (int i = 1; i < rank; ++i) {  // insertion sort: stable, and rank is at most 8
+    for (int j = i; j > 0 && inside(order[j - 1], order[j]); --j) {
+      std::swap(order[j - 1], order[j]);
+    }
+  }
+  return order;
+}
 
 /// A shape and N operands' strides (in elements) with mergeable dimensions merged.
 template <int N>
@@ -19,6 +48,21 @@ struct strided_layout {
 
   strided_layout(const Shape& s, const std::array<Strides, N>& st) : shape(s), strides(st) {
     coalesce();
+  }
+
+  /// The layout with the dimensions first put in memory_order of the operands (operand 0, the
+  /// output, deciding first), then merged: for elementwise loops, where any order of the
+  /// elements gives the same result. A channels_last output with channels_last operands becomes
+  /// one run of unit stride.
+  static strided_layout in_memory_order(const Shape& s, const std::array<Strides, N>& st) {
+    const std::array<int, max_dims> order = memory_order(s.size(), st);
+    Shape permuted;
+    std::array<Strides, N> permuted_strides;
+    for (int k = 0; k < s.size(); ++k) {
+      permuted.push_back(s[order[k]]);
+      for (int i = 0; i < N; ++i) permuted_strides[i].push_back(st[i][order[k]]);
+    }
+    return strided_layout(permuted, permuted_strides);
   }
 
   /// Merges dimension i into i+1 (row-major, i+1 inner) when every operand steps through i as
