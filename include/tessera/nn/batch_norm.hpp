@@ -319,13 +319,16 @@ class batch_norm : public Module {
       const Tensor<T, K> input = nn::detail::materialize(x);
       const Shape& shape = input.shape();
       const Shape view = checked_view(shape);
-      const Tensor<T, K> x3 = (input.is_contiguous() ? input : input.contiguous()).view(view);
+      // A channels_last input is normalised in place of its layout (its [N, C, H * W] view has
+      // the channel innermost) and gives a channels_last output, as PyTorch.
+      const memory_format format = input.suggest_memory_format();
+      const Tensor<T, K> x3 = input.contiguous(format).view(view);
       Tensor<T, K> stats = Tensor<T, K>::empty_on(Shape{3, num_features_}, input.device());
       workspace ws = eager_workspace(input.device(), batch_norm_stats_workspace<T, K>(view) +
                                                          batch_norm_apply_workspace<T>(view));
       // Every allocation before the running statistics move: a failure (out of memory) leaves
       // the module as it was.
-      Tensor<T, K> y = Tensor<T, K>::empty_on(shape, input.device());
+      Tensor<T, K> y = Tensor<T, K>::empty_on(shape, input.device(), format);
       Tensor<T, K> y3 = y.view(view);
       if (uses_batch_statistics()) {
         batch_norm_batch_stats(x3, stats, eps_, ws);

@@ -32,6 +32,16 @@ inline void check_same_device(const std::string& who, Device a, Device b, const 
   }
 }
 
+/// channels_last when the input or the weight is laid out channels_last (PyTorch's rule for
+/// convolutions), contiguous_format otherwise.
+template <class T, class K>
+memory_format conv2d_output_format(const Tensor<T, K>& x, const Tensor<T, K>& w) {
+  return x.suggest_memory_format() == memory_format::channels_last ||
+                 w.suggest_memory_format() == memory_format::channels_last
+             ? memory_format::channels_last
+             : memory_format::contiguous_format;
+}
+
 /// conv2d of x, w and an optional bias (nullptr: none; B void when there is no bias type),
 /// named `who` in errors.
 template <class X, class W, class B>
@@ -67,6 +77,11 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
     Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
     workspace ws = eager_workspace(x.device(), conv2d_forward_workspace<T, K>(g));
     conv2d_forward(g, xc, wc, b_in ? &b : nullptr, y, ws);
+    // The kernels are NCHW's: a channels_last input (or weight) was copied to NCHW above, and the
+    // output is copied back to channels_last, as PyTorch's convolution gives it.
+    if (conv2d_output_format(x, w) == memory_format::channels_last) {
+      return y.contiguous(memory_format::channels_last);
+    }
     return y;
   } else {
     autograd::detail::graph* graph = [&] {
@@ -107,7 +122,7 @@ auto max_pool2d_call(const std::string& who, const X& x_in, Int2 kernel,
     const Tensor<T, K> x = materialize(x_in);
     const pool2d_geometry g =
         pool2d_geometry_of(who, x.shape(), kernel, a.stride, a.padding, a.dilation, a.ceil_mode);
-    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
+    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device(), pool2d_format(x));
     workspace ws = eager_workspace(x.device(), max_pool2d_forward_workspace<T>(g));
     max_pool2d_forward(g, x, y, ws);
     return y;
@@ -132,7 +147,7 @@ auto avg_pool2d_call(const std::string& who, const X& x_in, Int2 kernel, const A
     const Tensor<T, K> x = materialize(x_in);
     const pool2d_geometry g =
         pool2d_geometry_of(who, x.shape(), kernel, a.stride, a.padding, 1, a.ceil_mode);
-    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
+    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device(), pool2d_format(x));
     workspace ws = eager_workspace(x.device(), avg_pool2d_workspace<T>(g));
     avg_pool2d_forward(g, a, x, y, ws);
     return y;
@@ -152,7 +167,7 @@ auto adaptive_avg_pool2d_call(const std::string& who, const X& x_in, Int2 output
   if constexpr (is_eager_v<X>) {
     const Tensor<T, K> x = materialize(x_in);
     const adaptive_geometry g = adaptive_geometry_of(who, x.shape(), output_size);
-    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
+    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device(), pool2d_format(x));
     workspace ws = eager_workspace(x.device(), adaptive_avg_pool2d_workspace<T>(g));
     adaptive_avg_pool2d_forward(g, x, y, ws);
     return y;

@@ -18,6 +18,7 @@
 
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/memory_format.hpp"
 #include "tessera/core/promotion.hpp"
 #include "tessera/nn/buffer.hpp"
 #include "tessera/nn/parameter.hpp"
@@ -226,6 +227,14 @@ class Module {
   /// (device_error for an ordinal that does not exist, out_of_memory_error) nothing has moved.
   Module& to(int index);
 
+  /// PyTorch's `model.to(memory_format=...)`: every 4-d parameter (with its gradient) and
+  /// buffer laid out in `format` in place (channels_last: convolution weights become NHWC);
+  /// the others, and everything under preserve_format, stay as they are. The parameters keep
+  /// their identity. All copies are made before any is installed, so on an error
+  /// (out_of_memory_error) nothing has changed. Convert before compiling a program over the
+  /// module, as a program plans for the layouts it was traced with.
+  Module& to(memory_format format);
+
   /// Sets training mode (`on`) or evaluation mode on this module and every descendant.
   Module& train(bool on = true) {
     set_training(*state_, on);
@@ -432,6 +441,29 @@ TESSERA_API Module& Module::to(int index) {
   for (const auto& [parameter, moved] : parameters) {
     parameter.set_value(moved.first);
     parameter.set_grad(moved.second);
+  }
+  for (const auto& [buffer, moved] : buffers) buffer.set_value(moved);
+  return *this;
+}
+
+TESSERA_API Module& Module::to(memory_format format) {
+  if (format == memory_format::preserve_format) return *this;
+  auto converted = [format](const AnyTensor& value) {
+    if (!value.defined() || value.shape().size() != 4) return value;
+    return value.visit([format](const auto& t) -> AnyTensor { return t.contiguous(format); });
+  };
+  std::vector<std::pair<ParameterRef, std::pair<AnyTensor, AnyTensor>>> parameters;
+  for (const auto& [name, parameter] : named_parameters()) {
+    parameters.push_back(
+        {parameter, {converted(parameter.value()), converted(parameter.grad())}});
+  }
+  std::vector<std::pair<BufferRef, AnyTensor>> buffers;
+  for (const auto& [name, buffer] : named_buffers()) {
+    buffers.push_back({buffer, converted(buffer.value())});
+  }
+  for (const auto& [parameter, moved] : parameters) {
+    parameter.set_value(moved.first);
+    if (moved.second.defined()) parameter.set_grad(moved.second);
   }
   for (const auto& [buffer, moved] : buffers) buffer.set_value(moved);
   return *this;

@@ -341,7 +341,11 @@ TESSERA_API void program_state::bind(const AnyTensor* inputs, std::size_t count)
                   info.shape.str() + " on " + info.device.str() + ", now " +
                   (value.defined() ? std::string(name(value.dtype())) + " " + value.shape().str() +
                                          " on " + value.device().str() +
-                                         (value.is_contiguous() ? "" : " (not contiguous)")
+                                         (value.is_contiguous()
+                                              ? ""
+                                              : " (not contiguous: a program's parameters are "
+                                                "contiguous; undo Module::to(memory_format::"
+                                                "channels_last) with contiguous_format)")
                                    : std::string("undefined")) +
                   "; compile again after moving or replacing parameters");
     }

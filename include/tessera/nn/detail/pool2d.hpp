@@ -4,7 +4,8 @@
 // (i, j) of every output position is one strided view of a padded copy of the input, and within
 // one offset the viewed elements are distinct, so a backward pass can add into it. Every pass is
 // a fused expression or reduction the device's executor runs: one implementation for CPU and
-// CUDA.
+// CUDA. A channels_last input gets a channels_last padded copy and output (pool2d_format), so
+// every pass walks the three alike, in storage order.
 #pragma once
 
 #include <algorithm>
@@ -119,13 +120,31 @@ inline pool2d_geometry pool2d_geometry_of(const std::string& who, const Shape& x
   return g;
 }
 
-/// The [N, C, OH, OW] view of `padded` (shape [N, C, hp, wp], contiguous) at kernel offset (i, j).
+/// The layout of a pooling's output (and padded copy) for input x: channels_last for a
+/// channels_last input, as PyTorch's pooling gives, contiguous_format otherwise.
+template <class T, class K>
+memory_format pool2d_format(const Tensor<T, K>& x) {
+  return x.suggest_memory_format();
+}
+
+/// A padded buffer [N, C, hp, wp] from `ws` laid out in `format` (the same bytes either way).
+template <class T, class K>
+Tensor<T, K> take_padded(const pool2d_geometry& g, workspace& ws, memory_format format) {
+  if (format == memory_format::channels_last) {
+    return ws.take<T, K>(Shape{g.n, g.hp, g.wp, g.c}).permute({0, 3, 1, 2});
+  }
+  return ws.take<T, K>(g.padded_shape());
+}
+
+/// The [N, C, OH, OW] view of `padded` (shape [N, C, hp, wp], dense in any memory format) at
+/// kernel offset (i, j).
 template <class T, class K>
 Tensor<T, K> window_view(const pool2d_geometry& g, const Tensor<T, K>& padded, std::int64_t i,
                          std::int64_t j) {
+  const Strides& s = padded.strides();
   return Tensor<T, K>(padded.storage(), Shape{padded.size(0), padded.size(1), g.oh, g.ow},
-                      Strides{padded.size(1) * g.hp * g.wp, g.hp * g.wp, g.sh * g.wp, g.sw},
-                      padded.storage_offset() + i * g.dh * g.wp + j * g.dw);
+                      Strides{s[0], s[1], g.sh * s[2], g.sw * s[3]},
+                      padded.storage_offset() + i * g.dh * s[2] + j * g.dw * s[3]);
 }
 
 /// `padded` = `fill` everywhere, x in its interior.
@@ -180,7 +199,7 @@ std::size_t max_pool2d_backward_workspace(const pool2d_geometry& g) {
 template <class T, class K>
 void max_pool2d_forward(const pool2d_geometry& g, const Tensor<T, K>& x, Tensor<T, K>& y,
                         workspace& ws) {
-  Tensor<T, K> padded = ws.take<T, K>(g.padded_shape());
+  Tensor<T, K> padded = take_padded<T, K>(g, ws, pool2d_format(x));
   pad_into(g, x, padded, -std::numeric_limits<T>::infinity());
   fold_windows(g, padded, y, [](Tensor<T, K>& out, const Tensor<T, K>& window) {
     tessera::detail::run_expression(out, maximum(out, window));
@@ -255,7 +274,7 @@ std::size_t avg_pool2d_workspace(const pool2d_geometry& g) {
 template <class T, class K>
 void avg_pool2d_forward(const pool2d_geometry& g, const AvgPool2dArgs& a, const Tensor<T, K>& x,
                         Tensor<T, K>& y, workspace& ws) {
-  Tensor<T, K> padded = ws.take<T, K>(g.padded_shape());
+  Tensor<T, K> padded = take_padded<T, K>(g, ws, pool2d_format(x));
   Tensor<T, K> counts = ws.take<T, K>(Shape{1, 1, g.oh, g.ow});
   pad_into(g, x, padded, T(0));
   avg_pool2d_divisors(g, a, counts);
@@ -316,7 +335,8 @@ void adaptive_avg_pool2d_forward(const adaptive_geometry& g, const Tensor<T, K>&
                                  Tensor<T, K>& y, workspace& ws) {
   using tessera::detail::as_node;
   using sum = backend::sum_op<accumulate_t<T>>;
-  if (g.global() && x.is_contiguous()) {
+  // Both dense layouts view as [N, C, H * W] (channels_last's with the channel innermost).
+  if (g.global() && (x.is_contiguous() || x.is_contiguous(memory_format::channels_last))) {
     Tensor<T, K> y2 = y.view(Shape{g.n, g.c});
     tessera::detail::reduce_dim_into<sum, backend::finish_mean, T>(
         y2, as_node(x.view(Shape{g.n, g.c, g.h * g.w})), 2, "adaptive_avg_pool2d");

@@ -1,0 +1,271 @@
+// Layers on channels_last (NHWC) inputs on the CPU: Conv2d (nn/conv.hpp, functional.hpp),
+// BatchNorm2d with and without its fused ReLU (nn/batch_norm.hpp), max, average, adaptive and
+// global average pooling (nn/detail/pool2d.hpp), ReLU and the residual add_relu, and
+// Module::to(memory_format). NHWC in gives NHWC out (strides checked against hand-written ones),
+// with the values of the same layers on NCHW float64 inputs (tests/nn/conv_test.cpp checks those
+// against PyTorch): float64 NHWC runs to rounding, float32 ones to float's precision. Gradients
+// through a compiled program fed NHWC inputs equal the NCHW program's.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "tessera/models/resnet.hpp"
+#include "tessera/tessera.hpp"
+
+namespace channels_last_nn_test {
+
+namespace ts = tessera;
+namespace nn = tessera::nn;
+namespace ag = tessera::autograd;
+namespace F = tessera::nn::functional;
+using ts::memory_format;
+
+namespace {
+
+/// The NHWC strides of a 4-d shape, written out.
+ts::Strides nhwc_strides(const ts::Shape& s) {
+  return ts::Strides{s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
+}
+
+/// Values in [-1, 1] from an LCG (NCHW, row-major), as double.
+std::vector<double> numbers(std::int64_t n, std::uint64_t seed) {
+  std::vector<double> out(static_cast<std::size_t>(n));
+  std::uint64_t state = seed * 6364136223846793005ULL + 1442695040888963407ULL;
+  for (auto& v : out) {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    v = -1.0 + 2.0 * static_cast<double>(state >> 11) * 0x1.0p-53;
+  }
+  return out;
+}
+template <class T>
+ts::Tensor<T> sample(const ts::Shape& shape, std::uint64_t seed) {
+  std::vector<T> host;
+  for (double v : numbers(shape.numel(), seed)) host.push_back(static_cast<T>(v));
+  return ts::from_vector<T>(host, shape);
+}
+
+/// Checks `actual` (any layout, read in logical order with to_vector) against `expected` (float64,
+/// NCHW): |a - e| <= tol * (1 + |e|) everywhere, in one assertion naming the first failure.
+template <class T>
+void check_close(const ts::Tensor<T>& actual, const ts::Tensor<double>& expected, double tol) {
+  REQUIRE(actual.shape() == expected.shape());
+  const auto a = actual.to_vector();
+  const auto e = expected.to_vector();
+  std::size_t bad = 0;
+  std::ostringstream first;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double got = static_cast<double>(a[i]);
+    if (std::fabs(got - e[i]) <= tol * (1.0 + std::fabs(e[i]))) continue;
+    if (bad++ == 0) first << "element " << i << ": got " << got << ", expected " << e[i];
+  }
+  INFO(bad << " of " << a.size() << " elements differ; first " << first.str());
+  CHECK(bad == 0);
+}
+
+// float64 NHWC runs sum in other orders than NCHW's; float32 ones round every product and sum.
+constexpr double tol64 = 1e-12;
+constexpr double tol32 = 2e-5;
+
+struct conv_case {
+  const char* name;
+  std::int64_t in, out;
+  nn::Int2 kernel;
+  nn::Conv2dOptions options;
+};
+
+const conv_case conv_cases[] = {
+    {"3x3 (Winograd on CPU)", 8, 8, 3, {.stride = 1, .padding = 1}},
+    {"3x3 stride 2", 4, 6, 3, {.stride = 2, .padding = 1, .bias = false}},
+    {"1x1", 4, 8, 1, {}},
+    {"1x1 stride 2", 4, 8, 1, {.stride = 2, .bias = false}},
+    {"dilated", 4, 4, 3, {.padding = 2, .dilation = 2}},
+    {"grouped", 4, 6, 3, {.padding = 1, .groups = 2}},
+    {"depthwise", 4, 4, 3, {.stride = {2, 1}, .padding = 1, .groups = 4, .bias = false}},
+    {"7x7 stem", 3, 5, 7, {.stride = 2, .padding = 3, .bias = false}},
+    {"rectangular", 4, 4, {2, 3}, {.stride = {2, 1}, .padding = {0, 1}, .dilation = {1, 2}}},
+};
+
+}  // namespace
+
+TEST_CASE("Conv2d on NHWC input gives NHWC output with the NCHW values", "[channels_last][conv]") {
+  for (const conv_case& c : conv_cases) {
+    INFO(c.name);
+    nn::Conv2d<double> conv(c.in, c.out, c.kernel, c.options);
+    const auto conv32 = conv.to<float>();
+    const auto x = sample<double>({2, c.in, 9, 10}, 1);
+    const ts::Tensor<double> expected = conv(x);  // NCHW, float64
+    const auto x_cl = x.contiguous(memory_format::channels_last);
+    const ts::Tensor<double> y = conv(x_cl);
+    CHECK(y.strides() == nhwc_strides(expected.shape()));
+    check_close(y, expected, tol64);
+    const ts::Tensor<float> y32 = conv32(x_cl.to<float>());
+    CHECK(y32.strides() == nhwc_strides(expected.shape()));
+    check_close(y32, expected, tol32);
+    // The functional form, and an NHWC weight with an NCHW input: NHWC out as well (PyTorch),
+    // except where the weight's layout is ambiguous and contiguous(channels_last) leaves it NCHW
+    // (1x1 kernels, one input channel per group), so the input's format decides.
+    const auto w_cl = conv.weight().value().contiguous(memory_format::channels_last);
+    const bool ambiguous_weight =
+        (c.kernel.h == 1 && c.kernel.w == 1) || c.in / c.options.groups == 1;
+    const ts::Strides weight_layout =
+        ambiguous_weight ? expected.strides() : nhwc_strides(expected.shape());
+    const ts::Tensor<double> by_weight =
+        c.options.bias ? F::conv2d(x, w_cl, conv.bias().value(), {c.options.stride, c.options.padding,
+                                                                   c.options.dilation, c.options.groups})
+                       : F::conv2d(x, w_cl, {c.options.stride, c.options.padding,
+                                             c.options.dilation, c.options.groups});
+    CHECK(by_weight.strides() == weight_layout);
+    check_close(by_weight, expected, tol64);
+  }
+}
+
+TEST_CASE("Module::to(channels_last) makes 4-d parameters NHWC, in place", "[channels_last][conv]") {
+  nn::Sequential model(nn::Conv2d<double>(3, 4, 3, {.padding = 1}), nn::BatchNorm2d<double>(4),
+                       nn::ReLU());
+  const auto& conv = model.get<0>();
+  const auto x = sample<double>({2, 3, 6, 5}, 2);
+  model.eval();
+  const ts::Tensor<double> expected = model(x);
+  const auto weight_before = conv.weight().value().to_vector();
+  const auto bias_strides = conv.bias().value().strides();
+  model.to(memory_format::channels_last);
+  CHECK(conv.weight().value().strides() == ts::Strides{27, 1, 9, 3});
+  CHECK(conv.weight().value().to_vector() == weight_before);
+  CHECK(conv.bias().value().strides() == bias_strides);  // 1-d: untouched
+  const ts::Tensor<double> y = model(x);
+  CHECK(y.strides() == nhwc_strides(y.shape()));
+  check_close(y, expected, tol64);
+  model.to(memory_format::contiguous_format);
+  CHECK(conv.weight().value().strides() == ts::Strides{27, 9, 3, 1});
+  CHECK(conv.weight().value().to_vector() == weight_before);
+}
+
+TEST_CASE("BatchNorm2d on NHWC input: train, eval and the fused ReLU", "[channels_last][batchnorm]") {
+  nn::BatchNorm2d<double> reference(5, {.momentum = 0.3});
+  nn::BatchNorm2d<double> bn(5, {.momentum = 0.3});
+  nn::BatchNorm2d<float> bn32(5, {.momentum = 0.3});
+  const auto w = sample<double>({5}, 3);
+  const auto b = sample<double>({5}, 4);
+  for (auto* m : {&reference, &bn}) {
+    m->weight().value().copy_(w);
+    m->bias().value().copy_(b);
+  }
+  bn32.weight().value().copy_(w);
+  bn32.bias().value().copy_(b);
+  for (int step = 0; step < 2; ++step) {
+    INFO("training step " << step);
+    const ts::Tensor<double> x = sample<double>({3, 5, 4, 6}, 10 + step) * (step + 1.0);
+    const ts::Tensor<double> expected = reference(x);
+    const auto x_cl = x.contiguous(memory_format::channels_last);
+    const ts::Tensor<double> y = bn(x_cl);
+    CHECK(y.strides() == nhwc_strides(x.shape()));
+    check_close(y, expected, tol64);
+    const ts::Tensor<float> y32 = bn32(x_cl.to<float>());
+    CHECK(y32.strides() == nhwc_strides(x.shape()));
+    check_close(y32, expected, tol32);
+    check_close(bn.running_mean().value(), reference.running_mean().value(), tol64);
+    check_close(bn.running_var().value(), reference.running_var().value(), tol64);
+    check_close(bn32.running_var().value(), reference.running_var().value(), tol32);
+    // The fused ReLU (as ResNet's blocks call it).
+    const ts::Tensor<double> relu_expected = reference.forward_relu(x);
+    const ts::Tensor<double> relu_y = bn.forward_relu(x_cl);
+    CHECK(relu_y.strides() == nhwc_strides(x.shape()));
+    check_close(relu_y, relu_expected, tol64);
+    const ts::Tensor<float> relu_y32 = bn32.forward_relu(x_cl.to<float>());
+    CHECK(relu_y32.strides() == nhwc_strides(x.shape()));
+    check_close(relu_y32, relu_expected, tol32);
+  }
+  reference.eval();
+  bn.eval();
+  const auto x = sample<double>({2, 5, 3, 3}, 20);
+  const ts::Tensor<double> expected = reference(x);
+  const ts::Tensor<double> y = bn(x.contiguous(memory_format::channels_last));
+  CHECK(y.strides() == nhwc_strides(x.shape()));
+  check_close(y, expected, tol64);
+}
+
+TEST_CASE("pooling on NHWC input gives NHWC output with the NCHW values", "[channels_last][pool]") {
+  const auto x = sample<double>({2, 3, 9, 8}, 5);
+  const auto x_cl = x.contiguous(memory_format::channels_last);
+  const auto x32 = x_cl.to<float>();
+  auto check_layer = [&](const auto& layer, const char* name) {
+    INFO(name);
+    const ts::Tensor<double> expected = layer(x);
+    const ts::Tensor<double> y = layer(x_cl);
+    CHECK(y.strides() == nhwc_strides(expected.shape()));
+    check_close(y, expected, tol64);
+    const ts::Tensor<float> y32 = layer(x32);
+    CHECK(y32.strides() == nhwc_strides(expected.shape()));
+    check_close(y32, expected, tol32);
+  };
+  check_layer(nn::MaxPool2d(3, {.stride = 2, .padding = 1}), "max 3x3/2 pad 1");
+  check_layer(nn::MaxPool2d(2, {.stride = 2, .dilation = 2, .ceil_mode = true}), "max dilated ceil");
+  check_layer(nn::AvgPool2d(3, {.stride = 2, .padding = 1}), "avg 3x3/2 pad 1");
+  check_layer(nn::AvgPool2d(3, {.stride = 2, .padding = 1, .ceil_mode = true,
+                                .count_include_pad = false}),
+              "avg ceil, padding not counted");
+  check_layer(nn::AdaptiveAvgPool2d({4, 3}), "adaptive 4x3");
+  check_layer(nn::AdaptiveAvgPool2d(1), "global");
+  // A non-dense NHWC view (narrowed): still NHWC out.
+  const auto part = x_cl.narrow(3, 1, 6);
+  const ts::Tensor<double> y = F::max_pool2d(part, 2);
+  CHECK(y.strides() == nhwc_strides(y.shape()));
+  check_close(y, F::max_pool2d(x.narrow(3, 1, 6).contiguous(), 2), tol64);
+}
+
+TEST_CASE("ReLU and the residual add_relu keep NHWC", "[channels_last]") {
+  const auto a = sample<double>({2, 4, 3, 5}, 6);
+  const auto b = sample<double>({2, 4, 3, 5}, 7);
+  const auto a_cl = a.contiguous(memory_format::channels_last);
+  const auto b_cl = b.contiguous(memory_format::channels_last);
+  const ts::Tensor<double> r = nn::ReLU()(a_cl);
+  CHECK(r.strides() == nhwc_strides(a.shape()));
+  const ts::Tensor<double> r_expected = nn::ReLU()(a);
+  check_close(r, r_expected, 0.0);
+  const auto sum = F::add_relu(a_cl, b_cl);
+  CHECK(sum.strides() == nhwc_strides(a.shape()));
+  check_close(sum, F::add_relu(a, b), 0.0);
+}
+
+TEST_CASE("a ResNet block on NHWC input: eager forward, and a program's gradients",
+          "[channels_last][program]") {
+  ts::manual_seed(11);
+  ts::models::BasicBlock<double> block(4, 8, 2);  // with a downsampling 1x1 convolution
+  const auto x = sample<double>({2, 4, 8, 8}, 8);
+  const auto x_cl = x.contiguous(memory_format::channels_last);
+  const ts::Tensor<double> expected = block(x);
+  const ts::Tensor<double> y = block(x_cl);
+  CHECK(y.strides() == nhwc_strides(expected.shape()));
+  check_close(y, expected, tol64);
+
+  // Training through a program traced for NCHW input, run on the NHWC tensor: the NCHW run's loss
+  // and gradients (its input is bound as it is, so every operation reads it through its strides).
+  const auto g = sample<double>(expected.shape(), 9);
+  auto spec = ag::input<double>(x.shape());
+  spec.requires_grad = true;
+  auto program = ag::compile(
+      [&](const auto& xv, const auto& gv) { return ts::sum(block(xv) * gv); }, spec,
+      ag::input<double>(g.shape()));
+  auto run = [&](const ts::Tensor<double>& input) {
+    block.zero_grad();
+    const double loss = program.forward(input, g).item();
+    program.backward();
+    std::vector<ts::Tensor<double>> grads{program.input_grad(0).as<double>().clone()};
+    for (const auto& [name, p] : block.named_parameters()) grads.push_back(p.grad().as<double>().clone());
+    return std::pair{loss, grads};
+  };
+  const auto [loss_nchw, grads_nchw] = run(x);
+  const auto [loss_nhwc, grads_nhwc] = run(x_cl);
+  CHECK(loss_nhwc == Approx(loss_nchw).epsilon(1e-12));
+  REQUIRE(grads_nhwc.size() == grads_nchw.size());
+  for (std::size_t i = 0; i < grads_nchw.size(); ++i) {
+    INFO("gradient " << i);
+    check_close(grads_nhwc[i], grads_nchw[i], tol64);
+  }
+}
+
+}  // namespace channels_last_nn_test
