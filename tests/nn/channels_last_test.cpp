@@ -99,6 +99,13 @@ TEST_CASE("Conv2d on NHWC input gives NHWC output with the NCHW values", "[chann
     const auto x = sample<double>({2, c.in, 9, 10}, 1);
     const ts::Tensor<double> expected = conv(x);  // NCHW, float64
     const auto x_cl = x.contiguous(memory_format::channels_last);
+    // One group runs natively on NHWC (nn/detail/conv2d_nhwc.hpp); grouped ones through NCHW.
+    const nn::Conv2dArgs args{c.options.stride, c.options.padding, c.options.dilation,
+                              c.options.groups};
+    const auto geometry = nn::detail::conv2d_geometry_of("conv", x.shape(),
+                                                         conv.weight().value().shape(), nullptr, args);
+    CHECK(nn::detail::conv2d_runs_nhwc<double, ts::cpu>(geometry, x_cl) == (c.options.groups == 1));
+    CHECK_FALSE(nn::detail::conv2d_runs_nhwc<double, ts::cpu>(geometry, x));
     const ts::Tensor<double> y = conv(x_cl);
     CHECK(y.strides() == nhwc_strides(expected.shape()));
     check_close(y, expected, tol64);
@@ -114,13 +121,22 @@ TEST_CASE("Conv2d on NHWC input gives NHWC output with the NCHW values", "[chann
     const ts::Strides weight_layout =
         ambiguous_weight ? expected.strides() : nhwc_strides(expected.shape());
     const ts::Tensor<double> by_weight =
-        c.options.bias ? F::conv2d(x, w_cl, conv.bias().value(), {c.options.stride, c.options.padding,
-                                                                   c.options.dilation, c.options.groups})
-                       : F::conv2d(x, w_cl, {c.options.stride, c.options.padding,
-                                             c.options.dilation, c.options.groups});
+        c.options.bias ? F::conv2d(x, w_cl, conv.bias().value(), args) : F::conv2d(x, w_cl, args);
     CHECK(by_weight.strides() == weight_layout);
     check_close(by_weight, expected, tol64);
   }
+}
+
+TEST_CASE("Conv2d on NHWC input: col in several chunks of output positions",
+          "[channels_last][conv]") {
+  // 2 * 64 * 64 positions of 3 * 3 * 16 columns: more than one chunk of col (2^20 elements).
+  nn::Conv2d<double> conv(16, 8, 3, {.padding = 1});
+  const auto x = sample<double>({2, 16, 64, 64}, 12);
+  REQUIRE(2 * 64 * 64 * 3 * 3 * 16 > nn::detail::conv2d_nhwc_col_elements);
+  const ts::Tensor<double> expected = conv(x);
+  const ts::Tensor<double> y = conv(x.contiguous(memory_format::channels_last));
+  CHECK(y.strides() == nhwc_strides(expected.shape()));
+  check_close(y, expected, tol64);
 }
 
 TEST_CASE("Module::to(channels_last) makes 4-d parameters NHWC, in place", "[channels_last][conv]") {

@@ -13,6 +13,7 @@
 #include <type_traits>
 
 #include "tessera/nn/detail/conv2d.hpp"
+#include "tessera/nn/detail/conv2d_nhwc.hpp"
 #include "tessera/nn/detail/conv_nodes.hpp"
 #include "tessera/nn/detail/operand.hpp"
 #include "tessera/nn/detail/pool2d.hpp"
@@ -72,13 +73,20 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
     conv2d_geometry g =
         conv2d_geometry_of(who, x.shape(), w.shape(), b_in ? &bias_shape : nullptr, args);
     conv2d_choose_cudnn<T, K>(g, x.device(), /*with_backward=*/false);  // the forward only
+    if (conv2d_runs_nhwc<T, K>(g, x)) {  // NHWC in and out, natively (CPU, one group)
+      Tensor<T, K> y =
+          Tensor<T, K>::empty_on(g.output_shape(), x.device(), memory_format::channels_last);
+      if constexpr (std::is_same_v<K, cpu>) conv2d_forward_nhwc_cpu(g, x, w, b_in ? &b : nullptr, y);
+      return y;
+    }
     const Tensor<T, K> xc = x.is_contiguous() ? x : x.contiguous();
     const Tensor<T, K> wc = w.is_contiguous() ? w : w.contiguous();
     Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
     workspace ws = eager_workspace(x.device(), conv2d_forward_workspace<T, K>(g));
     conv2d_forward(g, xc, wc, b_in ? &b : nullptr, y, ws);
-    // The kernels are NCHW's: a channels_last input (or weight) was copied to NCHW above, and the
-    // output is copied back to channels_last, as PyTorch's convolution gives it.
+    // The other kernels are NCHW's: a channels_last input that conv2d_runs_nhwc does not take
+    // (grouped, another dtype, on CUDA), or a channels_last weight, was copied to NCHW above, and
+    // the output is copied back to channels_last, as PyTorch's convolution gives it.
     if (conv2d_output_format(x, w) == memory_format::channels_last) {
       return y.contiguous(memory_format::channels_last);
     }
