@@ -26,19 +26,20 @@ TEST_CASE("channels_last operands merge into one run in memory order", "[strided
 TEST_CASE("the output's order decides; the operands follow", "[strided_loop]") {
   const ts::Shape shape{2, 3, 4, 5};
   // Output NHWC, input NCHW: walked N, (H W), C; the input steps by 20 along C.
-  const auto mixed =
-      strided_layout<2>::in_memory_order(shape, {ts::Strides{60, 1, 15, 3}, ts::Strides{60, 20, 5, 1}});
+  const auto mixed = strided_layout<2>::in_memory_order(
+      shape, {ts::Strides{60, 1, 15, 3}, ts::Strides{60, 20, 5, 1}});
   CHECK(mixed.shape == ts::Shape{2, 20, 3});
   CHECK(mixed.strides[0] == ts::Strides{60, 3, 1});
   CHECK(mixed.strides[1] == ts::Strides{60, 1, 20});
   // A row-major output keeps the logical order.
-  const auto row_major =
-      strided_layout<2>::in_memory_order(shape, {ts::Strides{60, 20, 5, 1}, ts::Strides{60, 1, 15, 3}});
+  const auto row_major = strided_layout<2>::in_memory_order(
+      shape, {ts::Strides{60, 20, 5, 1}, ts::Strides{60, 1, 15, 3}});
   CHECK(row_major.shape == ts::Shape{2, 3, 20});
   CHECK(row_major.strides[0] == ts::Strides{60, 20, 1});
   CHECK(row_major.strides[1] == ts::Strides{60, 1, 3});
   // A broadcast channel bias (stride 0 except along C) says nothing about the order.
-  const auto bias = strided_layout<2>::in_memory_order(shape, {ts::Strides{60, 1, 15, 3}, ts::Strides{0, 1, 0, 0}});
+  const auto bias = strided_layout<2>::in_memory_order(
+      shape, {ts::Strides{60, 1, 15, 3}, ts::Strides{0, 1, 0, 0}});
   CHECK(bias.shape == ts::Shape{40, 3});
   CHECK(bias.strides[0] == ts::Strides{3, 1});
   CHECK(bias.strides[1] == ts::Strides{0, 1});

@@ -41,8 +41,8 @@ TEST_CASE("an expression of channels_last tensors is channels_last, in one pass"
   CHECK(y.strides() == nhwc);
   std::vector<double> expected;
   for (std::size_t i = 0; i < a_ref.size(); ++i) {
-    const double v = static_cast<double>(static_cast<float>(a_ref[i]) * 2.0f -
-                                         static_cast<float>(b_ref[i]));
+    const double v =
+        static_cast<double>(static_cast<float>(a_ref[i]) * 2.0f - static_cast<float>(b_ref[i]));
     expected.push_back(std::max(v, 0.0) + 1.0);
   }
   check_close(values(y).data, expected, 1e-6);
@@ -52,7 +52,8 @@ TEST_CASE("an expression of channels_last tensors is channels_last, in one pass"
   CHECK(z.strides() == nchw);
   std::vector<double> sums;
   for (std::size_t i = 0; i < a_ref.size(); ++i) {
-    sums.push_back(static_cast<double>(static_cast<float>(a_ref[i]) + static_cast<float>(b_ref[i])));
+    sums.push_back(
+        static_cast<double>(static_cast<float>(a_ref[i]) + static_cast<float>(b_ref[i])));
   }
   check_equal(values(z).data, sums);
   CHECK(ts::eval(a_cl + b_cl).strides() == nhwc);
@@ -69,7 +70,8 @@ TEST_CASE("operands that broadcast do not decide the layout; mixed layouts give 
   CHECK(y.strides() == nhwc);
   check_equal(values(y).data, expr_test::tabulate(shape, [&](std::int64_t i) {
                 const std::int64_t c = i / 20 % 3;
-                return x_ref[static_cast<std::size_t>(i)] * bias_ref[static_cast<std::size_t>(c)] + 0.5;
+                return x_ref[static_cast<std::size_t>(i)] * bias_ref[static_cast<std::size_t>(c)] +
+                       0.5;
               }));
   // An NHWC and an NCHW operand of the result's shape: contiguous (values still right).
   ts::Tensor<double> mixed = x_cl - x;
@@ -98,7 +100,8 @@ TEST_CASE("in-place updates keep the target's layout", "[channels_last]") {
   CHECK(y.strides() == nhwc);
   CHECK(y.storage().data() == storage);
   std::vector<double> expected;
-  for (double v : x_ref) expected.push_back(static_cast<double>((static_cast<float>(v) * 2.0f) * 0.5f));
+  for (double v : x_ref)
+    expected.push_back(static_cast<double>((static_cast<float>(v) * 2.0f) * 0.5f));
   check_equal(values(y).data, expected);
 }
 
@@ -122,8 +125,8 @@ TEST_CASE("reductions over channels_last tensors equal the float64 reference", "
           for (std::int64_t w = 0; w < (dim == 3 ? 1 : 5); ++w) {
             double acc = 0, best = -INFINITY;
             for (std::int64_t k = 0; k < shape[dim]; ++k) {
-              const double v = at(dim == 0 ? k : n, dim == 1 ? k : c, dim == 2 ? k : h,
-                                  dim == 3 ? k : w);
+              const double v =
+                  at(dim == 0 ? k : n, dim == 1 ? k : c, dim == 2 ? k : h, dim == 3 ? k : w);
               acc += v;
               best = std::max(best, v);
             }
@@ -142,7 +145,8 @@ TEST_CASE("reductions over channels_last tensors equal the float64 reference", "
         double z = 0;
         for (std::int64_t c = 0; c < 3; ++c) z += std::exp(at(n, c, h, w));
         for (std::int64_t c = 0; c < 3; ++c)
-          sm_ref[static_cast<std::size_t>(((n * 3 + c) * 4 + h) * 5 + w)] = std::exp(at(n, c, h, w)) / z;
+          sm_ref[static_cast<std::size_t>(((n * 3 + c) * 4 + h) * 5 + w)] =
+              std::exp(at(n, c, h, w)) / z;
       }
   check_close(values(sm).data, sm_ref, 1e-5, 1e-7);
 }

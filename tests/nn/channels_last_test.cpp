@@ -102,8 +102,8 @@ TEST_CASE("Conv2d on NHWC input gives NHWC output with the NCHW values", "[chann
     // One group runs natively on NHWC (nn/detail/conv2d_nhwc.hpp); grouped ones through NCHW.
     const nn::Conv2dArgs args{c.options.stride, c.options.padding, c.options.dilation,
                               c.options.groups};
-    const auto geometry = nn::detail::conv2d_geometry_of("conv", x.shape(),
-                                                         conv.weight().value().shape(), nullptr, args);
+    const auto geometry = nn::detail::conv2d_geometry_of(
+        "conv", x.shape(), conv.weight().value().shape(), nullptr, args);
     CHECK(nn::detail::conv2d_runs_nhwc<double, ts::cpu>(geometry, x_cl) == (c.options.groups == 1));
     CHECK_FALSE(nn::detail::conv2d_runs_nhwc<double, ts::cpu>(geometry, x));
     const ts::Tensor<double> y = conv(x_cl);
@@ -139,7 +139,8 @@ TEST_CASE("Conv2d on NHWC input: col in several chunks of output positions",
   check_close(y, expected, tol64);
 }
 
-TEST_CASE("Module::to(channels_last) makes 4-d parameters NHWC, in place", "[channels_last][conv]") {
+TEST_CASE("Module::to(channels_last) makes 4-d parameters NHWC, in place",
+          "[channels_last][conv]") {
   nn::Sequential model(nn::Conv2d<double>(3, 4, 3, {.padding = 1}), nn::BatchNorm2d<double>(4),
                        nn::ReLU());
   const auto& conv = model.get<0>();
@@ -160,7 +161,8 @@ TEST_CASE("Module::to(channels_last) makes 4-d parameters NHWC, in place", "[cha
   CHECK(conv.weight().value().to_vector() == weight_before);
 }
 
-TEST_CASE("BatchNorm2d on NHWC input: train, eval and the fused ReLU", "[channels_last][batchnorm]") {
+TEST_CASE("BatchNorm2d on NHWC input: train, eval and the fused ReLU",
+          "[channels_last][batchnorm]") {
   nn::BatchNorm2d<double> reference(5, {.momentum = 0.3});
   nn::BatchNorm2d<double> bn(5, {.momentum = 0.3});
   nn::BatchNorm2d<float> bn32(5, {.momentum = 0.3});
@@ -219,11 +221,12 @@ TEST_CASE("pooling on NHWC input gives NHWC output with the NCHW values", "[chan
     check_close(y32, expected, tol32);
   };
   check_layer(nn::MaxPool2d(3, {.stride = 2, .padding = 1}), "max 3x3/2 pad 1");
-  check_layer(nn::MaxPool2d(2, {.stride = 2, .dilation = 2, .ceil_mode = true}), "max dilated ceil");
+  check_layer(nn::MaxPool2d(2, {.stride = 2, .dilation = 2, .ceil_mode = true}),
+              "max dilated ceil");
   check_layer(nn::AvgPool2d(3, {.stride = 2, .padding = 1}), "avg 3x3/2 pad 1");
-  check_layer(nn::AvgPool2d(3, {.stride = 2, .padding = 1, .ceil_mode = true,
-                                .count_include_pad = false}),
-              "avg ceil, padding not counted");
+  check_layer(
+      nn::AvgPool2d(3, {.stride = 2, .padding = 1, .ceil_mode = true, .count_include_pad = false}),
+      "avg ceil, padding not counted");
   check_layer(nn::AdaptiveAvgPool2d({4, 3}), "adaptive 4x3");
   check_layer(nn::AdaptiveAvgPool2d(1), "global");
   // A non-dense NHWC view (narrowed): still NHWC out.
@@ -263,15 +266,16 @@ TEST_CASE("a ResNet block on NHWC input: eager forward, and a program's gradient
   const auto g = sample<double>(expected.shape(), 9);
   auto spec = ag::input<double>(x.shape());
   spec.requires_grad = true;
-  auto program = ag::compile(
-      [&](const auto& xv, const auto& gv) { return ts::sum(block(xv) * gv); }, spec,
-      ag::input<double>(g.shape()));
+  auto program =
+      ag::compile([&](const auto& xv, const auto& gv) { return ts::sum(block(xv) * gv); }, spec,
+                  ag::input<double>(g.shape()));
   auto run = [&](const ts::Tensor<double>& input) {
     block.zero_grad();
     const double loss = program.forward(input, g).item();
     program.backward();
     std::vector<ts::Tensor<double>> grads{program.input_grad(0).as<double>().clone()};
-    for (const auto& [name, p] : block.named_parameters()) grads.push_back(p.grad().as<double>().clone());
+    for (const auto& [name, p] : block.named_parameters())
+      grads.push_back(p.grad().as<double>().clone());
     return std::pair{loss, grads};
   };
   const auto [loss_nchw, grads_nchw] = run(x);

@@ -76,7 +76,9 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
     if (conv2d_runs_nhwc<T, K>(g, x)) {  // NHWC in and out, natively (CPU, one group)
       Tensor<T, K> y =
           Tensor<T, K>::empty_on(g.output_shape(), x.device(), memory_format::channels_last);
-      if constexpr (std::is_same_v<K, cpu>) conv2d_forward_nhwc_cpu(g, x, w, b_in ? &b : nullptr, y);
+      if constexpr (std::is_same_v<K, cpu>) {
+        conv2d_forward_nhwc_cpu(g, x, w, b_in ? &b : nullptr, y);
+      }
       return y;
     }
     const Tensor<T, K> xc = x.is_contiguous() ? x : x.contiguous();

@@ -28,8 +28,9 @@ inline constexpr std::int64_t conv2d_nhwc_col_elements = std::int64_t{1} << 20;
 /// an input laid out densely channels_last (and not ambiguously: suggest_memory_format).
 template <class T, class K>
 bool conv2d_runs_nhwc(const conv2d_geometry& g, const Tensor<T, K>& x) {
-  return std::is_same_v<K, cpu> && (std::is_same_v<T, float> || std::is_same_v<T, double>) &&
-         g.groups == 1 && x.suggest_memory_format() == memory_format::channels_last &&
+  return std::is_same_v<K, cpu> &&
+         (std::is_same_v<T, float> || std::is_same_v<T, double>)&&g.groups == 1 &&
+         x.suggest_memory_format() == memory_format::channels_last &&
          x.is_contiguous(memory_format::channels_last);
 }
 
