@@ -183,7 +183,7 @@ class Tensor {
   /// channels_last). Throws shape_error for channels_last on a shape that is not 4-d, and
   /// tessera::error for preserve_format (which needs a source: see clone), before allocating.
   static Tensor empty_on(const Shape& shape, Device device, memory_format format) {
-    return make_on(shape, device, false, detail::strides_for(shape, format, "empty"));
+    return make_on(shape, device, false, format);
   }
   /// The same in pinned (page-locked) host memory (see pin_memory); throws device_error without
   /// CUDA support or a CUDA device.
@@ -664,17 +664,16 @@ class Tensor {
   }
 
   // empty_on and empty_pinned_on: the checks, then the storage from the device's pool or pinned.
-  static Tensor make_on(const Shape& shape, Device device, bool pinned) {
-    return make_on(shape, device, pinned, shape.contiguous_strides());
-  }
-  // The same with the dense `strides` of one of the memory formats (they span numel elements).
-  static Tensor make_on(const Shape& shape, Device device, bool pinned, const Strides& strides) {
+  // The strides come after the size check: a shape too large for memory would overflow them.
+  static Tensor make_on(const Shape& shape, Device device, bool pinned,
+                        memory_format format = memory_format::contiguous_format) {
     shape.check_size("empty", sizeof(T));
     if (device.type != Kind::type) {
       throw device_mismatch_error("empty: device " + device.str() + " is not a " +
                                   std::string(Kind::name) + " device");
     }
     check_device(device);
+    const Strides strides = detail::strides_for(shape, format, "empty");
     const auto bytes = static_cast<std::size_t>(shape.numel()) * sizeof(T);
     return Tensor(
         pinned ? Storage::allocate_pinned(device, bytes) : Storage::allocate(device, bytes), shape,
