@@ -28,15 +28,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
-#include <fstream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "bench_report.hpp"
+#include "cuda_bench_common.hpp"
 #include "resnet50_layers.hpp"
 #include "tessera/models/resnet.hpp"
 #include "tessera/tessera.hpp"
@@ -48,54 +47,10 @@ namespace nn = tessera::nn;
 namespace {
 
 const ts::Device gpu0 = ts::Device::parse("cuda:0");
-
-void check_cuda(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) {
-    std::fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(status));
-    std::exit(1);
-  }
-}
-
-void fail(const std::string& what) {
-  std::fprintf(stderr, "cuda_bench: %s\n", what.c_str());
-  std::exit(1);
-}
-
-/// Times each iteration of `body` with events on the legacy default stream (Tessera's current
-/// stream unless a StreamGuard says otherwise), after one warm-up call. The device is idle when
-/// `start` is recorded, so the time includes the host's issue of the body up to its first launch;
-/// the counter host_us is the host's time in body() per iteration: when it is near the measured
-/// time, the row measures the host, not the kernel (ncu's duration, device_check's ncu_rows, then
-/// says what the kernel takes).
-template <class F>
-void time_with_events(benchmark::State& state, F&& body) {
-  cudaEvent_t start = nullptr, stop = nullptr;
-  check_cuda(cudaEventCreate(&start), "cudaEventCreate");
-  check_cuda(cudaEventCreate(&stop), "cudaEventCreate");
-  body();
-  check_cuda(cudaDeviceSynchronize(), "warm-up");
-  using clock = std::chrono::steady_clock;
-  clock::duration host{};
-  std::int64_t iterations = 0;
-  for (auto _ : state) {
-    check_cuda(cudaEventRecord(start, nullptr), "cudaEventRecord");
-    const auto issue = clock::now();
-    body();
-    host += clock::now() - issue;
-    ++iterations;
-    check_cuda(cudaEventRecord(stop, nullptr), "cudaEventRecord");
-    check_cuda(cudaEventSynchronize(stop), "cudaEventSynchronize");
-    float ms = 0;
-    check_cuda(cudaEventElapsedTime(&ms, start, stop), "cudaEventElapsedTime");
-    state.SetIterationTime(ms / 1e3);
-  }
-  if (iterations > 0) {
-    state.counters["host_us"] =
-        std::chrono::duration<double, std::micro>(host).count() / static_cast<double>(iterations);
-  }
-  check_cuda(cudaEventDestroy(start), "cudaEventDestroy");
-  check_cuda(cudaEventDestroy(stop), "cudaEventDestroy");
-}
+using ts::bench::check_cuda;
+using ts::bench::fail;
+using ts::bench::time_with_events;
+using ts::bench::torch_rows;
 
 void set_bytes(benchmark::State& state, double bytes) {
   state.counters["GB/s"] =
@@ -829,28 +784,6 @@ void print_host_per_call(const std::map<std::string, double>& results) {
   }
   if (worst > 0) std::printf(" (goal <= 10 us per cuDNN call: %s)", worst <= 10 ? "met" : "MISSED");
   std::printf("\n");
-}
-
-/// PyTorch's rows from bench/cuda_torch_baseline.py's JSON ({"row": milliseconds, ...}).
-std::map<std::string, double> torch_rows() {
-  std::map<std::string, double> rows;
-  const char* path = std::getenv("TESSERA_TORCH_BASELINE");
-  if (path == nullptr) return rows;
-  std::ifstream in(path);
-  if (!in) fail(std::string("cannot read TESSERA_TORCH_BASELINE=") + path);
-  std::stringstream text;
-  text << in.rdbuf();
-  const std::string s = text.str();
-  std::size_t at = 0;
-  while ((at = s.find('"', at)) != std::string::npos) {
-    const std::size_t end = s.find('"', at + 1);
-    const std::size_t colon = s.find(':', end);
-    if (end == std::string::npos || colon == std::string::npos) break;
-    rows[s.substr(at + 1, end - at - 1)] = std::strtod(s.c_str() + colon + 1, nullptr);
-    at = s.find_first_of(",}", colon);
-    if (at == std::string::npos) break;
-  }
-  return rows;
 }
 
 }  // namespace

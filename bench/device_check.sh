@@ -5,7 +5,11 @@
 # Results go to $OUT (or build/device/out) as text and JSON.
 #   bash bench/device_check.sh [pack.tar.xz=build/device/pack.tar.xz]
 # A short run: TESSERA_DEVICE_SKIP="cuda_gxx_tests torch_profile host_time ncu_resnet50 ncu_rows" skips
-# those parts, and TESSERA_DEVICE_BENCH_FILTER=regex runs only those cuda_bench rows.
+# those parts, TESSERA_DEVICE_PARTS="part ..." runs only those, and TESSERA_DEVICE_BENCH_FILTER=regex
+# runs only those cuda_bench rows.
+# Mixed precision (issue 42): the parts torch_amp (cuda_torch_baseline.py --amp) and cuda_amp_bench
+# run only when asked for, by TESSERA_DEVICE_AMP=1 (after the others) or by TESSERA_DEVICE_PARTS
+# (e.g. "torch_amp cuda_amp_bench" alone: about 3 minutes).
 # Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _TORCH_PROFILE_S, _BENCH_S,
 # _HOST_TIME_S, _PROFILE_S: 240, 90, 60, 240, 60, 100; the CUDA tests take about 85 s on an H100);
 # a part that fails or runs out is reported and the next one still runs.
@@ -29,6 +33,9 @@ part() {  # name, seconds, command...
   shift 2
   if [[ " ${TESSERA_DEVICE_SKIP:-} " == *" $name "* ]]; then
     echo "==== $name: skipped (TESSERA_DEVICE_SKIP)"
+    return
+  fi
+  if [ -n "${TESSERA_DEVICE_PARTS:-}" ] && [[ " $TESSERA_DEVICE_PARTS " != *" $name "* ]]; then
     return
   fi
   local start=$SECONDS
@@ -94,12 +101,28 @@ if [ "$rows_s" -gt 0 ] && command -v ncu >/dev/null 2>&1; then
         "$1" "--benchmark_filter=$form" --benchmark_min_time=0.05 || exit 1
     done' ncu_rows "$dir/bin/cuda_bench"
 fi
+# Mixed precision (issue 42): PyTorch's AMP rows, then cuda_amp_bench against them and against
+# PyTorch's float32 rows above (when torch_baseline ran).
+if [ "${TESSERA_DEVICE_AMP:-0}" = 1 ] || [[ " ${TESSERA_DEVICE_PARTS:-} " == *" torch_amp "* ]] ||
+   [[ " ${TESSERA_DEVICE_PARTS:-} " == *" cuda_amp_bench "* ]]; then
+  part torch_amp "${TESSERA_DEVICE_TORCH_AMP_S:-150}" python3 "$dir/cuda_torch_baseline.py" --amp \
+    "$out/torch_amp.json"
+  amp_baseline=()
+  for json in "$out/torch.json" "$out/torch_amp.json"; do
+    [ -s "$json" ] && amp_baseline+=("$json")
+  done
+  amp_env=()
+  [ ${#amp_baseline[@]} -gt 0 ] && amp_env=(env "TESSERA_TORCH_BASELINE=$(IFS=:; echo "${amp_baseline[*]}")")
+  part cuda_amp_bench "${TESSERA_DEVICE_AMP_BENCH_S:-240}" "${amp_env[@]}" "$dir/bin/cuda_amp_bench" \
+    --benchmark_out="$out/cuda_amp_bench.json" --benchmark_out_format=json
+fi
 # The device tool brings back at most 8 files from $OUT: everything goes into results.tar.xz, and
 # the files read first stay beside it.
 if [ -n "${OUT:-}" ]; then
   tar cJf "$work/results.tar.xz" -C "$out" . &&
     find "$out" -maxdepth 1 -type f ! -name cuda_tests.txt ! -name cuda_bench.txt \
-      ! -name torch_baseline.txt ! -name profile.txt ! -name ncu_rows.txt ! -name gpu.txt -delete &&
+      ! -name torch_baseline.txt ! -name profile.txt ! -name ncu_rows.txt ! -name gpu.txt \
+      ! -name cuda_amp_bench.txt -delete &&
     mv "$work/results.tar.xz" "$out/"
 fi
 echo

@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/models/resnet.hpp"
@@ -494,6 +495,67 @@ TEST_CASE("a ResNet-18 training step on CUDA matches the CPU", "[cuda][resnet]")
   gpu_model.eval();
   cpu_model.eval();
   check_close(gpu_model(x.to<ts::cuda>(0)), cpu_model(x));
+}
+
+TEMPLATE_TEST_CASE("a 16-bit ResNet-18 on CUDA tracks the float64 model with its rounded weights",
+                   "[cuda][resnet][amp]", ts::half, ts::bfloat16) {
+  // nn::to<T>: convolutions (cuDNN, tensor-core math) and fc in T, BatchNorm in float; against the
+  // float64 model on the CPU holding the same rounded weights and input (tests/models checks the
+  // same on the CPU). Tolerances in T's unit roundoff u: the loss within 4 u in training mode; in
+  // evaluation mode (batch norm's backward over few values per channel is ill-conditioned in
+  // training, see above) the logits within 8 u and the gradients of fc, conv1 and bn1 within
+  // 8, 128 and 128 u (every activation and gradient stored in T: about 2, 40-90 and 25-50 u on
+  // the CPU).
+  using T = TestType;
+  const double u = std::is_same_v<T, ts::half> ? 1.0 / 2048 : 1.0 / 256;
+  ts::manual_seed(14);
+  const auto rounded = nn::to<T>(ts::models::resnet18<double>(4));
+  auto reference = nn::to<double>(rounded);
+  auto model = nn::to<ts::cuda>(rounded, 0);
+  const auto x = ts::randn<double>({4, 3, 64, 64}).to<T>();
+  const auto labels = ts::from_vector<std::int64_t>({1, 3, 0, 2}, {4});
+  auto low = ag::compile(
+      [&](const ag::Var<T, ts::cuda>& v, const ag::Var<std::int64_t, ts::cuda>& y) {
+        return ts::nn::cross_entropy(ts::cast<float>(model(v)), y);
+      },
+      ag::input<T, ts::cuda>(x.shape(), 0), ag::input<std::int64_t, ts::cuda>(labels.shape(), 0));
+  auto exact = ag::compile(
+      [&](const ag::Var<double>& v, const ag::Var<std::int64_t>& y) {
+        return ts::nn::cross_entropy(reference(v), y);
+      },
+      ag::input<double>(x.shape()), ag::input<std::int64_t>(labels.shape()));
+  const auto x_gpu = x.template to<ts::cuda>(0);
+  const auto labels_gpu = labels.to<ts::cuda>(0);
+  const double loss = low.forward(x_gpu, labels_gpu).item();
+  const double expected = exact.forward(x.template to<double>(), labels).item();
+  CHECK(std::abs(loss - expected) <= 4 * u * expected);
+  auto relative_error = [](const auto& actual, const auto& wanted) {
+    const auto a = actual.template to<double>().template to<ts::cpu>().to_vector();
+    const auto b = wanted.to_vector();
+    double diff = 0, norm = 0;
+    for (std::size_t i = 0; i < b.size(); ++i) {
+      diff += (a[i] - b[i]) * (a[i] - b[i]);
+      norm += b[i] * b[i];
+    }
+    return std::sqrt(diff / norm);
+  };
+  CHECK(relative_error(model.bn1().running_mean().value(), reference.bn1().running_mean().value()) <=
+        4 * u);
+  model.eval();
+  reference.eval();
+  CHECK(relative_error(model(x_gpu), reference(x.template to<double>())) <= 8 * u);
+  (void)low.forward(x_gpu, labels_gpu);
+  low.backward();
+  (void)exact.forward(x.template to<double>(), labels);
+  exact.backward();
+  const double fc = relative_error(model.fc().weight().grad(), reference.fc().weight().grad());
+  const double conv1 = relative_error(model.conv1().weight().grad(), reference.conv1().weight().grad());
+  const double bn1 = relative_error(model.bn1().weight().grad(), reference.bn1().weight().grad());
+  INFO("gradients' relative errors in u: fc.weight " << fc / u << ", conv1.weight " << conv1 / u
+                                                     << ", bn1.weight " << bn1 / u);
+  CHECK(fc <= 8 * u);
+  CHECK(conv1 <= 128 * u);
+  CHECK(bn1 <= 128 * u);
 }
 
 }  // namespace cuda_conv_test

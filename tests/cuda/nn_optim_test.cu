@@ -281,6 +281,121 @@ TEST_CASE("an optimiser step on cuda updates many parameters in a few launches, 
   }
 }
 
+TEST_CASE("GradScaler on cuda unscales many gradients in a few launches, as on the cpu",
+          "[cuda][optim][amp]") {
+  // 130 parameters (float, half and bfloat16 mixed, one non-contiguous gradient), SGD through a
+  // GradScaler on the device and on the CPU (tests/optim checks the CPU's scaler against torch's):
+  // the unscaled gradients are the CPU's bit for bit (one float multiply, rounded once), the
+  // unscaling takes a few multi-tensor launches rather than one per gradient, and a step with an
+  // inf in one bfloat16 gradient is skipped and backs the scale off on both.
+  ts::manual_seed(8);
+  std::vector<nn::Parameter<float>> host_f;
+  std::vector<nn::Parameter<float, ts::cuda>> device_f;
+  std::vector<nn::Parameter<ts::half>> host_h;
+  std::vector<nn::Parameter<ts::half, ts::cuda>> device_h;
+  std::vector<nn::Parameter<ts::bfloat16>> host_b;
+  std::vector<nn::Parameter<ts::bfloat16, ts::cuda>> device_b;
+  for (int k = 0; k < 130; ++k) {
+    const std::int64_t n = k % 4 == 0 ? 64 * 9 * 7 : k % 4 == 1 ? 256 : 4097 + k;
+    const auto start = ts::randn<float>({n});
+    if (k % 5 == 3) {
+      host_h.emplace_back(start.to<ts::half>());
+      device_h.emplace_back(start.to<ts::half>().cuda(0));
+    } else if (k % 5 == 4) {
+      host_b.emplace_back(start.to<ts::bfloat16>());
+      device_b.emplace_back(start.to<ts::bfloat16>().cuda(0));
+    } else {
+      host_f.emplace_back(start.clone());
+      device_f.emplace_back(start.cuda(0));
+    }
+  }
+  std::vector<nn::ParameterRef> on_host, on_device;
+  for (auto& p : host_f) on_host.push_back(p);
+  for (auto& p : host_h) on_host.push_back(p);
+  for (auto& p : host_b) on_host.push_back(p);
+  for (auto& p : device_f) on_device.push_back(p);
+  for (auto& p : device_h) on_device.push_back(p);
+  for (auto& p : device_b) on_device.push_back(p);
+  ts::optim::SGD host_opt(on_host, {.lr = 0.05, .momentum = 0.9});
+  ts::optim::SGD device_opt(on_device, {.lr = 0.05, .momentum = 0.9});
+  ts::optim::GradScaler host_scaler({.init_scale = 1024.0});
+  ts::optim::GradScaler device_scaler({.init_scale = 1024.0});
+  auto set_gradients = [&](bool inject_inf) {
+    for (std::size_t i = 0; i < host_f.size(); ++i) {
+      const auto grad = ts::eval(ts::randn<float>(host_f[i].value().shape()) * 1024.0f);
+      host_f[i].grad() = grad;
+      device_f[i].grad() = grad.cuda(0);
+    }
+    for (std::size_t i = 0; i < host_h.size(); ++i) {
+      const auto grad = ts::eval(ts::cast<ts::half>(ts::randn<float>(host_h[i].value().shape()) * 1024.0f));
+      host_h[i].grad() = grad;
+      device_h[i].grad() = grad.cuda(0);
+    }
+    for (std::size_t i = 0; i < host_b.size(); ++i) {
+      auto grad = ts::eval(ts::cast<ts::bfloat16>(ts::randn<float>(host_b[i].value().shape()) * 1024.0f));
+      if (inject_inf && i == 17) grad.narrow(0, 100, 1).fill_(ts::bfloat16(INFINITY));
+      host_b[i].grad() = grad;
+      device_b[i].grad() = grad.cuda(0);
+    }
+    // One gradient that is a strided view on the device.
+    const std::int64_t n0 = device_f[0].value().numel();
+    const auto wide = ts::eval(ts::randn<float>({n0, 2}) * 1024.0f);
+    host_f[0].grad() = wide.select(1, 1).contiguous();
+    device_f[0].grad() = wide.cuda(0).select(1, 1);
+  };
+  // Equal values (an inf equals an inf), element by element.
+  auto check_same = [](const auto& actual, const auto& expected) {
+    const auto a = values_of(actual);
+    const auto e = values_of(expected);
+    REQUIRE(a.size() == e.size());
+    std::size_t bad = 0;
+    for (std::size_t i = 0; i < a.size(); ++i) bad += a[i] == e[i] ? 0 : 1;
+    INFO(bad << " of " << a.size() << " elements differ");
+    CHECK(bad == 0);
+  };
+  auto check_gradients = [&] {
+    for (std::size_t i = 0; i < host_f.size(); ++i) {
+      INFO("float parameter " << i);
+      check_same(device_f[i].grad(), host_f[i].grad());
+    }
+    for (std::size_t i = 0; i < host_h.size(); ++i) {
+      INFO("half parameter " << i);
+      check_same(device_h[i].grad(), host_h[i].grad());
+    }
+    for (std::size_t i = 0; i < host_b.size(); ++i) {
+      INFO("bfloat16 parameter " << i);
+      check_same(device_b[i].grad(), host_b[i].grad());
+    }
+  };
+  for (int step = 0; step < 3; ++step) {
+    INFO("step " << step);
+    const bool inject_inf = step == 1;
+    set_gradients(inject_inf);
+    host_scaler.unscale_(host_opt);
+    const auto launches = ts::profiler::kernel_launches();
+    device_scaler.unscale_(device_opt);
+    // Three rule types (float, half, bfloat16), each a launch or two, plus the flag's zeroing.
+    CHECK(ts::profiler::kernel_launches() - launches <= 8);
+    check_gradients();
+    CHECK(host_scaler.step(host_opt) == !inject_inf);
+    CHECK(device_scaler.step(device_opt) == !inject_inf);
+    host_scaler.update();
+    device_scaler.update();
+    CHECK(device_scaler.get_scale() == host_scaler.get_scale());
+    CHECK(device_scaler.get_scale() == (step >= 1 ? 512.0 : 1024.0));
+  }
+  // SGD on the device and the host: the same parameters to float tolerance (the fp32 masters'
+  // arithmetic is tests/optim's; here only the scaler's part must agree).
+  for (std::size_t i = 0; i < host_f.size(); ++i) {
+    INFO("float parameter " << i);
+    check_close(device_f[i].value(), host_f[i].value(), 1e-5, 1e-5);
+  }
+  for (std::size_t i = 0; i < host_b.size(); ++i) {
+    INFO("bfloat16 parameter " << i);
+    check_close(device_b[i].value(), host_b[i].value(), 1e-2, 1e-2);
+  }
+}
+
 // Var::to<Kind>: one program whose first layer runs on the CPU and second on the GPU, the
 // activations copied to the GPU and the output back (both directions; the copy's input also feeds
 // the loss directly, so one gradient copied back is added to another), trained with Adam: the

@@ -4,7 +4,10 @@
 // one (conv1.weight, bn1.running_mean, layer1.0.conv1.weight, layer2.0.downsample.0.weight,
 // fc.bias, ...) and checkpoints load in both directions through safetensors. Initialisation as
 // torchvision: kaiming_normal_(fan_out, relu) for convolutions, BatchNorm weight 1 and bias 0,
-// Linear's default for fc. Not part of tessera.hpp: include "tessera/models/resnet.hpp".
+// Linear's default for fc. A 16-bit ResNet (resnet50<ts::half>, resnet50<ts::bfloat16>, or
+// nn::to<ts::half>(model)) keeps its BatchNorm layers in float, the mixed-precision recipe (PyTorch's
+// autocast runs batch norm in float too): they take and give the model's dtype at their boundary.
+// Not part of tessera.hpp: include "tessera/models/resnet.hpp".
 #pragma once
 
 #include <cstddef>
@@ -33,13 +36,25 @@ auto bind(const X& x) {
   }
 }
 
+/// The dtype of a ResNet's BatchNorm layers: float in a 16-bit model (as nn::to<ts::half> keeps
+/// BatchNorm), the model's own otherwise.
+template <Dtype T>
+using norm_t =
+    std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
+
+template <Dtype T, DeviceKind K>
+using batch_norm_t = nn::BatchNorm2d<norm_t<T>, K>;
+
+/// torchvision's initialisation of a convolution (skipped while a copy is made: the values are
+/// filled in next).
 template <Dtype T, DeviceKind K>
 void kaiming_fan_out(const nn::Conv2d<T, K>& conv) {
+  if (nn::detail::initialization_skipped()) return;
   nn::init::kaiming_normal_(conv.weight().value(), 0.0, nn::init::FanMode::fan_out, "relu");
 }
 
 template <Dtype T, DeviceKind K>
-using downsample_t = nn::Sequential<nn::Conv2d<T, K>, nn::BatchNorm2d<T, K>>;
+using downsample_t = nn::Sequential<nn::Conv2d<T, K>, batch_norm_t<T, K>>;
 
 /// torchvision's downsample: a strided 1x1 convolution and a BatchNorm.
 template <Dtype T, DeviceKind K>
@@ -47,7 +62,7 @@ downsample_t<T, K> make_downsample(std::int64_t in, std::int64_t out, std::int64
                                    int device) {
   nn::Conv2d<T, K> conv(in, out, 1, {.stride = stride, .bias = false}, device);
   kaiming_fan_out(conv);
-  return downsample_t<T, K>(conv, nn::BatchNorm2d<T, K>(out, 1e-5, 0.1, true, true, device));
+  return downsample_t<T, K>(conv, batch_norm_t<T, K>(out, 1e-5, 0.1, true, true, device));
 }
 
 }  // namespace detail
@@ -91,6 +106,14 @@ class BasicBlock : public nn::Module {
       return BasicBlock<T, K2>(inplanes_, planes_, stride_, device.index);
     });
   }
+  /// An independent copy in dtype U (ts::nn::to<U>(block)); BatchNorm stays in float.
+  template <Dtype U>
+  BasicBlock<U, K> copy_as() const {
+    const Device device = nn::detail::module_device(*this);
+    return nn::detail::converted_as<K>(*this, device, [&] {
+      return BasicBlock<U, K>(inplanes_, planes_, stride_, device.index);
+    });
+  }
 
   template <class X>
   auto forward(const X& x) const {
@@ -108,9 +131,9 @@ class BasicBlock : public nn::Module {
  private:
   std::int64_t inplanes_, planes_, stride_;
   nn::Conv2d<T, K> conv1_;
-  nn::BatchNorm2d<T, K> bn1_;
+  detail::batch_norm_t<T, K> bn1_;
   nn::Conv2d<T, K> conv2_;
-  nn::BatchNorm2d<T, K> bn2_;
+  detail::batch_norm_t<T, K> bn2_;
   std::optional<detail::downsample_t<T, K>> downsample_;
 };
 
@@ -159,6 +182,14 @@ class Bottleneck : public nn::Module {
       return Bottleneck<T, K2>(inplanes_, planes_, stride_, device.index);
     });
   }
+  /// An independent copy in dtype U (ts::nn::to<U>(block)); BatchNorm stays in float.
+  template <Dtype U>
+  Bottleneck<U, K> copy_as() const {
+    const Device device = nn::detail::module_device(*this);
+    return nn::detail::converted_as<K>(*this, device, [&] {
+      return Bottleneck<U, K>(inplanes_, planes_, stride_, device.index);
+    });
+  }
 
   template <class X>
   auto forward(const X& x) const {
@@ -177,11 +208,11 @@ class Bottleneck : public nn::Module {
  private:
   std::int64_t inplanes_, planes_, stride_;
   nn::Conv2d<T, K> conv1_;
-  nn::BatchNorm2d<T, K> bn1_;
+  detail::batch_norm_t<T, K> bn1_;
   nn::Conv2d<T, K> conv2_;
-  nn::BatchNorm2d<T, K> bn2_;
+  detail::batch_norm_t<T, K> bn2_;
   nn::Conv2d<T, K> conv3_;
-  nn::BatchNorm2d<T, K> bn3_;
+  detail::batch_norm_t<T, K> bn3_;
   std::optional<detail::downsample_t<T, K>> downsample_;
 };
 
@@ -219,7 +250,7 @@ using layer_t = decltype(make_layer<Block>(std::declval<std::int64_t&>(), 0, 1, 
 template <Dtype T, DeviceKind K = cpu>
 class ResNetStem : public nn::Module {
  public:
-  ResNetStem(const nn::Conv2d<T, K>& conv1, const nn::BatchNorm2d<T, K>& bn1)
+  ResNetStem(const nn::Conv2d<T, K>& conv1, const detail::batch_norm_t<T, K>& bn1)
       : Module("ResNetStem"), conv1_(conv1), bn1_(bn1), maxpool_(3, {.stride = 2, .padding = 1}) {
     register_module("conv1", conv1_);
     register_module("bn1", bn1_);
@@ -245,7 +276,7 @@ class ResNetStem : public nn::Module {
 
  private:
   nn::Conv2d<T, K> conv1_;
-  nn::BatchNorm2d<T, K> bn1_;
+  detail::batch_norm_t<T, K> bn1_;
   nn::MaxPool2d maxpool_;
 };
 
@@ -303,6 +334,15 @@ class ResNet : public nn::Module {
       return ResNet<Block, T, K2, L1, L2, L3, L4>(num_classes_, device.index);
     });
   }
+  /// An independent copy in dtype U (ts::nn::to<ts::half>(model)): the convolutions and fc in
+  /// U, the BatchNorm layers in float (norm_t), the values rounded to nearest even.
+  template <Dtype U>
+  ResNet<Block, U, K, L1, L2, L3, L4> copy_as() const {
+    const Device device = nn::detail::module_device(*this);
+    return nn::detail::converted_as<K>(*this, device, [&] {
+      return ResNet<Block, U, K, L1, L2, L3, L4>(num_classes_, device.index);
+    });
+  }
 
   template <class X>
   auto forward(const X& x) const {
@@ -316,7 +356,7 @@ class ResNet : public nn::Module {
   }
 
   const nn::Conv2d<T, K>& conv1() const noexcept { return conv1_; }
-  const nn::BatchNorm2d<T, K>& bn1() const noexcept { return bn1_; }
+  const detail::batch_norm_t<T, K>& bn1() const noexcept { return bn1_; }
   const auto& layer1() const noexcept { return layer1_; }
   const auto& layer2() const noexcept { return layer2_; }
   const auto& layer3() const noexcept { return layer3_; }
@@ -371,7 +411,7 @@ class ResNet : public nn::Module {
 
   std::int64_t num_classes_;
   nn::Conv2d<T, K> conv1_;
-  nn::BatchNorm2d<T, K> bn1_;
+  detail::batch_norm_t<T, K> bn1_;
   nn::MaxPool2d maxpool_;
   detail::layer_t<block, L1> layer1_;
   detail::layer_t<block, L2> layer2_;
@@ -423,5 +463,11 @@ template <template <class, class> class Block, Dtype T, DeviceKind K, std::size_
           std::size_t L2, std::size_t L3, std::size_t L4, DeviceKind K2>
 struct rebind_kind<models::ResNet<Block, T, K, L1, L2, L3, L4>, K2> {
   using type = models::ResNet<Block, T, K2, L1, L2, L3, L4>;
+};
+/// ResNet<Block, T, K, ...> in dtype U (ts::nn::to<ts::half>(model)).
+template <template <class, class> class Block, Dtype T, DeviceKind K, std::size_t L1,
+          std::size_t L2, std::size_t L3, std::size_t L4, Dtype U>
+struct rebind_dtype<models::ResNet<Block, T, K, L1, L2, L3, L4>, U> {
+  using type = models::ResNet<Block, U, K, L1, L2, L3, L4>;
 };
 }  // namespace tessera::nn

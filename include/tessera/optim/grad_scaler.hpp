@@ -156,7 +156,12 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
   unscale_result result;
   int found_on_host = 0;
   std::vector<std::pair<Device, Tensor<std::int32_t, cuda>>> found_on_gpus;
+  // Contiguous copies of non-contiguous gradients, copied back once the unscaling has run.
+  std::vector<std::pair<AnyTensor, AnyTensor>> copy_back;
   const std::vector<nn::ParameterRef>& parameters = optimizer.parameters();
+  // CUDA gradients are unscaled by multi-tensor launches (a few per device and dtype, as an
+  // optimiser's step, not one per parameter): the rules queue here and go out at flush().
+  batched_updates batch;
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const AnyTensor grad = parameters[i].grad();
     if (!grad.defined()) continue;
@@ -194,8 +199,10 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
         }
       }
     });
-    if (!grad.is_contiguous()) grad.copy_(work);
+    if (!grad.is_contiguous()) copy_back.emplace_back(grad, work);
   }
+  batch.flush();
+  for (auto& [grad, work] : copy_back) grad.copy_(work);
   result.found_inf = found_on_host != 0;
   for (auto& [device, flag] : found_on_gpus) {
     if (flag.item() != 0) result.found_inf = true;
