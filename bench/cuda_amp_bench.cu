@@ -102,12 +102,6 @@ void check_gemm(const char* what, const ts::Tensor<T, ts::cuda>& c) {
   }
 }
 
-void set_gemm_flops(benchmark::State& state) {
-  const double m = static_cast<double>(gemm_size);
-  state.counters["TFLOP/s"] =
-      benchmark::Counter(2.0 * m * m * m / 1e12, benchmark::Counter::kIsIterationInvariantRate);
-}
-
 // ts::matmul as users call it: a new output from the pool, then cuBLAS.
 void BM_matmul_16bit(benchmark::State& state) {
   with_dtype(state.range(0), [&](auto tag) {
@@ -117,7 +111,7 @@ void BM_matmul_16bit(benchmark::State& state) {
     time_with_events(state, [&] { out = ts::matmul(x.a, x.b); });
     check_gemm<T>("BM_matmul_16bit", out);
   });
-  set_gemm_flops(state);
+  ts::bench::set_square_matmul_flops(state, gemm_size);
   state.SetLabel(torch_dtype(state.range(0)));
 }
 BENCHMARK(BM_matmul_16bit)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
@@ -143,7 +137,7 @@ void BM_matmul_16bit_cublas(benchmark::State& state) {
     check_gemm<T>("BM_matmul_16bit_cublas", x.c);
   });
   cublasDestroy(handle);
-  set_gemm_flops(state);
+  ts::bench::set_square_matmul_flops(state, gemm_size);
   state.SetLabel(torch_dtype(state.range(0)));
 }
 BENCHMARK(BM_matmul_16bit_cublas)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
@@ -277,15 +271,7 @@ void BM_resnet50_step_16bit(benchmark::State& state) {
       scaler.update();
       return loss;
     };
-    ts::memory::reset_peak(gpu0);
-    const float first = step();
-    // Random weights, 1000 classes: the first loss is about log(1000) = 6.9.
-    if (!(first > 5.0f && first < 9.0f)) fail("resnet50 first loss " + std::to_string(first));
-    for (auto _ : state) benchmark::DoNotOptimize(step());
-    constexpr double mib = 1024.0 * 1024.0;
-    state.counters["peak_MiB"] =
-        static_cast<double>(ts::memory::peak_allocated(gpu0) - allocated_before) / mib;
-    state.counters["arena_MiB"] = static_cast<double>(program.plan().planned_bytes) / mib;
+    ts::bench::time_resnet_steps(state, step, gpu0, allocated_before, program.plan().planned_bytes);
     state.counters["skipped"] = static_cast<double>(skipped);
     state.counters["steps"] = static_cast<double>(steps);
   });
@@ -318,33 +304,35 @@ int main(int argc, char** argv) {
     const std::string arg = "/" + std::to_string(d);
     const std::string name = torch_dtype(d);
     ts::bench::print_summary(
-        results, {"matmul 8192 " + name,
-                  {{"cublasGemmEx / ts::matmul", "BM_matmul_16bit" + arg,
-                    "BM_matmul_16bit_cublas" + arg, 0.9},
-                   {"torch / tessera", "BM_matmul_16bit" + arg, "torch/matmul_8192_" + name, 1.0}}});
+        results,
+        {"matmul 8192 " + name,
+         {{"cublasGemmEx / ts::matmul", "BM_matmul_16bit" + arg, "BM_matmul_16bit_cublas" + arg,
+           0.9},
+          {"torch / tessera", "BM_matmul_16bit" + arg, "torch/matmul_8192_" + name, 1.0}}});
     const std::string mlp = "BM_mlp_step/" + std::to_string(d + 1);
     ts::bench::print_summary(
-        results, {"MLP step 4096 batch 2048 " + name,
-                  {{"float step / " + name + " step", mlp, "BM_mlp_step/0", 1.6},
-                   {"torch AMP / tessera", mlp, "torch/mlp_step_amp_" + name + "/mlp4096_b2048",
-                    1.0}}});
+        results,
+        {"MLP step 4096 batch 2048 " + name,
+         {{"float step / " + name + " step", mlp, "BM_mlp_step/0", 1.6},
+          {"torch AMP / tessera", mlp, "torch/mlp_step_amp_" + name + "/mlp4096_b2048", 1.0}}});
     for (const char* images : {"32", "128"}) {
       const std::string row = std::string("BM_resnet50_step_16bit/") + images + arg;
       const std::string torch_row = "resnet50_step_amp_" + name + "_b" + images;
       ts::bench::print_summary(
-          results, {std::string("ResNet-50 step batch ") + images + " " + name,
-                    {{"torch AMP / tessera", row, "torch/" + torch_row, 1.0},
-                     {"torch AMP CUDA graph / tessera", row, "torch/" + torch_row + "_graph", 0},
-                     {"torch float32 / tessera", row,
-                      std::string("torch/resnet50_step_b") + images, 0},
-                     {"torch float32 TF32 / tessera", row,
-                      std::string("torch/resnet50_step_tf32_b") + images, 0}}});
+          results,
+          {std::string("ResNet-50 step batch ") + images + " " + name,
+           {{"torch AMP / tessera", row, "torch/" + torch_row, 1.0},
+            {"torch AMP CUDA graph / tessera", row, "torch/" + torch_row + "_graph", 0},
+            {"torch float32 / tessera", row, std::string("torch/resnet50_step_b") + images, 0},
+            {"torch float32 TF32 / tessera", row,
+             std::string("torch/resnet50_step_tf32_b") + images, 0}}});
       const std::string torch_peak = torch_row + "_peak_MiB";
       if (torch.count(torch_peak) && reporter.counters.count(row)) {
         const double ours = reporter.counters[row]["peak_MiB"];
-        std::printf("ResNet-50 step batch %s %s peak memory: %.0f MiB, torch %.0f MiB: %.2f of "
-                    "torch's (goal <= 1.0)\n",
-                    images, name.c_str(), ours, torch.at(torch_peak), ours / torch.at(torch_peak));
+        std::printf(
+            "ResNet-50 step batch %s %s peak memory: %.0f MiB, torch %.0f MiB: %.2f of "
+            "torch's (goal <= 1.0)\n",
+            images, name.c_str(), ours, torch.at(torch_peak), ours / torch.at(torch_peak));
       }
     }
   }

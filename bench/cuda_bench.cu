@@ -262,19 +262,13 @@ void check_product(const char* what, const ts::Tensor<float, ts::cuda>& c) {
   }
 }
 
-void set_flops(benchmark::State& state) {
-  const double m = static_cast<double>(matmul_size);
-  state.counters["TFLOP/s"] =
-      benchmark::Counter(2.0 * m * m * m / 1e12, benchmark::Counter::kIsIterationInvariantRate);
-}
-
 // ts::matmul as users call it: a new output from the pool, then cuBLAS.
 void BM_matmul_tessera(benchmark::State& state) {
   auto& x = operands();
   ts::Tensor<float, ts::cuda> out;
   time_with_events(state, [&] { out = ts::matmul(x.a, x.b); });
   check_product(__func__, out);
-  set_flops(state);
+  ts::bench::set_square_matmul_flops(state, matmul_size);
 }
 BENCHMARK(BM_matmul_tessera)->UseManualTime()->Unit(benchmark::kMillisecond);
 
@@ -294,7 +288,7 @@ void BM_matmul_cublas(benchmark::State& state) {
   });
   check_product(__func__, x.c);
   cublasDestroy(handle);
-  set_flops(state);
+  ts::bench::set_square_matmul_flops(state, matmul_size);
 }
 BENCHMARK(BM_matmul_cublas)->UseManualTime()->Unit(benchmark::kMillisecond);
 
@@ -549,15 +543,7 @@ void BM_resnet50_step_tessera(benchmark::State& state) {
     sgd.step();
     return loss;
   };
-  ts::memory::reset_peak(gpu0);
-  const float first = step();
-  // Random weights, 1000 classes: the first loss is about log(1000) = 6.9.
-  if (!(first > 5.0f && first < 9.0f)) fail("resnet50 first loss " + std::to_string(first));
-  for (auto _ : state) benchmark::DoNotOptimize(step());
-  constexpr double mib = 1024.0 * 1024.0;
-  state.counters["peak_MiB"] =
-      static_cast<double>(ts::memory::peak_allocated(gpu0) - allocated_before) / mib;
-  state.counters["arena_MiB"] = static_cast<double>(program.plan().planned_bytes) / mib;
+  ts::bench::time_resnet_steps(state, step, gpu0, allocated_before, program.plan().planned_bytes);
   // Where a step's time goes, over 5 steps: each phase to its end on the GPU, the host's time to
   // issue the backward (when it is most of the backward, the step is bound by the host), and the
   // kernel launches (executor passes) per step.

@@ -15,6 +15,8 @@
 #include <sstream>
 #include <string>
 
+#include "tessera/memory/memory.hpp"
+
 namespace tessera::bench {
 
 /// Stops the program, naming the call, when a CUDA runtime call failed.
@@ -65,6 +67,30 @@ void time_with_events(benchmark::State& state, F&& body) {
   }
   check_cuda(cudaEventDestroy(start), "cudaEventDestroy");
   check_cuda(cudaEventDestroy(stop), "cudaEventDestroy");
+}
+
+/// The counter TFLOP/s of a square matrix product of `size` (2 size^3 operations an iteration).
+inline void set_square_matmul_flops(benchmark::State& state, std::int64_t size) {
+  const double m = static_cast<double>(size);
+  state.counters["TFLOP/s"] =
+      benchmark::Counter(2.0 * m * m * m / 1e12, benchmark::Counter::kIsIterationInvariantRate);
+}
+
+/// The body of a ResNet training-step row (1000 classes, random weights): the device's peak reset,
+/// one step whose loss must be about log(1000) = 6.9 (5 to 9), the timed steps, then the counters
+/// peak_MiB (the peak of allocated memory over `allocated_before`, what was allocated before the
+/// model was made, as the torch baseline measures it) and arena_MiB (the program's plan).
+template <class Step>
+void time_resnet_steps(benchmark::State& state, Step& step, Device device,
+                       std::size_t allocated_before, std::size_t planned_bytes) {
+  memory::reset_peak(device);
+  const float first = step();
+  if (!(first > 5.0f && first < 9.0f)) fail("resnet50 first loss " + std::to_string(first));
+  for (auto _ : state) benchmark::DoNotOptimize(step());
+  constexpr double mib = 1024.0 * 1024.0;
+  state.counters["peak_MiB"] =
+      static_cast<double>(memory::peak_allocated(device) - allocated_before) / mib;
+  state.counters["arena_MiB"] = static_cast<double>(planned_bytes) / mib;
 }
 
 /// PyTorch's rows ({"row": milliseconds, ...}) from the JSON files bench/cuda_torch_baseline.py

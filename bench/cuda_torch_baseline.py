@@ -61,6 +61,16 @@ def sgd_step(model, loss_of):
     return step
 
 
+def mlp(widths):
+    """cuda_bench's MLP: Linear layers of the given widths with ReLU between, on the GPU."""
+    layers = []
+    for i in range(len(widths) - 1):
+        if i > 0:
+            layers.append(torch.nn.ReLU())
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+    return torch.nn.Sequential(*layers).to(dev)
+
+
 def median_ms(fn, warmup=3, runs=20, events=False):
     for _ in range(warmup):
         fn()
@@ -133,12 +143,7 @@ def float32_rows():
     # MLP steps (cuda_bench's mlp_configs).
     for name, widths, batch in [("mlp784_b256", [784, 1024, 1024, 10], 256),
                                 ("mlp4096_b2048", [4096, 4096, 4096, 4096, 1024], 2048)]:
-        layers = []
-        for i in range(len(widths) - 1):
-            if i > 0:
-                layers.append(torch.nn.ReLU())
-            layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
-        model = torch.nn.Sequential(*layers).to(dev)
+        model = mlp(widths)
         x = torch.rand(batch, widths[0], device=dev) * 2 - 1
         y = torch.rand(batch, widths[-1], device=dev) * 2 - 1
         mlp_step = sgd_step(model, lambda: F.mse_loss(model(x), y))
@@ -285,12 +290,7 @@ def amp_rows():
     # The 4096 MLP step of cuda_bench under autocast (fp16 with a GradScaler).
     widths, batch = [4096, 4096, 4096, 4096, 1024], 2048
     for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16)):
-        layers = []
-        for i in range(len(widths) - 1):
-            if i > 0:
-                layers.append(torch.nn.ReLU())
-            layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
-        model = torch.nn.Sequential(*layers).to(dev)
+        model = mlp(widths)
         opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
         scaler = torch.amp.GradScaler("cuda", enabled=dtype == torch.float16)
         x = torch.rand(batch, widths[0], device=dev) * 2 - 1

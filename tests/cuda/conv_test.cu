@@ -539,8 +539,8 @@ TEMPLATE_TEST_CASE("a 16-bit ResNet-18 on CUDA tracks the float64 model with its
     }
     return std::sqrt(diff / norm);
   };
-  CHECK(relative_error(model.bn1().running_mean().value(), reference.bn1().running_mean().value()) <=
-        4 * u);
+  CHECK(relative_error(model.bn1().running_mean().value(),
+                       reference.bn1().running_mean().value()) <= 4 * u);
   model.eval();
   reference.eval();
   CHECK(relative_error(model(x_gpu), reference(x.template to<double>())) <= 8 * u);
@@ -549,7 +549,8 @@ TEMPLATE_TEST_CASE("a 16-bit ResNet-18 on CUDA tracks the float64 model with its
   (void)exact.forward(x.template to<double>(), labels);
   exact.backward();
   const double fc = relative_error(model.fc().weight().grad(), reference.fc().weight().grad());
-  const double conv1 = relative_error(model.conv1().weight().grad(), reference.conv1().weight().grad());
+  const double conv1 =
+      relative_error(model.conv1().weight().grad(), reference.conv1().weight().grad());
   const double bn1 = relative_error(model.bn1().weight().grad(), reference.bn1().weight().grad());
   INFO("gradients' relative errors in u: fc.weight " << fc / u << ", conv1.weight " << conv1 / u
                                                      << ", bn1.weight " << bn1 / u);

@@ -327,12 +327,14 @@ TEST_CASE("GradScaler on cuda unscales many gradients in a few launches, as on t
       device_f[i].grad() = grad.cuda(0);
     }
     for (std::size_t i = 0; i < host_h.size(); ++i) {
-      const auto grad = ts::eval(ts::cast<ts::half>(ts::randn<float>(host_h[i].value().shape()) * 1024.0f));
+      const auto grad =
+          ts::eval(ts::cast<ts::half>(ts::randn<float>(host_h[i].value().shape()) * 1024.0f));
       host_h[i].grad() = grad;
       device_h[i].grad() = grad.cuda(0);
     }
     for (std::size_t i = 0; i < host_b.size(); ++i) {
-      auto grad = ts::eval(ts::cast<ts::bfloat16>(ts::randn<float>(host_b[i].value().shape()) * 1024.0f));
+      auto grad =
+          ts::eval(ts::cast<ts::bfloat16>(ts::randn<float>(host_b[i].value().shape()) * 1024.0f));
       if (inject_inf && i == 17) grad.narrow(0, 100, 1).fill_(ts::bfloat16(INFINITY));
       host_b[i].grad() = grad;
       device_b[i].grad() = grad.cuda(0);

@@ -76,6 +76,24 @@ TEST_CASE("load_digits gives scikit-learn's digits", "[data][digits]") {
   }
 }
 
+/// How many of the 297 held-out digits (images 1500 on) `classify` (float images [297, 64] to
+/// float scores [297, 10]) gets right.
+template <class Classify>
+int held_out_right(const ts::data::Digits<float>& digits, Classify&& classify) {
+  const ts::Tensor<float> scores_tensor = classify(digits.images.narrow(0, 1500, 297));
+  const auto scores = scores_tensor.to_vector();
+  const auto labels = digits.labels.narrow(0, 1500, 297).to_vector();
+  int correct = 0;
+  for (std::size_t r = 0; r < labels.size(); ++r) {
+    std::size_t best = 0;
+    for (std::size_t c = 1; c < 10; ++c) {
+      if (scores[r * 10 + c] > scores[r * 10 + best]) best = c;
+    }
+    correct += static_cast<std::int64_t>(best) == labels[r] ? 1 : 0;
+  }
+  return correct;
+}
+
 TEST_CASE("an MLP trained on 1500 digits classifies the other 297", "[data][digits]") {
   const auto digits = ts::data::load_digits(digits_file);
   ts::manual_seed(3);
@@ -97,17 +115,7 @@ TEST_CASE("an MLP trained on 1500 digits classifies the other 297", "[data][digi
       adam.step();
     }
   }
-  const auto test_images = digits.images.narrow(0, 1500, 297);
-  const auto scores = ts::eval(model(test_images)).to_vector();
-  const auto labels = digits.labels.narrow(0, 1500, 297).to_vector();
-  int correct = 0;
-  for (std::size_t r = 0; r < labels.size(); ++r) {
-    std::size_t best = 0;
-    for (std::size_t c = 1; c < 10; ++c) {
-      if (scores[r * 10 + c] > scores[r * 10 + best]) best = c;
-    }
-    correct += static_cast<std::int64_t>(best) == labels[r] ? 1 : 0;
-  }
+  const int correct = held_out_right(digits, [&](const auto& images) { return model(images); });
   INFO(correct << " of 297 held-out digits right");
   // 269 here (91 %: these images come from other writers than the first 1500); a constant guess
   // gets about 10 %. The bound leaves room for other thread counts' roundings.
@@ -119,8 +127,9 @@ TEST_CASE("an MLP trained on 1500 digits classifies the other 297", "[data][digi
 /// the loss in float, Adam (fp32 masters of 16-bit weights) and, in half, a GradScaler; returns
 /// how many of the 297 held-out digits it classifies right.
 template <class T>
-int digits_right_after_training(const ts::data::Digits<float>& digits,
-                                const nn::Sequential<nn::Linear<float>, nn::ReLU, nn::Linear<float>>& start) {
+int digits_right_after_training(
+    const ts::data::Digits<float>& digits,
+    const nn::Sequential<nn::Linear<float>, nn::ReLU, nn::Linear<float>>& start) {
   auto model = nn::to<T>(start);
   auto step = ag::compile(
       [&model](ag::Var<T> x, ag::Var<std::int64_t> y) {
@@ -141,18 +150,9 @@ int digits_right_after_training(const ts::data::Digits<float>& digits,
       scaler.update();
     }
   }
-  const auto test_images = digits.images.narrow(0, 1500, 297).template to<T>();
-  const auto scores = ts::eval(ts::cast<float>(model(test_images))).to_vector();
-  const auto labels = digits.labels.narrow(0, 1500, 297).to_vector();
-  int correct = 0;
-  for (std::size_t r = 0; r < labels.size(); ++r) {
-    std::size_t best = 0;
-    for (std::size_t c = 1; c < 10; ++c) {
-      if (scores[r * 10 + c] > scores[r * 10 + best]) best = c;
-    }
-    correct += static_cast<std::int64_t>(best) == labels[r] ? 1 : 0;
-  }
-  return correct;
+  return held_out_right(digits, [&](const auto& images) {
+    return ts::eval(ts::cast<float>(model(images.template to<T>())));
+  });
 }
 
 TEST_CASE("the digits MLP trained in half and in bfloat16 classifies as the float one",
@@ -162,7 +162,8 @@ TEST_CASE("the digits MLP trained in half and in bfloat16 classifies as the floa
   // 297 digits) of the float run's.
   const auto digits = ts::data::load_digits(digits_file);
   ts::manual_seed(3);
-  const auto start = nn::Sequential(nn::Linear<float>(64, 64), nn::ReLU{}, nn::Linear<float>(64, 10));
+  const auto start =
+      nn::Sequential(nn::Linear<float>(64, 64), nn::ReLU{}, nn::Linear<float>(64, 10));
   const int in_float = digits_right_after_training<float>(digits, start);
   const int in_half = digits_right_after_training<ts::half>(digits, start);
   const int in_bfloat16 = digits_right_after_training<ts::bfloat16>(digits, start);

@@ -1,7 +1,8 @@
 // Optimisers and schedulers under failures and hostile state (issue 46): a step that fails (a bad
-// gradient, out of memory) changes no parameter and no state; a loaded step count or epoch that
-// is not a whole number in range is refused with nothing loaded; CosineAnnealingLR with a T_max
-// near 2^63 (its period 2 * T_max overflowed) gives PyTorch's closed form.
+// gradient, out of memory) changes no parameter and no state, and GradScaler's unscaling out of
+// memory no gradient; a loaded step count or epoch that is not a whole number in range is refused
+// with nothing loaded; CosineAnnealingLR with a T_max near 2^63 (its period 2 * T_max
+// overflowed) gives PyTorch's closed form.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -120,6 +121,49 @@ TEST_CASE("Adam's and SGD's first step out of memory changes no parameter and ma
     b.value().fill_(2.0f);
     c.value().fill_(3.0f);
   }
+}
+
+TEST_CASE("GradScaler's unscale_ out of memory leaves every gradient as it was",
+          "[optim][failure][memory][amp]") {
+  // Three gradients on cpu:1 that are strided views (every other element of [n, 2]): unscaling
+  // makes a contiguous copy of each (12 MiB: a segment of its own), so a limit can let the first
+  // copies be made and refuse a later one. Nothing may be unscaled then, not even the first.
+  const ts::Device cpu1 = ts::Device::parse("cpu:1");
+  const std::int64_t n = 3 << 20;
+  nn::Parameter<float> a{ts::zeros<float>({n}, 1)}, b{ts::zeros<float>({n}, 1)},
+      c{ts::zeros<float>({n}, 1)};
+  for (auto* q : {&a, &b, &c}) q->grad() = ts::full<float>({n, 2}, 8.0f, 1).select(1, 0);
+  optim::SGD sgd({a, b, c}, {.lr = 0.1});
+  auto sums = [&] {
+    return std::vector<double>{ts::sum(a.grad()).item(), ts::sum(b.grad()).item(),
+                               ts::sum(c.grad()).item()};
+  };
+  const std::vector<double> before(3, 8.0 * static_cast<double>(n));
+  REQUIRE(sums() == before);
+  int partial = 0;
+  bool fitted = false;
+  for (std::size_t limit = 0; limit <= (std::size_t{96} << 20); limit += std::size_t{4} << 20) {
+    optim::GradScaler scaler({.init_scale = 4.0});
+    ts::memory::empty_cache(cpu1);
+    ts::memory::set_limit(cpu1, ts::memory::allocated(cpu1) + limit);
+    bool failed = false;
+    try {
+      scaler.unscale_(sgd);
+    } catch (const ts::out_of_memory_error&) {
+      failed = true;
+    }
+    ts::memory::set_limit(cpu1, ts::memory::no_limit);
+    if (!failed) {
+      fitted = true;
+      break;
+    }
+    if (limit >= (std::size_t{12} << 20)) ++partial;  // a copy fitted, a later one did not
+    CHECK(sums() == before);
+  }
+  CHECK(partial > 0);
+  REQUIRE(fitted);
+  // The unscale that fitted divided every gradient by the scale, in place through the views.
+  CHECK(sums() == std::vector<double>(3, 2.0 * static_cast<double>(n)));
 }
 
 TEST_CASE("a loaded step count that is not a whole number in range is refused, nothing loaded",

@@ -5,9 +5,9 @@
 // fc.bias, ...) and checkpoints load in both directions through safetensors. Initialisation as
 // torchvision: kaiming_normal_(fan_out, relu) for convolutions, BatchNorm weight 1 and bias 0,
 // Linear's default for fc. A 16-bit ResNet (resnet50<ts::half>, resnet50<ts::bfloat16>, or
-// nn::to<ts::half>(model)) keeps its BatchNorm layers in float, the mixed-precision recipe (PyTorch's
-// autocast runs batch norm in float too): they take and give the model's dtype at their boundary.
-// Not part of tessera.hpp: include "tessera/models/resnet.hpp".
+// nn::to<ts::half>(model)) keeps its BatchNorm layers in float, the mixed-precision recipe
+// (PyTorch's autocast runs batch norm in float too): they take and give the model's dtype at their
+// boundary. Not part of tessera.hpp: include "tessera/models/resnet.hpp".
 #pragma once
 
 #include <cstddef>
@@ -39,8 +39,7 @@ auto bind(const X& x) {
 /// The dtype of a ResNet's BatchNorm layers: float in a 16-bit model (as nn::to<ts::half> keeps
 /// BatchNorm), the model's own otherwise.
 template <Dtype T>
-using norm_t =
-    std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
+using norm_t = std::conditional_t<std::is_same_v<T, half> || std::is_same_v<T, bfloat16>, float, T>;
 
 template <Dtype T, DeviceKind K>
 using batch_norm_t = nn::BatchNorm2d<norm_t<T>, K>;
@@ -110,9 +109,8 @@ class BasicBlock : public nn::Module {
   template <Dtype U>
   BasicBlock<U, K> copy_as() const {
     const Device device = nn::detail::module_device(*this);
-    return nn::detail::converted_as<K>(*this, device, [&] {
-      return BasicBlock<U, K>(inplanes_, planes_, stride_, device.index);
-    });
+    return nn::detail::converted_as<K>(
+        *this, device, [&] { return BasicBlock<U, K>(inplanes_, planes_, stride_, device.index); });
   }
 
   template <class X>
@@ -186,9 +184,8 @@ class Bottleneck : public nn::Module {
   template <Dtype U>
   Bottleneck<U, K> copy_as() const {
     const Device device = nn::detail::module_device(*this);
-    return nn::detail::converted_as<K>(*this, device, [&] {
-      return Bottleneck<U, K>(inplanes_, planes_, stride_, device.index);
-    });
+    return nn::detail::converted_as<K>(
+        *this, device, [&] { return Bottleneck<U, K>(inplanes_, planes_, stride_, device.index); });
   }
 
   template <class X>

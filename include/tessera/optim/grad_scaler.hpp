@@ -10,7 +10,6 @@
 #include <atomic>
 #include <cmath>
 #include <cstdint>
-#include <iterator>
 #include <stdexcept>
 #include <string>
 #include <unordered_map>
@@ -156,12 +155,11 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
   unscale_result result;
   int found_on_host = 0;
   std::vector<std::pair<Device, Tensor<std::int32_t, cuda>>> found_on_gpus;
-  // Contiguous copies of non-contiguous gradients, copied back once the unscaling has run.
-  std::vector<std::pair<AnyTensor, AnyTensor>> copy_back;
   const std::vector<nn::ParameterRef>& parameters = optimizer.parameters();
-  // CUDA gradients are unscaled by multi-tensor launches (a few per device and dtype, as an
-  // optimiser's step, not one per parameter): the rules queue here and go out at flush().
-  batched_updates batch;
+  // First everything that can fail (a gradient's dtype, the memory of contiguous copies and
+  // flags), so that an error leaves every gradient as it was. `work` is what is unscaled in place:
+  // the gradient, or a contiguous copy of it, copied back at the end.
+  std::vector<std::pair<AnyTensor, AnyTensor>> gradients;  // (gradient, work)
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const AnyTensor grad = parameters[i].grad();
     if (!grad.defined()) continue;
@@ -170,25 +168,36 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
                         " has a gradient of dtype " + tessera::name(grad.dtype()) +
                         "; only floating-point gradients can be unscaled");
     }
-    ++result.gradients;
-    // In place: a non-contiguous gradient is unscaled in a contiguous copy, copied back.
     const AnyTensor work = grad.is_contiguous() ? grad : grad.visit([](const auto& t) -> AnyTensor {
       return t.contiguous();
     });
+    gradients.emplace_back(grad, work);
+    if (grad.device().is_cuda()) {
+      auto it = found_on_gpus.begin();
+      while (it != found_on_gpus.end() && it->first != grad.device()) ++it;
+      if (it == found_on_gpus.end()) {
+        Tensor<std::int32_t, cuda> flag =
+            Tensor<std::int32_t, cuda>::empty_on(Shape{1}, grad.device());
+        flag.zero_();
+        found_on_gpus.emplace_back(grad.device(), flag);
+      }
+    }
+  }
+  result.gradients = gradients.size();
+  // CUDA gradients are unscaled by multi-tensor launches (a few per device and dtype, as an
+  // optimiser's step, not one per parameter): the rules queue here and go out at flush().
+  batched_updates batch;
+  for (const auto& entry : gradients) {
+    // Named, not a structured binding: clang before 16 cannot capture bindings in a lambda.
+    const AnyTensor& grad = entry.first;
+    const AnyTensor& work = entry.second;
     visit_dtype(grad.dtype(), [&](auto tag) {
       using T = typename decltype(tag)::type;
       if constexpr (is_floating_point_v<T>) {
         using C = opmath_t<T>;
         if (grad.device().is_cuda()) {
           auto it = found_on_gpus.begin();
-          while (it != found_on_gpus.end() && it->first != grad.device()) ++it;
-          if (it == found_on_gpus.end()) {
-            Tensor<std::int32_t, cuda> flag =
-                Tensor<std::int32_t, cuda>::empty_on(Shape{1}, grad.device());
-            flag.zero_();
-            found_on_gpus.emplace_back(grad.device(), flag);
-            it = std::prev(found_on_gpus.end());
-          }
+          while (it->first != grad.device()) ++it;
           Tensor<T, cuda> typed = work.as<T, cuda>();
           const unscale_rule<T, C> rule{typed.data(), static_cast<C>(inv_scale), it->second.data()};
           for_each_element<cuda>("GradScaler", grad.device(), typed.numel(), rule);
@@ -199,10 +208,11 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
         }
       }
     });
-    if (!grad.is_contiguous()) copy_back.emplace_back(grad, work);
   }
   batch.flush();
-  for (auto& [grad, work] : copy_back) grad.copy_(work);
+  for (const auto& [grad, work] : gradients) {
+    if (!grad.is_contiguous()) grad.copy_(work);
+  }
   result.found_inf = found_on_host != 0;
   for (auto& [device, flag] : found_on_gpus) {
     if (flag.item() != 0) result.found_inf = true;
