@@ -2,8 +2,9 @@
 // tensors: the batch's statistics in one pass over x (each thread sums its values' deviations
 // from its first one, and threads, blocks and slices merge as (count, mean, m2) moments), and the
 // backward's two sums, of g and of g * (x - mean) (g masked by y > 0 when ReLU follows), in one
-// pass over g and x. Each is two launches: blocks over (channel, slice) write partials, one
-// thread per channel merges them and writes the [C] results. How a channel is cut is
+// pass over g and x. Each is two launches: blocks over (channel, slice), or a warp per channel
+// for channels of few values, write partials, one thread per channel merges them and writes the
+// [C] results. How a channel is cut is
 // channel_reduction_plan (reduce_plan.hpp, tested on the CPU). nn/detail/batch_norm.hpp calls
 // these on CUDA devices; elsewhere it runs the same arithmetic as fused expressions. Included
 // only by nvcc-compiled units.
@@ -18,6 +19,7 @@
 #include <type_traits>
 
 #include <cub/block/block_reduce.cuh>
+#include <cub/warp/warp_reduce.cuh>
 
 #include "tessera/backend/cpu/reduce.hpp"
 #include "tessera/backend/cuda/executor.cuh"
@@ -54,19 +56,19 @@ struct channel_positions {
   }
 };
 
-/// Calls visit.run(values[N]) on a thread's values of channel slice `split`, in increasing
-/// positions: runs of 16 (four 16-byte loads, or 16 single loads), then of 4 (one load), then
-/// single values. load.get<W>(offset, out) reads W consecutive elements.
+/// Calls visit.run(values[N]) on lane `lane`'s values (of plan.lanes) of channel slice `split`,
+/// in increasing positions: runs of 16 (four 16-byte loads, or 16 single loads), then of 4 (one
+/// load), then single values. load.get<W>(offset, out) reads W consecutive elements.
 template <class Load, class Visit>
-__device__ void channel_walk(const channel_reduction_plan& plan, std::int64_t split,
+__device__ void channel_walk(const channel_reduction_plan& plan, std::int64_t split, int lane,
                              const channel_positions& where, Load&& load, Visit&& visit) {
   const std::int64_t begin = plan.first(split);
   const std::int64_t end = plan.last(split);
-  const std::int64_t threads = blockDim.x;
+  const std::int64_t threads = plan.lanes;
   if (plan.vector == 4) {
     const std::int64_t vector_end = begin + (end - begin) / 4 * 4;
     const std::int64_t step = threads * 4;
-    std::int64_t j = begin + static_cast<std::int64_t>(threadIdx.x) * 4;
+    std::int64_t j = begin + static_cast<std::int64_t>(lane) * 4;
     for (; j + 3 * step + 4 <= vector_end; j += 4 * step) {
       typename std::remove_cvref_t<Load>::value_type values[16];
 #pragma unroll
@@ -78,13 +80,13 @@ __device__ void channel_walk(const channel_reduction_plan& plan, std::int64_t sp
       load.template get<4>(where.offset(j), values);
       visit.template run<4>(values);
     }
-    for (std::int64_t q = vector_end + threadIdx.x; q < end; q += threads) {
+    for (std::int64_t q = vector_end + lane; q < end; q += threads) {
       typename std::remove_cvref_t<Load>::value_type values[1];
       load.template get<1>(where.offset(q), values);
       visit.template run<1>(values);
     }
   } else {
-    std::int64_t j = begin + threadIdx.x;
+    std::int64_t j = begin + lane;
     for (; j + 15 * threads < end; j += 16 * threads) {
       typename std::remove_cvref_t<Load>::value_type values[16];
 #pragma unroll
@@ -173,20 +175,30 @@ __global__ void __launch_bounds__(threads_per_block)
     batch_norm_moments_kernel(channel_load<T, A, 1> x, channel_positions where,
                               channel_reduction_plan plan, moments<double>* partials) {
   using block_reduce = cub::BlockReduce<moments<A>, threads_per_block>;
+  using warp_reduce = cub::WarpReduce<moments<A>>;
   __shared__ typename block_reduce::TempStorage temporary;
-  const std::int64_t c = blockIdx.x / plan.splits;
-  const std::int64_t split = blockIdx.x % plan.splits;
-  channel_load<T, A, 1> channel = x;
-  channel.data[0] += c * where.inner;
+  __shared__ typename warp_reduce::TempStorage warp_temporary[threads_per_block / 32];
+  const int group = static_cast<int>(threadIdx.x) / plan.lanes;
+  const int lane = static_cast<int>(threadIdx.x) % plan.lanes;
+  const std::int64_t c = plan.channel_of(blockIdx.x, group);
+  const std::int64_t split = plan.split_of(blockIdx.x);
   moments_visit<A> visit;
-  channel_walk(plan, split, where, channel, visit);
+  if (c < plan.channels) {
+    channel_load<T, A, 1> channel = x;
+    channel.data[0] += c * where.inner;
+    channel_walk(plan, split, lane, where, channel, visit);
+  }
   const moments<A> mine = moments<A>::from_shifted_sums(visit.count, visit.shift,
                                                         visit.sum.result(), visit.squares.result());
-  const moments<A> total = block_reduce(temporary).Reduce(mine, moments_merge<A>{});
-  if (threadIdx.x == 0) {
-    partials[blockIdx.x] = moments<double>{static_cast<double>(total.count),
-                                           static_cast<double>(total.mean),
-                                           static_cast<double>(total.m2)};
+  // A block folds one channel slice, or each warp one channel (plan.lanes == 32).
+  const moments<A> total =
+      plan.lanes == threads_per_block
+          ? block_reduce(temporary).Reduce(mine, moments_merge<A>{})
+          : warp_reduce(warp_temporary[group]).Reduce(mine, moments_merge<A>{});
+  if (lane == 0 && c < plan.channels) {
+    partials[c * plan.splits + split] = moments<double>{static_cast<double>(total.count),
+                                                        static_cast<double>(total.mean),
+                                                        static_cast<double>(total.m2)};
   }
 }
 
@@ -236,26 +248,40 @@ __global__ void __launch_bounds__(threads_per_block)
                                     channel_positions where, channel_reduction_plan plan,
                                     gradient_partial* partials) {
   using block_reduce = cub::BlockReduce<A, threads_per_block>;
+  using warp_reduce = cub::WarpReduce<A>;
   __shared__ typename block_reduce::TempStorage temporary;
-  const std::int64_t c = blockIdx.x / plan.splits;
-  const std::int64_t split = blockIdx.x % plan.splits;
-  channel_load<T, A, 3> channel = gxy;
-  const bool relu = channel.data[2] != nullptr;
-  for (int t = 0; t < 3; ++t) {
-    if (channel.data[t] != nullptr) channel.data[t] += c * where.inner;
-  }
-  // Without ReLU, y is not read: its slot points at g (a value loaded and ignored would cost a
-  // pass over memory; reading g's again hits the cache lines just loaded).
-  if (!relu) channel.data[2] = channel.data[0];
+  __shared__ typename warp_reduce::TempStorage warp_temporary[threads_per_block / 32];
+  const int group = static_cast<int>(threadIdx.x) / plan.lanes;
+  const int lane = static_cast<int>(threadIdx.x) % plan.lanes;
+  const std::int64_t c = plan.channel_of(blockIdx.x, group);
+  const std::int64_t split = plan.split_of(blockIdx.x);
   gradient_visit<A> visit;
-  visit.mean = static_cast<A>(mean[c]);
-  visit.relu = relu;
-  channel_walk(plan, split, where, channel, visit);
-  const A sum_g = block_reduce(temporary).Sum(visit.sum_g.result());
-  __syncthreads();  // the temporary storage is reused
-  const A sum_gx = block_reduce(temporary).Sum(visit.sum_gx.result());
-  if (threadIdx.x == 0) {
-    partials[blockIdx.x] = gradient_partial{static_cast<double>(sum_g), static_cast<double>(sum_gx)};
+  if (c < plan.channels) {
+    channel_load<T, A, 3> channel = gxy;
+    const bool relu = channel.data[2] != nullptr;
+    for (int t = 0; t < 3; ++t) {
+      if (channel.data[t] != nullptr) channel.data[t] += c * where.inner;
+    }
+    // Without ReLU, y is not read: its slot points at g (a value loaded and ignored would cost a
+    // pass over memory; reading g's again hits the cache lines just loaded).
+    if (!relu) channel.data[2] = channel.data[0];
+    visit.mean = static_cast<A>(mean[c]);
+    visit.relu = relu;
+    channel_walk(plan, split, lane, where, channel, visit);
+  }
+  A sum_g, sum_gx;
+  if (plan.lanes == threads_per_block) {
+    sum_g = block_reduce(temporary).Sum(visit.sum_g.result());
+    __syncthreads();  // the temporary storage is reused
+    sum_gx = block_reduce(temporary).Sum(visit.sum_gx.result());
+  } else {  // a warp per channel
+    sum_g = warp_reduce(warp_temporary[group]).Sum(visit.sum_g.result());
+    __syncwarp();
+    sum_gx = warp_reduce(warp_temporary[group]).Sum(visit.sum_gx.result());
+  }
+  if (lane == 0 && c < plan.channels) {
+    partials[c * plan.splits + split] =
+        gradient_partial{static_cast<double>(sum_g), static_cast<double>(sum_gx)};
   }
 }
 
@@ -310,7 +336,7 @@ void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int6
   const channel_reduction_plan plan = channel_plan<T>(n, c, l, {x}, where);
   auto* parts = static_cast<moments<double>*>(partials);
   batch_norm_moments_kernel<T, T>
-      <<<static_cast<unsigned>(c * plan.splits), threads_per_block, 0, stream.native()>>>(
+      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
           channel_load<T, T, 1>{{x}}, where, plan, parts);
   TESSERA_CUDA_CHECK(cudaGetLastError());
   batch_norm_statistics_kernel<T>
@@ -334,7 +360,7 @@ void batch_norm_gradient_sums(const T* g, const T* x, const T* y, const T* mean,
   const channel_reduction_plan plan = channel_plan<T>(n, c, l, {g, x, y}, where);
   auto* parts = static_cast<gradient_partial*>(partials);
   batch_norm_gradient_sums_kernel<T, T>
-      <<<static_cast<unsigned>(c * plan.splits), threads_per_block, 0, stream.native()>>>(
+      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
           channel_load<T, T, 3>{{g, x, y}}, mean, where, plan, parts);
   TESSERA_CUDA_CHECK(cudaGetLastError());
   batch_norm_gradient_finish_kernel<T>
