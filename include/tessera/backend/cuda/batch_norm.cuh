@@ -2,9 +2,9 @@
 // tensors: the batch's statistics in one pass over x (each thread sums its values' deviations
 // from its first one, and threads, blocks and slices merge as (count, mean, m2) moments), and the
 // backward's two sums, of g and of g * (x - mean) (g masked by y > 0 when ReLU follows), in one
-// pass over g and x. Each is two launches: blocks over (channel, slice), or a warp per channel
-// for channels of few values, write partials, one thread per channel merges them and writes the
-// [C] results. How a channel is cut is
+// pass over g and x: blocks over (channel, slice), or a warp per channel for channels of few
+// values; when a channel is cut into several slices, they write partials and a second launch (a
+// thread per channel) merges them into the [C] results, else they write the results. How a channel is cut is
 // channel_reduction_plan (reduce_plan.hpp, tested on the CPU). nn/detail/batch_norm.hpp calls
 // these on CUDA devices; elsewhere it runs the same arithmetic as fused expressions. Included
 // only by nvcc-compiled units.
@@ -170,10 +170,23 @@ struct moments_visit {
   }
 };
 
+/// stats [3, C] of channel c from its moments: mean, 1 / sqrt(var + eps), var (biased).
+template <class T>
+__device__ void write_statistics(const moments<double>& m, std::int64_t c, std::int64_t channels,
+                                 double eps, T* stats) {
+  const double var = m.count > 0 ? m.m2 / m.count : 0.0;
+  stats[c] = static_cast<T>(m.mean);
+  stats[channels + c] = static_cast<T>(1.0 / ::sqrt(var + eps));
+  stats[2 * channels + c] = static_cast<T>(var);
+}
+
+/// A channel slice's moments into `partials`, or, when the channel is one slice (plan.splits ==
+/// 1), its statistics straight into `stats` (no merging launch).
 template <class T, class A>
 __global__ void __launch_bounds__(threads_per_block)
     batch_norm_moments_kernel(channel_load<T, A, 1> x, channel_positions where,
-                              channel_reduction_plan plan, moments<double>* partials) {
+                              channel_reduction_plan plan, moments<double>* partials, double eps,
+                              T* stats) {
   using block_reduce = cub::BlockReduce<moments<A>, threads_per_block>;
   using warp_reduce = cub::WarpReduce<moments<A>>;
   __shared__ typename block_reduce::TempStorage temporary;
@@ -196,9 +209,13 @@ __global__ void __launch_bounds__(threads_per_block)
           ? block_reduce(temporary).Reduce(mine, moments_merge<A>{})
           : warp_reduce(warp_temporary[group]).Reduce(mine, moments_merge<A>{});
   if (lane == 0 && c < plan.channels) {
-    partials[c * plan.splits + split] = moments<double>{static_cast<double>(total.count),
-                                                        static_cast<double>(total.mean),
-                                                        static_cast<double>(total.m2)};
+    const moments<double> m{static_cast<double>(total.count), static_cast<double>(total.mean),
+                            static_cast<double>(total.m2)};
+    if (plan.splits == 1) {
+      write_statistics(m, c, plan.channels, eps, stats);  // what the merge of one slice gives
+    } else {
+      partials[c * plan.splits + split] = m;
+    }
   }
 }
 
@@ -213,10 +230,7 @@ __global__ void __launch_bounds__(threads_per_block)
        c < channels; c += stride) {
     moments<double> m;
     for (std::int64_t s = 0; s < splits; ++s) m = merge_moments(m, partials[c * splits + s]);
-    const double var = m.count > 0 ? m.m2 / m.count : 0.0;
-    stats[c] = static_cast<T>(m.mean);
-    stats[channels + c] = static_cast<T>(1.0 / ::sqrt(var + eps));
-    stats[2 * channels + c] = static_cast<T>(var);
+    write_statistics(m, c, channels, eps, stats);
   }
 }
 
@@ -242,11 +256,13 @@ struct gradient_visit {
   }
 };
 
+/// A channel slice's sums into `partials`, or, when the channel is one slice, straight into
+/// sum_g[c] and sum_gx[c] (no merging launch).
 template <class T, class A>
 __global__ void __launch_bounds__(threads_per_block)
     batch_norm_gradient_sums_kernel(channel_load<T, A, 3> gxy, const T* mean,
                                     channel_positions where, channel_reduction_plan plan,
-                                    gradient_partial* partials) {
+                                    gradient_partial* partials, T* sum_g_out, T* sum_gx_out) {
   using block_reduce = cub::BlockReduce<A, threads_per_block>;
   using warp_reduce = cub::WarpReduce<A>;
   __shared__ typename block_reduce::TempStorage temporary;
@@ -280,8 +296,13 @@ __global__ void __launch_bounds__(threads_per_block)
     sum_gx = warp_reduce(warp_temporary[group]).Sum(visit.sum_gx.result());
   }
   if (lane == 0 && c < plan.channels) {
-    partials[c * plan.splits + split] =
-        gradient_partial{static_cast<double>(sum_g), static_cast<double>(sum_gx)};
+    const gradient_partial sums{static_cast<double>(sum_g), static_cast<double>(sum_gx)};
+    if (plan.splits == 1) {  // what the finishing launch's sum of one slice gives
+      sum_g_out[c] = static_cast<T>(sums.g);
+      sum_gx_out[c] = static_cast<T>(sums.gx);
+    } else {
+      partials[c * plan.splits + split] = sums;
+    }
   }
 }
 
@@ -323,7 +344,8 @@ channel_reduction_plan channel_plan(std::int64_t n, std::int64_t c, std::int64_t
 }
 
 /// stats [3, C] (mean, 1 / sqrt(var + eps), var) of contiguous x [n, c, l] (n * l > 0), with
-/// `partials` device memory of channel_partials_bytes(c). Counts one launch (two kernels).
+/// `partials` device memory of channel_partials_bytes(c). Counts one launch (a second kernel
+/// merges when a channel is cut).
 template <class T>
 void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int64_t l, T* stats,
                            double eps, void* partials,
@@ -337,8 +359,9 @@ void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int6
   auto* parts = static_cast<moments<double>*>(partials);
   batch_norm_moments_kernel<T, T>
       <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
-          channel_load<T, T, 1>{{x}}, where, plan, parts);
+          channel_load<T, T, 1>{{x}}, where, plan, parts, eps, stats);
   TESSERA_CUDA_CHECK(cudaGetLastError());
+  if (plan.splits == 1) return;  // the moments kernel wrote the statistics
   batch_norm_statistics_kernel<T>
       <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
           parts, c, plan.splits, eps, stats);
@@ -347,7 +370,7 @@ void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int6
 
 /// sum_g[c] = sum of g, sum_gx[c] = sum of g * (x - mean[c]) over n and l, for contiguous g, x
 /// (and y, or null: g is masked by y > 0 when given) [n, c, l], with `partials` device memory of
-/// channel_partials_bytes(c). Counts one launch (two kernels).
+/// channel_partials_bytes(c). Counts one launch (a second kernel merges when a channel is cut).
 template <class T>
 void batch_norm_gradient_sums(const T* g, const T* x, const T* y, const T* mean, std::int64_t n,
                               std::int64_t c, std::int64_t l, T* sum_g, T* sum_gx, void* partials,
@@ -361,8 +384,9 @@ void batch_norm_gradient_sums(const T* g, const T* x, const T* y, const T* mean,
   auto* parts = static_cast<gradient_partial*>(partials);
   batch_norm_gradient_sums_kernel<T, T>
       <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
-          channel_load<T, T, 3>{{g, x, y}}, mean, where, plan, parts);
+          channel_load<T, T, 3>{{g, x, y}}, mean, where, plan, parts, sum_g, sum_gx);
   TESSERA_CUDA_CHECK(cudaGetLastError());
+  if (plan.splits == 1) return;  // the sums kernel wrote them
   batch_norm_gradient_finish_kernel<T>
       <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
           parts, c, plan.splits, sum_g, sum_gx);
