@@ -4,10 +4,10 @@
 // backward's two sums, of g and of g * (x - mean) (g masked by y > 0 when ReLU follows), in one
 // pass over g and x: blocks over (channel, slice), or a warp per channel for channels of few
 // values; when a channel is cut into several slices, they write partials and a second launch (a
-// thread per channel) merges them into the [C] results, else they write the results. How a channel is cut is
-// channel_reduction_plan (reduce_plan.hpp, tested on the CPU). nn/detail/batch_norm.hpp calls
-// these on CUDA devices; elsewhere it runs the same arithmetic as fused expressions. Included
-// only by nvcc-compiled units.
+// thread per channel) merges them into the [C] results, else they write the results. How a
+// channel is cut is channel_reduction_plan (reduce_plan.hpp, tested on the CPU).
+// nn/detail/batch_norm.hpp calls these on CUDA devices; elsewhere it runs the same arithmetic as
+// fused expressions. Included only by nvcc-compiled units.
 #pragma once
 
 #include "tessera/core/config.hpp"

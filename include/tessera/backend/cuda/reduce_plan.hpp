@@ -180,9 +180,10 @@ struct column_reduction_plan {
 /// block (lanes == block) whose channel may be cut into `splits` slices, one block each, or, for
 /// channels of fewer than block * 16 values (ResNet's 7x7 and 14x14 planes at small batches), one
 /// warp per channel and block / 32 channels per block, so that no lane idles over a value or two
-/// and a block's reduction is a warp's. Lanes take `vector` consecutive positions at a time (16-byte
-/// loads when L is a multiple of vector and the tensors are aligned: a load then never crosses
-/// from one n to the next). A second launch merges a channel's slices (one, with warps).
+/// and a block's reduction is a warp's. Lanes take `vector` consecutive positions at a time
+/// (16-byte loads when L is a multiple of vector and the tensors are aligned: a load then never
+/// crosses from one n to the next). A second launch merges a channel's slices when there are
+/// several.
 struct channel_reduction_plan {
   static constexpr std::int64_t max_splits = 32;  // bounds the partials a caller reserves
   static constexpr int warp = 32;
