@@ -27,7 +27,7 @@ KNOWN = {
     "up": set(),
     "cycle": set(),
     "long": {
-        "parallel/pipeline.hpp", "parallel/process_group.hpp", "parallel/data_parallel.hpp",
+        "parallel/pipeline.hpp", "parallel/data_parallel.hpp",
         "backend/cpu/reduce.hpp", "parallel/communicator.hpp", "parallel/detail/mpi_engine.hpp",
     },
 }
