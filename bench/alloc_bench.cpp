@@ -3,18 +3,23 @@
 // and allocates a new size into it. One iteration = one free + one allocation. Compared in the same
 // run: Tessera's device pool (memory::allocate/deallocate on cpu:0), malloc/free, and LibTorch's
 // torch::empty({n}, kUInt8) on the CPU when LibTorch was found. The ratios are printed at the end.
+// The *_mem_pool_elsewhere rows repeat the pool and tensor rows while a MemPool (holding a block,
+// so one segment) lives on cpu:1: what a process pays on its other devices while, e.g., a CUDA
+// graph's private pool is alive (run with TESSERA_CPU_DEVICES=2; skipped with one device).
 #include <benchmark/benchmark.h>
 
 #include <cstddef>
 #include <cstdio>
 #include <cstdlib>
 #include <map>
+#include <memory>
 #include <random>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "tessera/core/device.hpp"
+#include "tessera/memory/mem_pool.hpp"
 #include "tessera/memory/memory.hpp"
 #include "tessera/tensor/factories.hpp"
 
@@ -52,6 +57,27 @@ struct slot {
   std::size_t bytes = 0;
 };
 
+// A MemPool on cpu:1 holding one block while it lives, or nothing with a single CPU device.
+class mem_pool_elsewhere {
+ public:
+  static constexpr std::size_t block_bytes = 4096;
+  mem_pool_elsewhere() {
+    if (tessera::cpu::device_count() < 2) return;
+    pool_ = std::make_unique<tessera::memory::MemPool>(device_);
+    tessera::memory::use_mem_pool scope(*pool_);
+    block_ = tessera::memory::allocate(device_, block_bytes);
+  }
+  ~mem_pool_elsewhere() {
+    if (block_ != nullptr) tessera::memory::deallocate(device_, block_, block_bytes);
+  }
+  bool alive() const { return pool_ != nullptr; }
+
+ private:
+  tessera::Device device_{tessera::DeviceType::cpu, 1};
+  std::unique_ptr<tessera::memory::MemPool> pool_;
+  void* block_ = nullptr;
+};
+
 void BM_tessera_pool(benchmark::State& state) {
   const tessera::Device cpu0{tessera::DeviceType::cpu, 0};
   namespace mem = tessera::memory;
@@ -74,6 +100,16 @@ void BM_tessera_pool(benchmark::State& state) {
   mem::empty_cache(cpu0);
 }
 BENCHMARK(BM_tessera_pool);
+
+void BM_tessera_pool_mem_pool_elsewhere(benchmark::State& state) {
+  mem_pool_elsewhere other;
+  if (!other.alive()) {
+    state.SkipWithError("needs TESSERA_CPU_DEVICES=2");
+    return;
+  }
+  BM_tessera_pool(state);
+}
+BENCHMARK(BM_tessera_pool_mem_pool_elsewhere);
 
 void BM_malloc(benchmark::State& state) {
   const auto& sz = sizes();
@@ -113,6 +149,37 @@ void BM_tessera_empty(benchmark::State& state) {
   tessera::memory::empty_cache(tessera::Device{});
 }
 BENCHMARK(BM_tessera_empty);
+
+void BM_tessera_empty_mem_pool_elsewhere(benchmark::State& state) {
+  mem_pool_elsewhere other;
+  if (!other.alive()) {
+    state.SkipWithError("needs TESSERA_CPU_DEVICES=2");
+    return;
+  }
+  BM_tessera_empty(state);
+}
+BENCHMARK(BM_tessera_empty_mem_pool_elsewhere);
+
+// One small tensor, ts::empty<float>({1024}) (4 KiB), created and destroyed: the thread cache's
+// hit path (memory::detail::allocate_cached and deallocate_cached), alone and with the MemPool.
+void BM_tessera_empty_4KiB(benchmark::State& state) {
+  for (auto _ : state) {
+    auto t = tessera::empty<float>({1024});
+    (void)keep(t.data());
+  }
+  tessera::memory::empty_cache(tessera::Device{});
+}
+BENCHMARK(BM_tessera_empty_4KiB);
+
+void BM_tessera_empty_4KiB_mem_pool_elsewhere(benchmark::State& state) {
+  mem_pool_elsewhere other;
+  if (!other.alive()) {
+    state.SkipWithError("needs TESSERA_CPU_DEVICES=2");
+    return;
+  }
+  BM_tessera_empty_4KiB(state);
+}
+BENCHMARK(BM_tessera_empty_4KiB_mem_pool_elsewhere);
 
 #if TESSERA_BENCH_TORCH
 void BM_torch_empty(benchmark::State& state) {
@@ -183,6 +250,12 @@ int main(int argc, char** argv) {
   print_ratio(reporter.results, "torch / tessera", "BM_torch_empty", "BM_tessera_pool");
   print_ratio(reporter.results, "tessera tensor / malloc", "BM_tessera_empty", "BM_malloc");
   print_ratio(reporter.results, "torch / tessera tensor", "BM_torch_empty", "BM_tessera_empty");
+  print_ratio(reporter.results, "pool, MemPool on cpu:1 / none", "BM_tessera_pool_mem_pool_elsewhere",
+              "BM_tessera_pool");
+  print_ratio(reporter.results, "tensor, MemPool on cpu:1 / none",
+              "BM_tessera_empty_mem_pool_elsewhere", "BM_tessera_empty");
+  print_ratio(reporter.results, "4 KiB tensor, MemPool on cpu:1 / none",
+              "BM_tessera_empty_4KiB_mem_pool_elsewhere", "BM_tessera_empty_4KiB");
 #if !TESSERA_BENCH_TORCH
   std::printf("torch / tessera: LibTorch not found at configure time\n");
 #endif

@@ -114,9 +114,15 @@ if [ "$parts" != cpu ]; then
   printf '%-44s %10s %8s %8s\n' "g++ .cpp, compiled mode (CUDA library)" "$t" - 8
   saved_runs=$runs
   runs=1
+  # The library's two units (cmake/tesseraCompiled.cmake): the main one and the primitives'.
   t=$(median_cpu "$nvcc" "${nvcc_flags[@]}" -DTESSERA_COMPILED=1 -DTESSERA_IMPLEMENTATION=1 \
     -x cu -c cmake/tessera_compiled.cpp -o "$out/library.o")
+  p=$(median_cpu "$nvcc" "${nvcc_flags[@]}" -DTESSERA_COMPILED=1 \
+    -x cu -c cmake/tessera_cuda_primitives.cpp -o "$out/primitives.o")
   runs=$saved_runs
-  printf '%-44s %10s %8s %8s\n' "tessera::compiled with CUDA (once, 1 run)" "$t" \
-    "$(kernels "$out/library.o")" 300
+  printf '%-44s %10s %8s %8s\n' "tessera::compiled with CUDA (once, 1 run)" \
+    "$(python3 -c "print(round($t + $p, 2))")" \
+    "$(python3 bench/cuda_kernels.py --count "$out/library.o" "$out/primitives.o")" 300
+  printf '%-44s %10s %8s %8s\n' "  main unit / primitives' unit" "$t / $p" \
+    "$(kernels "$out/library.o") / $(kernels "$out/primitives.o")" -
 fi

@@ -550,8 +550,9 @@ BENCHMARK(BM_batchnorm_relu)->Arg(0)->Arg(1)->UseRealTime()->Unit(benchmark::kMi
 constexpr std::int64_t resnet_classes = 1000;
 
 /// A ResNet-50 training step at batch state.range(0), on cuDNN (range(1) == 1), on cuDNN with
-/// backends::cudnn::benchmark (2: each convolution call's engine timed when the program is traced)
-/// or on im2col + cuBLAS (0). peak_MiB is the peak of allocated memory over what was allocated before the model was made
+/// backends::cudnn::benchmark (2: each convolution call's engine timed when the program is traced),
+/// on cuDNN with the program's forward and backward replayed as CUDA graphs (3:
+/// Options::cuda_graph) or on im2col + cuBLAS (0). peak_MiB is the peak of allocated memory over what was allocated before the model was made
 /// (the other rows' buffers), as the torch baseline measures it.
 void BM_resnet50_step_tessera(benchmark::State& state) {
   const std::int64_t images = state.range(0);
@@ -569,7 +570,8 @@ void BM_resnet50_step_tessera(benchmark::State& state) {
       [&](const ag::Var<float, ts::cuda>& input, const ag::Var<std::int64_t, ts::cuda>& target) {
         return nn::cross_entropy(model(input), target);
       },
-      ag::input<float, ts::cuda>(x.shape()), ag::input<std::int64_t, ts::cuda>(labels.shape()));
+      ag::input<float, ts::cuda>(x.shape()), ag::input<std::int64_t, ts::cuda>(labels.shape()),
+      ag::Options{.cuda_graph = state.range(1) == 3});
   ts::optim::SGD sgd(model.parameters(), {.lr = 0.01, .momentum = 0.9});
   auto step = [&] {
     sgd.zero_grad();
@@ -592,7 +594,7 @@ void BM_resnet50_step_tessera(benchmark::State& state) {
   // kernel launches (executor passes) per step.
   using clock = std::chrono::steady_clock;
   auto ms = [](clock::duration d) { return std::chrono::duration<double, std::milli>(d).count(); };
-  double forward = 0, backward = 0, backward_issue = 0, optimiser = 0;
+  double forward = 0, backward = 0, backward_issue = 0, optimiser = 0, optimiser_issue = 0;
   const std::int64_t launches_before = ts::profiler::kernel_launches();
 #if TESSERA_CUDNN
   const auto cudnn_before = ts::backend::cuda::conv2d_cudnn_calls();
@@ -608,17 +610,21 @@ void BM_resnet50_step_tessera(benchmark::State& state) {
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     const auto t3 = clock::now();
     sgd.step();
+    const auto t3_issued = clock::now();
     check_cuda(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
     const auto t4 = clock::now();
     forward += ms(t1 - t0) / steps;
     backward_issue += ms(t2 - t1) / steps;
     backward += ms(t3 - t1) / steps;
     optimiser += ms(t4 - t3) / steps;
+    optimiser_issue += ms(t3_issued - t3) / steps;
   }
   state.counters["fwd_ms"] = forward;
   state.counters["bwd_ms"] = backward;
   state.counters["bwd_issue_ms"] = backward_issue;
   state.counters["sgd_ms"] = optimiser;
+  // The host's share of the step that Options::cuda_graph leaves outside its graphs.
+  state.counters["sgd_issue_ms"] = optimiser_issue;
   state.counters["launches"] =
       static_cast<double>(ts::profiler::kernel_launches() - launches_before) / steps;
 #if TESSERA_CUDNN
@@ -628,6 +634,10 @@ void BM_resnet50_step_tessera(benchmark::State& state) {
   state.counters["legacy_calls"] =
       static_cast<double>(cudnn_after.legacy - cudnn_before.legacy) / steps;
 #endif
+  if (state.range(1) == 3) {
+    std::printf("resnet50 step batch %lld, Options::cuda_graph: %s\n",
+                static_cast<long long>(images), program.cuda_graphs().c_str());
+  }
   ts::backends::cudnn::enabled = saved_cudnn;
   ts::backends::cudnn::benchmark = saved_benchmark;
 }
@@ -637,6 +647,8 @@ BENCHMARK(BM_resnet50_step_tessera)
     ->Args({32, 1})
     ->Args({8, 2})
     ->Args({32, 2})
+    ->Args({8, 3})
+    ->Args({32, 3})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -906,6 +918,13 @@ int main(int argc, char** argv) {
       ts::bench::print_summary(
           results, {std::string("ResNet-50 step batch ") + images,
                     {{"torch CUDA graph / tessera", row, "torch/" + torch_row + "_graph", 0}}});
+      // Tessera's forward and backward replayed as CUDA graphs, against PyTorch eager and
+      // PyTorch's whole step captured.
+      const std::string graph_row = std::string("BM_resnet50_step_tessera/") + images + "/3";
+      ts::bench::print_summary(
+          results, {std::string("ResNet-50 step batch ") + images + ", Options::cuda_graph",
+                    {{"torch / tessera", graph_row, "torch/" + torch_row, 1.0},
+                     {"torch CUDA graph / tessera", graph_row, "torch/" + torch_row + "_graph", 1.0}}});
       // Both sides with cudnn.benchmark on (each convolution's engine timed once).
       ts::bench::print_summary(
           results, {std::string("ResNet-50 step batch ") + images + ", cudnn.benchmark on",

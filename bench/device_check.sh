@@ -4,10 +4,10 @@
 # PyTorch's baseline and cuda_bench, whose ratios torch / tessera it prints with its rows.
 # Results go to $OUT (or build/device/out) as text and JSON.
 #   bash bench/device_check.sh [pack.tar.xz=build/device/pack.tar.xz]
-# A short run: TESSERA_DEVICE_SKIP="cuda_gxx_tests torch_profile host_time ncu_resnet50" skips
+# A short run: TESSERA_DEVICE_SKIP="cuda_gxx_tests torch_profile host_time ncu_resnet50 ncu_rows" skips
 # those parts, and TESSERA_DEVICE_BENCH_FILTER=regex runs only those cuda_bench rows.
 # Each part has its own time limit (TESSERA_DEVICE_TEST_S, _TORCH_S, _TORCH_PROFILE_S, _BENCH_S,
-# _HOST_TIME_S, _PROFILE_S: 240, 90, 60, 180, 60, 100; the CUDA tests take about 85 s on an H100);
+# _HOST_TIME_S, _PROFILE_S: 240, 90, 60, 240, 60, 100; the CUDA tests take about 85 s on an H100);
 # a part that fails or runs out is reported and the next one still runs.
 set -uo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -50,10 +50,12 @@ baseline=()
 [ -s "$out/torch.json" ] && baseline=(env "TESSERA_TORCH_BASELINE=$out/torch.json")
 # Where PyTorch's ResNet-50 step spends its GPU time, by kernel (to set beside ncu_resnet50's).
 part torch_profile "${TESSERA_DEVICE_TORCH_PROFILE_S:-60}" python3 bench/torch_profile.py 8 5
-part cuda_bench "${TESSERA_DEVICE_BENCH_S:-180}" "${baseline[@]}" "$dir/bin/cuda_bench" \
+part cuda_bench "${TESSERA_DEVICE_BENCH_S:-240}" "${baseline[@]}" "$dir/bin/cuda_bench" \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json \
   "--benchmark_filter=${TESSERA_DEVICE_BENCH_FILTER:-.}"
+# NVRTC's cost with the driver's load of the cubin, which only a GPU machine measures (issue 45).
+[ -x "$dir/bin/nvrtc_cost" ] && part nvrtc_cost 60 "$dir/bin/nvrtc_cost" 5
 # Where the host's time goes in a ResNet-50 step at batch 8: the time inside each CUDA, cuDNN and
 # cuBLAS call (bench/host_time.c, preloaded; a step makes 53 cuDNN forward calls), and samples of
 # the host's call stacks (host_samples.txt: bench/host_profile.py sums them by function, on the
@@ -75,6 +77,30 @@ if [ "$profile_s" -gt 0 ] && command -v ncu >/dev/null 2>&1; then
     --print-units base --csv --launch-skip 3000 --launch-count 1200 --log-file "$out/ncu.csv" \
     "$dir/bin/cuda_bench" --benchmark_filter='BM_resnet50_step_tessera/8/1'
   [ -s "$out/ncu.csv" ] && python3 bench/kernel_profile.py "$out/ncu.csv" | tee "$out/profile.txt"
+fi
+# Why the row reductions run below the copy's bandwidth (issue 41, item 1): ncu's speed of light,
+# memory, occupancy, launch and warp-stall sections of the first launch of each BM_row_sum form
+# (sum(x, 2), sum(x * x, 2), sum((x - m)^2, 2) over [32, 256, 3136]) and of sum(a * b)'s first
+# block pass, into ncu_rows.txt. TESSERA_DEVICE_NCU_ROWS_S=0 skips it.
+rows_s=${TESSERA_DEVICE_NCU_ROWS_S:-90}
+if [ "$rows_s" -gt 0 ] && command -v ncu >/dev/null 2>&1; then
+  # (part runs its command under timeout, which runs programs, not shell functions: bash -c.)
+  part ncu_rows "$rows_s" bash -c '
+    for form in BM_row_sum/0 BM_row_sum/1 BM_row_sum/2 BM_sum_product; do
+      echo "---- $form"
+      ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        -k "regex:reduce_(rows|all)_kernel" --launch-count 1 \
+        "$1" "--benchmark_filter=$form" --benchmark_min_time=0.05 || exit 1
+    done' ncu_rows "$dir/bin/cuda_bench"
+fi
+# The device tool brings back at most 8 files from $OUT: everything goes into results.tar.xz, and
+# the files read first stay beside it.
+if [ -n "${OUT:-}" ]; then
+  tar cJf "$work/results.tar.xz" -C "$out" . &&
+    find "$out" -maxdepth 1 -type f ! -name cuda_tests.txt ! -name cuda_bench.txt \
+      ! -name torch_baseline.txt ! -name profile.txt ! -name ncu_rows.txt ! -name gpu.txt -delete &&
+    mv "$work/results.tar.xz" "$out/"
 fi
 echo
 echo "device_check: results in $out; $([ "$status" -eq 0 ] && echo 'every part passed' || echo 'a part FAILED')"

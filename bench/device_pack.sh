@@ -4,7 +4,8 @@
 #   - tessera_cuda_tests (every tests/**/*_test.cu) and tessera_cuda_gxx_tests (a g++ unit that
 #     trains on CUDA through tessera::compiled, tests/cuda_gxx/) and tessera_io_dlpack_cuda_tests
 #     (DLPack exchange of CUDA tensors), from the cuda preset's tree;
-#   - cuda_bench (bench/cuda_bench.cu), from a Release CUDA tree with the benchmarks on;
+#   - cuda_bench (bench/cuda_bench.cu) and nvrtc_cost (bench/nvrtc_cost.cpp), from a Release CUDA
+#     tree with the benchmarks on;
 #   - the shared libraries they need that the GPU machine lacks (Debian's OpenBLAS, gfortran,
 #     quadmath, gomp, Google Benchmark); CUDA's own (cudart, cuBLAS, cuDNN, NCCL) are there.
 # Hopper (sm_90) by default: TESSERA_CUDA_ARCHITECTURES=... to change it.
@@ -28,13 +29,14 @@ cmake --build --preset cuda -j "$jobs" --target tessera_cuda_tests tessera_cuda_
 cmake -S . -B build/cudabench -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WITH_CUDA=ON \
   -DTESSERA_BUILD_TESTS=OFF -DTESSERA_BUILD_EXAMPLES=OFF -DTESSERA_BUILD_BENCH=ON \
   -DTESSERA_CUDA_ARCHITECTURES="$arch" "${launchers[@]}" >/dev/null
-cmake --build build/cudabench -j "$jobs" --target cuda_bench
+cmake --build build/cudabench -j "$jobs" --target cuda_bench nvrtc_cost
 
 stage=build/device/pack
 rm -rf "$stage" build/device/pack.tar.xz
 mkdir -p "$stage/bin" "$stage/lib"
 cp build/cuda/tests/tessera_cuda_tests build/cuda/tests/tessera_cuda_gxx_tests \
-  build/cuda/tests/tessera_io_dlpack_cuda_tests build/cudabench/bench/cuda_bench "$stage/bin/"
+  build/cuda/tests/tessera_io_dlpack_cuda_tests build/cudabench/bench/cuda_bench \
+  build/cudabench/bench/nvrtc_cost "$stage/bin/"
 # The libraries the binaries load from Debian's packages (the GPU machine has CUDA's own).
 for binary in "$stage"/bin/*; do
   ldd "$binary" | awk '/=> \// { print $3 }'

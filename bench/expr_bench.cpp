@@ -26,7 +26,7 @@
 
 #include "bench_report.hpp"
 #include "tessera/backend/cpu/gemm.hpp"
-#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/thread_pool.hpp"
 #include "tessera/expr.hpp"
 #include "tessera/tensor/factories.hpp"
 

@@ -21,7 +21,7 @@
 
 #include "bench_report.hpp"
 #include "tessera/autograd.hpp"
-#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/thread_pool.hpp"
 #include "tessera/nn.hpp"
 #include "tessera/optim.hpp"
 #include "tessera/tensor/factories.hpp"

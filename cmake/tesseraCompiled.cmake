@@ -1,23 +1,34 @@
-# tessera::compiled, Tessera's optional compiled mode: a static library made of one translation
-# unit (tessera_compiled.cpp beside this file) that compiles, once, the machinery that does not
-# depend on a user's types; a program linking it gets only declarations of that machinery from
-# the headers (TESSERA_COMPILED=1), so each of its units compiles less. Header-only use
-# (tessera::tessera alone) is unchanged. The library is built inside the user's project, with
-# the user's compiler and flags, from the source installed with the package.
+# tessera::compiled, Tessera's optional compiled mode: a static library whose unit
+# tessera_compiled.cpp (beside this file) compiles, once, the machinery that does not depend on a
+# user's types; a program linking it gets only declarations of that machinery from the headers
+# (TESSERA_COMPILED=1), so each of its units compiles less. With CUDA a second unit,
+# tessera_cuda_primitives.cpp, holds the kernels of the primitives g++ units run CUDA expressions
+# with (about half of the library's nvcc time), so two build jobs compile the library in about
+# half the wall time. Header-only use (tessera::tessera alone) is unchanged. The library is built
+# inside the user's project, with the user's compiler and flags, from the sources installed with
+# the package.
 # Used by Tessera's CMakeLists.txt and by the installed tesseraConfig.cmake.
 function(tessera_add_compiled_library source with_cuda)
   if(TARGET tessera_compiled)
     return()
   endif()
-  add_library(tessera_compiled STATIC ${source})
+  set(sources ${source})
+  if(with_cuda)
+    get_filename_component(directory "${source}" DIRECTORY)
+    list(APPEND sources "${directory}/tessera_cuda_primitives.cpp")
+  endif()
+  add_library(tessera_compiled STATIC ${sources})
   add_library(tessera::compiled ALIAS tessera_compiled)
   target_link_libraries(tessera_compiled PUBLIC tessera::tessera)
-  target_compile_definitions(tessera_compiled PUBLIC TESSERA_COMPILED=1
-                                              PRIVATE TESSERA_IMPLEMENTATION=1)
+  target_compile_definitions(tessera_compiled PUBLIC TESSERA_COMPILED=1)
+  # The library's definitions are compiled in the main unit only; the primitives' unit is
+  # compiled as a user's unit (their declarations).
+  set_property(SOURCE "${source}" TARGET_DIRECTORY tessera_compiled APPEND PROPERTY
+               COMPILE_DEFINITIONS TESSERA_IMPLEMENTATION=1)
   if(with_cuda)
     # nvcc compiles the library, so the kernels of the library's layers, losses, optimisers,
     # copies and of every primitive that g++ units run their CUDA expressions with are in it.
-    set_source_files_properties(${source} PROPERTIES LANGUAGE CUDA)
+    set_source_files_properties(${sources} TARGET_DIRECTORY tessera_compiled PROPERTIES LANGUAGE CUDA)
     target_compile_options(tessera_compiled PRIVATE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
     # The GPU generations the kernels are built for: TESSERA_CUDA_ARCHITECTURES (a CMake list,
     # e.g. "80;90"), Hopper by default. Each architecture compiles every kernel again: about
@@ -26,7 +37,7 @@ function(tessera_add_compiled_library source with_cuda)
       set(TESSERA_CUDA_ARCHITECTURES 90)
     endif()
     set_target_properties(tessera_compiled PROPERTIES CUDA_ARCHITECTURES "${TESSERA_CUDA_ARCHITECTURES}")
-    # The library's one unit is CUDA; C++20 reaches nvcc as -std=c++20 (tessera::tessera). A
+    # The library's units are CUDA; C++20 reaches nvcc as -std=c++20 (tessera::tessera). A
     # project's CMAKE_CXX_STANDARD (20, 23) sets CXX_STANDARD on every target, and CMake carries
     # it over to CUDA sources as the dialect "CUDA20"/"CUDA23", for which CMake 3.25 knows no nvcc
     # flag: configuring would stop ("requires the language dialect CUDA20"). Unset here.

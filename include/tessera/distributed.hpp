@@ -3,5 +3,5 @@
 // tessera.hpp: it needs MPI (CMake: TESSERA_WITH_MPI, target tessera::distributed).
 #pragma once
 
-#include "tessera/parallel/distributed_data_parallel.hpp"
-#include "tessera/parallel/process_group.hpp"
+#include "tessera/distributed/distributed_data_parallel.hpp"
+#include "tessera/distributed/process_group.hpp"

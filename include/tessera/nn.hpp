@@ -5,7 +5,7 @@
 #pragma once
 
 #include "tessera/nn/activation.hpp"
-#include "tessera/nn/batchnorm.hpp"
+#include "tessera/nn/batch_norm.hpp"
 #include "tessera/nn/buffer.hpp"
 #include "tessera/nn/conv.hpp"
 #include "tessera/nn/dropout.hpp"

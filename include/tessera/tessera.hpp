@@ -12,6 +12,7 @@
 #include "tessera/core/stream.hpp"
 #include "tessera/expr.hpp"
 #include "tessera/io/safetensors.hpp"
+#include "tessera/memory/mem_pool.hpp"
 #include "tessera/memory/memory.hpp"
 #include "tessera/nn.hpp"
 #include "tessera/optim.hpp"

@@ -6,7 +6,9 @@
 // reductions along a dimension: the rows plan's lanes, loads and splits (walked as the kernel
 // walks them) and the columns plan's slices read each element of each row exactly once. Batch
 // norm's channel plan covers each channel once; its one-pass moments (in float, merged as the
-// kernel merges them) match float64 where a sum of squares would not.
+// kernel merges them) match float64 where a sum of squares would not. Each thread's fold
+// (thread_fold: blocks of 16 values in order, the blocks combined pairwise, earlier on the left)
+// gives the hand-computed float results where the order of rounding shows.
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -16,6 +18,7 @@
 #include <vector>
 
 #include "tessera/backend/cuda/reduce_plan.hpp"
+#include "tessera/backend/reduce_ops.hpp"
 
 namespace reduce_plan_test {  // one namespace per file: a unity build
 
@@ -329,6 +332,92 @@ TEST_CASE("moments: one pass in float, merged as the kernels merge, matches floa
   CHECK(ab.count == 4);
   CHECK(ab.mean == 6.25);
   CHECK(std::abs(ab.m2 - (5.25 * 5.25 + 4.25 * 4.25 + 3.75 * 3.75 + 5.75 * 5.75)) < 1e-12);
+}
+
+// ---- what one thread folds -------------------------------------------------------------------
+
+using fold = tessera::backend::cuda::thread_fold<tessera::backend::sum_op<float>>;
+constexpr float two_24 = 16777216.0f;  // 2^24: adding 1 rounds back to it (ties to even)
+
+/// Folds blocks of 16 values, each block given as its first value followed by 15 zeros, then
+/// `last` alone: result() pushes that partial block as the cascade's last.
+float fold_blocks(const std::vector<float>& firsts, float last = 0.0f) {
+  fold f;
+  for (float first : firsts) {
+    f.add(first);
+    for (int k = 1; k < 16; ++k) f.add(0.0f);
+  }
+  f.add(last);
+  return f.result();
+}
+
+TEST_CASE("thread fold: a block of 16 in order, then the blocks pairwise", "[reduce_plan]") {
+  // One block, in order: 2^24 + 1 + ... + 1 stays 2^24 (each +1 rounds back); the next block's
+  // sixteen 1s make 16, and 2^24 + 16 is exact. A float64 sum would be 2^24 + 31.
+  fold f;
+  f.add(two_24);
+  for (int k = 0; k < 15; ++k) f.add(1.0f);
+  for (int k = 0; k < 16; ++k) f.add(1.0f);
+  CHECK(f.result() == 16777232.0f);
+
+  // The same through runs of 4 and 16, as the kernels' batches add them.
+  fold runs;
+  const float first[4] = {two_24, 1.0f, 1.0f, 1.0f};
+  const float ones[4] = {1.0f, 1.0f, 1.0f, 1.0f};
+  runs.add_run(first);
+  for (int k = 0; k < 3; ++k) runs.add_run(ones);
+  float sixteen[16];
+  for (float& v : sixteen) v = 1.0f;
+  runs.add_run(sixteen);
+  CHECK(runs.result() == 16777232.0f);
+
+  // No value, and a partial block: the identity, and the block's own sum.
+  CHECK(fold().result() == 0.0f);
+  fold three;
+  for (int k = 0; k < 3; ++k) three.add(0.5f);
+  CHECK(three.result() == 1.5f);
+}
+
+TEST_CASE("thread fold: the cascade merges its levels from the earliest blocks on", "[reduce_plan]") {
+  // Three blocks 2^24, 1, 1 and a last block 1: (2^24 + 1) rounds to 2^24, (1 + 1) is 2, and
+  // 2^24 + 2 is exact. In order they would stay 2^24; float64 says 2^24 + 3.
+  CHECK(fold_blocks({two_24, 1.0f, 1.0f}, 1.0f) == 16777218.0f);
+  // Six blocks and the last leave three levels: [b0..b3] = 2^24, [b4 b5] = 1, [last] = 1, merged
+  // from the earliest: (2^24 + 1) + 1 = 2^24. From the latest it would be (1 + 1) + 2^24.
+  CHECK(fold_blocks({two_24, 0.0f, 0.0f, 0.0f, 1.0f, 0.0f}, 1.0f) == two_24);
+  // Two blocks and the last: levels 1 and 0, (0.5 + 0.25) + 0.125.
+  CHECK(fold_blocks({0.5f, 0.25f}, 0.125f) == 0.875f);
+  // 2^20 blocks of 1 (2^24 values), a count with one level: exact, where adding the 2^24 ones in
+  // order would stop at 2^24 as well but 2^24 + 16 ones would not.
+  fold many;
+  for (int b = 0; b < (1 << 20); ++b) {
+    const float ones16[16] = {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1};
+    many.add_run(ones16);
+  }
+  for (int k = 0; k < 16; ++k) many.add(1.0f);
+  CHECK(many.result() == two_24 + 16.0f);
+}
+
+TEST_CASE("thread fold: float sums of many values stay within a pairwise bound of float64",
+          "[reduce_plan]") {
+  std::mt19937_64 random(7);
+  std::uniform_real_distribution<float> value(-1.0f, 1.0f);
+  for (const std::int64_t n : {1, 15, 16, 17, 255, 4096, 100003, 1 << 20}) {
+    fold f;
+    double exact = 0;
+    double magnitude = 0;
+    for (std::int64_t i = 0; i < n; ++i) {
+      const float v = value(random) + 1000.0f;  // a large mean: where in-order sums lose the most
+      f.add(v);
+      exact += v;
+      magnitude += std::abs(v);
+    }
+    // 16 values in order, then a tree of depth log2(n / 16): at most (16 + log2 n) roundings of
+    // the running magnitude.
+    const double bound = (16.0 + std::log2(static_cast<double>(n)) + 1.0) * 0x1p-24 * magnitude;
+    INFO("n = " << n);
+    CHECK(std::abs(static_cast<double>(f.result()) - exact) <= bound);
+  }
 }
 
 }  // namespace reduce_plan_test

@@ -1,4 +1,4 @@
-// Collectives that the ranks call differently (parallel/detail/collective_call.hpp, checked by the
+// Collectives that the ranks call differently (distributed/detail/collective_call.hpp, checked by the
 // engine before any data moves): CTest runs this file under mpirun with 2 and 3 ranks. Rank 1
 // calls something else than the others (with 3 ranks, ranks 0 and 2 agree). Every case checks,
 // on every rank, that it threw the expected error, that the message names what each side asked
@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "tessera/distributed.hpp"
-#include "tessera/parallel/detail/collective_call.hpp"
+#include "tessera/distributed/detail/collective_call.hpp"
 #include "tessera/tessera.hpp"
 
 namespace collective_call_test {

@@ -1,4 +1,4 @@
-// DistributedDataParallel (parallel/distributed_data_parallel.hpp) under mpirun with 2 and 3
+// DistributedDataParallel (distributed/distributed_data_parallel.hpp) under mpirun with 2 and 3
 // ranks. The reference is computed by every rank on its own: the same model trained by one
 // process on the whole global batch (float64). DDP ranks start from different initial values
 // (their own seeds), so the reference's equality also checks the broadcast from rank 0. Small

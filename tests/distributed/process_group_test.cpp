@@ -1,4 +1,4 @@
-// ProcessGroup (parallel/process_group.hpp) across processes: CTest runs this file under mpirun
+// ProcessGroup (distributed/process_group.hpp) across processes: CTest runs this file under mpirun
 // with 2 and 3 ranks. Every rank builds every rank's input (collective_reference.hpp), so each
 // result is checked against a reference computed locally in float64 (exact for integers), never
 // against another rank's output. Bad arguments throw on the calling rank before anything is sent,

@@ -266,19 +266,31 @@ auto rand_like(const X& x) {
   return Var<T, K>(g, id, x.shape());
 }
 
-/// Calls `effect(tensors...)` with the current tensors of `vars` at every forward, after they are
-/// computed (e.g. BatchNorm's running statistics); it takes no part in backward.
+namespace detail {
+/// on_forward's node, returned so that the library can say its effect may be replayed by a CUDA
+/// graph (effect_node::set_capture_blocker).
 template <class Fn, class... Vs>
-void on_forward(Fn effect, const Vs&... vars) {
+effect_node& record_effect(Fn effect, const Vs&... vars) {
   static_assert(sizeof...(Vs) > 0, "on_forward: give at least one Var");
-  detail::graph* g = std::get<0>(std::tie(vars...)).graph();
+  graph* g = std::get<0>(std::tie(vars...)).graph();
   std::vector<int> ids{vars.id()...};
-  auto call = [effect = std::move(effect), vars...](const detail::value_table& table) mutable {
+  auto call = [effect = std::move(effect), vars...](const value_table& table) mutable {
     effect(table.template get<typename Vs::value_type, typename Vs::device_kind>(vars.id())...);
   };
   const Device device = std::get<0>(std::tie(vars...)).device();
-  g->add_node(std::make_unique<detail::effect_node>(std::move(ids), std::move(call)), Shape{0},
-              ScalarType::float32, device);
+  auto node = std::make_unique<effect_node>(std::move(ids), std::move(call));
+  effect_node& recorded = *node;
+  g->add_node(std::move(node), Shape{0}, ScalarType::float32, device);
+  return recorded;
+}
+}  // namespace detail
+
+/// Calls `effect(tensors...)` with the current tensors of `vars` at every forward, after they are
+/// computed (e.g. BatchNorm's running statistics); it takes no part in backward. A program with
+/// such an effect runs without CUDA graphs (Options::cuda_graph): a replay would skip it.
+template <class Fn, class... Vs>
+void on_forward(Fn effect, const Vs&... vars) {
+  detail::record_effect(std::move(effect), vars...);
 }
 
 }  // namespace tessera::autograd

@@ -142,6 +142,10 @@ class Program {
  public:
   const MemoryPlan& plan() const noexcept { return state_->plan; }
   std::string memory_report() const { return state_->report(); }
+  /// With Options::cuda_graph: "replaying: ..." once the forward and backward are captured (with
+  /// the counts of captures and launches), "warming up ..." before, or "not used: <why>" (what
+  /// kept the program from graphs; it then runs as usual); "off ..." without the option.
+  std::string cuda_graphs() const { return state_->cuda_graph_status(); }
   Mode mode() const noexcept { return state_->mode; }
   /// Number of parameters the program uses (GradientReady::index counts them).
   std::size_t parameter_count() const noexcept { return state_->g->parameters.size(); }

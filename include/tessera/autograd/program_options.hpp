@@ -38,6 +38,16 @@ struct Options {
   /// copy, and a failed backward leaves those gradients part-written (DataParallel, DDP and
   /// Pipeline turn it off: they keep the module's gradients themselves, once per step).
   bool restore_gradients = true;
+  /// CUDA graphs: a program on one CUDA device runs its first forward and backward as usual (on
+  /// a stream of its own), captures each into a CUDA graph at its second run, and from then on
+  /// replays them, one launch each instead of one per kernel. Inputs are copied into the
+  /// program's own buffers first; the host checks that read device values (cross_entropy's
+  /// targets) run before each replay, and a replay whose choices differ (a module switched
+  /// between train() and eval(), a parameter or gradient replaced, another seed) captures again.
+  /// Results are the same as without. What cannot be replayed (random numbers, dropout in
+  /// training, on_forward effects, BatchNorm with momentum None, gradient hooks, several
+  /// devices, CPU programs) runs as usual, and Program::cuda_graphs() says why.
+  bool cuda_graph = false;
 };
 
 /// Where a program's memory goes, in bytes. planned_bytes is the arena (all devices);

@@ -128,6 +128,18 @@ class node {
   virtual bool recomputable() const { return true; }
   /// True for nodes that only act on the world (running statistics): Program::recompute skips them.
   virtual bool is_effect() const { return false; }
+  /// Why a CUDA graph cannot replay this node's forward (Options::cuda_graph), or nullptr when it
+  /// can: a replay runs only the kernels captured once, none of the node's host code.
+  virtual const char* capture_blocker() const { return nullptr; }
+  /// Before a CUDA graph of the forward is captured or replayed: the host's checks of the inputs
+  /// that forward makes by reading device values (which a capture cannot), and the choices of
+  /// kernels that depend on them or on host state. Returns a key of those choices: a replay needs
+  /// the key of the capture, else the program captures again. Throws as forward would, before
+  /// anything runs.
+  virtual std::int64_t prepare_replay(value_table& table) {
+    (void)table;
+    return 0;
+  }
 
   std::vector<int> inputs;
   int output = -1;
@@ -166,6 +178,9 @@ class value_table {
   std::int64_t scratch_begin = 0;
   std::int64_t scratch_end = 0;
   std::int64_t scratch_offset = 0;
+  /// True while the program captures a CUDA graph of its steps: nodes then skip the checks they
+  /// made in prepare_replay (which read device values on the host) and keep its choices.
+  bool capturing = false;
 
   const AnyTensor& value(int id) const { return tensors[static_cast<std::size_t>(id)]; }
   const AnyTensor& gradient(int id) const {

@@ -30,7 +30,12 @@ inline const char* to_string(DeviceType type) noexcept {
 }
 
 namespace detail {
-/// Parses TESSERA_CPU_DEVICES; unset or empty means 1. Anything but an integer in [1, 1024] throws.
+/// The most virtual CPU devices a process may have (TESSERA_CPU_DEVICES), so that per-device words
+/// of the allocation fast path can live in fixed arrays (memory/detail/device_registry.hpp).
+inline constexpr int max_cpu_devices = 1024;
+
+/// Parses TESSERA_CPU_DEVICES; unset or empty means 1. Anything but an integer in
+/// [1, max_cpu_devices] throws.
 TESSERA_API int parse_cpu_device_count(const char* text);
 
 inline int& current_cpu_device_slot() noexcept {
@@ -43,7 +48,8 @@ TESSERA_API int parse_cpu_device_count(const char* text) {
   std::string_view view(text);
   int value = 0;
   auto [end, code] = std::from_chars(view.data(), view.data() + view.size(), value);
-  if (code != std::errc() || end != view.data() + view.size() || value < 1 || value > 1024) {
+  if (code != std::errc() || end != view.data() + view.size() || value < 1 ||
+      value > max_cpu_devices) {
     throw std::invalid_argument("TESSERA_CPU_DEVICES='" + std::string(view) +
                                 "' is not a device count in [1, 1024]");
   }

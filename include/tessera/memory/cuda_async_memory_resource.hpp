@@ -11,10 +11,10 @@
 #include <utility>
 
 #include "tessera/core/config.hpp"
+#include "tessera/core/detail/cuda_device_scope.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/stream.hpp"
 #include "tessera/memory/cuda_memory_resource.hpp"
-#include "tessera/memory/detail/cuda_device_scope.hpp"
 #include "tessera/memory/format.hpp"
 #include "tessera/memory/stream_policy.hpp"
 
@@ -31,7 +31,7 @@ class cuda_async_memory_resource {
   /// (e.g. cudaErrorNotSupported on devices without memory pools).
   explicit cuda_async_memory_resource(int device = 0, std::size_t release_threshold = 0)
       : device_(device) {
-    detail::cuda_device_scope scope(device_);
+    tessera::detail::cuda_device_scope scope(device_);
     cudaMemPoolProps properties{};
     properties.allocType = cudaMemAllocationTypePinned;
     properties.location.type = cudaMemLocationTypeDevice;
@@ -65,7 +65,7 @@ class cuda_async_memory_resource {
   /// Stream-ordered allocation on `stream`: usable by work queued on it after this call. Throws
   /// out_of_memory_error when the device is out of memory, cuda_error otherwise.
   void* allocate(std::size_t bytes, stream_ref stream = {}) {
-    detail::cuda_device_scope scope(device_);
+    tessera::detail::cuda_device_scope scope(device_);
     void* pointer = nullptr;
     detail::check_cuda_allocation(cudaMallocFromPoolAsync(&pointer, bytes, pool_, stream.native()),
                                   "cudaMallocFromPoolAsync(&pointer, bytes, pool, stream)",
@@ -78,7 +78,7 @@ class cuda_async_memory_resource {
 
   /// Stream-ordered free after the work queued on `stream`. Throws cuda_error.
   void deallocate(void* pointer, std::size_t, stream_ref stream = {}) {
-    detail::cuda_device_scope scope(device_);
+    tessera::detail::cuda_device_scope scope(device_);
     TESSERA_CUDA_CHECK(cudaFreeAsync(pointer, stream.native()));
   }
 

@@ -7,10 +7,10 @@
 #include <string>
 
 #include "tessera/core/config.hpp"
+#include "tessera/core/detail/cuda_device_scope.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/stream.hpp"
-#include "tessera/memory/detail/cuda_device_scope.hpp"
 #include "tessera/memory/format.hpp"
 #include "tessera/memory/stream_policy.hpp"
 
@@ -45,7 +45,7 @@ class cuda_memory_resource {
   /// is usable by every stream). Throws out_of_memory_error when the device is out of memory,
   /// cuda_error for any other failure.
   void* allocate(std::size_t bytes, stream_ref = {}) {
-    detail::cuda_device_scope scope(device_);
+    tessera::detail::cuda_device_scope scope(device_);
     void* pointer = nullptr;
     detail::check_cuda_allocation(cudaMalloc(&pointer, bytes), "cudaMalloc(&pointer, bytes)",
                                   "cudaMalloc of " + format_bytes(bytes) + " on cuda:" +
@@ -56,7 +56,7 @@ class cuda_memory_resource {
 
   /// cudaFree (which waits for all work on the device). Throws cuda_error.
   void deallocate(void* pointer, std::size_t, stream_ref = {}) {
-    detail::cuda_device_scope scope(device_);
+    tessera::detail::cuda_device_scope scope(device_);
     TESSERA_CUDA_CHECK(cudaFree(pointer));
   }
 
@@ -64,7 +64,7 @@ class cuda_memory_resource {
   std::size_t capacity() const {
     std::size_t free = 0;
     std::size_t total = 0;
-    detail::cuda_device_scope scope(device_);
+    tessera::detail::cuda_device_scope scope(device_);
     TESSERA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return total;
   }
@@ -73,7 +73,7 @@ class cuda_memory_resource {
   std::size_t free_capacity() const {
     std::size_t free = 0;
     std::size_t total = 0;
-    detail::cuda_device_scope scope(device_);
+    tessera::detail::cuda_device_scope scope(device_);
     TESSERA_CUDA_CHECK(cudaMemGetInfo(&free, &total));
     return free;
   }

@@ -19,6 +19,7 @@
 #include "tessera/core/stream.hpp"
 #include "tessera/memory/cuda_memory_resource.hpp"
 #include "tessera/memory/detail/device_registry.hpp"
+#include "tessera/memory/detail/private_pool.hpp"
 #include "tessera/memory/detail/thread_cache.hpp"
 #include "tessera/memory/device_memory_resource.hpp"
 #include "tessera/memory/format.hpp"
@@ -34,16 +35,15 @@ namespace detail {
 
 // The hit path of a CPU tensor's storage (tensor/storage.hpp), inlined where storage is made and
 // released, in header-only and compiled use alike: a block of the calling thread's cache without
-// a call. Each says when it cannot serve (no cache yet, another device, the history recording, a
-// size not cached); memory::allocate and deallocate then do, with every check. Measured: the
-// calls of the general path (allocate, deallocate, the cache's take and put) were half of a
-// create+destroy in a large translation unit, where GCC stops inlining them.
+// a call. Each says when it cannot serve (no cache yet, another device, the device recording its
+// history or having a private pool, a size not cached); memory::allocate and deallocate then do,
+// with every check. Measured: the calls of the general path (allocate, deallocate, the cache's
+// take and put) were half of a create+destroy in a large translation unit, where GCC stops
+// inlining them.
 
 /// A block of exactly `bytes` for CPU device `device` from the calling thread's cache, or nullptr.
 [[gnu::always_inline]] inline void* allocate_cached(Device device, std::size_t bytes) noexcept {
-  if (device.type != DeviceType::cpu || devices_recording.load(std::memory_order_relaxed) != 0) {
-    return nullptr;
-  }
+  if (device.type != DeviceType::cpu || cpu_slow_allocation_path(device.index)) return nullptr;
   device_thread_cache* cache = thread_cache::find_local(device.index);
   return cache != nullptr ? cache->take(bytes) : nullptr;
 }
@@ -54,7 +54,7 @@ namespace detail {
                                                      std::size_t bytes) noexcept {
   if (device.type != DeviceType::cpu ||
       device.index != tessera::detail::current_cpu_device_slot() ||
-      devices_recording.load(std::memory_order_relaxed) != 0) {
+      cpu_slow_allocation_path(device.index)) {
     return false;
   }
   device_thread_cache* cache = thread_cache::find_local(device.index);
@@ -108,6 +108,9 @@ TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
 /// synchronous, it only checks the pointer. Throws std::invalid_argument for a pointer the pool
 /// did not hand out; nullptr is a no-op.
 inline void record_stream(Device device, void* pointer, stream_ref stream) {
+  if (detail::private_pools_live.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    if (detail::record_stream_private(device, pointer, stream)) return;
+  }
   detail::resource_of(device, "record_stream").record_stream(pointer, stream);
 }
 
@@ -220,16 +223,16 @@ TESSERA_API void pinned_record_stream(void* pointer, Device device, stream_ref s
 
 #if TESSERA_DEFINITIONS
 TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream) {
-  if (detail::devices_recording.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-    return detail::recorded_allocate(device, bytes, stream);
+  if (detail::slow_allocation_paths.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    return detail::allocate_slow(device, bytes, stream);
   }
   return detail::allocate_unrecorded(device, bytes, stream);
 }
 
 TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
                             stream_ref stream) noexcept {
-  if (detail::devices_recording.load(std::memory_order_relaxed) != 0) [[unlikely]] {
-    detail::recorded_deallocate(device, pointer, bytes, stream);
+  if (detail::slow_allocation_paths.load(std::memory_order_relaxed) != 0) [[unlikely]] {
+    detail::deallocate_slow(device, pointer, bytes, stream);
     return;
   }
   detail::deallocate_unrecorded(device, pointer, bytes, stream);

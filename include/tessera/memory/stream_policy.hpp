@@ -10,10 +10,10 @@
 #include <vector>
 
 #include "tessera/core/config.hpp"
+#include "tessera/core/detail/cuda_device_scope.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/stream.hpp"
-#include "tessera/memory/detail/cuda_device_scope.hpp"
 
 namespace tessera::memory {
 
@@ -69,7 +69,7 @@ class cuda_stream_policy {
   /// context torn down), its work is waited for with the whole device's, and the event marks a
   /// point after it.
   event_type record(stream_ref stream) {
-    detail::cuda_device_scope scope(device_);
+    tessera::detail::cuda_device_scope scope(device_);
     cudaEvent_t event = nullptr;
     if (free_events_.empty()) {
       TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&event, cudaEventDisableTiming));

@@ -30,6 +30,15 @@ class dropout_mask_node final : public autograd::detail::node {
   dropout_mask_node(M module, double p) : module_(std::move(module)), p_(p) {}
   const char* name() const override { return "dropout_mask"; }
   bool recomputable() const override { return false; }
+  // In eval mode the mask is ones: a replay may run it.
+  const char* capture_blocker() const override {
+    return module_.is_training()
+               ? "dropout in training mode (its mask's random offset is taken on the host)"
+               : nullptr;
+  }
+  std::int64_t prepare_replay(autograd::detail::value_table&) override {
+    return module_.is_training() ? 1 : 0;
+  }
   void forward(autograd::detail::value_table& table) override {
     auto out = table.template get<T, K>(output);
     if (!module_.is_training()) {

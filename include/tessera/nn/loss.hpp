@@ -394,6 +394,14 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
   // forward and backward out of the class, as autograd's fused_node's: a unit that records the
   // node for float (compiled in tessera::compiled) then instantiates none of its kernels.
   void forward(autograd::detail::value_table& table) override;
+  // The targets' check (which reads them on the host) and the path it chooses, before a CUDA
+  // graph of the forward is captured or replayed.
+  std::int64_t prepare_replay(autograd::detail::value_table& table) override {
+    const auto targets = samples_of(table.template get<std::int64_t, K>(inputs[1]));
+    const bool ignored = check_targets(targets, classes_, options_.ignore_index, name());
+    plain_ = options_.plain() && !ignored;
+    return plain_ ? 1 : 0;
+  }
   std::vector<int> saved() const override {
     // nll_loss's gradient does not read its input.
     return options_.from_logits ? std::vector<int>{inputs[0], inputs[1]}
@@ -451,8 +459,11 @@ class cross_entropy_node final : public autograd::detail::single_input_node {
 template <class T, class K>
 void cross_entropy_node<T, K>::forward(autograd::detail::value_table& table) {
   const auto targets = samples_of(table.template get<std::int64_t, K>(inputs[1]));
-  const bool ignored = check_targets(targets, classes_, options_.ignore_index, name());
-  plain_ = options_.plain() && !ignored;
+  // A capture keeps prepare_replay's check and choice (the check reads the targets on the host).
+  if (!table.capturing) {
+    const bool ignored = check_targets(targets, classes_, options_.ignore_index, name());
+    plain_ = options_.plain() && !ignored;
+  }
   const auto x = rows_of(table, table.template get<T, K>(inputs[0]));
   const auto out = samples_of(table.template get<T, K>(output));
   Tensor<T, K> log_probabilities = x;

@@ -20,7 +20,7 @@
 #include <vector>
 
 #include "tessera/backend/cpu/executor.hpp"
-#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/executor.hpp"
 #include "tessera/backend/evaluator.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/dtype.hpp"
@@ -66,7 +66,7 @@ void for_each_element(const char* optimiser, Device device, std::int64_t n, cons
   (void)optimiser;  // named only in the error of a unit not compiled by nvcc
   if constexpr (std::is_same_v<K, cpu>) {
     profiler::count_launch();
-    backend::cpu::parallel_for(0, n, backend::cpu::grain_size,
+    backend::cpu::execute_loop(0, n, backend::cpu::grain_size,
                                [&](std::int64_t first, std::int64_t last) {
                                  // A local copy: stores through the rule's float pointers could
                                  // alias the referenced rule's own float fields and force a

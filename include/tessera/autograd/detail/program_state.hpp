@@ -42,6 +42,8 @@ struct instance {
   bool recomputed = false;
 };
 
+struct graph_replay;
+
 /// The compiled form of a traced graph (non-template: shared by every Program type).
 class program_state {
  public:
@@ -50,6 +52,9 @@ class program_state {
   Checkpoint checkpoint;
   bool seed_gradient = false;
   bool restore_gradients = true;  // Options::restore_gradients
+  bool cuda_graph = false;        // Options::cuda_graph
+  // Its graphs (graph_replay.hpp), made at the first forward when cuda_graph is set.
+  std::shared_ptr<graph_replay> graphs;
   std::vector<int> input_ids;
   std::vector<int> output_ids;
   std::vector<step> schedule;
@@ -100,6 +105,8 @@ class program_state {
   void release();
 
   std::string report() const;
+  /// Whether the program replays CUDA graphs, and if not why (Program::cuda_graphs).
+  std::string cuda_graph_status() const;
 
   /// Binds a forward's inputs (the tensors as given; non-contiguous ones are copied) and the
   /// parameters' current values. Throws, naming the input and both values, for a count, dtype,
@@ -113,6 +120,11 @@ class program_state {
   std::size_t arena_index(Device device) const;
 
   void run_node_forward(const step& s);
+  /// The forward steps (`replay`: a recomputation, whose effect nodes are skipped).
+  void run_forward_steps(bool replay);
+  /// run_forward and run_backward's steps with Options::cuda_graph (graph_replay.hpp).
+  void run_forward_graphed();
+  void run_backward_graphed(const AnyTensor* seed, double seed_value);
 
   /// Points the table's scratch at the step's planned scratch bytes (none when it has none).
   void bind_scratch(const step& s);

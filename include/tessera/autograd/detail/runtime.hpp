@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/autograd/detail/graph_replay.hpp"
 #include "tessera/autograd/detail/program_state.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/tensor/any_tensor.hpp"
@@ -63,13 +64,22 @@ TESSERA_API void program_state::allocate() {
 TESSERA_API void program_state::run_forward(bool replay) {
   allocate();
   keep_handed_out();
+  if (cuda_graph && !replay) {
+    run_forward_graphed();
+  } else {
+    if (graphs != nullptr) graphs->forward_graphed = false;
+    run_forward_steps(replay);
+  }
+  forwarded = true;
+}
+
+TESSERA_API void program_state::run_forward_steps(bool replay) {
   for (std::size_t i = 0; i < schedule.size(); ++i) {
     const step& s = schedule[i];
     if (s.kind != step::forward) break;
     if (replay && g->nodes[static_cast<std::size_t>(s.node)]->is_effect()) continue;
     run_node_forward(s);
   }
-  forwarded = true;
 }
 
 TESSERA_API AnyTensor program_state::hand_out(const AnyTensor& value, std::vector<Storage>& blocks,
@@ -128,6 +138,7 @@ TESSERA_API void program_state::release() {
   table.scratch = Storage{};
   allocated = false;
   forwarded = false;
+  graphs.reset();  // its graphs keep the arena's addresses
 }
 
 TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_value) {
@@ -163,7 +174,11 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
     // From here a backward that throws needs a new forward (its steps reuse the forward's
     // buffers); one that could not make its gradients may be called again.
     forwarded = false;
-    run_backward_steps(seed, seed_value);
+    if (cuda_graph) {
+      run_backward_graphed(seed, seed_value);
+    } else {
+      run_backward_steps(seed, seed_value);
+    }
   } catch (...) {
     restore_gradients_before(recorded);
     throw;

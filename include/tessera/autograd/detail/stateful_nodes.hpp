@@ -20,6 +20,9 @@ class rand_node final : public node {
   rand_node() = default;
   const char* name() const override { return "rand"; }
   bool recomputable() const override { return false; }
+  const char* capture_blocker() const override {
+    return "random numbers (the generator's offset is taken on the host at each run)";
+  }
   void forward(value_table& table) override {
     tessera::detail::fill_uniform_(table.template get<T, K>(output));
   }
@@ -37,9 +40,15 @@ class effect_node final : public node {
   bool recomputable() const override { return false; }
   bool is_effect() const override { return true; }
   void forward(value_table& table) override { effect_(table); }
+  const char* capture_blocker() const override { return blocker_; }
+  /// An effect whose work is only device work queued at each forward (BatchNorm's running
+  /// statistics with a momentum) may be replayed by a CUDA graph: nullptr. Otherwise why not.
+  void set_capture_blocker(const char* blocker) noexcept { blocker_ = blocker; }
 
  private:
   std::function<void(const value_table&)> effect_;
+  const char* blocker_ =
+      "an on_forward effect (host code that runs at every forward, which a replay skips)";
 };
 
 }  // namespace tessera::autograd::detail

@@ -63,6 +63,7 @@ TESSERA_API std::unique_ptr<program_state> start_trace(const Options& options) {
   state->checkpoint = options.checkpoint;
   state->seed_gradient = options.seed_gradient && options.mode == Mode::training;
   state->restore_gradients = options.restore_gradients;
+  state->cuda_graph = options.cuda_graph;
   return state;
 }
 TESSERA_API int add_input(program_state& state, value_info info) {

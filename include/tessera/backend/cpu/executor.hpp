@@ -1,7 +1,8 @@
 // The CPU executor: runs one evaluator over an output in one pass (one "launch"), threaded with
-// parallel_for. When the output and every operand are contiguous with the output's shape it loops
-// over a linear index the compiler can vectorise; otherwise it merges dimensions (strided_layout)
-// and walks rows: one dot product per row to place each operand, then a strided inner loop.
+// execute_loop (on the thread pool, as parallel_for), the loop other CPU work runs on too. When the
+// output and every operand are contiguous with the output's shape it loops over a linear index
+// the compiler can vectorise; otherwise it merges dimensions (strided_layout) and walks rows: one
+// dot product per row to place each operand, then a strided inner loop.
 // Compute-bound expressions (exp, tanh, sigmoid) get their linear loop built twice on x86-64,
 // for SSE2 and for AVX2, picked at load time by the CPU (GCC's target_clones).
 #pragma once
@@ -11,8 +12,8 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "tessera/backend/cpu/parallel.hpp"
 #include "tessera/backend/cpu/strided_loop.hpp"
+#include "tessera/backend/cpu/thread_pool.hpp"
 #include "tessera/backend/evaluator.hpp"
 #include "tessera/core/profiler.hpp"
 #include "tessera/core/shape.hpp"
@@ -37,6 +38,23 @@ inline bool is_row_major(const Shape& shape, const Strides& strides) {
 
 /// Elements per task: below this a loop runs on one thread (thread start-up costs about as much).
 inline constexpr std::int64_t grain_size = 32768;
+
+/// Calls fn(first, last) on disjoint contiguous sub-ranges covering [begin, end), on the CPU
+/// device's threads when the range holds at least two grains of `grain` items (nested calls run
+/// on the caller's thread). The executor's one way to run a loop: execute() runs its passes with
+/// it, and code above the backend that is not an expression (convolution's im2col and col2im,
+/// Winograd's transforms) runs its loops with it rather than with the thread pool. Counts no
+/// launch. The first exception fn throws is rethrown here.
+// On the pool's run_chunks as parallel_for is, rather than a call to parallel_for: a call level
+// more moves GCC's inlining decisions in the code around every loop; this way each loop compiles
+// as it did through parallel_for.
+template <class Fn>
+void execute_loop(std::int64_t begin, std::int64_t end, std::int64_t grain, Fn&& fn) {
+  const std::int64_t n = end - begin;
+  if (n <= 0) return;
+  auto body = [&fn](std::int64_t, std::int64_t first, std::int64_t last) { fn(first, last); };
+  detail::run_chunks(begin, end, detail::planned_chunks(n, grain), body);
+}
 
 /// True when an evaluator type holds an operation marked `static constexpr bool compute_bound`
 /// (backend/functors.hpp marks exp, tanh and sigmoid): a template argument, at any depth.
@@ -122,7 +140,7 @@ void execute_unit_rows(T* out, const strided_layout<N>& layout, std::int64_t row
                        const Evaluator& prototype) {
   const int rank = layout.shape.size();
   const std::int64_t inner = layout.shape[rank - 1];
-  parallel_for(0, rows, std::max<std::int64_t>(1, grain_size / inner),
+  execute_loop(0, rows, std::max<std::int64_t>(1, grain_size / inner),
                [&](std::int64_t first_row, std::int64_t last_row) {
                  auto evaluator = prototype;
                  alignas(64) unsigned char storage[N * backend::unit_splats::slot_bytes];
@@ -161,7 +179,7 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   for (const Strides& strides : leaf_strides) linear = linear && is_row_major(shape, strides);
   if (linear) {
     const auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-    parallel_for(0, n, grain_size, [&](std::int64_t first, std::int64_t last) {
+    execute_loop(0, n, grain_size, [&](std::int64_t first, std::int64_t last) {
 #if TESSERA_CPU_TARGET_CLONES
       if constexpr (is_compute_bound<std::remove_cvref_t<decltype(evaluator)>>::value) {
         linear_loop_cloned(out, evaluator, first, last);
@@ -198,7 +216,7 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
     execute_unit_rows(out, layout, rows, prototype);
     return;
   }
-  parallel_for(0, rows, std::max<std::int64_t>(1, grain_size / inner),
+  execute_loop(0, rows, std::max<std::int64_t>(1, grain_size / inner),
                [&](std::int64_t first_row, std::int64_t last_row) {
                  auto evaluator = prototype;
                  std::int64_t index[max_dims] = {};

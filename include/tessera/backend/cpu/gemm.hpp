@@ -12,7 +12,7 @@
 #include <string>
 #include <type_traits>
 
-#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/thread_pool.hpp"
 #include "tessera/core/device.hpp"
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/error.hpp"

@@ -78,75 +78,7 @@ struct merge_fn {
   }
 };
 
-/// Pairwise combination of one thread's blocks of values (the device twin of cpu::cascade). An
-/// exact operator (max, min, argmax, integer sums) has nothing to round, so it keeps one
-/// accumulator instead of the levels (less local memory per thread).
-template <class Op, bool Exact = Op::exact>
-struct device_cascade {
-  using acc_type = typename Op::acc_type;
-  static constexpr int levels = 40;  // 2^40 blocks: more than any row
-  acc_type level[levels];
-  std::uint64_t pushes = 0;
-
-  __device__ void push(acc_type block) {
-    std::uint64_t carry = pushes++;
-    int k = 0;
-    for (; carry & 1; carry >>= 1, ++k) block = Op::merge(level[k], block);
-    level[k] = block;
-  }
-  __device__ acc_type result() const {
-    acc_type total = Op::identity();
-    for (int k = levels - 1; k >= 0; --k) {
-      if ((pushes >> k) & 1) total = Op::merge(total, level[k]);
-    }
-    return total;
-  }
-};
-
-template <class Op>
-struct device_cascade<Op, true> {
-  using acc_type = typename Op::acc_type;
-  acc_type total = Op::identity();
-  __device__ void push(acc_type block) { total = Op::merge(total, block); }
-  __device__ acc_type result() const { return total; }
-};
-
-/// Values a thread folds before its block joins its cascade.
-inline constexpr int thread_block_values = 16;
-
-/// Folds a thread's values, in the order they come (positions increasing), thread_block_values
-/// at a time into its cascade.
-template <class Op>
-struct thread_fold {
-  using acc_type = typename Op::acc_type;
-  device_cascade<Op> sums;
-  acc_type block = Op::identity();
-  int filled = 0;
-
-  __device__ void add(const acc_type& value) {
-    block = Op::step(block, value);
-    if (++filled == thread_block_values) flush();
-  }
-  /// N values at once (N divides thread_block_values, and the fold's earlier values came N at a
-  /// time): one check for the cascade, not N.
-  template <int N>
-  __device__ void add_run(const acc_type (&values)[N]) {
-    static_assert(thread_block_values % N == 0, "a run must divide a block");
-#pragma unroll
-    for (int k = 0; k < N; ++k) block = Op::step(block, values[k]);
-    filled += N;
-    if (filled == thread_block_values) flush();
-  }
-  __device__ void flush() {
-    sums.push(block);
-    block = Op::identity();
-    filled = 0;
-  }
-  __device__ acc_type result() {
-    sums.push(block);
-    return sums.result();
-  }
-};
+// device_cascade and thread_fold, what each thread's fold computes: reduce_plan.hpp.
 
 /// Block b merges its slice of the elements; with one block it writes the result itself, else
 /// its partial.

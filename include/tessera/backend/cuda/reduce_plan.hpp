@@ -1,6 +1,7 @@
-// How the CUDA backend cuts a reduction into blocks, lanes and loads: plain host and device
-// arithmetic, apart from the kernels (backend/cuda/reduce.cuh), so that CPU tests can check that
-// every element is read exactly once, in the order the kernels fold it.
+// How the CUDA backend cuts a reduction into blocks, lanes and loads, and how each thread folds
+// its values: plain host and device arithmetic, apart from the kernels (backend/cuda/reduce.cuh),
+// so that CPU tests can check that every element is read exactly once, in the order the kernels
+// fold it, and what the fold gives.
 #pragma once
 
 #include <cstdint>
@@ -8,6 +9,86 @@
 #include "tessera/core/config.hpp"
 
 namespace tessera::backend::cuda {
+
+// ---- what one thread folds (host and device: CPU tests run it) -------------------------------
+
+/// Pairwise combination of one thread's blocks of values (the device twin of cpu::cascade). An
+/// exact operator (max, min, argmax, integer sums) has nothing to round, so it keeps one
+/// accumulator instead of the levels (less local memory per thread).
+template <class Op, bool Exact = Op::exact>
+struct device_cascade {
+  using acc_type = typename Op::acc_type;
+  static constexpr int levels = 40;  // 2^40 blocks: more than any row
+  acc_type level[levels];
+  std::uint64_t pushes = 0;
+
+  TESSERA_HOST_DEVICE void push(acc_type block) {
+    std::uint64_t carry = pushes++;
+    int k = 0;
+    for (; carry & 1; carry >>= 1, ++k) block = Op::merge(level[k], block);
+    level[k] = block;
+  }
+  /// The merge of every block pushed, earlier blocks on the left: the levels from the highest set
+  /// one down (a loop over all 40 read the stack frame 40 times per thread and result).
+  TESSERA_HOST_DEVICE acc_type result() const {
+    acc_type total = Op::identity();
+    int top = -1;
+    for (std::uint64_t rest = pushes; rest != 0; rest >>= 1) ++top;
+    for (int k = top; k >= 0; --k) {
+      if ((pushes >> k) & 1) total = Op::merge(total, level[k]);
+    }
+    return total;
+  }
+};
+
+template <class Op>
+struct device_cascade<Op, true> {
+  using acc_type = typename Op::acc_type;
+  acc_type total = Op::identity();
+  TESSERA_HOST_DEVICE void push(acc_type block) { total = Op::merge(total, block); }
+  TESSERA_HOST_DEVICE acc_type result() const { return total; }
+};
+
+/// Values a thread folds before its block joins its cascade.
+inline constexpr int thread_block_values = 16;
+
+/// Folds a thread's values, in the order they come (positions increasing), thread_block_values
+/// at a time into its cascade.
+template <class Op>
+struct thread_fold {
+  using acc_type = typename Op::acc_type;
+  device_cascade<Op> sums;
+  acc_type block = Op::identity();
+  int filled = 0;
+
+  TESSERA_HOST_DEVICE void add(const acc_type& value) {
+    block = Op::step(block, value);
+    if (++filled == thread_block_values) flush();
+  }
+  /// N values at once (N divides thread_block_values, and the fold's earlier values came N at a
+  /// time): one check for the cascade, not N.
+  template <int N>
+  TESSERA_HOST_DEVICE void add_run(const acc_type (&values)[N]) {
+    static_assert(thread_block_values % N == 0, "a run must divide a block");
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+#endif
+    for (int k = 0; k < N; ++k) block = Op::step(block, values[k]);
+    filled += N;
+    if (filled == thread_block_values) flush();
+  }
+  TESSERA_HOST_DEVICE void flush() {
+    sums.push(block);
+    block = Op::identity();
+    filled = 0;
+  }
+  TESSERA_HOST_DEVICE acc_type result() {
+    sums.push(block);
+    return sums.result();
+  }
+};
+
+// ---- how the work is cut ----------------------------------------------------------------------
 
 /// Elements per thread below which a full reduction uses fewer blocks: enough that a thread's
 /// loads are in flight together and its block's merge is a small part of its work.

@@ -126,6 +126,44 @@ inline MemoryStats user_stats(Device device, const char* operation) {
 /// it with one relaxed load and take the recording path only when it is not 0.
 inline std::atomic<int> devices_recording{0};
 
+/// How many private pools (memory::MemPool) are alive (detail/private_pool.hpp).
+inline std::atomic<int> private_pools_live{0};
+
+/// devices_recording + private_pools_live: allocate, deallocate and the CPU thread-cache fast path
+/// read this one word with one relaxed load, and take their cold paths only when it is not 0.
+inline std::atomic<int> slow_allocation_paths{0};
+
+/// The same count for each CPU device alone (its history recording plus its private pools): when
+/// slow_allocation_paths is not 0, the thread-cache fast paths read their device's word, so a CPU
+/// device whose word is 0 keeps them while other devices record or have private pools. A fixed
+/// array (4 KiB, zero before any code runs), so that reading it needs no guard.
+inline std::atomic<int> cpu_slow_allocation_paths[tessera::detail::max_cpu_devices]{};
+
+/// Counts one slow path more (`change` 1) or less (-1) on `device`, in both words.
+inline void add_slow_allocation_path(Device device, int change) noexcept {
+  if (device.is_cpu()) {
+    cpu_slow_allocation_paths[device.index].fetch_add(change, std::memory_order_release);
+  }
+  slow_allocation_paths.fetch_add(change, std::memory_order_release);
+}
+
+/// True when CPU device `index` must leave its thread-cache fast path to memory::allocate and
+/// deallocate: while it records its history or has a private pool. With nothing recording and no
+/// private pool anywhere it reads the one global word, as before per-device words (reading the
+/// device's word alone measured slower on alloc_bench's 4 KiB tensor row). An index that is no
+/// device reads some device's word (the mask): harmless, as such an index has no thread cache
+/// (the fast paths then find none) and is never the thread's current device.
+[[gnu::always_inline]] inline bool cpu_slow_allocation_path(int index) noexcept {
+  static_assert((tessera::detail::max_cpu_devices & (tessera::detail::max_cpu_devices - 1)) == 0,
+                "the mask below needs a power of two");
+  const auto slot = static_cast<unsigned>(index) &
+                    static_cast<unsigned>(tessera::detail::max_cpu_devices - 1);
+  if (slow_allocation_paths.load(std::memory_order_relaxed) == 0) [[likely]] {
+    return false;
+  }
+  return cpu_slow_allocation_paths[slot].load(std::memory_order_relaxed) != 0;
+}
+
 /// allocate, deallocate and empty_cache while some device records its history; they record only
 /// for a device that does (memory/detail/history.hpp). Cold and never inlined: inlined, they
 /// took the place of the allocation path itself in its callers (alloc_bench's pool row lost 5 %).

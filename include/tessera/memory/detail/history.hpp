@@ -200,11 +200,13 @@ TESSERA_API void record_history(Device device, bool on, std::size_t max_events) 
     if (!history.on.load(std::memory_order_relaxed)) {
       history.on.store(true, std::memory_order_release);
       detail::devices_recording.fetch_add(1, std::memory_order_relaxed);
+      detail::add_slow_allocation_path(device, 1);
     }
     history.record(device, detail::history_event::action::start, 0, 0);
   } else if (history.on.load(std::memory_order_relaxed)) {
     history.on.store(false, std::memory_order_release);
     detail::devices_recording.fetch_sub(1, std::memory_order_relaxed);
+    detail::add_slow_allocation_path(device, -1);
   }
 }
 

@@ -38,7 +38,7 @@
 #include <utility>
 #include <vector>
 
-#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/executor.hpp"
 #include "tessera/backend/cuda/cudnn.hpp"
 #include "tessera/core/detail/checked.hpp"
 #include "tessera/core/error.hpp"
@@ -243,7 +243,7 @@ void im2col_cpu(const conv2d_geometry& g, const T* image, T* col, std::int64_t l
   if (y_last < 0) y_last = g.oh;
   const std::int64_t spatial = (y_last - y_first) * g.ow;
   const std::int64_t rows = g.c * g.kh * g.kw;
-  backend::cpu::parallel_for(0, rows, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(spatial, 1)),
+  backend::cpu::execute_loop(0, rows, std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(spatial, 1)),
                              [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t r = first; r < last; ++r) {
       const std::int64_t j = r % g.kw, i = (r / g.kw) % g.kh, c = r / (g.kw * g.kh);
@@ -285,7 +285,7 @@ template <class T>
 void col2im_add_cpu(const conv2d_geometry& g, const T* col, T* image, std::int64_t ld,
                     std::int64_t y_first = 0, std::int64_t y_last = -1) {
   if (y_last < 0) y_last = g.oh;
-  backend::cpu::parallel_for(0, g.c, 1, [&](std::int64_t first, std::int64_t last) {
+  backend::cpu::execute_loop(0, g.c, 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t c = first; c < last; ++c) {
       T* plane = image + c * g.h * g.w;
       for (std::int64_t i = 0; i < g.kh; ++i) {
@@ -393,7 +393,7 @@ void col2im_add_generic(const conv2d_geometry& g, const Tensor<T, K>& col, Tenso
 template <class T>
 void pack_images_cpu(const T* images, std::int64_t stride, std::int64_t b, std::int64_t rows,
                      std::int64_t plane, T* packed) {
-  backend::cpu::parallel_for(0, rows,
+  backend::cpu::execute_loop(0, rows,
                              std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(b * plane, 1)),
                              [&](std::int64_t first, std::int64_t last) {
                                for (std::int64_t r = first; r < last; ++r) {
@@ -410,7 +410,7 @@ void pack_images_cpu(const T* images, std::int64_t stride, std::int64_t b, std::
 template <class T>
 void unpack_images_cpu(const T* packed, std::int64_t b, std::int64_t rows, std::int64_t plane,
                        T* images, std::int64_t stride, bool add) {
-  backend::cpu::parallel_for(0, rows,
+  backend::cpu::execute_loop(0, rows,
                              std::max<std::int64_t>(1, 4096 / std::max<std::int64_t>(b * plane, 1)),
                              [&](std::int64_t first, std::int64_t last) {
                                for (std::int64_t r = first; r < last; ++r) {
@@ -599,7 +599,7 @@ void conv2d_forward_parts(const conv2d_geometry& g, const Tensor<T, cpu>& x,
     cols.push_back(ws.take<T, cpu>(Shape{conv2d_col_numel<cpu>(g)}));
     gathered.push_back(ws.take<T, cpu>(Shape{conv2d_gathered_numel<cpu>(g)}));
   }
-  backend::cpu::parallel_for(0, g.cpu_parts, 1, [&](std::int64_t begin, std::int64_t end) {
+  backend::cpu::execute_loop(0, g.cpu_parts, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t part = begin; part < end; ++part) {
       const auto [first, count] = conv2d_part(g, part);
       if (count == 0) continue;
@@ -753,7 +753,7 @@ void conv2d_backward_parts(const conv2d_geometry& g, const Tensor<T, cpu>& x,
     gathered.push_back(ws.take<T, cpu>(Shape{conv2d_gathered_numel<cpu>(g)}));
     if (dw != nullptr && part > 0) sums.push_back(ws.take<T, cpu>(dw->shape()));
   }
-  backend::cpu::parallel_for(0, g.cpu_parts, 1, [&](std::int64_t begin, std::int64_t end) {
+  backend::cpu::execute_loop(0, g.cpu_parts, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t part = begin; part < end; ++part) {
       const auto [first, count] = conv2d_part(g, part);
       if (count == 0) continue;

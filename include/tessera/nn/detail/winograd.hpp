@@ -23,7 +23,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "tessera/backend/cpu/parallel.hpp"
+#include "tessera/backend/cpu/executor.hpp"
 #include "tessera/core/shape.hpp"
 #include "tessera/expr/matmul.hpp"
 #include "tessera/tensor/tensor.hpp"
@@ -150,7 +150,7 @@ void winograd_s2_weight_row(const T* __restrict k, std::int64_t in, T* __restric
 template <class T>
 void winograd_weight_transform(const T* w, std::int64_t out, std::int64_t in, bool turned, T* u,
                                std::int64_t k_stride, std::int64_t stride = 1) {
-  backend::cpu::parallel_for(0, out, 8, [&](std::int64_t first, std::int64_t last) {
+  backend::cpu::execute_loop(0, out, 8, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t oo = first; oo < last; ++oo) {
       if (stride == 2) {
         winograd_s2_weight_row(w + oo * in * 9, in, u + oo * in, k_stride);
@@ -172,7 +172,7 @@ template <class T, class Fn>
 void for_channel_tile_rows(const winograd_problem& p, std::int64_t channels, std::int64_t first,
                            std::int64_t last, std::int64_t buffer_size, Fn&& fn) {
   const std::int64_t tw = p.tiles_w(), th = p.tiles_h();
-  backend::cpu::parallel_for(0, channels, 1, [&](std::int64_t c_first, std::int64_t c_last) {
+  backend::cpu::execute_loop(0, channels, 1, [&](std::int64_t c_first, std::int64_t c_last) {
     std::vector<T> buffer(static_cast<std::size_t>(buffer_size));
     for (std::int64_t channel = c_first; channel < c_last; ++channel) {
       std::int64_t done = 0;
@@ -354,7 +354,7 @@ void winograd_output_transform(const winograd_problem& p, const T* m, std::int64
 /// and meets them 16 times per block.
 template <class Gemm>
 void winograd_for_each_k(const winograd_problem& p, Gemm&& gemm) {
-  backend::cpu::parallel_for(0, p.elements(), 1, [&](std::int64_t first, std::int64_t last) {
+  backend::cpu::execute_loop(0, p.elements(), 1, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t k = first; k < last; ++k) gemm(k);
   });
 }
@@ -463,7 +463,7 @@ void winograd_s2_weight_grad_tile(const T* d, std::int64_t k_stride, T (&g)[3][3
 template <class T>
 void winograd_weight_grad_output(const T* du, std::int64_t k_stride, std::int64_t out,
                                  std::int64_t in, T* dw, bool add, std::int64_t stride = 1) {
-  backend::cpu::parallel_for(0, out, 8, [&](std::int64_t first, std::int64_t last) {
+  backend::cpu::execute_loop(0, out, 8, [&](std::int64_t first, std::int64_t last) {
     for (std::int64_t oo = first; oo < last; ++oo) {
       for (std::int64_t ii = 0; ii < in; ++ii) {
         T g[3][3];

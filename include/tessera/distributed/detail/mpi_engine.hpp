@@ -21,16 +21,12 @@
 // so either every rank runs k or none does, and a late rank finds the abandon note when it comes
 // and throws too. Sends and receives are nonblocking, posted as soon as they are submitted and
 // polled, so a send and a receive submitted in either order cannot deadlock.
+//
+// The pieces: mpi_check.hpp (the errors, TESSERA_MPI_CHECK), mpi_operation.hpp (an operation and
+// what its caller waits on), mpi_group_state.hpp (a group's state, the control notes).
 #pragma once
 
-#if !TESSERA_MPI
-#error "tessera/distributed.hpp needs MPI: build with -DTESSERA_WITH_MPI=ON and link tessera::distributed"
-#endif
-
-#ifndef OMPI_SKIP_MPICXX
-#define OMPI_SKIP_MPICXX 1  // OpenMPI's deprecated C++ bindings: not used, and slow to compile
-#endif
-#include <mpi.h>
+// MPI itself (and the check that this build has it) comes with mpi_check.hpp.
 
 #include <algorithm>
 #include <atomic>
@@ -50,199 +46,12 @@
 #include <vector>
 
 #include "tessera/core/error.hpp"
-#include "tessera/parallel/detail/collective_call.hpp"
-
-namespace tessera::distributed {
-
-/// An MPI call that failed, a process group that can no longer be used, or a collective that the
-/// ranks called differently (another operation, root or reduce op); names the operation.
-class communication_error : public tessera::error {
- public:
-  using tessera::error::error;
-};
-
-/// A collective, send or receive that did not complete within the group's timeout; names the
-/// operation and the ranks that had not joined it.
-class timeout_error : public communication_error {
- public:
-  using communication_error::communication_error;
-};
-
-namespace detail {
-
-inline std::string mpi_error_text(int code) {
-  char text[MPI_MAX_ERROR_STRING];
-  int length = 0;
-  if (MPI_Error_string(code, text, &length) != MPI_SUCCESS) return "MPI error " + std::to_string(code);
-  return std::string(text, static_cast<std::size_t>(length));
-}
-
-[[noreturn]] inline void throw_mpi_error(int code, const char* call) {
-  throw communication_error(std::string(call) + " failed: " + mpi_error_text(code));
-}
-
-}  // namespace detail
-}  // namespace tessera::distributed
-
-/// Checks an MPI call's result; throws ts::distributed::communication_error naming the call.
-#define TESSERA_MPI_CHECK(call)                                                   \
-  do {                                                                            \
-    const int tessera_mpi_code_ = (call);                                         \
-    if (tessera_mpi_code_ != MPI_SUCCESS) {                                       \
-      ::tessera::distributed::detail::throw_mpi_error(tessera_mpi_code_, #call);  \
-    }                                                                             \
-  } while (0)
+#include "tessera/distributed/detail/collective_call.hpp"
+#include "tessera/distributed/detail/mpi_check.hpp"
+#include "tessera/distributed/detail/mpi_group_state.hpp"
+#include "tessera/distributed/detail/mpi_operation.hpp"
 
 namespace tessera::distributed::detail {
-
-using clock = std::chrono::steady_clock;
-
-/// What a caller waits on: set once by the engine, with the operation's error if it failed. The
-/// error is kept as its kind and message and thrown anew in each waiting thread: an exception
-/// object shared between threads is released by whichever thread drops it last, and
-/// ThreadSanitizer cannot see that order (the count lives in the uninstrumented libstdc++).
-struct work_state {
-  enum class error_kind { none, communication, timeout, shape, dtype, device, invalid_argument, other };
-
-  std::mutex mutex;
-  std::condition_variable changed;
-  bool done = false;
-  error_kind kind = error_kind::none;
-  std::string message;
-
-  work_state() = default;
-  work_state(const work_state&) = delete;
-  work_state& operator=(const work_state&) = delete;
-
-  /// Completes the work: `e` is null (success) or the operation's exception, recorded by kind.
-  void finish(std::exception_ptr e) {
-    error_kind k = error_kind::none;
-    std::string text;
-    if (e) {
-      try {
-        std::rethrow_exception(e);
-      } catch (const timeout_error& x) {
-        k = error_kind::timeout, text = x.what();
-      } catch (const communication_error& x) {
-        k = error_kind::communication, text = x.what();
-      } catch (const shape_error& x) {
-        k = error_kind::shape, text = x.what();
-      } catch (const dtype_error& x) {
-        k = error_kind::dtype, text = x.what();
-      } catch (const device_error& x) {
-        k = error_kind::device, text = x.what();
-      } catch (const std::invalid_argument& x) {
-        k = error_kind::invalid_argument, text = x.what();
-      } catch (const std::exception& x) {
-        k = error_kind::other, text = x.what();
-      } catch (...) {
-        k = error_kind::other, text = "unknown exception";
-      }
-    }
-    // Notified under the lock: a waiter that sees `done` may destroy this at once, so the
-    // notification must be over before it can.
-    std::lock_guard lock(mutex);
-    kind = k;
-    message = std::move(text);
-    done = true;
-    changed.notify_all();
-  }
-
-  /// Throws the recorded error (call with the lock held, once done); nothing on success.
-  void throw_failure() const {
-    switch (kind) {
-      case error_kind::none: return;
-      case error_kind::timeout: throw timeout_error(message);
-      case error_kind::communication: throw communication_error(message);
-      case error_kind::shape: throw shape_error(message);
-      case error_kind::dtype: throw dtype_error(message);
-      case error_kind::device: throw device_error(message);
-      case error_kind::invalid_argument: throw std::invalid_argument(message);
-      case error_kind::other: throw tessera::error(message);
-    }
-  }
-};
-
-/// One operation: `step` posts its next nonblocking MPI call into `request`, or queues GPU work
-/// and sets `device_done` (true once that work has finished), or does blocking or local work and
-/// sets neither, and returns true; or returns false when the operation is complete. It runs on
-/// the engine thread only; an exception from it fails the operation.
-struct operation {
-  std::string name;     // "all_reduce", for messages
-  bool collective = true;
-  int peer = -1;        // send / recv: the other rank
-  std::function<bool(MPI_Request&, const MPI_Status&)> step;
-  std::function<bool()> device_done;  // GPU work in flight: polled instead of `request`
-  std::function<void()> on_timeout;   // e.g. abort the NCCL communicator the GPU waits on
-  std::shared_ptr<work_state> work = std::make_shared<work_state>();
-  collective_call call;                 // collectives: what this rank asks for
-  std::vector<collective_call> agreed;  // collectives: every rank's call, by rank, once they agree
-  // Engine bookkeeping.
-  enum class stage { arriving, committed, running };
-  std::uint64_t sequence = 0;  // collectives: the group's count, the same on every rank
-  stage at = stage::running;   // collectives: waiting for arrival notes, for ready notes, or run
-  MPI_Request request = MPI_REQUEST_NULL;
-  clock::time_point deadline{};
-};
-
-/// A note on a group's control communicator about collective `sequence`: the sender has arrived at
-/// it (with its call), is ready to run it, or has abandoned it. Travels as bytes; ready and
-/// abandon notes leave out the call.
-struct control_note {
-  enum kind_t : std::uint32_t { arrival = 1, ready = 2, abandon = 3, broken = 4 };
-  enum reason_t : std::uint32_t {
-    none = 0,
-    timed_out = 1,      // abandon: the sender's timeout passed
-    finalized = 2,      // abandon: the sender called finalize()
-    send_timed_out = 3,  // broken: the sender's send to `peer` timed out
-    recv_timed_out = 4,  // broken: the sender's receive from `peer` timed out
-    group_broken = 5,    // abandon: the group broke while the sender waited for the others
-  };
-  std::uint64_t sequence = 0;
-  std::uint32_t kind = 0;
-  std::uint32_t reason = none;  // abandon, broken: why
-  std::int64_t timeout_ms = 0;  // the sender's timeout
-  std::int64_t peer = -1;       // broken: the other end of the send or receive
-  collective_kind operation = collective_kind::barrier;  // abandon: the collective given up on
-  // abandon (group_broken): what broke the group, as the broken note that said it (origin: the
-  // rank that sent it; -1 when unknown), so that every rank names the first cause.
-  std::uint32_t cause = none;
-  std::int64_t origin = -1;
-  collective_call call;         // arrival: the sender's call
-};
-inline constexpr int short_note_bytes = static_cast<int>(offsetof(control_note, call));
-
-/// One communicator's state: the group's communicator, a duplicate for the control notes, the
-/// timeout, the collectives waiting their turn and the one in flight.
-struct group_state {
-  MPI_Comm comm = MPI_COMM_NULL;
-  MPI_Comm control = MPI_COMM_NULL;
-  int rank = 0;
-  int size = 1;
-  std::atomic<std::int64_t> timeout_ms{300000};  // 5 minutes, PyTorch's default
-
-  // Engine thread only.
-  std::deque<std::shared_ptr<operation>> waiting;  // collectives, in submission order
-  std::shared_ptr<operation> active;               // the collective in flight
-  std::uint64_t started = 0;                       // collectives started here
-  std::vector<std::deque<control_note>> arrivals;  // [rank]: its arrival notes not yet used
-  std::vector<std::uint64_t> arrived;              // [rank]: the last collective it arrived at
-  std::vector<std::uint64_t> ready;                // [rank]: the last collective it is ready for
-  std::vector<control_note> abandoned;             // [rank]: what it abandoned (sequence 0: none)
-  std::vector<control_note> note_buffer;           // [rank]: the posted receive's buffer
-  std::vector<MPI_Request> note_requests;          // [rank]
-  std::string broken;                              // why the group cannot be used, once it cannot
-  control_note broke_by;  // the send or receive timeout that broke it (origin -1: none known)
-  std::shared_ptr<void> nccl;                      // the NCCL communicator (CUDA tensors)
-};
-
-/// The message of an operation refused by a broken group: `who` names the operation
-/// ("ProcessGroup::barrier"), `why` what broke the group.
-inline std::string broken_group_text(const std::string& who, const std::string& why) {
-  return who + ": the process group is broken (" + why +
-         "); every operation on it fails from now on: call ts::distributed::finalize() and "
-         "start the processes again";
-}
 
 /// The progress thread and its queues. One per process, made by ts::distributed::init.
 class mpi_engine {

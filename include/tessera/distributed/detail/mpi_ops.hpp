@@ -1,4 +1,4 @@
-// The MPI side of ProcessGroup's data (parallel/process_group.hpp): the MPI type each dtype
+// The MPI side of ProcessGroup's data (distributed/process_group.hpp): the MPI type each dtype
 // travels as, the operators MPI lacks (max and min that propagate NaN, sums and products of 8- and
 // 16-bit integers that wrap as Communicator's and PyTorch's do), half and bfloat16 staged through
 // float for reductions, avg's division, and MPI's int counts (elementwise operations go in pieces).
@@ -10,7 +10,7 @@
 
 #include "tessera/core/dtype.hpp"
 #include "tessera/core/half.hpp"
-#include "tessera/parallel/detail/mpi_engine.hpp"
+#include "tessera/distributed/detail/mpi_engine.hpp"
 #include "tessera/tensor/any_tensor.hpp"
 #include "tessera/tensor/tensor.hpp"
 

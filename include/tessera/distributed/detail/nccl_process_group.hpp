@@ -21,7 +21,7 @@
 #include "tessera/core/error.hpp"
 #include "tessera/core/stream.hpp"
 #include "tessera/parallel/communicator.hpp"
-#include "tessera/parallel/detail/mpi_engine.hpp"
+#include "tessera/distributed/detail/mpi_engine.hpp"
 #include "tessera/parallel/detail/nccl.hpp"
 
 namespace tessera::distributed::detail {
