@@ -78,6 +78,16 @@ class mem_pool_elsewhere {
   void* block_ = nullptr;
 };
 
+// Runs the row `body` while a mem_pool_elsewhere lives (an error without a second CPU device).
+void with_mem_pool_elsewhere(benchmark::State& state, void (*body)(benchmark::State&)) {
+  mem_pool_elsewhere other;
+  if (!other.alive()) {
+    state.SkipWithError("needs TESSERA_CPU_DEVICES=2");
+    return;
+  }
+  body(state);
+}
+
 void BM_tessera_pool(benchmark::State& state) {
   const tessera::Device cpu0{tessera::DeviceType::cpu, 0};
   namespace mem = tessera::memory;
@@ -102,12 +112,7 @@ void BM_tessera_pool(benchmark::State& state) {
 BENCHMARK(BM_tessera_pool);
 
 void BM_tessera_pool_mem_pool_elsewhere(benchmark::State& state) {
-  mem_pool_elsewhere other;
-  if (!other.alive()) {
-    state.SkipWithError("needs TESSERA_CPU_DEVICES=2");
-    return;
-  }
-  BM_tessera_pool(state);
+  with_mem_pool_elsewhere(state, BM_tessera_pool);
 }
 BENCHMARK(BM_tessera_pool_mem_pool_elsewhere);
 
@@ -151,12 +156,7 @@ void BM_tessera_empty(benchmark::State& state) {
 BENCHMARK(BM_tessera_empty);
 
 void BM_tessera_empty_mem_pool_elsewhere(benchmark::State& state) {
-  mem_pool_elsewhere other;
-  if (!other.alive()) {
-    state.SkipWithError("needs TESSERA_CPU_DEVICES=2");
-    return;
-  }
-  BM_tessera_empty(state);
+  with_mem_pool_elsewhere(state, BM_tessera_empty);
 }
 BENCHMARK(BM_tessera_empty_mem_pool_elsewhere);
 
@@ -172,12 +172,7 @@ void BM_tessera_empty_4KiB(benchmark::State& state) {
 BENCHMARK(BM_tessera_empty_4KiB);
 
 void BM_tessera_empty_4KiB_mem_pool_elsewhere(benchmark::State& state) {
-  mem_pool_elsewhere other;
-  if (!other.alive()) {
-    state.SkipWithError("needs TESSERA_CPU_DEVICES=2");
-    return;
-  }
-  BM_tessera_empty_4KiB(state);
+  with_mem_pool_elsewhere(state, BM_tessera_empty_4KiB);
 }
 BENCHMARK(BM_tessera_empty_4KiB_mem_pool_elsewhere);
 

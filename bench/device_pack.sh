@@ -23,7 +23,11 @@ if command -v ccache >/dev/null 2>&1; then
   launchers=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 fi
 
-cmake --preset cuda "${launchers[@]}" -DTESSERA_CUDA_ARCHITECTURES="$arch" >/dev/null
+# The preset's optimisation levels, explicitly: CI's cuda stage configures the same tree with
+# unoptimised host code (.ci/run), which would stay in its cache.
+cmake --preset cuda "${launchers[@]}" -DTESSERA_CUDA_ARCHITECTURES="$arch" \
+  -DTESSERA_TEST_OPTIMIZATION=-Og \
+  '-DTESSERA_COMPILED_OPTIONS=$<$<COMPILE_LANGUAGE:CUDA>:-O1;-Xcicc=-O1;-Xptxas=-O1>' >/dev/null
 cmake --build --preset cuda -j "$jobs" --target tessera_cuda_tests tessera_cuda_gxx_tests \
   tessera_io_dlpack_cuda_tests
 cmake -S . -B build/cudabench -G Ninja -DCMAKE_BUILD_TYPE=Release -DTESSERA_WITH_CUDA=ON \
