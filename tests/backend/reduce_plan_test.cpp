@@ -237,7 +237,24 @@ TEST_CASE("channel reduction plan: slices cover a channel once, in whole loads",
         CAPTURE(channels, count, vector, plan.splits, plan.slice);
         REQUIRE(plan.splits >= 1);
         REQUIRE(plan.splits <= channel_reduction_plan::max_splits);
-        REQUIRE(plan.slice % (256 * vector) == 0);
+        // A warp per channel below 16 values a thread of a block, unsplit; else the block.
+        REQUIRE(plan.lanes == (count < 256 * 16 ? 32 : 256));
+        REQUIRE(plan.channels_per_block * plan.lanes == 256);
+        if (plan.lanes < 256) REQUIRE(plan.splits == 1);
+        REQUIRE(plan.slice % (plan.lanes * vector) == 0);
+        // The grid's blocks and lane groups name every (channel, split) once.
+        std::vector<int> seen(static_cast<std::size_t>(channels * plan.splits), 0);
+        for (std::int64_t b = 0; b < plan.blocks(); ++b) {
+          for (int g = 0; g < plan.channels_per_block; ++g) {
+            const std::int64_t ch = plan.channel_of(b, g);
+            if (ch >= channels) {
+              REQUIRE(b >= plan.blocks() - plan.splits);  // only the last group of channels
+              continue;
+            }
+            ++seen[static_cast<std::size_t>(ch * plan.splits + plan.split_of(b))];
+          }
+        }
+        for (const int s : seen) REQUIRE(s == 1);
         REQUIRE(plan.first(0) == 0);
         REQUIRE(plan.last(plan.splits - 1) == count);
         for (std::int64_t s = 0; s + 1 < plan.splits; ++s) {
@@ -252,6 +269,10 @@ TEST_CASE("channel reduction plan: slices cover a channel once, in whole loads",
       }
     }
   }
+  // ResNet-50's last stage at batch 8: 2048 channels of 8 * 7 * 7 values, a warp each, 8 to a block.
+  const auto last = channel_reduction_plan::make(2048, 8 * 49, 1, 256, std::int64_t{132} * 2048);
+  CHECK(last.lanes == 32);
+  CHECK(last.blocks() == 256);
   // ResNet-50's first batch norm at batch 8: 64 channels of 8 * 112 * 112 values fill the device.
   const auto first = channel_reduction_plan::make(64, 8 * 12544, 4, 256, std::int64_t{132} * 2048);
   CHECK(first.splits * 64 * 256 >= std::int64_t{132} * 2048 / 2);

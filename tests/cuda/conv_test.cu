@@ -356,6 +356,23 @@ TEST_CASE("conv2d on CUDA with cuDNN runs kept execution plans; the legacy calls
     CHECK(after.plan == before.plan);
   }
   {
+    // Benchmark mode times the plans of each call (up to 12 engines) and keeps the fastest: a
+    // new key, a plan again, and the values the CPU's.
+    const switch_scope<bool> timed(ts::backends::cudnn::benchmark, true);
+    const auto timed_choice =
+        ts::backend::cuda::conv2d_choose<float>(0, problem_of(gpu_conv, x.shape()));
+    REQUIRE(timed_choice.usable);
+    CHECK(timed_choice.forward_call != chosen.forward_call);
+    CHECK(timed_choice.forward_engine >= 0);
+    CHECK(timed_choice.backward_data_engine >= 0);
+    CHECK(timed_choice.backward_filter_engine >= 0);
+    const auto before = conv2d_cudnn_calls();
+    steps(1);
+    const auto after = conv2d_cudnn_calls();
+    CHECK(after.plan - before.plan == 3);
+    CHECK(after.legacy == before.legacy);
+  }
+  {
     // An input that starts 300 bytes into its buffer (the second of five images of 75 floats).
     const auto images = ts::randn<double>({5, 3, 5, 5});
     const auto w = ts::randn<double>({4, 3, 3, 3});

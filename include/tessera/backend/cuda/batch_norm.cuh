@@ -2,11 +2,12 @@
 // tensors: the batch's statistics in one pass over x (each thread sums its values' deviations
 // from its first one, and threads, blocks and slices merge as (count, mean, m2) moments), and the
 // backward's two sums, of g and of g * (x - mean) (g masked by y > 0 when ReLU follows), in one
-// pass over g and x. Each is two launches: blocks over (channel, slice) write partials, one
-// thread per channel merges them and writes the [C] results. How a channel is cut is
-// channel_reduction_plan (reduce_plan.hpp, tested on the CPU). nn/detail/batch_norm.hpp calls
-// these on CUDA devices; elsewhere it runs the same arithmetic as fused expressions. Included
-// only by nvcc-compiled units.
+// pass over g and x: blocks over (channel, slice), or a warp per channel for channels of few
+// values; when a channel is cut into several slices, they write partials and a second launch (a
+// thread per channel) merges them into the [C] results, else they write the results. How a
+// channel is cut is channel_reduction_plan (reduce_plan.hpp, tested on the CPU).
+// nn/detail/batch_norm.hpp calls these on CUDA devices; elsewhere it runs the same arithmetic as
+// fused expressions. Included only by nvcc-compiled units.
 #pragma once
 
 #include "tessera/core/config.hpp"
@@ -18,6 +19,7 @@
 #include <type_traits>
 
 #include <cub/block/block_reduce.cuh>
+#include <cub/warp/warp_reduce.cuh>
 
 #include "tessera/backend/cpu/reduce.hpp"
 #include "tessera/backend/cuda/executor.cuh"
@@ -54,19 +56,19 @@ struct channel_positions {
   }
 };
 
-/// Calls visit.run(values[N]) on a thread's values of channel slice `split`, in increasing
-/// positions: runs of 16 (four 16-byte loads, or 16 single loads), then of 4 (one load), then
-/// single values. load.get<W>(offset, out) reads W consecutive elements.
+/// Calls visit.run(values[N]) on lane `lane`'s values (of plan.lanes) of channel slice `split`,
+/// in increasing positions: runs of 16 (four 16-byte loads, or 16 single loads), then of 4 (one
+/// load), then single values. load.get<W>(offset, out) reads W consecutive elements.
 template <class Load, class Visit>
-__device__ void channel_walk(const channel_reduction_plan& plan, std::int64_t split,
+__device__ void channel_walk(const channel_reduction_plan& plan, std::int64_t split, int lane,
                              const channel_positions& where, Load&& load, Visit&& visit) {
   const std::int64_t begin = plan.first(split);
   const std::int64_t end = plan.last(split);
-  const std::int64_t threads = blockDim.x;
+  const std::int64_t threads = plan.lanes;
   if (plan.vector == 4) {
     const std::int64_t vector_end = begin + (end - begin) / 4 * 4;
     const std::int64_t step = threads * 4;
-    std::int64_t j = begin + static_cast<std::int64_t>(threadIdx.x) * 4;
+    std::int64_t j = begin + static_cast<std::int64_t>(lane) * 4;
     for (; j + 3 * step + 4 <= vector_end; j += 4 * step) {
       typename std::remove_cvref_t<Load>::value_type values[16];
 #pragma unroll
@@ -78,13 +80,13 @@ __device__ void channel_walk(const channel_reduction_plan& plan, std::int64_t sp
       load.template get<4>(where.offset(j), values);
       visit.template run<4>(values);
     }
-    for (std::int64_t q = vector_end + threadIdx.x; q < end; q += threads) {
+    for (std::int64_t q = vector_end + lane; q < end; q += threads) {
       typename std::remove_cvref_t<Load>::value_type values[1];
       load.template get<1>(where.offset(q), values);
       visit.template run<1>(values);
     }
   } else {
-    std::int64_t j = begin + threadIdx.x;
+    std::int64_t j = begin + lane;
     for (; j + 15 * threads < end; j += 16 * threads) {
       typename std::remove_cvref_t<Load>::value_type values[16];
 #pragma unroll
@@ -168,25 +170,52 @@ struct moments_visit {
   }
 };
 
+/// stats [3, C] of channel c from its moments: mean, 1 / sqrt(var + eps), var (biased).
+template <class T>
+__device__ void write_statistics(const moments<double>& m, std::int64_t c, std::int64_t channels,
+                                 double eps, T* stats) {
+  const double var = m.count > 0 ? m.m2 / m.count : 0.0;
+  stats[c] = static_cast<T>(m.mean);
+  stats[channels + c] = static_cast<T>(1.0 / ::sqrt(var + eps));
+  stats[2 * channels + c] = static_cast<T>(var);
+}
+
+/// A channel slice's moments into `partials`, or, when the channel is one slice (plan.splits ==
+/// 1), its statistics straight into `stats` (no merging launch).
 template <class T, class A>
 __global__ void __launch_bounds__(threads_per_block)
     batch_norm_moments_kernel(channel_load<T, A, 1> x, channel_positions where,
-                              channel_reduction_plan plan, moments<double>* partials) {
+                              channel_reduction_plan plan, moments<double>* partials, double eps,
+                              T* stats) {
   using block_reduce = cub::BlockReduce<moments<A>, threads_per_block>;
+  using warp_reduce = cub::WarpReduce<moments<A>>;
   __shared__ typename block_reduce::TempStorage temporary;
-  const std::int64_t c = blockIdx.x / plan.splits;
-  const std::int64_t split = blockIdx.x % plan.splits;
-  channel_load<T, A, 1> channel = x;
-  channel.data[0] += c * where.inner;
+  __shared__ typename warp_reduce::TempStorage warp_temporary[threads_per_block / 32];
+  const int group = static_cast<int>(threadIdx.x) / plan.lanes;
+  const int lane = static_cast<int>(threadIdx.x) % plan.lanes;
+  const std::int64_t c = plan.channel_of(blockIdx.x, group);
+  const std::int64_t split = plan.split_of(blockIdx.x);
   moments_visit<A> visit;
-  channel_walk(plan, split, where, channel, visit);
+  if (c < plan.channels) {
+    channel_load<T, A, 1> channel = x;
+    channel.data[0] += c * where.inner;
+    channel_walk(plan, split, lane, where, channel, visit);
+  }
   const moments<A> mine = moments<A>::from_shifted_sums(visit.count, visit.shift,
                                                         visit.sum.result(), visit.squares.result());
-  const moments<A> total = block_reduce(temporary).Reduce(mine, moments_merge<A>{});
-  if (threadIdx.x == 0) {
-    partials[blockIdx.x] = moments<double>{static_cast<double>(total.count),
-                                           static_cast<double>(total.mean),
-                                           static_cast<double>(total.m2)};
+  // A block folds one channel slice, or each warp one channel (plan.lanes == 32).
+  const moments<A> total =
+      plan.lanes == threads_per_block
+          ? block_reduce(temporary).Reduce(mine, moments_merge<A>{})
+          : warp_reduce(warp_temporary[group]).Reduce(mine, moments_merge<A>{});
+  if (lane == 0 && c < plan.channels) {
+    const moments<double> m{static_cast<double>(total.count), static_cast<double>(total.mean),
+                            static_cast<double>(total.m2)};
+    if (plan.splits == 1) {
+      write_statistics(m, c, plan.channels, eps, stats);  // what the merge of one slice gives
+    } else {
+      partials[c * plan.splits + split] = m;
+    }
   }
 }
 
@@ -201,10 +230,7 @@ __global__ void __launch_bounds__(threads_per_block)
        c < channels; c += stride) {
     moments<double> m;
     for (std::int64_t s = 0; s < splits; ++s) m = merge_moments(m, partials[c * splits + s]);
-    const double var = m.count > 0 ? m.m2 / m.count : 0.0;
-    stats[c] = static_cast<T>(m.mean);
-    stats[channels + c] = static_cast<T>(1.0 / ::sqrt(var + eps));
-    stats[2 * channels + c] = static_cast<T>(var);
+    write_statistics(m, c, channels, eps, stats);
   }
 }
 
@@ -230,32 +256,53 @@ struct gradient_visit {
   }
 };
 
+/// A channel slice's sums into `partials`, or, when the channel is one slice, straight into
+/// sum_g[c] and sum_gx[c] (no merging launch).
 template <class T, class A>
 __global__ void __launch_bounds__(threads_per_block)
     batch_norm_gradient_sums_kernel(channel_load<T, A, 3> gxy, const T* mean,
                                     channel_positions where, channel_reduction_plan plan,
-                                    gradient_partial* partials) {
+                                    gradient_partial* partials, T* sum_g_out, T* sum_gx_out) {
   using block_reduce = cub::BlockReduce<A, threads_per_block>;
+  using warp_reduce = cub::WarpReduce<A>;
   __shared__ typename block_reduce::TempStorage temporary;
-  const std::int64_t c = blockIdx.x / plan.splits;
-  const std::int64_t split = blockIdx.x % plan.splits;
-  channel_load<T, A, 3> channel = gxy;
-  const bool relu = channel.data[2] != nullptr;
-  for (int t = 0; t < 3; ++t) {
-    if (channel.data[t] != nullptr) channel.data[t] += c * where.inner;
-  }
-  // Without ReLU, y is not read: its slot points at g (a value loaded and ignored would cost a
-  // pass over memory; reading g's again hits the cache lines just loaded).
-  if (!relu) channel.data[2] = channel.data[0];
+  __shared__ typename warp_reduce::TempStorage warp_temporary[threads_per_block / 32];
+  const int group = static_cast<int>(threadIdx.x) / plan.lanes;
+  const int lane = static_cast<int>(threadIdx.x) % plan.lanes;
+  const std::int64_t c = plan.channel_of(blockIdx.x, group);
+  const std::int64_t split = plan.split_of(blockIdx.x);
   gradient_visit<A> visit;
-  visit.mean = static_cast<A>(mean[c]);
-  visit.relu = relu;
-  channel_walk(plan, split, where, channel, visit);
-  const A sum_g = block_reduce(temporary).Sum(visit.sum_g.result());
-  __syncthreads();  // the temporary storage is reused
-  const A sum_gx = block_reduce(temporary).Sum(visit.sum_gx.result());
-  if (threadIdx.x == 0) {
-    partials[blockIdx.x] = gradient_partial{static_cast<double>(sum_g), static_cast<double>(sum_gx)};
+  if (c < plan.channels) {
+    channel_load<T, A, 3> channel = gxy;
+    const bool relu = channel.data[2] != nullptr;
+    for (int t = 0; t < 3; ++t) {
+      if (channel.data[t] != nullptr) channel.data[t] += c * where.inner;
+    }
+    // Without ReLU, y is not read: its slot points at g (a value loaded and ignored would cost a
+    // pass over memory; reading g's again hits the cache lines just loaded).
+    if (!relu) channel.data[2] = channel.data[0];
+    visit.mean = static_cast<A>(mean[c]);
+    visit.relu = relu;
+    channel_walk(plan, split, lane, where, channel, visit);
+  }
+  A sum_g, sum_gx;
+  if (plan.lanes == threads_per_block) {
+    sum_g = block_reduce(temporary).Sum(visit.sum_g.result());
+    __syncthreads();  // the temporary storage is reused
+    sum_gx = block_reduce(temporary).Sum(visit.sum_gx.result());
+  } else {  // a warp per channel
+    sum_g = warp_reduce(warp_temporary[group]).Sum(visit.sum_g.result());
+    __syncwarp();
+    sum_gx = warp_reduce(warp_temporary[group]).Sum(visit.sum_gx.result());
+  }
+  if (lane == 0 && c < plan.channels) {
+    const gradient_partial sums{static_cast<double>(sum_g), static_cast<double>(sum_gx)};
+    if (plan.splits == 1) {  // what the finishing launch's sum of one slice gives
+      sum_g_out[c] = static_cast<T>(sums.g);
+      sum_gx_out[c] = static_cast<T>(sums.gx);
+    } else {
+      partials[c * plan.splits + split] = sums;
+    }
   }
 }
 
@@ -297,7 +344,8 @@ channel_reduction_plan channel_plan(std::int64_t n, std::int64_t c, std::int64_t
 }
 
 /// stats [3, C] (mean, 1 / sqrt(var + eps), var) of contiguous x [n, c, l] (n * l > 0), with
-/// `partials` device memory of channel_partials_bytes(c). Counts one launch (two kernels).
+/// `partials` device memory of channel_partials_bytes(c). Counts one launch (a second kernel
+/// merges when a channel is cut).
 template <class T>
 void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int64_t l, T* stats,
                            double eps, void* partials,
@@ -310,9 +358,10 @@ void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int6
   const channel_reduction_plan plan = channel_plan<T>(n, c, l, {x}, where);
   auto* parts = static_cast<moments<double>*>(partials);
   batch_norm_moments_kernel<T, T>
-      <<<static_cast<unsigned>(c * plan.splits), threads_per_block, 0, stream.native()>>>(
-          channel_load<T, T, 1>{{x}}, where, plan, parts);
+      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
+          channel_load<T, T, 1>{{x}}, where, plan, parts, eps, stats);
   TESSERA_CUDA_CHECK(cudaGetLastError());
+  if (plan.splits == 1) return;  // the moments kernel wrote the statistics
   batch_norm_statistics_kernel<T>
       <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
           parts, c, plan.splits, eps, stats);
@@ -321,7 +370,7 @@ void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int6
 
 /// sum_g[c] = sum of g, sum_gx[c] = sum of g * (x - mean[c]) over n and l, for contiguous g, x
 /// (and y, or null: g is masked by y > 0 when given) [n, c, l], with `partials` device memory of
-/// channel_partials_bytes(c). Counts one launch (two kernels).
+/// channel_partials_bytes(c). Counts one launch (a second kernel merges when a channel is cut).
 template <class T>
 void batch_norm_gradient_sums(const T* g, const T* x, const T* y, const T* mean, std::int64_t n,
                               std::int64_t c, std::int64_t l, T* sum_g, T* sum_gx, void* partials,
@@ -334,9 +383,10 @@ void batch_norm_gradient_sums(const T* g, const T* x, const T* y, const T* mean,
   const channel_reduction_plan plan = channel_plan<T>(n, c, l, {g, x, y}, where);
   auto* parts = static_cast<gradient_partial*>(partials);
   batch_norm_gradient_sums_kernel<T, T>
-      <<<static_cast<unsigned>(c * plan.splits), threads_per_block, 0, stream.native()>>>(
-          channel_load<T, T, 3>{{g, x, y}}, mean, where, plan, parts);
+      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
+          channel_load<T, T, 3>{{g, x, y}}, mean, where, plan, parts, sum_g, sum_gx);
   TESSERA_CUDA_CHECK(cudaGetLastError());
+  if (plan.splits == 1) return;  // the sums kernel wrote them
   batch_norm_gradient_finish_kernel<T>
       <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
           parts, c, plan.splits, sum_g, sum_gx);

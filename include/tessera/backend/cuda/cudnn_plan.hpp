@@ -132,35 +132,47 @@ inline conv_graph make_conv_graph(cudnnHandle_t handle, const conv2d_problem& p,
   const cudnnBackendAttributeType_t scale = in_double ? CUDNN_TYPE_DOUBLE : CUDNN_TYPE_FLOAT;
   const void* alpha = in_double ? static_cast<const void*>(&alpha64) : &alpha32;
   const void* beta_value = in_double ? static_cast<const void*>(&beta64) : &beta32;
-  switch (direction) {
-    case conv2d_direction::forward:
-      g.op = graph_descriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X, g.x);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W, g.w);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y, g.y);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC, g.conv);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA, scale, 1, alpha);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA, scale, 1, beta_value);
-      break;
-    case conv2d_direction::backward_data:
-      g.op = graph_descriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX, g.x);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W, g.w);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY, g.y);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC, g.conv);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA, scale, 1, alpha);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA, scale, 1, beta_value);
-      break;
-    case conv2d_direction::backward_filter:
-      g.op = graph_descriptor(CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X, g.x);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW, g.w);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY, g.y);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC, g.conv);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA, scale, 1, alpha);
-      g.op.set(CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA, scale, 1, beta_value);
-      break;
-  }
+  // The operation of each direction and its attributes, in the order x, w, y (as the call names
+  // its tensors: dx for the input gradient, dw for the weight gradient), conv, alpha, beta.
+  struct operation {
+    cudnnBackendDescriptorType_t type;
+    cudnnBackendAttributeName_t x, w, y, conv, alpha, beta;
+  };
+  static constexpr operation operations[] = {
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_FORWARD_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_W,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_Y,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_FORWARD_BETA},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_DATA_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DX,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_W,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_DY,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_DATA_BETA},
+      {CUDNN_BACKEND_OPERATION_CONVOLUTION_BACKWARD_FILTER_DESCRIPTOR,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_X,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DW,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_DY,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_CONV_DESC,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_ALPHA,
+       CUDNN_ATTR_OPERATION_CONVOLUTION_BWD_FILTER_BETA},
+  };
+  static_assert(static_cast<int>(conv2d_direction::forward) == 0 &&
+                    static_cast<int>(conv2d_direction::backward_data) == 1 &&
+                    static_cast<int>(conv2d_direction::backward_filter) == 2,
+                "make_conv_graph: operations[] follows conv2d_direction's order");
+  const operation& o = operations[static_cast<int>(direction)];
+  g.op = graph_descriptor(o.type);
+  g.op.set(o.x, g.x);
+  g.op.set(o.w, g.w);
+  g.op.set(o.y, g.y);
+  g.op.set(o.conv, g.conv);
+  g.op.set(o.alpha, scale, 1, alpha);
+  g.op.set(o.beta, scale, 1, beta_value);
   g.op.finalize();
   g.graph = graph_descriptor(CUDNN_BACKEND_OPERATIONGRAPH_DESCRIPTOR);
   const cudnnBackendDescriptor_t ops = g.op.get();
@@ -176,7 +188,9 @@ struct conv_engine_config {
   std::int64_t engine = -1;  // the engine's global index
   conv2d_math math = conv2d_math::fma;
   bool deterministic = true;
-  bool runtime_compiled = false;  // compiled with NVRTC when finalized (seconds): never used
+  // Never used: compiled with NVRTC when finalized (seconds), or its engine or notes could not
+  // be read.
+  bool excluded = false;
 };
 
 /// The engine configurations the heuristics of `mode` rank for the graph, best first; empty
@@ -212,7 +226,7 @@ inline std::vector<conv_engine_config> conv_engine_configs(const conv_graph& g,
     if (cudnnBackendGetAttribute(c.config.get(), CUDNN_ATTR_ENGINECFG_ENGINE,
                                  CUDNN_TYPE_BACKEND_DESCRIPTOR, 1, &n,
                                  &engine_raw) != CUDNN_STATUS_SUCCESS) {
-      c.runtime_compiled = true;  // unknown engine: never chosen
+      c.excluded = true;
       continue;
     }
     cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_GLOBAL_INDEX, CUDNN_TYPE_INT64, 1,
@@ -222,7 +236,7 @@ inline std::vector<conv_engine_config> conv_engine_configs(const conv_graph& g,
     if (cudnnBackendGetAttribute(engine.get(), CUDNN_ATTR_ENGINE_NUMERICAL_NOTE,
                                  CUDNN_TYPE_NUMERICAL_NOTE, CUDNN_NUMERICAL_NOTE_TYPE_COUNT,
                                  &note_count, notes.data()) != CUDNN_STATUS_SUCCESS) {
-      c.runtime_compiled = true;
+      c.excluded = true;
       continue;
     }
     for (std::int64_t i = 0; i < note_count; ++i) {
@@ -247,7 +261,7 @@ inline std::vector<conv_engine_config> conv_engine_configs(const conv_graph& g,
                                  &behaviour_count, behaviour.data()) == CUDNN_STATUS_SUCCESS) {
       for (std::int64_t i = 0; i < behaviour_count; ++i) {
         if (behaviour[static_cast<std::size_t>(i)] == CUDNN_BEHAVIOR_NOTE_RUNTIME_COMPILATION) {
-          c.runtime_compiled = true;
+          c.excluded = true;
         }
       }
     }
@@ -258,7 +272,7 @@ inline std::vector<conv_engine_config> conv_engine_configs(const conv_graph& g,
 /// Whether the float data's math keeps the precision asked for: conv2d_math as the notes say,
 /// where a tensor-core engine of float data multiplies in TF32.
 inline bool conv_engine_acceptable(const conv_engine_config& c, const conv2d_requirements& need) {
-  return !c.runtime_compiled && c.engine >= 0 && (!need.only_deterministic || c.deterministic) &&
+  return !c.excluded && c.engine >= 0 && (!need.only_deterministic || c.deterministic) &&
          conv2d_keeps_precision(c.math, need.precision);
 }
 

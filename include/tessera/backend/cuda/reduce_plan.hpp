@@ -257,19 +257,27 @@ struct column_reduction_plan {
 };
 
 /// Per-channel reductions of an [N, C, L] tensor (batch norm's statistics and gradient sums):
-/// channel c's N * L elements, at positions j = n * L + l, are cut into `splits` slices, one
-/// block each (grid channels * splits); a block's threads take `vector` consecutive positions at a
-/// time (16-byte loads when L is a multiple of vector and the tensors are aligned: a load then
-/// never crosses from one n to the next). A second launch merges a channel's slices.
+/// channel c's N * L elements, at positions j = n * L + l, are folded by `lanes` threads: a whole
+/// block (lanes == block) whose channel may be cut into `splits` slices, one block each, or, for
+/// channels of fewer than block * 16 values (ResNet's 7x7 and 14x14 planes at small batches), one
+/// warp per channel and block / 32 channels per block, so that no lane idles over a value or two
+/// and a block's reduction is a warp's. Lanes take `vector` consecutive positions at a time
+/// (16-byte loads when L is a multiple of vector and the tensors are aligned: a load then never
+/// crosses from one n to the next). A second launch merges a channel's slices when there are
+/// several.
 struct channel_reduction_plan {
   static constexpr std::int64_t max_splits = 32;  // bounds the partials a caller reserves
+  static constexpr int warp = 32;
   std::int64_t channels = 0;
   std::int64_t count = 0;  // elements per channel, N * L
   int vector = 1;
+  int lanes = 256;            // threads per channel slice: the block, or a warp
+  int channels_per_block = 1;  // block / lanes
   std::int64_t splits = 1;
-  std::int64_t slice = 0;  // positions per split: a multiple of block * vector
+  std::int64_t slice = 0;  // positions per split: a multiple of lanes * vector
 
-  /// Splits while the channels leave the device idle, each thread keeping 16 values a slice.
+  /// A warp per channel below block * 16 values; else a block, split while the channels leave
+  /// the device idle, each thread keeping 16 values a slice.
   TESSERA_HOST_DEVICE static channel_reduction_plan make(std::int64_t channels, std::int64_t count,
                                                          int vector, int block,
                                                          std::int64_t resident_threads) {
@@ -277,18 +285,30 @@ struct channel_reduction_plan {
     plan.channels = channels;
     plan.count = count;
     plan.vector = vector;
+    plan.lanes = block > warp && count < std::int64_t{block} * 16 ? warp : block;
+    plan.channels_per_block = block / plan.lanes;
     std::int64_t splits = 1;
-    if (channels * block < resident_threads) {
+    if (plan.lanes == block && channels * block < resident_threads) {
       const std::int64_t by_device = (resident_threads + channels * block - 1) / (channels * block);
       const std::int64_t by_work = count / (std::int64_t{block} * 16);
       splits = by_device < by_work ? by_device : by_work;
       if (splits > max_splits) splits = max_splits;
       if (splits < 1) splits = 1;
     }
-    const std::int64_t granule = std::int64_t{block} * vector;
+    const std::int64_t granule = std::int64_t{plan.lanes} * vector;
     cut_slices(count, splits, granule, plan.slice, plan.splits);
     return plan;
   }
+  /// Blocks of the grid: groups of channels_per_block channels, times the splits.
+  TESSERA_HOST_DEVICE std::int64_t blocks() const {
+    return (channels + channels_per_block - 1) / channels_per_block * splits;
+  }
+  /// The channel and the split that lane group `group` of block `block` folds (channel >= channels:
+  /// none, in the last block).
+  TESSERA_HOST_DEVICE std::int64_t channel_of(std::int64_t block, int group) const {
+    return block / splits * channels_per_block + group;
+  }
+  TESSERA_HOST_DEVICE std::int64_t split_of(std::int64_t block) const { return block % splits; }
   TESSERA_HOST_DEVICE std::int64_t first(std::int64_t split) const { return split * slice; }
   TESSERA_HOST_DEVICE std::int64_t last(std::int64_t split) const {
     const std::int64_t end = (split + 1) * slice;
