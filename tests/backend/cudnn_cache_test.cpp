@@ -74,7 +74,7 @@ TEST_CASE("cudnn cache: every field of the key tells problems apart", "[cudnn][c
   vary([](conv2d_key& k) { k.direction = conv2d_direction::backward_filter; });
   vary([](conv2d_key& k) { k.device = 1; });
   vary([](conv2d_key& k) { k.dtype = 2; });
-  vary([](conv2d_key& k) { k.layout = 1; });
+  vary([](conv2d_key& k) { k.problem.channels_last = true; });
   vary([](conv2d_key& k) { k.allow_tf32 = true; });
   vary([](conv2d_key& k) { k.deterministic = true; });
   vary([](conv2d_key& k) { k.benchmark = true; });

@@ -29,6 +29,7 @@ struct conv2d_problem {
   std::int64_t o = 0, kh = 0, kw = 0;
   std::int64_t sh = 1, sw = 1, ph = 0, pw = 0, dh = 1, dw = 1, groups = 1;
   std::int64_t oh = 0, ow = 0;
+  bool channels_last = false;  // x, w and y NHWC in memory (false: NCHW)
   auto operator<=>(const conv2d_problem&) const = default;
 };
 
@@ -45,7 +46,6 @@ struct conv2d_key {
   conv2d_direction direction = conv2d_direction::forward;
   int device = 0;
   int dtype = 0;            // cudnnDataType_t of the tensors
-  std::uint8_t layout = 0;  // 0: NCHW, the only one today
   bool allow_tf32 = false;  // float only; false for the other dtypes
   bool deterministic = false;
   bool benchmark = false;
@@ -66,13 +66,12 @@ struct conv2d_key_hash {
     };
     const conv2d_problem& p = k.problem;
     for (const std::int64_t v : {p.n, p.c, p.h, p.w, p.o, p.kh, p.kw, p.sh, p.sw, p.ph, p.pw, p.dh,
-                                 p.dw, p.groups, p.oh, p.ow}) {
+                                 p.dw, p.groups, p.oh, p.ow, std::int64_t{p.channels_last}}) {
       mix(static_cast<std::uint64_t>(v));
     }
     mix(static_cast<std::uint64_t>(k.direction));
     mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.device)));
     mix(static_cast<std::uint64_t>(static_cast<std::uint32_t>(k.dtype)));
-    mix(k.layout);
     mix((k.allow_tf32 ? 1u : 0u) | (k.deterministic ? 2u : 0u) | (k.benchmark ? 4u : 0u));
     mix(k.workspace_limit);
     return static_cast<std::size_t>(h);

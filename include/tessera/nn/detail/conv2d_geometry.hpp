@@ -109,6 +109,9 @@ struct conv2d_geometry {
   std::int64_t cpu_chunk = 0;   // output rows per chunk of an image (0: whole images)
   bool winograd = false;  // 3x3, stride 1 or 2: Winograd on CPU (conv2d_winograd_min_channels)
   backend::cuda::conv2d_algorithms cudnn;  // usable: cuDNN runs it (conv2d_choose_cudnn)
+  /// x, w, y (and their gradients) laid out channels_last (NHWC; the weight [O, KH, KW, C/g] in
+  /// memory); false: all three contiguous NCHW. Set by the caller from its tensors' layouts.
+  bool channels_last = false;
 
   std::int64_t in_per_group() const { return c / groups; }
   std::int64_t out_per_group() const { return o / groups; }
@@ -118,7 +121,7 @@ struct conv2d_geometry {
   bool pointwise() const { return kh == 1 && kw == 1 && sh == 1 && sw == 1 && ph == 0 && pw == 0; }
   Shape output_shape() const { return Shape{n, o, oh, ow}; }
   backend::cuda::conv2d_problem problem() const {
-    return {n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups, oh, ow};
+    return {n, c, h, w, o, kh, kw, sh, sw, ph, pw, dh, dw, groups, oh, ow, channels_last};
   }
 };
 
