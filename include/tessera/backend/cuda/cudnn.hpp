@@ -555,7 +555,8 @@ inline conv2d_cudnn_counts conv2d_cudnn_calls() noexcept {
 }
 
 /// y = conv2d(x, w) with the chosen forward plan or algorithm, on the device's current stream;
-/// x, w, y contiguous NCHW on `device`, `workspace` at least a.forward_bytes.
+/// x, w, y dense on `device`, all NCHW or all NHWC (p.channels_last), `workspace` at least
+/// a.forward_bytes.
 template <class T>
 void conv2d_forward(int device, const conv2d_problem& p, const conv2d_algorithms& a, const T* x,
                     const T* w, T* y, void* workspace) {

@@ -74,12 +74,13 @@ class conv2d_descriptors {
     TESSERA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&y));
     TESSERA_CUDNN_CHECK(cudnnCreateFilterDescriptor(&w));
     TESSERA_CUDNN_CHECK(cudnnCreateConvolutionDescriptor(&conv));
-    TESSERA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, CUDNN_TENSOR_NCHW, data, cudnn_int(p.n),
-                                                   cudnn_int(p.c), cudnn_int(p.h), cudnn_int(p.w)));
-    TESSERA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, CUDNN_TENSOR_NCHW, data, cudnn_int(p.n),
-                                                   cudnn_int(p.o), cudnn_int(p.oh),
-                                                   cudnn_int(p.ow)));
-    TESSERA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, CUDNN_TENSOR_NCHW, cudnn_int(p.o),
+    // x, w and y in one layout: NCHW, or NHWC (channels_last) when the problem says so.
+    const cudnnTensorFormat_t format = p.channels_last ? CUDNN_TENSOR_NHWC : CUDNN_TENSOR_NCHW;
+    TESSERA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x, format, data, cudnn_int(p.n), cudnn_int(p.c),
+                                                   cudnn_int(p.h), cudnn_int(p.w)));
+    TESSERA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(y, format, data, cudnn_int(p.n), cudnn_int(p.o),
+                                                   cudnn_int(p.oh), cudnn_int(p.ow)));
+    TESSERA_CUDNN_CHECK(cudnnSetFilter4dDescriptor(w, data, format, cudnn_int(p.o),
                                                    cudnn_int(p.c / p.groups), cudnn_int(p.kh),
                                                    cudnn_int(p.kw)));
     TESSERA_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(

@@ -84,12 +84,19 @@ enum : std::int64_t { conv_uid_x = 1, conv_uid_w = 2, conv_uid_y = 3 };
 /// legacy call instead).
 inline constexpr std::int64_t conv_plan_alignment = 16;
 
-/// A contiguous NCHW tensor descriptor.
+/// The strides of a dense 4-d tensor of logical dims [N, C, H, W]: NCHW's, or NHWC's
+/// (channels_last: the channel innermost) when `channels_last`.
+inline std::array<std::int64_t, 4> conv_strides(const std::array<std::int64_t, 4>& dims,
+                                                bool channels_last) {
+  if (channels_last) return {dims[1] * dims[2] * dims[3], 1, dims[3] * dims[1], dims[1]};
+  return {dims[1] * dims[2] * dims[3], dims[2] * dims[3], dims[3], 1};
+}
+
+/// A dense tensor descriptor of logical dims [N, C, H, W], laid out NCHW or NHWC.
 inline graph_descriptor conv_tensor(std::int64_t uid, cudnnDataType_t type,
-                                    const std::array<std::int64_t, 4>& dims) {
+                                    const std::array<std::int64_t, 4>& dims, bool channels_last) {
   graph_descriptor t(CUDNN_BACKEND_TENSOR_DESCRIPTOR);
-  const std::array<std::int64_t, 4> strides{dims[1] * dims[2] * dims[3], dims[2] * dims[3],
-                                            dims[3], 1};
+  const std::array<std::int64_t, 4> strides = conv_strides(dims, channels_last);
   t.set(CUDNN_ATTR_TENSOR_DATA_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &type);
   t.set(CUDNN_ATTR_TENSOR_DIMENSIONS, CUDNN_TYPE_INT64, 4, dims.data());
   t.set(CUDNN_ATTR_TENSOR_STRIDES, CUDNN_TYPE_INT64, 4, strides.data());
@@ -110,9 +117,10 @@ inline conv_graph make_conv_graph(cudnnHandle_t handle, const conv2d_problem& p,
                                   conv2d_direction direction, cudnnDataType_t data,
                                   cudnnDataType_t compute, double beta) {
   conv_graph g;
-  g.x = conv_tensor(conv_uid_x, data, {p.n, p.c, p.h, p.w});
-  g.w = conv_tensor(conv_uid_w, data, {p.o, p.c / p.groups, p.kh, p.kw});
-  g.y = conv_tensor(conv_uid_y, data, {p.n, p.o, p.oh, p.ow});
+  // x, w and y in one layout (PyTorch gives cuDNN all three in the input's suggested format).
+  g.x = conv_tensor(conv_uid_x, data, {p.n, p.c, p.h, p.w}, p.channels_last);
+  g.w = conv_tensor(conv_uid_w, data, {p.o, p.c / p.groups, p.kh, p.kw}, p.channels_last);
+  g.y = conv_tensor(conv_uid_y, data, {p.n, p.o, p.oh, p.ow}, p.channels_last);
   g.conv = graph_descriptor(CUDNN_BACKEND_CONVOLUTION_DESCRIPTOR);
   const cudnnConvolutionMode_t mode = CUDNN_CROSS_CORRELATION;
   const std::int64_t spatial = 2;

@@ -1,10 +1,11 @@
 // The CUDA executor: one kernel per assignment. When the output and every operand are contiguous
-// with the output's shape and aligned, a grid-stride loop in which each thread moves 16 bytes of
-// output per step with vector loads and stores; every other case walks the merged layout's rows
-// (its last dimension): a group of lanes per row places each operand once per row, then moves
-// 16 bytes per load where the output and the operands step by 1 (or 0, broadcast) along the row,
-// else one element at a time (row_reduction_plan sizes the groups). The evaluator is passed by
-// value, so its size is checked against the kernel-parameter limit.
+// with the output's shape (or laid out alike in another dense order: channels_last tensors) and
+// aligned, a grid-stride loop in which each thread moves 16 bytes of output per step with vector
+// loads and stores; every other case walks the merged layout's rows (dimensions in the output's
+// memory order; the row is the last): a group of lanes per row places each operand once per row,
+// then moves 16 bytes per load where the output and the operands step by 1 (or 0, broadcast)
+// along the row, else one element at a time (row_reduction_plan sizes the groups). The evaluator
+// is passed by value, so its size is checked against the kernel-parameter limit.
 // Included only by nvcc-compiled units.
 #pragma once
 
@@ -154,6 +155,23 @@ inline unsigned grid_for(std::int64_t n) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(wanted, cap)));
 }
 
+/// The vector path over n dense elements (the output and every operand step by 1 in one
+/// order); false when the pointers are not aligned to whole vectors (the caller takes the rows
+/// kernel then).
+template <class T, class Evaluator>
+bool execute_dense(T* out, const Evaluator& evaluator, std::int64_t n, stream_ref stream) {
+  constexpr int V = vector_elements<T>;
+  const bool vectorisable = V > 1 && n >= V &&
+                            reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * V) == 0 &&
+                            evaluator.is_aligned(V);
+  if (!vectorisable) return false;
+  vector_kernel<V>
+      <<<grid_for(n / V * elements_per_thread), threads_per_block, 0, stream.native()>>>(
+          out, evaluator, n);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  return true;
+}
+
 /// CUDA twin of backend::cpu::execute, on the current device and `stream`. Counts one launch.
 template <class T, std::size_t L, class MakeEvaluator>
 void execute(T* out, const Strides& out_strides, const Shape& shape,
@@ -169,16 +187,7 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
     static_assert(sizeof(evaluator) <= 4096,
                   "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
                   "of parameters); split the statement into two assignments");
-    constexpr int V = vector_elements<T>;
-    const bool vectorisable = V > 1 && n >= V &&
-                              reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * V) == 0 &&
-                              evaluator.is_aligned(V);
-    if (vectorisable) {
-      vector_kernel<V><<<grid_for(n / V * elements_per_thread), threads_per_block, 0,
-                         stream.native()>>>(out, evaluator, n);
-      TESSERA_CUDA_CHECK(cudaGetLastError());
-      return;
-    }
+    if (execute_dense(out, evaluator, n, stream)) return;
     // Contiguous but not aligned (or shorter than one vector): the rows kernel, whose merged
     // layout is then one row (no kernel of its own for this rare case: one less per expression
     // to compile).
@@ -186,7 +195,18 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   std::array<Strides, L + 1> all;
   all[0] = out_strides;
   std::copy(leaf_strides.begin(), leaf_strides.end(), all.begin() + 1);
-  const cpu::strided_layout<static_cast<int>(L + 1)> merged(shape, all);
+  // In the output's memory order, as the CPU executor: operands laid out alike in another order
+  // than row-major (all channels_last) merge into one dense run and take the vector path; a
+  // row-major output keeps the logical order.
+  const auto merged = cpu::strided_layout<static_cast<int>(L + 1)>::in_memory_order(shape, all);
+  if (!linear && merged.shape.size() == 1) {
+    bool dense = true;
+    for (const Strides& strides : merged.strides) dense = dense && strides[0] == 1;
+    if (dense) {
+      auto evaluator = make_evaluator(merged.strides.data() + 1, 1);
+      if (execute_dense(out, evaluator, n, stream)) return;
+    }
+  }
   strided_layout_args layout;
   layout.rank = merged.shape.size();
   for (int d = 0; d < layout.rank; ++d) {

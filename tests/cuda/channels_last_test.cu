@@ -1,0 +1,205 @@
+// channels_last (NHWC) tensors on a CUDA device, against the same computation on NCHW tensors on
+// the CPU in float64 (tests/nn/channels_last_test.cpp checks the CPU's NHWC layers against those,
+// tests/nn against PyTorch): fused expressions over NHWC operands give NHWC results, walked in
+// storage order (one dense run: one launch of the vector path); BatchNorm2d (training, evaluation,
+// the fused ReLU) and the pools keep NHWC; a convolution whose input and weight are NHWC is handed
+// to cuDNN as NHWC (no layout copy: no kernel of Tessera's runs around it), forward and backward.
+// The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <sstream>
+#include <vector>
+
+#include "tessera/tessera.hpp"
+
+namespace cuda_channels_last_test {  // one namespace per file: a unity build
+
+namespace ts = tessera;
+namespace nn = tessera::nn;
+namespace ag = tessera::autograd;
+namespace F = tessera::nn::functional;
+using ts::memory_format;
+
+ts::Strides nhwc_strides(const ts::Shape& s) {
+  return ts::Strides{s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
+}
+
+/// |actual - expected| <= tol * (1 + |expected|) everywhere (both read in logical order).
+template <class T, class K>
+void check_close(const ts::Tensor<T, K>& actual, const ts::Tensor<double>& expected, double tol) {
+  REQUIRE(actual.shape() == expected.shape());
+  const auto a = actual.to_vector();
+  const auto e = expected.to_vector();
+  std::size_t bad = 0;
+  std::ostringstream first;
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    const double got = static_cast<double>(a[i]);
+    if (std::fabs(got - e[i]) <= tol * (1.0 + std::fabs(e[i]))) continue;
+    if (bad++ == 0) first << "element " << i << ": got " << got << ", expected " << e[i];
+  }
+  INFO(bad << " of " << a.size() << " elements differ; first " << first.str());
+  CHECK(bad == 0);
+}
+
+constexpr double tol64 = 1e-10;
+constexpr double tol32 = 2e-5;
+
+TEST_CASE("cuda: expressions over NHWC tensors give NHWC results in one launch",
+          "[cuda][channels_last][expr]") {
+  ts::manual_seed(3);
+  const auto a = ts::randn<double>({2, 8, 5, 6});
+  const auto b = ts::randn<double>({2, 8, 5, 6});
+  const auto m = ts::randn<double>({1, 8, 1, 1});
+  const ts::Tensor<double> expected = ts::relu(a * 2.0 + b) - m;
+  for (const bool half_width : {false, true}) {
+    INFO((half_width ? "half" : "float"));
+    auto run = [&](auto zero) {
+      using T = decltype(zero);
+      const auto ag_ = a.to<T>().contiguous(memory_format::channels_last).to<ts::cuda>(0);
+      const auto bg = b.to<T>().contiguous(memory_format::channels_last).to<ts::cuda>(0);
+      const auto mg = m.to<T>().to<ts::cuda>(0);
+      REQUIRE(ag_.is_contiguous(memory_format::channels_last));
+      ts::cuda::synchronize(0);
+      const auto launches = ts::profiler::kernel_launches();
+      const ts::Tensor<T, ts::cuda> y = ts::relu(ag_ * T(2.0f) + bg) - mg;
+      CHECK(ts::profiler::kernel_launches() - launches == 1);
+      CHECK(y.strides() == nhwc_strides(y.shape()));
+      check_close(y, expected, half_width ? 8e-3 : tol32);
+      // Into an NCHW output: the same values, walked strided.
+      ts::Tensor<T, ts::cuda> z = ts::empty<T, ts::cuda>(a.shape(), 0);
+      z = ts::relu(ag_ * T(2.0f) + bg) - mg;
+      CHECK(z.is_contiguous());
+      check_close(z, expected, half_width ? 8e-3 : tol32);
+      // A narrowed NHWC operand (not dense): the rows kernel, same values.
+      const ts::Tensor<T, ts::cuda> part = ag_.narrow(3, 1, 4) + bg.narrow(3, 2, 4);
+      check_close(part, a.narrow(3, 1, 4) + b.narrow(3, 2, 4), half_width ? 8e-3 : tol32);
+    };
+    if (half_width) {
+      run(ts::half(0.0f));
+    } else {
+      run(0.0f);
+    }
+  }
+}
+
+TEST_CASE("cuda: BatchNorm2d on NHWC input: train, eval and the fused ReLU",
+          "[cuda][channels_last][batchnorm]") {
+  nn::BatchNorm2d<double> reference(6, {.momentum = 0.3});
+  nn::BatchNorm2d<double, ts::cuda> bn(6, {.momentum = 0.3}, 0);
+  ts::manual_seed(5);
+  const auto w = ts::randn<double>({6});
+  const auto b = ts::randn<double>({6});
+  reference.weight().value().copy_(w);
+  reference.bias().value().copy_(b);
+  bn.weight().value().copy_(w);
+  bn.bias().value().copy_(b);
+  for (int step = 0; step < 2; ++step) {
+    INFO("training step " << step);
+    const ts::Tensor<double> x = ts::randn<double>({3, 6, 7, 5}) * (step + 1.0);
+    const auto xg = x.contiguous(memory_format::channels_last).to<ts::cuda>(0);
+    const ts::Tensor<double> expected = reference(x);
+    const ts::Tensor<double, ts::cuda> y = bn(xg);
+    CHECK(y.strides() == nhwc_strides(x.shape()));
+    check_close(y, expected, tol64);
+    check_close(bn.running_mean().value(), reference.running_mean().value(), tol64);
+    check_close(bn.running_var().value(), reference.running_var().value(), tol64);
+    const ts::Tensor<double> relu_expected = reference.forward_relu(x);
+    const ts::Tensor<double, ts::cuda> relu_y = bn.forward_relu(xg);
+    CHECK(relu_y.strides() == nhwc_strides(x.shape()));
+    check_close(relu_y, relu_expected, tol64);
+  }
+  reference.eval();
+  bn.eval();
+  const auto x = ts::randn<double>({2, 6, 3, 4});
+  const ts::Tensor<double, ts::cuda> y = bn(x.contiguous(memory_format::channels_last).cuda(0));
+  CHECK(y.strides() == nhwc_strides(x.shape()));
+  check_close(y, reference(x), tol64);
+}
+
+TEST_CASE("cuda: pooling on NHWC input gives NHWC output", "[cuda][channels_last][pool]") {
+  ts::manual_seed(7);
+  const auto x = ts::randn<double>({2, 5, 9, 8});
+  const auto xg = x.contiguous(memory_format::channels_last).to<ts::cuda>(0);
+  auto check_layer = [&](const auto& layer, const char* name) {
+    INFO(name);
+    const ts::Tensor<double> expected = layer(x);
+    const ts::Tensor<double, ts::cuda> y = layer(xg);
+    CHECK(y.strides() == nhwc_strides(expected.shape()));
+    check_close(y, expected, tol64);
+  };
+  check_layer(nn::MaxPool2d(3, {.stride = 2, .padding = 1}), "max 3x3/2 pad 1");
+  check_layer(nn::AvgPool2d(3, {.stride = 2, .padding = 1, .ceil_mode = true}), "avg ceil");
+  check_layer(nn::AdaptiveAvgPool2d({3, 2}), "adaptive 3x2");
+  check_layer(nn::AdaptiveAvgPool2d(1), "global");
+}
+
+TEST_CASE("cuda: Conv2d on NHWC input and weight runs cuDNN on NHWC, forward and backward",
+          "[cuda][channels_last][conv]") {
+  if (!ts::backends::cudnn::is_available()) SKIP("this build has no cuDNN");
+  struct conv_case {
+    const char* name;
+    std::int64_t in, out;
+    nn::Int2 kernel;
+    nn::Conv2dOptions options;
+  };
+  const conv_case cases[] = {
+      {"3x3", 8, 16, 3, {.padding = 1, .bias = false}},
+      {"3x3 stride 2, bias", 8, 8, 3, {.stride = 2, .padding = 1}},
+      {"1x1", 16, 8, 1, {.bias = false}},
+      {"7x7 stem", 3, 8, 7, {.stride = 2, .padding = 3, .bias = false}},
+      {"grouped", 8, 8, 3, {.padding = 1, .groups = 2, .bias = false}},
+  };
+  for (const conv_case& c : cases) {
+    INFO(c.name);
+    ts::manual_seed(9);
+    nn::Conv2d<double> conv(c.in, c.out, c.kernel, c.options);
+    const auto x = ts::randn<double>({2, c.in, 12, 10});
+    const ts::Tensor<double> expected = conv(x);
+    auto gpu = nn::to<ts::cuda>(conv, 0);
+    gpu.to(memory_format::channels_last);
+    const auto xg = x.contiguous(memory_format::channels_last).to<ts::cuda>(0);
+    ts::cuda::synchronize(0);
+    const auto launches = ts::profiler::kernel_launches();
+    const ts::Tensor<double, ts::cuda> y = gpu(xg);
+    // cuDNN reads and writes NHWC itself: no layout copy (the bias is one addition).
+    CHECK(ts::profiler::kernel_launches() - launches == (c.options.bias ? 1 : 0));
+    CHECK(y.strides() == nhwc_strides(expected.shape()));
+    check_close(y, expected, tol64);
+    // float: fp32 products (TF32 off by default), to float's precision.
+    auto gpu32 = nn::to<float>(gpu);
+    const ts::Tensor<float, ts::cuda> y32 = gpu32(xg.to<float>());
+    CHECK(y32.strides() == nhwc_strides(expected.shape()));
+    check_close(y32, expected, tol32);
+
+    // Gradients through a program traced on the NHWC input: the CPU NCHW program's.
+    const auto g = ts::randn<double>(expected.shape());
+    auto gradients = [&](auto& layer, const auto& input, const auto& seed) {
+      using K = typename std::remove_cvref_t<decltype(input)>::device_kind;
+      auto spec = ag::input<double, K>(input.shape(), 0);
+      spec.requires_grad = true;
+      auto program = ag::compile([&](const auto& v, const auto& s) { return ts::sum(layer(v) * s); },
+                                 spec, ag::input<double, K>(seed.shape(), 0));
+      layer.zero_grad();
+      program.forward(input, seed);
+      program.backward();
+      std::vector<ts::Tensor<double>> out{
+          program.input_grad(0).template as<double, K>().template to<ts::cpu>()};
+      for (const auto& [name, p] : layer.named_parameters()) {
+        out.push_back(p.grad().template as<double, K>().template to<ts::cpu>());
+      }
+      return out;
+    };
+    const auto want = gradients(conv, x, g);
+    const auto got =
+        gradients(gpu, xg, g.contiguous(memory_format::channels_last).to<ts::cuda>(0));
+    REQUIRE(got.size() == want.size());
+    for (std::size_t i = 0; i < want.size(); ++i) {
+      INFO("gradient " << i);
+      check_close(got[i], want[i], tol64);
+    }
+  }
+}
+
+}  // namespace cuda_channels_last_test
