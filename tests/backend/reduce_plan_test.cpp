@@ -278,6 +278,53 @@ TEST_CASE("channel reduction plan: slices cover a channel once, in whole loads",
   CHECK(first.splits * 64 * 256 >= std::int64_t{132} * 2048 / 2);
 }
 
+TEST_CASE("channels_last reduction plan: every (channel, position) once, warps on neighbours",
+          "[reduce_plan]") {
+  using tessera::backend::cuda::channels_last_reduction_plan;
+  constexpr int block = 256;
+  const std::int64_t resident = std::int64_t{132} * 2048;
+  // Walk the grid as the kernels do (batch_norm.cuh: channels_last_walk): thread t of block b
+  // folds channel channel_of(b, t) at positions first + t / 32, stepping by row_lanes.
+  for (const std::int64_t channels :
+       {std::int64_t{1}, std::int64_t{3}, std::int64_t{32}, std::int64_t{70}}) {
+    for (const std::int64_t positions : {std::int64_t{1}, std::int64_t{7}, std::int64_t{49},
+                                         std::int64_t{8 * 196}, std::int64_t{5000}}) {
+      const auto plan = channels_last_reduction_plan::make(channels, positions, block, resident);
+      CAPTURE(channels, positions, plan.splits, plan.slice);
+      REQUIRE(plan.row_lanes * channels_last_reduction_plan::columns == block);
+      REQUIRE(plan.splits >= 1);
+      REQUIRE(plan.splits * channels <= tessera::backend::cuda::channel_partial_slots(channels));
+      REQUIRE(plan.slice % plan.row_lanes == 0);
+      std::vector<int> seen(static_cast<std::size_t>(channels * positions), 0);
+      std::vector<int> partials(static_cast<std::size_t>(channels * plan.splits), 0);
+      for (std::int64_t b = 0; b < plan.blocks(); ++b) {
+        const std::int64_t split = plan.split_of(b);
+        for (int t = 0; t < block; ++t) {
+          const std::int64_t c = plan.channel_of(b, t);
+          if (c >= channels) continue;
+          // A warp's 32 lanes take 32 neighbouring channels (one run of memory per position).
+          REQUIRE(c - plan.channel_of(b, t / 32 * 32) == t % 32);
+          if (t / 32 == 0) ++partials[static_cast<std::size_t>(c * plan.splits + split)];
+          for (std::int64_t p = plan.first(split) + t / 32; p < plan.last(split);
+               p += plan.row_lanes) {
+            ++seen[static_cast<std::size_t>(p * channels + c)];
+          }
+        }
+      }
+      for (const int n : seen) REQUIRE(n == 1);
+      for (const int n : partials) REQUIRE(n == 1);  // one writer per (channel, split)
+    }
+  }
+  // ResNet-50 at batch 32: the first batch norm (64 channels, 32 * 112 * 112 positions: two
+  // groups of channels) and the last stage's (2048 channels, 32 * 49) both fill the device.
+  const auto first = channels_last_reduction_plan::make(64, 32 * 12544, block, resident);
+  CHECK(first.blocks() * block >= resident / 2);
+  CHECK(first.slice >= first.row_lanes * 16);
+  const auto last = channels_last_reduction_plan::make(2048, 32 * 49, block, resident);
+  CHECK(last.blocks() * block >= resident / 2);
+  CHECK(last.slice >= last.row_lanes * 16);
+}
+
 TEST_CASE("moments: one pass in float, merged as the kernels merge, matches float64",
           "[reduce_plan]") {
   // Values 1000 + N(0, 2): a sum-of-squares variance in float would lose everything

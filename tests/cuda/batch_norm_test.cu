@@ -174,6 +174,77 @@ TEST_CASE("BatchNorm2d on CUDA: statistics, running statistics and gradients aga
   }
 }
 
+TEST_CASE("BatchNorm2d's CUDA passes on channels_last tensors against float64",
+          "[cuda][batchnorm][channels_last]") {
+  namespace nd = ts::nn::detail;
+  struct shape_case {
+    std::int64_t n, c, h, w;
+    double offset;
+    bool relu;
+  };
+  // Few channels over many positions (split to fill the device), channel counts that are not a
+  // multiple of the warp's 32 (70: three groups, the last partly idle), a mean far from 0, and
+  // positions fewer than a block's rows of threads.
+  const std::vector<shape_case> cases = {{8, 4, 56, 56, 0.0, false},
+                                         {8, 64, 28, 28, 0.0, true},
+                                         {4, 70, 7, 7, 0.0, true},
+                                         {2, 3, 64, 64, 1000.0, false},
+                                         {1, 5, 1, 3, 0.0, false}};
+  for (const auto& sc : cases) {
+    const std::int64_t l = sc.h * sc.w;
+    const ts::Shape shape{sc.n, sc.c, sc.h, sc.w};
+    const ts::Shape view{sc.n, sc.c, l};
+    INFO("shape " << shape << ", offset " << sc.offset << ", relu " << sc.relu);
+    std::mt19937 rng(static_cast<unsigned>(sc.n * 17 + sc.c * 5 + l));
+    std::normal_distribution<float> normal(0.0f, 1.0f);
+    std::vector<float> x(static_cast<std::size_t>(shape.numel())), gy(x.size()),
+        w(static_cast<std::size_t>(sc.c)), b(w.size());
+    for (auto& v : x) v = static_cast<float>(sc.offset) + normal(rng) * 2.0f;
+    for (auto& v : gy) v = normal(rng);
+    for (auto& v : w) v = 0.5f + std::abs(normal(rng));
+    for (auto& v : b) v = normal(rng) * 0.1f;
+    const double eps = 1e-5;
+    auto nhwc = [&](const std::vector<float>& values) {
+      return ts::from_vector<float>(values, shape)
+          .contiguous(ts::memory_format::channels_last)
+          .cuda(0);
+    };
+    const auto xs = nhwc(x), gs = nhwc(gy);
+    auto ys = ts::empty<float, ts::cuda>(shape, ts::memory_format::channels_last, 0);
+    auto dxs = ts::empty<float, ts::cuda>(shape, ts::memory_format::channels_last, 0);
+    const auto ws_ = ts::from_vector<float>(w, {sc.c}).cuda(0);
+    const auto bs = ts::from_vector<float>(b, {sc.c}).cuda(0);
+    auto dw = ts::empty<float, ts::cuda>({sc.c}, 0), db = ts::empty<float, ts::cuda>({sc.c}, 0);
+    auto stats = ts::empty<float, ts::cuda>({3, sc.c}, 0);
+    const auto x3 = xs.view(view), g3 = gs.view(view);
+    auto y3 = ys.view(view), dx3 = dxs.view(view);
+    REQUIRE(nd::channels_last_view(x3));
+    nd::workspace ws = nd::eager_workspace(
+        xs.device(), nd::batch_norm_stats_workspace<float, ts::cuda>(view) +
+                         nd::batch_norm_backward_workspace<float, ts::cuda>(view));
+    ts::cuda::synchronize(0);
+    const auto launches = ts::profiler::kernel_launches();
+    nd::batch_norm_batch_stats(x3, stats, eps, ws);
+    nd::batch_norm_apply(x3, stats, &ws_, &bs, sc.relu, y3, ws);
+    nd::batch_norm_backward(x3, stats, &ws_, y3, sc.relu, true, g3, &dx3, false, &dw, false, &db,
+                            false, ws);
+    // Statistics, apply, gradient sums, dx (one launch each), dw and db (one each at most): the
+    // channels_last kernels; the generic passes take 7 launches for the statistics alone.
+    CHECK(ts::profiler::kernel_launches() - launches <= 6);
+
+    std::vector<double> xd(x.begin(), x.end()), gd(gy.begin(), gy.end()), wd(w.begin(), w.end()),
+        bd(b.begin(), b.end());
+    const reference want = batch_norm_reference(xd, gd, wd, bd, sc.n, sc.c, l, eps, sc.relu);
+    const double rel = sc.offset > 0 ? 2e-3 : 2e-5;
+    check_near(doubles(stats.select(0, 0).cpu()), want.mean, rel, "mean");
+    check_near(doubles(stats.select(0, 2).cpu()), want.var, 1e-4, "var");
+    check_near(doubles(ys.cpu()), want.y, rel, "y");  // cpu() keeps NHWC; to_vector is logical
+    check_near(doubles(dxs.cpu()), want.dx, rel * 10, "dx");
+    check_near(doubles(dw.cpu()), want.dweight, 1e-4, "dweight");
+    check_near(doubles(db.cpu()), want.dbias, 1e-4, "dbias");
+  }
+}
+
 TEST_CASE("BatchNorm2d on CUDA: running statistics, no affine, and input gradients that add up",
           "[cuda][batchnorm]") {
   // Two batch norms read the same input: one without weight and bias normalising with the

@@ -31,11 +31,10 @@
 
 namespace tessera::backend::cuda {
 
-/// Bytes of the partials a channel reduction of `channels` channels needs (at most
-/// channel_reduction_plan::max_splits slices each, 24 bytes a slice).
+/// Bytes of the partials a channel reduction of `channels` channels needs (channel_partial_slots,
+/// 24 bytes each).
 inline std::size_t channel_partials_bytes(std::int64_t channels) {
-  return static_cast<std::size_t>(channels * channel_reduction_plan::max_splits) *
-         sizeof(moments<double>);
+  return static_cast<std::size_t>(channel_partial_slots(channels)) * sizeof(moments<double>);
 }
 
 /// Where position j = n * L + l of channel c is, from the channel's first element.
@@ -323,6 +322,172 @@ __global__ void __launch_bounds__(threads_per_block)
     sum_g[c] = static_cast<T>(g);
     sum_gx[c] = static_cast<T>(gx);
   }
+}
+
+// ---- the same reductions over channels_last tensors ------------------------------------------
+// x as [M, C] row-major (the channel innermost): a warp reads 32 neighbouring channels of one
+// position at once (channels_last_reduction_plan), each thread folds its channel's values at
+// positions row_lane, row_lane + row_lanes, ... of its slice, four loads in flight, and the
+// block's rows of threads merge through shared memory. The partials, their layout and the
+// merging launches are the NCHW kernels'.
+
+/// Calls visit.run on thread (column, row_lane)'s values of its channel in slice `split`, four
+/// positions at a time, then one; load.get<1>(offset, out) reads the value at `offset` elements
+/// from the channel's first (offset = position * C).
+template <class Load, class Visit>
+__device__ void channels_last_walk(const channels_last_reduction_plan& plan, std::int64_t split,
+                                   int row_lane, Load&& load, Visit&& visit) {
+  using value_type = typename std::remove_cvref_t<Load>::value_type;
+  const std::int64_t end = plan.last(split);
+  const std::int64_t step = plan.row_lanes;
+  std::int64_t p = plan.first(split) + row_lane;
+  for (; p + 3 * step < end; p += 4 * step) {
+    value_type values[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) load.template get<1>((p + k * step) * plan.channels, values + k);
+    visit.template run<4>(values);
+  }
+  for (; p < end; p += step) {
+    value_type values[1];
+    load.template get<1>(p * plan.channels, values);
+    visit.template run<1>(values);
+  }
+}
+
+/// batch_norm_moments_kernel for channels_last x: a channel slice's moments into `partials`, or
+/// the statistics straight into `stats` when there is one slice.
+template <class T, class A>
+__global__ void __launch_bounds__(threads_per_block)
+    batch_norm_moments_channels_last_kernel(const T* x, channels_last_reduction_plan plan,
+                                            moments<double>* partials, double eps, T* stats) {
+  __shared__ A merged[3][threads_per_block];  // count, mean, m2 (a __shared__ array of moments<A>
+                                              // would need its constructor run)
+  const int column = static_cast<int>(threadIdx.x) % channels_last_reduction_plan::columns;
+  const int row_lane = static_cast<int>(threadIdx.x) / channels_last_reduction_plan::columns;
+  const std::int64_t c = plan.channel_of(blockIdx.x, static_cast<int>(threadIdx.x));
+  const std::int64_t split = plan.split_of(blockIdx.x);
+  moments_visit<A> visit;
+  if (c < plan.channels) {
+    channels_last_walk(plan, split, row_lane, channel_load<T, A, 1>{{x + c}}, visit);
+  }
+  const moments<A> mine = moments<A>::from_shifted_sums(visit.count, visit.shift,
+                                                        visit.sum.result(), visit.squares.result());
+  merged[0][threadIdx.x] = mine.count;
+  merged[1][threadIdx.x] = mine.mean;
+  merged[2][threadIdx.x] = mine.m2;
+  __syncthreads();
+  if (row_lane != 0 || c >= plan.channels) return;
+  moments<A> total = mine;
+  for (int r = 1; r < plan.row_lanes; ++r) {
+    const int k = r * channels_last_reduction_plan::columns + column;
+    moments<A> other;
+    other.count = merged[0][k];
+    other.mean = merged[1][k];
+    other.m2 = merged[2][k];
+    total = merge_moments(total, other);
+  }
+  const moments<double> m{static_cast<double>(total.count), static_cast<double>(total.mean),
+                          static_cast<double>(total.m2)};
+  if (plan.splits == 1) {
+    write_statistics(m, c, plan.channels, eps, stats);
+  } else {
+    partials[c * plan.splits + split] = m;
+  }
+}
+
+/// batch_norm_gradient_sums_kernel for channels_last g, x (and y): a channel slice's sums into
+/// `partials`, or straight into sum_g[c] and sum_gx[c] when there is one slice.
+template <class T, class A>
+__global__ void __launch_bounds__(threads_per_block)
+    batch_norm_gradient_sums_channels_last_kernel(channel_load<T, A, 3> gxy, const T* mean,
+                                                  channels_last_reduction_plan plan,
+                                                  gradient_partial* partials, T* sum_g_out,
+                                                  T* sum_gx_out) {
+  __shared__ A merged_g[threads_per_block];
+  __shared__ A merged_gx[threads_per_block];
+  const int column = static_cast<int>(threadIdx.x) % channels_last_reduction_plan::columns;
+  const int row_lane = static_cast<int>(threadIdx.x) / channels_last_reduction_plan::columns;
+  const std::int64_t c = plan.channel_of(blockIdx.x, static_cast<int>(threadIdx.x));
+  const std::int64_t split = plan.split_of(blockIdx.x);
+  gradient_visit<A> visit;
+  if (c < plan.channels) {
+    channel_load<T, A, 3> channel = gxy;
+    const bool relu = channel.data[2] != nullptr;
+    for (int t = 0; t < 3; ++t) {
+      if (channel.data[t] != nullptr) channel.data[t] += c;
+    }
+    if (!relu) channel.data[2] = channel.data[0];  // not read for its value (see the NCHW kernel)
+    visit.mean = static_cast<A>(mean[c]);
+    visit.relu = relu;
+    channels_last_walk(plan, split, row_lane, channel, visit);
+  }
+  merged_g[threadIdx.x] = visit.sum_g.result();
+  merged_gx[threadIdx.x] = visit.sum_gx.result();
+  __syncthreads();
+  if (row_lane != 0 || c >= plan.channels) return;
+  A sum_g = merged_g[column], sum_gx = merged_gx[column];
+  for (int r = 1; r < plan.row_lanes; ++r) {
+    sum_g += merged_g[r * channels_last_reduction_plan::columns + column];
+    sum_gx += merged_gx[r * channels_last_reduction_plan::columns + column];
+  }
+  if (plan.splits == 1) {
+    sum_g_out[c] = static_cast<T>(sum_g);
+    sum_gx_out[c] = static_cast<T>(sum_gx);
+  } else {
+    partials[c * plan.splits + split] =
+        gradient_partial{static_cast<double>(sum_g), static_cast<double>(sum_gx)};
+  }
+}
+
+inline channels_last_reduction_plan channels_last_plan(std::int64_t positions,
+                                                       std::int64_t channels) {
+  return channels_last_reduction_plan::make(
+      channels, positions, threads_per_block,
+      static_cast<std::int64_t>(multiprocessor_count()) * 2048);
+}
+
+/// batch_norm_statistics of a channels_last x, as [m, c] row-major (m = N * H * W > 0).
+template <class T>
+void batch_norm_statistics_channels_last(
+    const T* x, std::int64_t m, std::int64_t c, T* stats, double eps, void* partials,
+    stream_ref stream = tessera::detail::current_cuda_stream()) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "batch_norm_statistics_channels_last: float or double");
+  profiler::count_launch();
+  if (c == 0) return;
+  const channels_last_reduction_plan plan = channels_last_plan(m, c);
+  auto* parts = static_cast<moments<double>*>(partials);
+  batch_norm_moments_channels_last_kernel<T, T>
+      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
+          x, plan, parts, eps, stats);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  if (plan.splits == 1) return;
+  batch_norm_statistics_kernel<T>
+      <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
+          parts, c, plan.splits, eps, stats);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
+/// batch_norm_gradient_sums of channels_last g, x (and y, or null), as [m, c] row-major.
+template <class T>
+void batch_norm_gradient_sums_channels_last(
+    const T* g, const T* x, const T* y, const T* mean, std::int64_t m, std::int64_t c, T* sum_g,
+    T* sum_gx, void* partials, stream_ref stream = tessera::detail::current_cuda_stream()) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
+                "batch_norm_gradient_sums_channels_last: float or double");
+  profiler::count_launch();
+  if (c == 0) return;
+  const channels_last_reduction_plan plan = channels_last_plan(m, c);
+  auto* parts = static_cast<gradient_partial*>(partials);
+  batch_norm_gradient_sums_channels_last_kernel<T, T>
+      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
+          channel_load<T, T, 3>{{g, x, y}}, mean, plan, parts, sum_g, sum_gx);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  if (plan.splits == 1) return;
+  batch_norm_gradient_finish_kernel<T>
+      <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
+          parts, c, plan.splits, sum_g, sum_gx);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 
 /// The plan and positions of a channel reduction over [n, c, l] tensors at `pointers` (16-byte

@@ -316,6 +316,66 @@ struct channel_reduction_plan {
   }
 };
 
+/// Per-channel reductions of a channels_last tensor, seen as [M, C] row-major (M = N * H * W
+/// positions, the channel innermost): a block's `columns` (32) lanes take neighbouring channels,
+/// so a warp's loads of one position are one run of 32 channels, and its `row_lanes` rows of
+/// threads take interleaved positions; the positions are cut into `splits` slices, one block
+/// each, while the channel groups alone leave the device idle (each thread keeping at least 16
+/// positions a slice, and within channel_partial_slots). Partials are laid out as
+/// channel_reduction_plan's (channel c, split s at c * splits + s), so the same second launch
+/// merges them.
+/// Partials a per-channel reduction of `channels` channels may write: max_splits slices a
+/// channel, and at least 32768 in all, so that few channels laid out channels_last (64, at
+/// ResNet's first batch norm) can still be cut into enough slices to fill the device.
+TESSERA_HOST_DEVICE inline std::int64_t channel_partial_slots(std::int64_t channels) {
+  const std::int64_t by_channel = channels * channel_reduction_plan::max_splits;
+  return by_channel > 32768 ? by_channel : 32768;
+}
+
+struct channels_last_reduction_plan {
+  static constexpr int columns = 32;
+  std::int64_t channels = 0;
+  std::int64_t positions = 0;  // M
+  int row_lanes = 8;           // block / columns
+  std::int64_t splits = 1;
+  std::int64_t slice = 0;  // positions per split: a multiple of row_lanes
+
+  TESSERA_HOST_DEVICE static channels_last_reduction_plan make(std::int64_t channels,
+                                                               std::int64_t positions, int block,
+                                                               std::int64_t resident_threads) {
+    channels_last_reduction_plan plan;
+    plan.channels = channels;
+    plan.positions = positions;
+    plan.row_lanes = block / columns;
+    const std::int64_t groups = (channels + columns - 1) / columns;
+    std::int64_t splits = 1;
+    if (groups * block < resident_threads) {
+      const std::int64_t by_device = (resident_threads + groups * block - 1) / (groups * block);
+      const std::int64_t by_work = positions / (std::int64_t{plan.row_lanes} * 16);
+      splits = by_device < by_work ? by_device : by_work;
+      const std::int64_t by_slots = channel_partial_slots(channels) / channels;
+      if (splits > by_slots) splits = by_slots;
+      if (splits < 1) splits = 1;
+    }
+    cut_slices(positions, splits, plan.row_lanes, plan.slice, plan.splits);
+    return plan;
+  }
+  /// Blocks of the grid: channel groups times splits.
+  TESSERA_HOST_DEVICE std::int64_t blocks() const {
+    return (channels + columns - 1) / columns * splits;
+  }
+  /// The channel that lane `thread` of block `block` folds (>= channels: none), and its split.
+  TESSERA_HOST_DEVICE std::int64_t channel_of(std::int64_t block, int thread) const {
+    return block / splits * columns + thread % columns;
+  }
+  TESSERA_HOST_DEVICE std::int64_t split_of(std::int64_t block) const { return block % splits; }
+  TESSERA_HOST_DEVICE std::int64_t first(std::int64_t split) const { return split * slice; }
+  TESSERA_HOST_DEVICE std::int64_t last(std::int64_t split) const {
+    const std::int64_t end = (split + 1) * slice;
+    return end < positions ? end : positions;
+  }
+};
+
 /// A set of values summarised for the mean and variance: count, mean, and the sum of squared
 /// deviations from the mean (m2). Merging two is Chan, Golub and LeVeque's update, exact in
 /// exact arithmetic and free of the cancellation of sum-of-squares formulas.

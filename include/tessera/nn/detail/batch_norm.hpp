@@ -64,6 +64,17 @@ std::size_t channel_partials_workspace(std::int64_t channels) {
   return 0;
 }
 
+/// Whether t3 [N, C, L] is the [N, C, H * W] view of a dense channels_last tensor: strides
+/// [L * C, 1, C], the channel innermost (dimensions of extent 1 step by anything). The CUDA
+/// kernels then see it as [N * L, C] row-major.
+template <class T, class K>
+bool channels_last_view(const Tensor<T, K>& t3) {
+  const Shape& s = t3.shape();
+  const Strides& st = t3.strides();
+  return (s[1] == 1 || st[1] == 1) && (s[2] == 1 || st[2] == s[1]) &&
+         (s[0] == 1 || st[0] == s[1] * s[2]);
+}
+
 template <class T, class K>
 std::size_t batch_norm_stats_workspace(const Shape& view) {
   return workspace::bytes<T>(view[0] * view[1]) + channel_partials_workspace<T, K>(view[1]);
@@ -80,6 +91,13 @@ void batch_norm_batch_stats(const Tensor<T, K>& x3, Tensor<T, K>& stats, double 
       DeviceGuard<cuda> guard(x3.device().index);
       void* partials = ws.take_raw(backend::cuda::channel_partials_bytes(c));
       backend::cuda::batch_norm_statistics(x3.data(), n, c, l, stats.data(), eps, partials);
+      return;
+    }
+    if (channels_last_view(x3) && stats.is_contiguous()) {
+      DeviceGuard<cuda> guard(x3.device().index);
+      void* partials = ws.take_raw(backend::cuda::channel_partials_bytes(c));
+      backend::cuda::batch_norm_statistics_channels_last(x3.data(), n * l, c, stats.data(), eps,
+                                                         partials);
       return;
     }
   }
@@ -121,13 +139,17 @@ void batch_norm_apply(const Tensor<T, K>& x3, const Tensor<T, K>& stats, const T
   if constexpr (cuda_channel_reductions<T, K>) {
     // One thread per 16 bytes with the channel from its position (batch_norm.cuh), not the row
     // kernel, which places each per-channel operand once per row of L.
-    if (x3.is_contiguous() && y3.is_contiguous() && stats.is_contiguous() &&
+    // channels_last x and y: the same kernel over [N * L, C, 1] (the channel of position i is
+    // i % C; one element per thread).
+    const bool nchw = x3.is_contiguous() && y3.is_contiguous();
+    const bool nhwc = channels_last_view(x3) && channels_last_view(y3);
+    if ((nchw || nhwc) && stats.is_contiguous() &&
         (w == nullptr || (w->is_contiguous() && b->is_contiguous()))) {
       DeviceGuard<cuda> guard(x3.device().index);
-      backend::cuda::batch_norm_apply_channels(x3.data(), stats.data(),
-                                               w != nullptr ? w->data() : nullptr,
-                                               w != nullptr ? b->data() : nullptr, relu_after,
-                                               x3.size(0), c, x3.size(2), y3.data());
+      const std::int64_t n = nchw ? x3.size(0) : x3.size(0) * x3.size(2);
+      backend::cuda::batch_norm_apply_channels(
+          x3.data(), stats.data(), w != nullptr ? w->data() : nullptr,
+          w != nullptr ? b->data() : nullptr, relu_after, n, c, nchw ? x3.size(2) : 1, y3.data());
       return;
     }
   }
@@ -184,6 +206,14 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
                                                   relu_after ? y3.data() : nullptr, mean.data(),
                                                   n, c, l, sum_g.data(), sum_gx.data(), partials);
           done = true;
+        } else if (channels_last_view(x3) && channels_last_view(g3_in) &&
+                   (!relu_after || channels_last_view(y3))) {
+          DeviceGuard<cuda> guard(x3.device().index);
+          void* partials = ws.take_raw(backend::cuda::channel_partials_bytes(c));
+          backend::cuda::batch_norm_gradient_sums_channels_last(
+              g3_in.data(), x3.data(), relu_after ? y3.data() : nullptr, mean.data(), n * l, c,
+              sum_g.data(), sum_gx.data(), partials);
+          done = true;
         }
       }
 #endif
@@ -209,14 +239,17 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
     if (dx3 == nullptr) return;
 #if TESSERA_CUDA_KERNELS
     if constexpr (cuda_channel_reductions<T, K>) {
-      if (x3.is_contiguous() && g3_in.is_contiguous() && dx3->is_contiguous() &&
-          stats.is_contiguous() && (!relu_after || y3.is_contiguous()) &&
-          (w == nullptr || w->is_contiguous())) {
+      // channels_last tensors: the same kernel over [N * L, C, 1], as batch_norm_apply.
+      const bool nchw = x3.is_contiguous() && g3_in.is_contiguous() && dx3->is_contiguous() &&
+                        (!relu_after || y3.is_contiguous());
+      const bool nhwc = channels_last_view(x3) && channels_last_view(g3_in) &&
+                        channels_last_view(*dx3) && (!relu_after || channels_last_view(y3));
+      if ((nchw || nhwc) && stats.is_contiguous() && (w == nullptr || w->is_contiguous())) {
         DeviceGuard<cuda> guard(x3.device().index);
         backend::cuda::batch_norm_input_gradient(
             g3_in.data(), x3.data(), relu_after ? y3.data() : nullptr, stats.data(),
-            w != nullptr ? w->data() : nullptr, sum_g.data(), sum_gx.data(), batch,
-            dx_accumulate, n, c, l, dx3->data());
+            w != nullptr ? w->data() : nullptr, sum_g.data(), sum_gx.data(), batch, dx_accumulate,
+            nchw ? n : n * l, c, nchw ? l : 1, dx3->data());
         return;
       }
     }
