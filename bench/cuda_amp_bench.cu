@@ -6,12 +6,13 @@
 //   against the float one (goal: >= 1.6x);
 // - ResNet-50 training steps at 224 x 224, batch 32 and 128, in half (with a GradScaler) and
 //   bfloat16, BatchNorm and the loss in float (models::resnet50<T>), cuDNN with
-//   backends::cudnn::benchmark, SGD with momentum, with their peak memory.
+//   backends::cudnn::benchmark, SGD with momentum, with their peak memory; in the channels-last
+//   memory format (the model's convolution weights, the input and so every activation NHWC, as
+//   PyTorch's recipe), and at batch 32 also in NCHW, to show what the layout gives.
 // PyTorch's rows come from `bench/cuda_torch_baseline.py --amp` (autocast, channels_last,
 // cudnn.benchmark, GradScaler for fp16; and the same step captured in a CUDA graph), run just
 // before on the same GPU; give its JSON, and the plain baseline's for PyTorch's float32 steps, in
 // TESSERA_TORCH_BASELINE (files separated by ':') and the ratios torch / tessera are printed.
-// Tessera's steps run in NCHW: the channels-last memory format is not built on CUDA yet.
 // Every row checks what it computed against float64 on the CPU first and stops on a mismatch.
 #include <benchmark/benchmark.h>
 #include <cublas_v2.h>
@@ -237,20 +238,25 @@ BENCHMARK(BM_mlp_step)->Arg(0)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::k
 constexpr std::int64_t resnet_classes = 1000;
 
 /// A ResNet-50 training step at batch range(0) in dtype range(1) (0 half with a GradScaler, 1
-/// bfloat16), BatchNorm and the loss in float, cuDNN with backends::cudnn::benchmark (each
-/// convolution's engine timed when the program is traced), SGD with momentum and fp32 masters.
-/// peak_MiB: the peak of allocated memory over what was allocated before the model was made, as
-/// the torch baseline measures it; skipped: steps the GradScaler skipped (inf or NaN gradients
-/// while the scale settles).
+/// bfloat16) and layout range(2) (1 channels_last: the model's 4-d parameters and the input NHWC,
+/// so the program plans every activation NHWC; 0 NCHW), BatchNorm and the loss in float, cuDNN
+/// with backends::cudnn::benchmark (each convolution's engine timed when the program is traced),
+/// SGD with momentum and fp32 masters. peak_MiB: the peak of allocated memory over what was
+/// allocated before the model was made, as the torch baseline measures it; skipped: steps the
+/// GradScaler skipped (inf or NaN gradients while the scale settles).
 void BM_resnet50_step_16bit(benchmark::State& state) {
   const std::int64_t images = state.range(0);
+  const ts::memory_format format = state.range(2) == 1 ? ts::memory_format::channels_last
+                                                        : ts::memory_format::contiguous_format;
   const bool saved_benchmark = ts::backends::cudnn::benchmark.load();
   ts::backends::cudnn::benchmark = true;  // read when the program is traced
   with_dtype(state.range(1), [&](auto tag) {
     using T = decltype(tag);
     const std::size_t allocated_before = ts::memory::allocated(gpu0);
     auto model = ts::models::resnet50<T, ts::cuda>(resnet_classes, 0);
-    const auto x = ts::bench::random_tensor({images, 3, 224, 224}, 7).to<T>().cuda();
+    model.to(format);
+    const auto x =
+        ts::bench::random_tensor({images, 3, 224, 224}, 7).to<T>().cuda().contiguous(format);
     std::vector<std::int64_t> label_values;
     for (std::int64_t i = 0; i < images; ++i) label_values.push_back(i % resnet_classes);
     const auto labels = ts::from_vector<std::int64_t>(label_values, {images}).cuda();
@@ -258,7 +264,8 @@ void BM_resnet50_step_16bit(benchmark::State& state) {
         [&](const ag::Var<T, ts::cuda>& input, const ag::Var<std::int64_t, ts::cuda>& target) {
           return nn::cross_entropy(ts::cast<float>(model(input)), target);
         },
-        ag::input<T, ts::cuda>(x.shape()), ag::input<std::int64_t, ts::cuda>(labels.shape()));
+        ag::input<T, ts::cuda>(x.shape(), 0, format),
+        ag::input<std::int64_t, ts::cuda>(labels.shape()));
     ts::optim::SGD sgd(model.parameters(), {.lr = 0.01, .momentum = 0.9});
     ts::optim::GradScaler scaler({.enabled = std::is_same_v<T, ts::half>});
     std::int64_t skipped = 0, steps = 0;
@@ -276,13 +283,16 @@ void BM_resnet50_step_16bit(benchmark::State& state) {
     state.counters["steps"] = static_cast<double>(steps);
   });
   ts::backends::cudnn::benchmark = saved_benchmark;
-  state.SetLabel(torch_dtype(state.range(1)));
+  state.SetLabel(std::string(torch_dtype(state.range(1))) +
+                 (state.range(2) == 1 ? " channels_last" : " NCHW"));
 }
 BENCHMARK(BM_resnet50_step_16bit)
-    ->Args({32, 0})
-    ->Args({32, 1})
-    ->Args({128, 0})
-    ->Args({128, 1})
+    ->Args({32, 0, 1})
+    ->Args({32, 1, 1})
+    ->Args({128, 0, 1})
+    ->Args({128, 1, 1})
+    ->Args({32, 0, 0})
+    ->Args({32, 1, 0})
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
@@ -316,16 +326,21 @@ int main(int argc, char** argv) {
          {{"float step / " + name + " step", mlp, "BM_mlp_step/0", 1.6},
           {"torch AMP / tessera", mlp, "torch/mlp_step_amp_" + name + "/mlp4096_b2048", 1.0}}});
     for (const char* images : {"32", "128"}) {
-      const std::string row = std::string("BM_resnet50_step_16bit/") + images + arg;
+      const std::string row = std::string("BM_resnet50_step_16bit/") + images + arg + "/1";
       const std::string torch_row = "resnet50_step_amp_" + name + "_b" + images;
+      std::vector<ts::bench::comparison> rows = {
+          {"torch AMP / tessera", row, "torch/" + torch_row, 1.0},
+          {"torch AMP CUDA graph / tessera", row, "torch/" + torch_row + "_graph", 0},
+          {"torch float32 / tessera", row, std::string("torch/resnet50_step_b") + images, 0},
+          {"torch float32 TF32 / tessera", row,
+           std::string("torch/resnet50_step_tf32_b") + images, 0}};
+      if (std::string(images) == "32") {
+        rows.push_back({"NCHW step / channels_last step", row,
+                        std::string("BM_resnet50_step_16bit/") + images + arg + "/0", 0});
+      }
       ts::bench::print_summary(
-          results,
-          {std::string("ResNet-50 step batch ") + images + " " + name,
-           {{"torch AMP / tessera", row, "torch/" + torch_row, 1.0},
-            {"torch AMP CUDA graph / tessera", row, "torch/" + torch_row + "_graph", 0},
-            {"torch float32 / tessera", row, std::string("torch/resnet50_step_b") + images, 0},
-            {"torch float32 TF32 / tessera", row,
-             std::string("torch/resnet50_step_tf32_b") + images, 0}}});
+          results, {std::string("ResNet-50 step batch ") + images + " " + name + " channels_last",
+                    rows});
       const std::string torch_peak = torch_row + "_peak_MiB";
       if (torch.count(torch_peak) && reporter.counters.count(row)) {
         const double ours = reporter.counters[row]["peak_MiB"];
