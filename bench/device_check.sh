@@ -113,7 +113,7 @@ if [ "${TESSERA_DEVICE_AMP:-0}" = 1 ] || [[ " ${TESSERA_DEVICE_PARTS:-} " == *" 
   done
   amp_env=()
   [ ${#amp_baseline[@]} -gt 0 ] && amp_env=(env "TESSERA_TORCH_BASELINE=$(IFS=:; echo "${amp_baseline[*]}")")
-  part cuda_amp_bench "${TESSERA_DEVICE_AMP_BENCH_S:-240}" "${amp_env[@]}" "$dir/bin/cuda_amp_bench" \
+  part cuda_amp_bench "${TESSERA_DEVICE_AMP_BENCH_S:-300}" "${amp_env[@]}" "$dir/bin/cuda_amp_bench" \
     --benchmark_out="$out/cuda_amp_bench.json" --benchmark_out_format=json
 fi
 # The device tool brings back at most 8 files from $OUT: everything goes into results.tar.xz, and
