@@ -12,6 +12,7 @@
 #include <sstream>
 #include <vector>
 
+#include "tessera/models/resnet.hpp"
 #include "tessera/tessera.hpp"
 
 namespace cuda_channels_last_test {  // one namespace per file: a unity build
@@ -199,6 +200,44 @@ TEST_CASE("cuda: Conv2d on NHWC input and weight runs cuDNN on NHWC, forward and
       check_close(got[i], want[i], tol64);
     }
   }
+}
+
+TEST_CASE("cuda: a ResNet-18 training step in channels_last matches the CPU's NCHW step",
+          "[cuda][channels_last][resnet]") {
+  // The model made NHWC (Module::to) and a program traced on an NHWC input: every activation and
+  // gradient planned NHWC, cuDNN on NHWC, batch norm's channels_last kernels; against the same
+  // step on the CPU in NCHW float64 (batch 4 at 64x64: see conv_test.cu's ResNet-18 case).
+  ts::manual_seed(13);
+  auto cpu_model = ts::models::resnet18<double>(4);
+  auto gpu_model = nn::to<ts::cuda>(cpu_model, 0);
+  gpu_model.to(memory_format::channels_last);
+  const auto x = ts::randn<double>({4, 3, 64, 64});
+  const auto labels = ts::from_vector<std::int64_t>({1, 3, 0, 2}, {4});
+  auto step = [&](auto& model, const auto& input, const auto& y, memory_format format) {
+    using K = typename std::remove_cvref_t<decltype(input)>::device_kind;
+    auto program = ag::compile(
+        [&](const auto& v, const auto& t) { return ts::nn::cross_entropy(model(v), t); },
+        ag::input<double, K>(input.shape(), 0, format), ag::input<std::int64_t, K>(y.shape(), 0));
+    model.zero_grad();
+    const double loss = program.forward(input, y).item();
+    program.backward();
+    return loss;
+  };
+  const double loss_cpu = step(cpu_model, x, labels, memory_format::contiguous_format);
+  const double loss_gpu =
+      step(gpu_model, x.contiguous(memory_format::channels_last).to<ts::cuda>(0),
+           labels.to<ts::cuda>(0), memory_format::channels_last);
+  CHECK(loss_gpu == Approx(loss_cpu).epsilon(1e-10));
+  const auto gpu_parameters = gpu_model.named_parameters();
+  const auto cpu_parameters = cpu_model.named_parameters();
+  REQUIRE(gpu_parameters.size() == cpu_parameters.size());
+  for (std::size_t i = 0; i < gpu_parameters.size(); ++i) {
+    INFO("gradient of " << cpu_parameters[i].first);
+    const auto grad = gpu_parameters[i].second.grad().as<double, ts::cuda>();
+    if (grad.dim() == 4) CHECK(grad.is_contiguous(memory_format::channels_last));
+    check_close(grad, cpu_parameters[i].second.grad().as<double, ts::cpu>(), 1e-9);
+  }
+  check_close(gpu_model.bn1().running_var().value(), cpu_model.bn1().running_var().value(), 1e-10);
 }
 
 }  // namespace cuda_channels_last_test
