@@ -80,6 +80,21 @@ reference batch_norm_reference(const std::vector<double>& x, const std::vector<d
   return r;
 }
 
+/// x = offset + N(0, 2), gy = N(0, 1), w = 0.5 + |N(0, 1)|, b = N(0, 0.1) for a batch norm over
+/// `shape` (channels shape[1]), from `seed`.
+std::tuple<std::vector<float>, std::vector<float>, std::vector<float>, std::vector<float>> inputs(
+    const ts::Shape& shape, double offset, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<float> x(static_cast<std::size_t>(shape.numel())), gy(x.size()),
+      w(static_cast<std::size_t>(shape[1])), b(w.size());
+  for (auto& v : x) v = static_cast<float>(offset) + normal(rng) * 2.0f;
+  for (auto& v : gy) v = normal(rng);
+  for (auto& v : w) v = 0.5f + std::abs(normal(rng));
+  for (auto& v : b) v = normal(rng) * 0.1f;
+  return {x, gy, w, b};
+}
+
 std::vector<double> doubles(const ts::Tensor<float>& t) {
   std::vector<double> out;
   for (float v : t.to_vector()) out.push_back(v);
@@ -124,14 +139,8 @@ TEST_CASE("BatchNorm2d on CUDA: statistics, running statistics and gradients aga
     const std::int64_t l = sc.h * sc.w;
     const ts::Shape shape{sc.n, sc.c, sc.h, sc.w};
     INFO("shape " << shape << ", offset " << sc.offset << ", relu " << sc.relu);
-    std::mt19937 rng(static_cast<unsigned>(sc.n * 131 + sc.c * 7 + l));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(static_cast<std::size_t>(shape.numel())), gy(x.size()),
-        w(static_cast<std::size_t>(sc.c)), b(w.size());
-    for (auto& v : x) v = static_cast<float>(sc.offset) + normal(rng) * 2.0f;
-    for (auto& v : gy) v = normal(rng);
-    for (auto& v : w) v = 0.5f + std::abs(normal(rng));
-    for (auto& v : b) v = normal(rng) * 0.1f;
+    const auto [x, gy, w, b] =
+        inputs(shape, sc.offset, static_cast<unsigned>(sc.n * 131 + sc.c * 7 + l));
     const double eps = 1e-5;
 
     ts::nn::BatchNorm2d<float, ts::cuda> bn(sc.c, {.momentum = 0.25}, 0);
@@ -195,14 +204,8 @@ TEST_CASE("BatchNorm2d's CUDA passes on channels_last tensors against float64",
     const ts::Shape shape{sc.n, sc.c, sc.h, sc.w};
     const ts::Shape view{sc.n, sc.c, l};
     INFO("shape " << shape << ", offset " << sc.offset << ", relu " << sc.relu);
-    std::mt19937 rng(static_cast<unsigned>(sc.n * 17 + sc.c * 5 + l));
-    std::normal_distribution<float> normal(0.0f, 1.0f);
-    std::vector<float> x(static_cast<std::size_t>(shape.numel())), gy(x.size()),
-        w(static_cast<std::size_t>(sc.c)), b(w.size());
-    for (auto& v : x) v = static_cast<float>(sc.offset) + normal(rng) * 2.0f;
-    for (auto& v : gy) v = normal(rng);
-    for (auto& v : w) v = 0.5f + std::abs(normal(rng));
-    for (auto& v : b) v = normal(rng) * 0.1f;
+    const auto [x, gy, w, b] =
+        inputs(shape, sc.offset, static_cast<unsigned>(sc.n * 17 + sc.c * 5 + l));
     const double eps = 1e-5;
     auto nhwc = [&](const std::vector<float>& values) {
       return ts::from_vector<float>(values, shape)

@@ -4,15 +4,16 @@
 // storage order (one dense run: one launch of the vector path); BatchNorm2d (training, evaluation,
 // the fused ReLU) and the pools keep NHWC; a convolution whose input and weight are NHWC is handed
 // to cuDNN as NHWC (no layout copy: no kernel of Tessera's runs around it), forward and backward.
+// A whole ResNet-18 step in channels_last: conv_test.cu; batch norm's kernels: batch_norm_test.cu.
 // The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
-#include <sstream>
+#include <ostream>
 #include <vector>
 
-#include "tessera/models/resnet.hpp"
+#include "element_check.hpp"
 #include "tessera/tessera.hpp"
 
 namespace cuda_channels_last_test {  // one namespace per file: a unity build
@@ -33,15 +34,14 @@ void check_close(const ts::Tensor<T, K>& actual, const ts::Tensor<double>& expec
   REQUIRE(actual.shape() == expected.shape());
   const auto a = actual.to_vector();
   const auto e = expected.to_vector();
-  std::size_t bad = 0;
-  std::ostringstream first;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double got = static_cast<double>(a[i]);
-    if (std::fabs(got - e[i]) <= tol * (1.0 + std::fabs(e[i]))) continue;
-    if (bad++ == 0) first << "element " << i << ": got " << got << ", expected " << e[i];
-  }
-  INFO(bad << " of " << a.size() << " elements differ; first " << first.str());
-  CHECK(bad == 0);
+  tessera_test::check_each(
+      a.size(),
+      [&](std::size_t i) {
+        return std::fabs(static_cast<double>(a[i]) - e[i]) <= tol * (1.0 + std::fabs(e[i]));
+      },
+      [&](std::ostream& out, std::size_t i) {
+        out << "got " << static_cast<double>(a[i]) << ", expected " << e[i];
+      });
 }
 
 constexpr double tol64 = 1e-10;
@@ -200,44 +200,6 @@ TEST_CASE("cuda: Conv2d on NHWC input and weight runs cuDNN on NHWC, forward and
       check_close(got[i], want[i], tol64);
     }
   }
-}
-
-TEST_CASE("cuda: a ResNet-18 training step in channels_last matches the CPU's NCHW step",
-          "[cuda][channels_last][resnet]") {
-  // The model made NHWC (Module::to) and a program traced on an NHWC input: every activation and
-  // gradient planned NHWC, cuDNN on NHWC, batch norm's channels_last kernels; against the same
-  // step on the CPU in NCHW float64 (batch 4 at 64x64: see conv_test.cu's ResNet-18 case).
-  ts::manual_seed(13);
-  auto cpu_model = ts::models::resnet18<double>(4);
-  auto gpu_model = nn::to<ts::cuda>(cpu_model, 0);
-  gpu_model.to(memory_format::channels_last);
-  const auto x = ts::randn<double>({4, 3, 64, 64});
-  const auto labels = ts::from_vector<std::int64_t>({1, 3, 0, 2}, {4});
-  auto step = [&](auto& model, const auto& input, const auto& y, memory_format format) {
-    using K = typename std::remove_cvref_t<decltype(input)>::device_kind;
-    auto program = ag::compile(
-        [&](const auto& v, const auto& t) { return ts::nn::cross_entropy(model(v), t); },
-        ag::input<double, K>(input.shape(), 0, format), ag::input<std::int64_t, K>(y.shape(), 0));
-    model.zero_grad();
-    const double loss = program.forward(input, y).item();
-    program.backward();
-    return loss;
-  };
-  const double loss_cpu = step(cpu_model, x, labels, memory_format::contiguous_format);
-  const double loss_gpu =
-      step(gpu_model, x.contiguous(memory_format::channels_last).to<ts::cuda>(0),
-           labels.to<ts::cuda>(0), memory_format::channels_last);
-  CHECK(loss_gpu == Approx(loss_cpu).epsilon(1e-10));
-  const auto gpu_parameters = gpu_model.named_parameters();
-  const auto cpu_parameters = cpu_model.named_parameters();
-  REQUIRE(gpu_parameters.size() == cpu_parameters.size());
-  for (std::size_t i = 0; i < gpu_parameters.size(); ++i) {
-    INFO("gradient of " << cpu_parameters[i].first);
-    const auto grad = gpu_parameters[i].second.grad().as<double, ts::cuda>();
-    if (grad.dim() == 4) CHECK(grad.is_contiguous(memory_format::channels_last));
-    check_close(grad, cpu_parameters[i].second.grad().as<double, ts::cpu>(), 1e-9);
-  }
-  check_close(gpu_model.bn1().running_var().value(), cpu_model.bn1().running_var().value(), 1e-10);
 }
 
 }  // namespace cuda_channels_last_test

@@ -476,27 +476,35 @@ TEST_CASE("pooling on CUDA matches the CPU", "[cuda][pool]") {
 }
 
 TEST_CASE("a ResNet-18 training step on CUDA matches the CPU", "[cuda][resnet]") {
+  // NCHW, and channels_last: the GPU model made NHWC (Module::to) and its program traced on an
+  // NHWC input, so every activation and gradient is planned NHWC, cuDNN runs on NHWC and batch
+  // norm on its channels_last kernels; both against the CPU's NCHW float64 step.
+  const auto format =
+      GENERATE(ts::memory_format::contiguous_format, ts::memory_format::channels_last);
+  INFO("GPU layout " << (format == ts::memory_format::channels_last ? "NHWC" : "NCHW"));
   ts::manual_seed(13);
   auto cpu_model = ts::models::resnet18<double>(4);
   auto gpu_model = nn::to<ts::cuda>(cpu_model, 0);
+  gpu_model.to(format);
   // Batch 4 at 64x64: layer4's batch norms then normalise 16 values per channel. At batch 2 and
   // 32x32 they normalise 2, and the gradients are so ill-conditioned that a 1e-15 relative change
   // of the input moves conv1's weight gradient by 1e-7 on the CPU alone (the GPU's summation
   // order then differs beyond any tolerance); here that change moves it by 1e-14.
   const auto x = ts::randn<double>({4, 3, 64, 64});
   const auto labels = ts::from_vector<std::int64_t>({1, 3, 0, 2}, {4});
-  auto step = [&](auto& model, const auto& input, const auto& y) {
+  auto step = [&](auto& model, const auto& input, const auto& y, ts::memory_format layout) {
     using K = typename std::remove_cvref_t<decltype(input)>::device_kind;
     auto program = ag::compile(
         [&](const auto& v, const auto& t) { return ts::nn::cross_entropy(model(v), t); },
-        ag::input<double, K>(input.shape(), 0), ag::input<std::int64_t, K>(y.shape(), 0));
+        ag::input<double, K>(input.shape(), 0, layout), ag::input<std::int64_t, K>(y.shape(), 0));
     model.zero_grad();
     const double loss = program.forward(input, y).item();
     program.backward();
     return loss;
   };
-  const double loss_cpu = step(cpu_model, x, labels);
-  const double loss_gpu = step(gpu_model, x.to<ts::cuda>(0), labels.to<ts::cuda>(0));
+  const double loss_cpu = step(cpu_model, x, labels, ts::memory_format::contiguous_format);
+  const double loss_gpu =
+      step(gpu_model, x.contiguous(format).to<ts::cuda>(0), labels.to<ts::cuda>(0), format);
   CHECK(loss_gpu == Approx(loss_cpu).epsilon(1e-10));
   // Every parameter's gradient, named, so that a failure says which layer's backward differs.
   const auto gpu_parameters = gpu_model.named_parameters();
@@ -505,13 +513,15 @@ TEST_CASE("a ResNet-18 training step on CUDA matches the CPU", "[cuda][resnet]")
   for (std::size_t i = 0; i < gpu_parameters.size(); ++i) {
     INFO("gradient of " << cpu_parameters[i].first);
     REQUIRE(gpu_parameters[i].first == cpu_parameters[i].first);
-    check_close(gpu_parameters[i].second.grad().as<double, ts::cuda>(),
-                cpu_parameters[i].second.grad().as<double, ts::cpu>());
+    const auto grad = gpu_parameters[i].second.grad().as<double, ts::cuda>();
+    if (grad.dim() == 4) CHECK(grad.is_contiguous(format));  // a gradient in its weight's layout
+    check_close(grad, cpu_parameters[i].second.grad().as<double, ts::cpu>());
   }
   check_close(gpu_model.bn1().running_mean().value(), cpu_model.bn1().running_mean().value());
+  check_close(gpu_model.bn1().running_var().value(), cpu_model.bn1().running_var().value());
   gpu_model.eval();
   cpu_model.eval();
-  check_close(gpu_model(x.to<ts::cuda>(0)), cpu_model(x));
+  check_close(gpu_model(x.contiguous(format).to<ts::cuda>(0)), cpu_model(x));
 }
 
 TEMPLATE_TEST_CASE("a 16-bit ResNet-18 on CUDA tracks the float64 model with its rounded weights",

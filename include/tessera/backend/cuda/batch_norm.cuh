@@ -446,50 +446,6 @@ inline channels_last_reduction_plan channels_last_plan(std::int64_t positions,
       static_cast<std::int64_t>(multiprocessor_count()) * 2048);
 }
 
-/// batch_norm_statistics of a channels_last x, as [m, c] row-major (m = N * H * W > 0).
-template <class T>
-void batch_norm_statistics_channels_last(
-    const T* x, std::int64_t m, std::int64_t c, T* stats, double eps, void* partials,
-    stream_ref stream = tessera::detail::current_cuda_stream()) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "batch_norm_statistics_channels_last: float or double");
-  profiler::count_launch();
-  if (c == 0) return;
-  const channels_last_reduction_plan plan = channels_last_plan(m, c);
-  auto* parts = static_cast<moments<double>*>(partials);
-  batch_norm_moments_channels_last_kernel<T, T>
-      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
-          x, plan, parts, eps, stats);
-  TESSERA_CUDA_CHECK(cudaGetLastError());
-  if (plan.splits == 1) return;
-  batch_norm_statistics_kernel<T>
-      <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
-          parts, c, plan.splits, eps, stats);
-  TESSERA_CUDA_CHECK(cudaGetLastError());
-}
-
-/// batch_norm_gradient_sums of channels_last g, x (and y, or null), as [m, c] row-major.
-template <class T>
-void batch_norm_gradient_sums_channels_last(
-    const T* g, const T* x, const T* y, const T* mean, std::int64_t m, std::int64_t c, T* sum_g,
-    T* sum_gx, void* partials, stream_ref stream = tessera::detail::current_cuda_stream()) {
-  static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
-                "batch_norm_gradient_sums_channels_last: float or double");
-  profiler::count_launch();
-  if (c == 0) return;
-  const channels_last_reduction_plan plan = channels_last_plan(m, c);
-  auto* parts = static_cast<gradient_partial*>(partials);
-  batch_norm_gradient_sums_channels_last_kernel<T, T>
-      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
-          channel_load<T, T, 3>{{g, x, y}}, mean, plan, parts, sum_g, sum_gx);
-  TESSERA_CUDA_CHECK(cudaGetLastError());
-  if (plan.splits == 1) return;
-  batch_norm_gradient_finish_kernel<T>
-      <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
-          parts, c, plan.splits, sum_g, sum_gx);
-  TESSERA_CUDA_CHECK(cudaGetLastError());
-}
-
 /// The plan and positions of a channel reduction over [n, c, l] tensors at `pointers` (16-byte
 /// loads when l is a multiple of 4 and every pointer allows them).
 template <class T>
@@ -508,53 +464,76 @@ channel_reduction_plan channel_plan(std::int64_t n, std::int64_t c, std::int64_t
                                       static_cast<std::int64_t>(multiprocessor_count()) * 2048);
 }
 
-/// stats [3, C] (mean, 1 / sqrt(var + eps), var) of contiguous x [n, c, l] (n * l > 0), with
-/// `partials` device memory of channel_partials_bytes(c). Counts one launch (a second kernel
-/// merges when a channel is cut).
+/// stats [3, C] (mean, 1 / sqrt(var + eps), var) of x [n, c, l] (n * l > 0), contiguous, or
+/// the [N, C, H * W] view of a dense channels_last tensor when `channels_last` (the column
+/// kernel over [n * l, c]), with `partials` device memory of channel_partials_bytes(c). Counts
+/// one launch (a second kernel merges when a channel is cut).
 template <class T>
 void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int64_t l, T* stats,
-                           double eps, void* partials,
+                           double eps, void* partials, bool channels_last = false,
                            stream_ref stream = tessera::detail::current_cuda_stream()) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "batch_norm_statistics: float or double");
   profiler::count_launch();
   if (c == 0) return;
-  channel_positions where;
-  const channel_reduction_plan plan = channel_plan<T>(n, c, l, {x}, where);
   auto* parts = static_cast<moments<double>*>(partials);
-  batch_norm_moments_kernel<T, T>
-      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
-          channel_load<T, T, 1>{{x}}, where, plan, parts, eps, stats);
+  std::int64_t splits = 1;
+  if (channels_last) {
+    const channels_last_reduction_plan plan = channels_last_plan(n * l, c);
+    batch_norm_moments_channels_last_kernel<T, T>
+        <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
+            x, plan, parts, eps, stats);
+    splits = plan.splits;
+  } else {
+    channel_positions where;
+    const channel_reduction_plan plan = channel_plan<T>(n, c, l, {x}, where);
+    batch_norm_moments_kernel<T, T>
+        <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
+            channel_load<T, T, 1>{{x}}, where, plan, parts, eps, stats);
+    splits = plan.splits;
+  }
   TESSERA_CUDA_CHECK(cudaGetLastError());
-  if (plan.splits == 1) return;  // the moments kernel wrote the statistics
+  if (splits == 1) return;  // the moments kernel wrote the statistics
   batch_norm_statistics_kernel<T>
       <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
-          parts, c, plan.splits, eps, stats);
+          parts, c, splits, eps, stats);
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 
-/// sum_g[c] = sum of g, sum_gx[c] = sum of g * (x - mean[c]) over n and l, for contiguous g, x
-/// (and y, or null: g is masked by y > 0 when given) [n, c, l], with `partials` device memory of
+/// sum_g[c] = sum of g, sum_gx[c] = sum of g * (x - mean[c]) over n and l, for g, x (and y, or
+/// null: g is masked by y > 0 when given) [n, c, l], all contiguous, or all channels_last views
+/// when `channels_last` (as batch_norm_statistics), with `partials` device memory of
 /// channel_partials_bytes(c). Counts one launch (a second kernel merges when a channel is cut).
 template <class T>
 void batch_norm_gradient_sums(const T* g, const T* x, const T* y, const T* mean, std::int64_t n,
                               std::int64_t c, std::int64_t l, T* sum_g, T* sum_gx, void* partials,
+                              bool channels_last = false,
                               stream_ref stream = tessera::detail::current_cuda_stream()) {
   static_assert(std::is_same_v<T, float> || std::is_same_v<T, double>,
                 "batch_norm_gradient_sums: float or double");
   profiler::count_launch();
   if (c == 0) return;
-  channel_positions where;
-  const channel_reduction_plan plan = channel_plan<T>(n, c, l, {g, x, y}, where);
   auto* parts = static_cast<gradient_partial*>(partials);
-  batch_norm_gradient_sums_kernel<T, T>
-      <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
-          channel_load<T, T, 3>{{g, x, y}}, mean, where, plan, parts, sum_g, sum_gx);
+  std::int64_t splits = 1;
+  if (channels_last) {
+    const channels_last_reduction_plan plan = channels_last_plan(n * l, c);
+    batch_norm_gradient_sums_channels_last_kernel<T, T>
+        <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
+            channel_load<T, T, 3>{{g, x, y}}, mean, plan, parts, sum_g, sum_gx);
+    splits = plan.splits;
+  } else {
+    channel_positions where;
+    const channel_reduction_plan plan = channel_plan<T>(n, c, l, {g, x, y}, where);
+    batch_norm_gradient_sums_kernel<T, T>
+        <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
+            channel_load<T, T, 3>{{g, x, y}}, mean, where, plan, parts, sum_g, sum_gx);
+    splits = plan.splits;
+  }
   TESSERA_CUDA_CHECK(cudaGetLastError());
-  if (plan.splits == 1) return;  // the sums kernel wrote them
+  if (splits == 1) return;  // the sums kernel wrote them
   batch_norm_gradient_finish_kernel<T>
       <<<blocks_for(c, threads_per_block), threads_per_block, 0, stream.native()>>>(
-          parts, c, plan.splits, sum_g, sum_gx);
+          parts, c, splits, sum_g, sum_gx);
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -87,17 +87,11 @@ void batch_norm_batch_stats(const Tensor<T, K>& x3, Tensor<T, K>& stats, double 
   const std::int64_t n = x3.size(0), c = x3.size(1), l = x3.size(2);
 #if TESSERA_CUDA_KERNELS
   if constexpr (cuda_channel_reductions<T, K>) {
-    if (x3.is_contiguous() && stats.is_contiguous()) {
+    const bool nhwc = !x3.is_contiguous() && channels_last_view(x3);
+    if ((x3.is_contiguous() || nhwc) && stats.is_contiguous()) {
       DeviceGuard<cuda> guard(x3.device().index);
       void* partials = ws.take_raw(backend::cuda::channel_partials_bytes(c));
-      backend::cuda::batch_norm_statistics(x3.data(), n, c, l, stats.data(), eps, partials);
-      return;
-    }
-    if (channels_last_view(x3) && stats.is_contiguous()) {
-      DeviceGuard<cuda> guard(x3.device().index);
-      void* partials = ws.take_raw(backend::cuda::channel_partials_bytes(c));
-      backend::cuda::batch_norm_statistics_channels_last(x3.data(), n * l, c, stats.data(), eps,
-                                                         partials);
+      backend::cuda::batch_norm_statistics(x3.data(), n, c, l, stats.data(), eps, partials, nhwc);
       return;
     }
   }
@@ -199,20 +193,16 @@ void batch_norm_backward(const Tensor<T, K>& x3, const Tensor<T, K>& stats, cons
       bool done = false;
 #if TESSERA_CUDA_KERNELS
       if constexpr (cuda_channel_reductions<T, K>) {
-        if (x3.is_contiguous() && g3_in.is_contiguous() && (!relu_after || y3.is_contiguous())) {
+        const bool nchw =
+            x3.is_contiguous() && g3_in.is_contiguous() && (!relu_after || y3.is_contiguous());
+        const bool nhwc = !nchw && channels_last_view(x3) && channels_last_view(g3_in) &&
+                          (!relu_after || channels_last_view(y3));
+        if (nchw || nhwc) {
           DeviceGuard<cuda> guard(x3.device().index);
           void* partials = ws.take_raw(backend::cuda::channel_partials_bytes(c));
-          backend::cuda::batch_norm_gradient_sums(g3_in.data(), x3.data(),
-                                                  relu_after ? y3.data() : nullptr, mean.data(),
-                                                  n, c, l, sum_g.data(), sum_gx.data(), partials);
-          done = true;
-        } else if (channels_last_view(x3) && channels_last_view(g3_in) &&
-                   (!relu_after || channels_last_view(y3))) {
-          DeviceGuard<cuda> guard(x3.device().index);
-          void* partials = ws.take_raw(backend::cuda::channel_partials_bytes(c));
-          backend::cuda::batch_norm_gradient_sums_channels_last(
-              g3_in.data(), x3.data(), relu_after ? y3.data() : nullptr, mean.data(), n * l, c,
-              sum_g.data(), sum_gx.data(), partials);
+          backend::cuda::batch_norm_gradient_sums(
+              g3_in.data(), x3.data(), relu_after ? y3.data() : nullptr, mean.data(), n, c, l,
+              sum_g.data(), sum_gx.data(), partials, nhwc);
           done = true;
         }
       }
