@@ -208,6 +208,38 @@ TEMPLATE_TEST_CASE(
   }
 }
 
+TEST_CASE("an NHWC program with recomputation segments gives the NCHW program's gradients",
+          "[channels_last][program]") {
+  ts::manual_seed(43);
+  tiny_resnet<double> reference, model;
+  copy_parameters(reference, model);
+  model.to(memory_format::channels_last);
+  const ts::Shape image{4, 3, 8, 8};
+  const auto x = sample<double>(image, 2);
+  const auto targets = ts::from_vector<std::int64_t>({1, 2, 0, 4}, {4});
+  auto reference_program =
+      ag::compile([&](const auto& v, const auto& y) { return reference.forward(v, y); },
+                  ag::input<double>(image), ag::input<std::int64_t>({4}));
+  // The recomputed segments write their NHWC values into the same planned buffers again.
+  auto program =
+      ag::compile([&](const auto& v, const auto& y) { return model.forward(v, y); },
+                  ag::input<double>(image, 0, memory_format::channels_last),
+                  ag::input<std::int64_t>({4}), ag::Options{.checkpoint = {.segments = 3}});
+  REQUIRE(program.plan().recomputed_steps > 0);
+  const double expected = std::get<0>(reference_program.forward(x, targets)).item();
+  reference_program.backward();
+  const double loss =
+      std::get<0>(program.forward(x.contiguous(memory_format::channels_last), targets)).item();
+  program.backward();
+  CHECK(loss == Approx(expected).epsilon(1e-12));
+  const auto want = reference.named_parameters();
+  const auto got = model.named_parameters();
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    INFO("gradient of " << got[i].first);
+    check_close(got[i].second.grad(), want[i].second.grad().as<double>(), 1e-10);
+  }
+}
+
 TEMPLATE_TEST_CASE("a grouped convolution in a program on NHWC values runs on NCHW copies",
                    "[channels_last][program][conv]", float, double) {
   using T = TestType;

@@ -232,11 +232,12 @@ template <class T, class K>
 std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool weight,
                                       bool bias) {
   if (conv2d_nchw_copies<T, K>(g, false) && (input || weight)) {
-    // gy's copy, w's and dx's for the input gradient, x's and dw's for the weight's, then the
-    // NCHW passes (the bias's gradient among them).
+    // gy's and w's copies (the NCHW passes view w even for the weight's gradient alone), dx's
+    // for the input gradient, x's and dw's for the weight's, then the NCHW passes (the bias's
+    // gradient among them).
     const std::size_t image = workspace::bytes<T>(g.n * g.c * g.h * g.w);
     const std::size_t filter = workspace::bytes<T>(conv2d_weight_shape(g).numel());
-    return workspace::bytes<T>(g.output_shape().numel()) + (input ? image + filter : 0) +
+    return workspace::bytes<T>(g.output_shape().numel()) + filter + (input ? image : 0) +
            (weight ? image + filter : 0) +
            conv2d_backward_workspace<T, K>(conv2d_nchw_geometry(g), input, weight, bias);
   }
@@ -989,7 +990,7 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
   if (conv2d_nchw_copies<T, K>(g, false) && (dx != nullptr || dw != nullptr)) {
     const Tensor<T, K> gyc = contiguous_copy(gy, ws);
     const Tensor<T, K> xc = dw != nullptr ? contiguous_copy(x, ws) : Tensor<T, K>();
-    const Tensor<T, K> wc = dx != nullptr ? contiguous_copy(w, ws) : Tensor<T, K>();
+    const Tensor<T, K> wc = contiguous_copy(w, ws);
     Tensor<T, K> dxc = dx != nullptr ? ws.take<T, K>(dx->shape()) : Tensor<T, K>();
     Tensor<T, K> dwc = dw != nullptr ? ws.take<T, K>(dw->shape()) : Tensor<T, K>();
     conv2d_backward(conv2d_nchw_geometry(g), xc, wc, gyc, dx != nullptr ? &dxc : nullptr, false,
