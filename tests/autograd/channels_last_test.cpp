@@ -284,6 +284,38 @@ TEMPLATE_TEST_CASE("a grouped convolution in a program on NHWC values runs on NC
   check_close(db, ref_db.template as<double>(), tol);
 }
 
+TEST_CASE("an NHWC input into a contiguous model: NHWC activations, contiguous weight gradients",
+          "[channels_last][program][conv]") {
+  ts::manual_seed(8);
+  nn::Conv2d<double> conv(3, 5, 3, {.stride = 2, .padding = 1});
+  const ts::Shape image{2, 3, 7, 6};
+  const auto x = sample<double>(image, 5);
+  const auto g = sample<double>({2, 5, 4, 3}, 6);
+  auto run = [&](memory_format format) {
+    auto program = ag::compile(
+        [&](const auto& v, const auto& w) {
+          const ag::Var<double> y = conv(v);
+          return std::tuple{ts::sum(y * w), ag::Var<double>(y * 1.0)};
+        },
+        ag::input<double>(image, 0, format), ag::input<double>(g.shape()));
+    conv.zero_grad();
+    auto [loss, y] = program.forward(x, g);  // NCHW x: copied into an NHWC input's layout
+    program.backward();
+    return std::tuple{loss.item(), y.clone(memory_format::preserve_format),
+                      conv.weight().grad().clone(), conv.bias().grad().clone()};
+  };
+  const auto [ref_loss, ref_y, ref_dw, ref_db] = run(memory_format::contiguous_format);
+  const auto [loss, y, dw, db] = run(memory_format::channels_last);
+  CHECK(loss == Approx(ref_loss).epsilon(1e-12));
+  // The convolution is NHWC (its input is: PyTorch's rule); its weight is copied to NHWC for it,
+  // and its gradient comes back through that copy into the contiguous parameter's.
+  CHECK(y.strides() == nhwc_strides(y.shape()));
+  check_close(y, ref_y, 1e-12);
+  CHECK(conv.weight().grad().is_contiguous());
+  check_close(dw, ref_dw, 1e-12);
+  check_close(db, ref_db, 1e-12);
+}
+
 TEST_CASE("autograd::input with channels_last needs a 4-d shape", "[channels_last][program]") {
   CHECK_THROWS_AS(ag::compile([](const auto& v) { return ts::sum(v); },
                               ag::input<float>({2, 3}, 0, memory_format::channels_last)),
