@@ -156,20 +156,26 @@ TEST_CASE("Module::to(channels_last) makes 4-d parameters NHWC, in place",
   const ts::Tensor<double> y = model(x);
   CHECK(y.strides() == nhwc_strides(y.shape()));
   check_close(y, expected, tol64);
-  // A program needs contiguous parameters: its forward says so, naming the way back.
+  // A program runs over the NHWC parameters (bound as they are laid out; its convolution is
+  // NHWC, tests/autograd/channels_last_test.cpp), and again once they are converted back.
   auto program =
       ag::compile([&](const auto& v) { return ts::sum(model(v)); }, ag::input<double>(x.shape()),
                   ag::Options{.mode = ag::Mode::inference});
-  CHECK_THROWS_WITH(program.forward(x),
-                    Catch::Contains("not contiguous") && Catch::Contains("contiguous_format"));
+  double total = 0;
+  for (double v : expected.to_vector()) total += v;
+  CHECK(program.forward(x).item() == Approx(total).epsilon(1e-12));
   model.to(memory_format::contiguous_format);
   CHECK(conv.weight().value().strides() == ts::Strides{27, 9, 3, 1});
   CHECK(conv.weight().value().to_vector() == weight_before);
-  // Converted back, the same program runs (on the NHWC input too).
-  double total = 0;
-  for (double v : expected.to_vector()) total += v;
   CHECK(program.forward(x.contiguous(memory_format::channels_last)).item() ==
         Approx(total).epsilon(1e-12));
+  // A parameter dense in neither layout is refused, naming the way out.
+  const nn::ParameterRef weight = model.named_parameters()[0].second;
+  const ts::AnyTensor kept = weight.value();
+  weight.set_value(kept.as<double>().transpose(2, 3));
+  CHECK_THROWS_WITH(program.forward(x),
+                    Catch::Contains("not dense") && Catch::Contains("Module::to(memory_format)"));
+  weight.set_value(kept);
 }
 
 TEST_CASE("BatchNorm2d on NHWC input: train, eval and the fused ReLU",

@@ -32,14 +32,56 @@
 
 namespace tessera::autograd::detail {
 
-/// Records a fused node for expression `e`, producing a contiguous value of dtype T.
+/// Calls fn(shape, strides) for every Var and tensor leaf of a symbolic expression (a Var as the
+/// expression reads it: a Var read in another shape than its value's counts as contiguous).
+template <class E, class Fn>
+void for_each_operand_layout(const E& e, graph& g, Fn&& fn) {
+  if constexpr (is_var<E>::value) {
+    const value_info& info = g.values[static_cast<std::size_t>(e.id())];
+    if (info.shape == e.shape()) {
+      fn(info.shape, info.strides);
+    } else {
+      fn(e.shape(), e.shape().contiguous_strides());
+    }
+  } else if constexpr (requires { e.tensor; }) {
+    fn(e.tensor.shape(), e.tensor.strides());
+  } else if constexpr (requires { e.operand; }) {
+    for_each_operand_layout(e.operand, g, fn);
+  } else if constexpr (requires { e.condition; }) {
+    for_each_operand_layout(e.condition, g, fn);
+    for_each_operand_layout(e.left, g, fn);
+    for_each_operand_layout(e.right, g, fn);
+  } else if constexpr (requires { e.left; }) {
+    for_each_operand_layout(e.left, g, fn);
+    for_each_operand_layout(e.right, g, fn);
+  }
+}
+
+/// The layout of a fused expression's value, eager's rule (result_memory_format in
+/// expr/assign.hpp): channels_last when it is 4-d and every operand of its shape is laid out
+/// channels_last; broadcast operands and numbers have no say.
+template <class E>
+memory_format result_memory_format(const E& e, graph& g) {
+  const Shape& shape = e.shape();
+  if (shape.size() != 4) return memory_format::contiguous_format;
+  bool channels_last = false, other = false;
+  for_each_operand_layout(e, g, [&](const Shape& operand, const Strides& strides) {
+    if (operand != shape) return;
+    (tessera::detail::is_channels_last_like(operand, strides) ? channels_last : other) = true;
+  });
+  return channels_last && !other ? memory_format::channels_last : memory_format::contiguous_format;
+}
+
+/// Records a fused node for expression `e`, producing a value of dtype T laid out in `format`
+/// (preserve_format: result_memory_format's choice).
 template <class T, class K, class E>
-Var<T, K> bind_expression(const E& e) {
+Var<T, K> bind_expression(const E& e, memory_format format = memory_format::preserve_format) {
   graph* g = graph_of(e);
   const Device device = tessera::detail::device_of(e, "autograd");
+  if (format == memory_format::preserve_format) format = result_memory_format(e, *g);
   auto n = std::make_unique<fused_node<T, K, E>>(e);
   auto* raw = n.get();
-  const int id = g->add_node(std::move(n), e.shape(), scalar_type_of<T>, device);
+  const int id = g->add_node(std::move(n), e.shape(), scalar_type_of<T>, device, format);
   raw->trace_backward(g);
   return Var<T, K>(g, id, g->values[static_cast<std::size_t>(id)].shape);
 }

@@ -39,11 +39,11 @@ class Program {
   explicit Program(std::unique_ptr<detail::program_state> state) : state_(std::move(state)) {}
 
   /// Runs the function on `inputs` (tensors of the compiled specs' dtypes, devices and shapes;
-  /// a non-contiguous input is copied first). Returns the result tensors: views of the program's
-  /// output buffers. A result you keep keeps its values (losses.push_back(loss)): before the
-  /// next run writes the buffers, results still held are moved to a copy of their bytes, and
-  /// only those cost anything. Do not read a kept result on another thread while the program
-  /// runs again.
+  /// an input not dense in its spec's memory_format is copied into it first). Returns the result
+  /// tensors: views of the program's output buffers. A result you keep keeps its values
+  /// (losses.push_back(loss)): before the next run writes the buffers, results still held are moved
+  /// to a copy of their bytes, and only those cost anything. Do not read a kept result on another
+  /// thread while the program runs again.
   template <class... Ts>
   Result forward(const Ts&... inputs) {
     bind(inputs...);
@@ -132,10 +132,22 @@ class Program {
   void bind(const Ts&... inputs) {
     static_assert((tessera::detail::is_tensor<Ts>::value && ...),
                   "Program::forward: inputs are tensors");
-    // Made contiguous and type-erased here; checked and bound out of line, the same code for
-    // every program.
-    const AnyTensor erased[sizeof...(Ts) + 1] = {
-        AnyTensor(inputs.defined() ? inputs.contiguous() : inputs)...};
+    // Made dense in the layout each input was traced for (its spec's memory_format: a copy
+    // when laid out otherwise) and type-erased here; checked and bound out of line, the same
+    // code for every program.
+    std::size_t next = 0;
+    auto dense = [&](const auto& t) {
+      const std::size_t i = next++;
+      const memory_format format =
+          i < state_->input_ids.size()
+              ? state_->g->values[static_cast<std::size_t>(state_->input_ids[i])]
+                    .suggest_memory_format()
+              : memory_format::contiguous_format;
+      using X = std::remove_cvref_t<decltype(t)>;
+      if (!t.defined() || t.is_contiguous(format)) return X(t);
+      return t.contiguous(format);
+    };
+    const AnyTensor erased[sizeof...(Ts) + 1] = {AnyTensor(dense(inputs))...};
     state_->bind(erased, sizeof...(Ts));
   }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "tessera/autograd/parameter.hpp"
+#include "tessera/core/memory_format.hpp"
 #include "tessera/expr/node.hpp"
 #include "tessera/tensor/any_tensor.hpp"
 
@@ -52,7 +53,9 @@ enum class value_role {
 
 struct value_info {
   Shape shape;
-  Strides strides;  // contiguous except for views
+  // Dense (contiguous or channels_last) except for views and bound tensors' own; an arena value
+  // or gradient is laid out by these strides in its block.
+  Strides strides;
   std::int64_t offset = 0;  // views: element offset from the base's first element
   ScalarType dtype = ScalarType::float32;
   Device device;
@@ -67,7 +70,23 @@ struct value_info {
   std::size_t bytes() const {
     return static_cast<std::size_t>(shape.numel()) * element_size(dtype);
   }
+  /// channels_last for a 4-d value laid out channels_last (dense or not; ambiguous layouts count
+  /// as contiguous), contiguous_format otherwise: Tensor::suggest_memory_format's rule.
+  memory_format suggest_memory_format() const {
+    return tessera::detail::is_channels_last_like(shape, strides)
+               ? memory_format::channels_last
+               : memory_format::contiguous_format;
+  }
 };
+
+/// The dense strides of `shape` in `format`: channels_last only for a 4-d shape, the contiguous
+/// ones otherwise.
+inline Strides dense_strides(const Shape& shape, memory_format format) {
+  if (format == memory_format::channels_last && shape.size() == 4) {
+    return tessera::detail::strides_for(shape, format, "autograd");
+  }
+  return shape.contiguous_strides();
+}
 
 class value_table;
 
@@ -236,8 +255,10 @@ class graph {
   std::vector<AnyTensor> constants;  // by value id (undefined for others)
 
   int add_value(value_info info);
-  /// Records `n` producing a new contiguous value of dtype `dtype` and `shape` on `device`.
-  int add_node(std::unique_ptr<node> n, const Shape& shape, ScalarType dtype, Device device);
+  /// Records `n` producing a new value of dtype `dtype` and `shape` on `device`, dense in `format`
+  /// (channels_last applies to 4-d shapes only; others are contiguous).
+  int add_node(std::unique_ptr<node> n, const Shape& shape, ScalarType dtype, Device device,
+               memory_format format = memory_format::contiguous_format);
   /// Records a view node: its output shares the storage of inputs[0].
   int add_view(std::unique_ptr<node> n, const Shape& shape, const Strides& strides,
                std::int64_t offset);
@@ -266,7 +287,11 @@ class graph {
     if (!slot->value.defined()) throw error("autograd: a parameter has no value (undefined tensor)");
     value_info info;
     info.shape = slot->value.shape();
-    info.strides = info.shape.contiguous_strides();
+    // A parameter made channels_last (Module::to) is traced as it is laid out.
+    const bool channels_last = slot->value.is_contiguous(memory_format::channels_last) &&
+                               slot->value.suggest_memory_format() == memory_format::channels_last;
+    info.strides = dense_strides(info.shape, channels_last ? memory_format::channels_last
+                                                           : memory_format::contiguous_format);
     info.dtype = scalar_type_of<T>;
     info.device = slot->value.device();
     info.role = value_role::parameter;
@@ -279,7 +304,9 @@ class graph {
     binding.value = [raw]() -> AnyTensor { return raw->value; };
     binding.grad_for_backward = [raw]() -> std::pair<AnyTensor, bool> {
       if (!raw->grad.defined()) {
-        raw->grad = Tensor<T, K>::empty_on(raw->value.shape(), raw->value.device());
+        // Laid out as the parameter is (PyTorch's rule for a new .grad).
+        raw->grad = Tensor<T, K>::empty_on(raw->value.shape(), raw->value.device(),
+                                           raw->value.suggest_memory_format());
         raw->grad_zero = true;
       }
       return {raw->grad, raw->grad_zero};
@@ -311,10 +338,10 @@ TESSERA_API int graph::add_value(value_info info) {
 }
 
 TESSERA_API int graph::add_node(std::unique_ptr<node> n, const Shape& shape, ScalarType dtype,
-                                Device device) {
+                                Device device, memory_format format) {
   value_info info;
   info.shape = shape;
-  info.strides = shape.contiguous_strides();
+  info.strides = dense_strides(shape, format);
   info.dtype = dtype;
   info.device = device;
   info.role = value_role::computed;
@@ -433,7 +460,10 @@ class Var {
 
 /// A placeholder for an input of a compiled function: dtype T, device kind K, a shape and an
 /// ordinal. `requires_grad`: backward also computes the gradient with respect to this input
-/// (Program::input_grad; floating dtypes only), as for a stage of a pipeline.
+/// (Program::input_grad; floating dtypes only), as for a stage of a pipeline. `memory_format`:
+/// the layout the program is traced for (channels_last: a 4-d input laid out NHWC, so that the
+/// layers after it keep NHWC; its gradient is NHWC too). A tensor bound in another layout is
+/// still read through its own strides (layers that need a dense layout copy it).
 template <Dtype T, DeviceKind K = cpu>
 struct input_spec {
   using value_type = T;
@@ -441,12 +471,16 @@ struct input_spec {
   Shape shape;
   int device = 0;
   bool requires_grad = false;
+  tessera::memory_format memory_format = tessera::memory_format::contiguous_format;
 };
 
-/// input<float>({32, 784}): an input of that dtype, shape and device.
+/// input<float>({32, 784}): an input of that dtype, shape and device;
+/// input<float>({32, 3, 224, 224}, 0, ts::memory_format::channels_last): an NHWC image batch
+/// (channels_last needs a 4-d shape: compile throws shape_error otherwise).
 template <Dtype T, DeviceKind K = cpu>
-input_spec<T, K> input(const Shape& shape, int device = 0) {
-  return input_spec<T, K>{shape, device};
+input_spec<T, K> input(const Shape& shape, int device = 0,
+                       tessera::memory_format format = tessera::memory_format::contiguous_format) {
+  return input_spec<T, K>{shape, device, false, format};
 }
 
 /// The Var of a parameter slot in the graph that `like` (a Var or a symbolic expression) belongs

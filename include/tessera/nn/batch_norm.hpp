@@ -54,7 +54,7 @@ class batch_norm_stats_node final : public autograd::detail::node {
     return (bn_.uses_batch_statistics() ? 1 : 0) + (bn_.is_training() ? 2 : 0);
   }
   void forward(autograd::detail::value_table& table) override {
-    const Tensor<T, K> x3 = contiguous_value<T, K>(table, inputs[0]).view(view_);
+    const Tensor<T, K> x3 = dense_value<T, K>(table, inputs[0]).view(view_);
     Tensor<T, K> stats = table.template get<T, K>(output);
     if (bn_.uses_batch_statistics()) {
       if (bn_.is_training() && view_[0] * view_[2] <= 1) {
@@ -94,7 +94,7 @@ class batch_norm_apply_node final : public autograd::detail::node {
   }
   void forward(autograd::detail::value_table& table) override {
     batch_ = bn_.uses_batch_statistics();
-    const Tensor<T, K> x3 = contiguous_value<T, K>(table, inputs[0]).view(view_);
+    const Tensor<T, K> x3 = dense_value<T, K>(table, inputs[0]).view(view_);
     const Tensor<T, K> stats = table.template get<T, K>(inputs[1]);
     Tensor<T, K> y3 = table.template get<T, K>(output).view(view_);
     workspace ws = scratch_of(table);
@@ -132,7 +132,7 @@ class batch_norm_apply_node final : public autograd::detail::node {
   }
   void backward(autograd::detail::value_table& table,
                 const std::vector<char>& accumulate) override {
-    const Tensor<T, K> x3 = contiguous_value<T, K>(table, inputs[0]).view(view_);
+    const Tensor<T, K> x3 = dense_value<T, K>(table, inputs[0]).view(view_);
     const Tensor<T, K> stats = table.template get<T, K>(inputs[1]);
     const Tensor<T, K> g3 = table.template grad<T, K>(output).view(view_);
     const Tensor<T, K> y3 = relu_ ? table.template get<T, K>(output).view(view_) : Tensor<T, K>();
@@ -345,7 +345,11 @@ class batch_norm : public Module {
       return y;
     } else {
       using V = autograd::Var<T, K>;
-      const V input = contiguous_var(V(x));
+      // A channels_last input gives a channels_last output (its [N, C, H * W] view has the
+      // channel innermost), as eager.
+      const V bound(x);
+      const memory_format format = var_format(bound);
+      const V input = dense_var(bound, format);
       const Shape& shape = input.shape();
       const Shape view = checked_view(shape);
       autograd::detail::graph* g = input.graph();
@@ -378,7 +382,7 @@ class batch_norm : public Module {
       return record(input,
                     std::make_unique<batch_norm_apply_node<T, K, batch_norm>>(
                         input.id(), stats_id, w, b, *this, view, relu_after),
-                    shape);
+                    shape, format);
     }
   }
 

@@ -72,26 +72,16 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
     check_same_device(who, x.device(), w.device(), "weight");
     conv2d_geometry g =
         conv2d_geometry_of(who, x.shape(), w.shape(), b_in ? &bias_shape : nullptr, args);
+    // channels_last in (input or weight) gives channels_last out, as PyTorch's convolution: x, w
+    // and y NHWC-dense (conv2d_forward runs them natively, through cuDNN, or on NCHW copies).
+    const memory_format format = conv2d_output_format(x, w);
+    g.channels_last = format == memory_format::channels_last;
     conv2d_choose_cudnn<T, K>(g, x.device(), /*with_backward=*/false);  // the forward only
-    if (conv2d_runs_nhwc<T, K>(g, x)) {  // NHWC in and out, natively (CPU, one group)
-      Tensor<T, K> y =
-          Tensor<T, K>::empty_on(g.output_shape(), x.device(), memory_format::channels_last);
-      if constexpr (std::is_same_v<K, cpu>) {
-        conv2d_forward_nhwc_cpu(g, x, w, b_in ? &b : nullptr, y);
-      }
-      return y;
-    }
-    const Tensor<T, K> xc = x.is_contiguous() ? x : x.contiguous();
-    const Tensor<T, K> wc = w.is_contiguous() ? w : w.contiguous();
-    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device());
+    const Tensor<T, K> xd = x.is_contiguous(format) ? x : x.contiguous(format);
+    const Tensor<T, K> wd = w.is_contiguous(format) ? w : w.contiguous(format);
+    Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device(), format);
     workspace ws = eager_workspace(x.device(), conv2d_forward_workspace<T, K>(g));
-    conv2d_forward(g, xc, wc, b_in ? &b : nullptr, y, ws);
-    // The other kernels are NCHW's: a channels_last input that conv2d_runs_nhwc does not take
-    // (grouped, another dtype, on CUDA), or a channels_last weight, was copied to NCHW above, and
-    // the output is copied back to channels_last, as PyTorch's convolution gives it.
-    if (conv2d_output_format(x, w) == memory_format::channels_last) {
-      return y.contiguous(memory_format::channels_last);
-    }
+    conv2d_forward(g, xd, wd, b_in ? &b : nullptr, y, ws);
     return y;
   } else {
     autograd::detail::graph* graph = [&] {
@@ -101,8 +91,15 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
         return autograd::detail::graph_of(w_in);
       }
     }();
-    const auto x = contiguous_var(autograd::detail::to_var(x_in, graph));
-    const auto w = contiguous_var(autograd::detail::to_var(w_in, graph));
+    // PyTorch's rule, as eager: channels_last when the input or the weight is.
+    const auto x_var = autograd::detail::to_var(x_in, graph);
+    const auto w_var = autograd::detail::to_var(w_in, graph);
+    const memory_format format = var_format(x_var) == memory_format::channels_last ||
+                                         var_format(w_var) == memory_format::channels_last
+                                     ? memory_format::channels_last
+                                     : memory_format::contiguous_format;
+    const auto x = dense_var(x_var, format);
+    const auto w = dense_var(w_var, format);
     check_same_device(who, x.device(), w.device(), "weight");
     int bias_id = -1;
     Shape bias_shape;
@@ -116,9 +113,10 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
     }
     conv2d_geometry g =
         conv2d_geometry_of(who, x.shape(), w.shape(), b_in ? &bias_shape : nullptr, args);
+    g.channels_last = format == memory_format::channels_last;  // before cuDNN's choice: its key
     conv2d_choose_cudnn<T, K>(g, x.device());  // kept by the node: its plan's workspace
     return record(x, std::make_unique<conv2d_node<T, K>>(x.id(), w.id(), bias_id, g),
-                  g.output_shape());
+                  g.output_shape(), format);
   }
 }
 
@@ -140,7 +138,9 @@ auto max_pool2d_call(const std::string& who, const X& x_in, Int2 kernel,
     const auto x = autograd::detail::to_var(x_in, autograd::detail::graph_of(x_in));
     const pool2d_geometry g =
         pool2d_geometry_of(who, x.shape(), kernel, a.stride, a.padding, a.dilation, a.ceil_mode);
-    return record(x, std::make_unique<max_pool2d_node<T, K>>(x.id(), g), g.output_shape());
+    // Pooling keeps its input's layout (as eager's pool2d_format).
+    return record(x, std::make_unique<max_pool2d_node<T, K>>(x.id(), g), g.output_shape(),
+                  var_format(x));
   }
 }
 
@@ -165,7 +165,8 @@ auto avg_pool2d_call(const std::string& who, const X& x_in, Int2 kernel, const A
     const auto x = autograd::detail::to_var(x_in, autograd::detail::graph_of(x_in));
     const pool2d_geometry g =
         pool2d_geometry_of(who, x.shape(), kernel, a.stride, a.padding, 1, a.ceil_mode);
-    return record(x, std::make_unique<avg_pool2d_node<T, K>>(x.id(), g, a), g.output_shape());
+    return record(x, std::make_unique<avg_pool2d_node<T, K>>(x.id(), g, a), g.output_shape(),
+                  var_format(x));
   }
 }
 
@@ -184,8 +185,8 @@ auto adaptive_avg_pool2d_call(const std::string& who, const X& x_in, Int2 output
   } else {
     const auto x = autograd::detail::to_var(x_in, autograd::detail::graph_of(x_in));
     const adaptive_geometry g = adaptive_geometry_of(who, x.shape(), output_size);
-    return record(x, std::make_unique<adaptive_avg_pool2d_node<T, K>>(x.id(), g),
-                  g.output_shape());
+    return record(x, std::make_unique<adaptive_avg_pool2d_node<T, K>>(x.id(), g), g.output_shape(),
+                  var_format(x));
   }
 }
 
@@ -258,8 +259,13 @@ auto add_relu(const A& a, const B& b) {
       throw device_mismatch_error("add_relu: expected operands on one device, got " +
                                   va.device().str() + " and " + vb.device().str());
     }
+    // channels_last when both summands are, as the expression's rule (eager).
+    const memory_format format = detail::var_format(va) == memory_format::channels_last &&
+                                         detail::var_format(vb) == memory_format::channels_last
+                                     ? memory_format::channels_last
+                                     : memory_format::contiguous_format;
     return detail::record(va, std::make_unique<detail::add_relu_node<T, K>>(va.id(), vb.id()),
-                          va.shape());
+                          va.shape(), format);
   }
 }
 

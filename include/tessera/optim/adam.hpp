@@ -229,9 +229,13 @@ class adam_base : public Optimizer {
     staged_moments out;
     if (!state.exp_avg.defined()) {
       // Made here, filled by the pass, which writes them without reading them.
-      out.exp_avg = Tensor<T, K>::empty_on(value.shape(), value.device());
-      out.exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
-      if (o.amsgrad) out.max_exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device());
+      // Laid out as the parameter, alongside which the pass reads them element by element.
+      const memory_format format = detail::parameter_format(value.shape(), value.strides());
+      out.exp_avg = Tensor<T, K>::empty_on(value.shape(), value.device(), format);
+      out.exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device(), format);
+      if (o.amsgrad) {
+        out.max_exp_avg_sq = Tensor<T, K>::empty_on(value.shape(), value.device(), format);
+      }
       return out;
     }
     if (o.amsgrad && !state.max_exp_avg_sq.defined()) {

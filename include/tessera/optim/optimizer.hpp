@@ -154,6 +154,20 @@ TESSERA_HOST_DEVICE void store_value(T* parameter, L* low, std::int64_t i, C val
 }  // namespace detail
 
 namespace detail {
+/// The dense layout of a parameter's memory, in which its gradient and state are read element
+/// by element alongside it: contiguous_format, or channels_last for a 4-d parameter made so by
+/// Module::to(memory_format) (one dense in both, [O, C, 1, 1], counts as contiguous).
+inline memory_format parameter_format(const Shape& shape, const Strides& strides) {
+  return !backend::cpu::is_row_major(shape, strides) &&
+                 tessera::detail::is_channels_last_contiguous(shape, strides)
+             ? memory_format::channels_last
+             : memory_format::contiguous_format;
+}
+/// True when the parameter's memory is dense in one of the two layouts.
+inline bool parameter_is_dense(const Shape& shape, const Strides& strides) {
+  return backend::cpu::is_row_major(shape, strides) ||
+         tessera::detail::is_channels_last_contiguous(shape, strides);
+}
 /// For state dicts (optimisers and schedulers): a 0-d float64 tensor on cpu:0 holding `value`,
 /// and the number under `key` (one element, any dtype, on the CPU; tessera::error naming `who`
 /// and the key when it is missing or not one number).
@@ -217,9 +231,10 @@ class Optimizer {
   const AnyTensor& master_weight(std::size_t i) const { return masters_.at(i); }
 
  protected:
-  /// Calls fn(value, grad) with parameter i's value and gradient as contiguous typed tensors
-  /// (float, double, half or bfloat16, on cpu or cuda), or does nothing when it has no
-  /// gradient. A non-contiguous gradient is copied first. Throws, naming the optimiser and the
+  /// Calls fn(value, grad) with parameter i's value and gradient as typed tensors (float,
+  /// double, half or bfloat16, on cpu or cuda) dense in the value's layout (contiguous, or
+  /// channels_last: detail::parameter_format), or does nothing when it has no gradient. A
+  /// gradient laid out otherwise is copied first. Throws, naming the optimiser and the
   /// parameter: dtype_error for an integer parameter or a gradient of another dtype,
   /// device_mismatch_error for a gradient on another device, shape_error for another shape,
   /// tessera::error for a non-contiguous parameter.
@@ -247,9 +262,9 @@ class Optimizer {
       throw shape_error(which + " has shape " + value.shape().str() + " but its gradient " +
                         grad.shape().str());
     }
-    if (!value.is_contiguous()) {
-      throw error(which + " (shape " + value.shape().str() +
-                  ") is not contiguous; optimisers update contiguous parameters");
+    if (!detail::parameter_is_dense(value.shape(), value.strides())) {
+      throw error(which + " (shape " + value.shape().str() + ", strides " + value.strides().str() +
+                  ") is not dense; optimisers update contiguous or channels_last parameters");
     }
     switch (value.dtype()) {
       case ScalarType::float32:
@@ -279,6 +294,13 @@ class Optimizer {
     }
     if (typed.device() != value.device()) {
       typed = typed.template to<K>(value.device_index());
+      state = typed;
+    }
+    // Read element by element alongside the parameter: laid out as it is (Module::to may have
+    // changed the parameter's layout since the state was made).
+    const memory_format format = detail::parameter_format(value.shape(), value.strides());
+    if (!typed.is_contiguous(format)) {
+      typed = typed.contiguous(format);
       state = typed;
     }
     return typed;
@@ -371,27 +393,35 @@ class Optimizer {
   template <Dtype L, DeviceKind K, class Fn>
   void typed_master(std::size_t i, const AnyTensor& value, const AnyTensor& grad, Fn& fn) {
     const Tensor<L, K> low = value.as<L, K>();
+    const memory_format format = detail::parameter_format(value.shape(), value.strides());
     AnyTensor& master = masters_[i];
     if (!master.defined() || master.shape() != value.shape() ||
         master.device().type != value.device().type) {
-      master = low.template to<float>();
+      master = low.template to<float>().contiguous(format);
     } else if (master.device() != value.device()) {
       master = master.as<float, K>().template to<K>(value.device().index);
     }
+    // The master is read element by element alongside the parameter: laid out as it is (a
+    // parameter moved to another layout since, by Module::to, moves its master too).
+    if (!master.as<float, K>().is_contiguous(format)) {
+      master = master.as<float, K>().contiguous(format);
+    }
     if constexpr (std::is_same_v<K, tessera::cuda>) {  // a queued CUDA rule points into it
-      fn(master.as<float, K>(), detail::kept_until_flush(grad.as<L, K>().contiguous()), low);
+      fn(master.as<float, K>(), detail::kept_until_flush(grad.as<L, K>().contiguous(format)), low);
     } else {
-      fn(master.as<float, K>(), grad.as<L, K>().contiguous(), low);
+      fn(master.as<float, K>(), grad.as<L, K>().contiguous(format), low);
     }
   }
 
   template <Dtype T, class Fn>
   static void typed(const AnyTensor& value, const AnyTensor& grad, Fn& fn) {
+    // The gradient is read element by element alongside the parameter: laid out as it is.
+    const memory_format format = detail::parameter_format(value.shape(), value.strides());
     if (value.device().is_cuda()) {
       fn(value.as<T, tessera::cuda>(),
-         detail::kept_until_flush(grad.as<T, tessera::cuda>().contiguous()));
+         detail::kept_until_flush(grad.as<T, tessera::cuda>().contiguous(format)));
     } else {
-      fn(value.as<T, tessera::cpu>(), grad.as<T, tessera::cpu>().contiguous());
+      fn(value.as<T, tessera::cpu>(), grad.as<T, tessera::cpu>().contiguous(format));
     }
   }
 };
@@ -572,8 +602,12 @@ TESSERA_API AnyTensor Optimizer::loaded_state(const StateDict& state_dict, std::
   }
   AnyTensor copy = visit_dtype(want, [&](auto tag) -> AnyTensor {  // on the parameter's device
     using T = typename decltype(tag)::type;
-    if (value.device().is_cuda()) return Tensor<T, cuda>::empty_on(value.shape(), value.device());
-    return Tensor<T, cpu>::empty_on(value.shape(), value.device());
+    // Laid out as the parameter, alongside which it is read element by element.
+    const memory_format format = detail::parameter_format(value.shape(), value.strides());
+    if (value.device().is_cuda()) {
+      return Tensor<T, cuda>::empty_on(value.shape(), value.device(), format);
+    }
+    return Tensor<T, cpu>::empty_on(value.shape(), value.device(), format);
   });
   copy.copy_(loaded);
   return copy;

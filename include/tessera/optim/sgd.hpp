@@ -178,7 +178,10 @@ class SGD : public Optimizer {
   AnyTensor stage(std::size_t i, const Tensor<T, K>& value) const {
     if (group_options(group_of_[i]).momentum == 0.0) return {};
     // Made here, filled by the pass (the first step writes it without reading it).
-    if (!momentum_buffers_[i].defined()) return Tensor<T, K>::empty_on(value.shape(), value.device());
+    if (!momentum_buffers_[i].defined()) {
+      return Tensor<T, K>::empty_on(value.shape(), value.device(),
+                                    detail::parameter_format(value.shape(), value.strides()));
+    }
     AnyTensor buffer = momentum_buffers_[i];  // state_like moves this copy, not the state
     (void)state_like(buffer, value, "momentum buffer", i);
     return buffer;

@@ -43,8 +43,10 @@ template <class T>
 std::size_t store_gradient_scratch(const Shape& shape, const Shape& target) {
   const Shape full = broadcast_shapes(shape, target, "gradient");
   if (full == target) return 0;
-  if (shape == full && broadcast_dims(full, target).size() == 1) return scratch_bytes<T>(target);
-  return 2 * scratch_bytes<T>(full) + 64;
+  // A target that is not contiguous (an NHWC gradient) is summed into a contiguous one first.
+  if (shape == full && broadcast_dims(full, target).size() == 1)
+    return 2 * scratch_bytes<T>(target);
+  return 2 * scratch_bytes<T>(full) + scratch_bytes<T>(target) + 64;
 }
 
 /// sum of `node` along `dim` into `out` (contiguous, the reduced element count).
@@ -67,6 +69,18 @@ void store_gradient(const Tensor<T, K>& target, const E& e, bool accumulate, val
       add_into(out, e);
     } else {
       tessera::detail::run_expression(out, e);
+    }
+    return;
+  }
+  if (!target.is_contiguous()) {
+    // The sums below write contiguous tensors: into one from the scratch, then into the target
+    // through its strides (an NHWC gradient of a broadcast operand).
+    const Tensor<T, K> sums = table.scratch_tensor<T, K>(target.shape());
+    store_gradient(sums, e, false, table);
+    if (accumulate) {
+      add_into(out, sums);
+    } else {
+      tessera::detail::run_expression(out, as_node(sums));
     }
     return;
   }

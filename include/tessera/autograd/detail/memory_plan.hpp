@@ -171,6 +171,11 @@ TESSERA_API void program_state::place() {
       if (in.end != i || out.start != i || in.bytes != out.bytes || in.device != out.device) {
         continue;
       }
+      // Read and written at the same index only when laid out alike (NHWC and NCHW are not).
+      if (g->values[static_cast<std::size_t>(upstream)].strides !=
+          g->values[static_cast<std::size_t>(written)].strides) {
+        continue;
+      }
       parent[static_cast<std::size_t>(to)] = find(from);
       ++plan.in_place;
       continue;
@@ -186,6 +191,9 @@ TESSERA_API void program_state::place() {
         const instance& in = instances[static_cast<std::size_t>(inst)];
         const instance& out = instances[static_cast<std::size_t>(s.out_instance)];
         if (in.end != i || in.bytes != out.bytes || in.device != out.device) continue;
+        // An elementwise pass reads each element where it writes it only when the two values are
+        // laid out alike (NHWC and NCHW are not).
+        if (cv.strides != g->values[static_cast<std::size_t>(n.output)].strides) continue;
         // No other input of the step may read the same buffer (a view of it, read elsewhere).
         bool alone = true;
         for (int other : n.inputs) {

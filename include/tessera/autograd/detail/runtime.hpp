@@ -45,10 +45,9 @@ TESSERA_API void program_state::allocate() {
     instance_tensors[i] = visit_dtype(info.dtype, [&](auto tag) -> AnyTensor {
       using T = typename decltype(tag)::type;
       const auto offset = static_cast<std::int64_t>(buf.offset / sizeof(T));
-      if (info.device.is_cuda()) {
-        return Tensor<T, cuda>(arena, info.shape, info.shape.contiguous_strides(), offset);
-      }
-      return Tensor<T, cpu>(arena, info.shape, info.shape.contiguous_strides(), offset);
+      // A value's strides are dense (contiguous or channels_last): the same bytes either way.
+      if (info.device.is_cuda()) return Tensor<T, cuda>(arena, info.shape, info.strides, offset);
+      return Tensor<T, cpu>(arena, info.shape, info.strides, offset);
     });
   }
   // Gradients have one instance each: bind them for good.
@@ -334,18 +333,22 @@ TESSERA_API void program_state::bind(const AnyTensor* inputs, std::size_t count)
     const auto& binding = g->parameters[p];
     AnyTensor value = binding.value();
     const value_info& info = g->values[static_cast<std::size_t>(binding.value_id)];
+    // Bound as they are laid out, dense contiguous or channels_last (Module::to(memory_format));
+    // the layers read them through their strides (and copy them where they need another layout).
+    const bool dense =
+        value.defined() && (value.is_contiguous() || tessera::detail::is_channels_last_contiguous(
+                                                         value.shape(), value.strides()));
     if (!value.defined() || value.shape() != info.shape || value.dtype() != info.dtype ||
-        value.device() != info.device || !value.is_contiguous()) {
+        value.device() != info.device || !dense) {
       throw error("Program::forward: parameter " + std::to_string(p) +
                   " changed since compile: " + "traced as " + std::string(name(info.dtype)) + " " +
                   info.shape.str() + " on " + info.device.str() + ", now " +
                   (value.defined() ? std::string(name(value.dtype())) + " " + value.shape().str() +
                                          " on " + value.device().str() +
-                                         (value.is_contiguous()
-                                              ? ""
-                                              : " (not contiguous: a program's parameters are "
-                                                "contiguous; undo Module::to(memory_format::"
-                                                "channels_last) with contiguous_format)")
+                                         (dense ? ""
+                                                : " (not dense: a program's parameters are "
+                                                  "contiguous or channels_last; make it so with "
+                                                  "Module::to(memory_format))")
                                    : std::string("undefined")) +
                   "; compile again after moving or replacing parameters");
     }

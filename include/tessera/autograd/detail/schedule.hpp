@@ -34,7 +34,8 @@ TESSERA_API void program_state::make_gradients() {
     if (!live[v] || !values[v].requires_grad) continue;
     value_info grad;
     grad.shape = values[v].shape;
-    grad.strides = grad.shape.contiguous_strides();
+    // Laid out as the value is: an NHWC value's gradient is NHWC.
+    grad.strides = dense_strides(grad.shape, values[v].suggest_memory_format());
     grad.dtype = values[v].dtype;
     grad.device = values[v].device;
     grad.role = values[v].role == value_role::parameter ? value_role::parameter_gradient

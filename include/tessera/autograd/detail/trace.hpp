@@ -90,7 +90,10 @@ auto trace(Fn& fn, const Options& options, const std::tuple<const Specs&...>& sp
     using K = typename S::device_kind;
     value_info info;
     info.shape = spec.shape;
-    info.strides = spec.shape.contiguous_strides();
+    info.strides =
+        spec.memory_format == memory_format::contiguous_format
+            ? spec.shape.contiguous_strides()
+            : tessera::detail::strides_for(spec.shape, spec.memory_format, "autograd::input");
     info.dtype = scalar_type_of<T>;
     info.device = resolve_device<K>(spec.device);
     info.role = value_role::input;

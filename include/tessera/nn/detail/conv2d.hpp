@@ -23,6 +23,11 @@
 // instead of 36 with stride 1, 25 with stride 2), its forward and both gradients (the weight's
 // with a BLAS); every other convolution as GEMMs with im2col.
 //
+// channels_last (g.channels_last: x, w, y and their gradients NHWC-dense): cuDNN takes the NHWC
+// tensors as they are; otherwise the CPU forward runs natively on NHWC where conv2d_nhwc_native
+// allows (nn/detail/conv2d_nhwc.hpp), and everything else copies its operands to NCHW in the
+// workspace, runs the NCHW passes and copies (or adds) the results back (conv2d_nchw_copies).
+//
 // im2col and col2im have two implementations. On CPU, direct loops over channels (threaded;
 // rows of a stride-1 window are copies). Elsewhere (CUDA), the device-agnostic form: the input is
 // copied into a zero-padded buffer, col is one strided copy of a 6-D view of it, and col2im is
@@ -48,6 +53,7 @@
 #include "tessera/expr/operators.hpp"
 #include "tessera/expr/reduce.hpp"
 #include "tessera/nn/detail/conv2d_geometry.hpp"
+#include "tessera/nn/detail/conv2d_nhwc.hpp"
 #include "tessera/nn/detail/winograd.hpp"
 #include "tessera/nn/detail/workspace.hpp"
 #include "tessera/tensor/storage.hpp"
@@ -175,10 +181,44 @@ std::int64_t conv2d_padded_numel(const conv2d_geometry& g) {
   return conv2d_padded_shape<K>(g).numel();
 }
 
+/// True when a channels_last convolution's pass runs on NCHW copies in the workspace (neither
+/// cuDNN nor, for the forward, the native NHWC loops take it).
+template <class T, class K>
+bool conv2d_nchw_copies(const conv2d_geometry& g, bool forward) {
+  return g.channels_last && !g.cudnn.usable && !(forward && conv2d_nhwc_native<T, K>(g));
+}
+
+/// The geometry of the NCHW passes a channels_last convolution runs on copies.
+inline conv2d_geometry conv2d_nchw_geometry(const conv2d_geometry& g) {
+  conv2d_geometry nchw = g;
+  nchw.channels_last = false;
+  return nchw;
+}
+
+inline Shape conv2d_weight_shape(const conv2d_geometry& g) {
+  return Shape{g.o, g.in_per_group(), g.kh, g.kw};
+}
+
+template <class T, class K>
+std::size_t conv2d_forward_workspace(const conv2d_geometry& g);
+
+/// Workspace bytes of the NCHW copies of a channels_last forward, and of its NCHW passes.
+template <class T, class K>
+std::size_t conv2d_forward_copies_workspace(const conv2d_geometry& g) {
+  return workspace::bytes<T>(g.n * g.c * g.h * g.w) +
+         workspace::bytes<T>(conv2d_weight_shape(g).numel()) +
+         workspace::bytes<T>(g.output_shape().numel()) +
+         conv2d_forward_workspace<T, K>(conv2d_nchw_geometry(g));
+}
+
 /// Workspace bytes of conv2d_forward.
 template <class T, class K>
 std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
   if (g.cudnn.usable) return workspace::raw_bytes(g.cudnn.forward_bytes);
+  if (g.channels_last) {
+    if (conv2d_nhwc_native<T, K>(g)) return workspace::bytes<T>(conv2d_nhwc_col_numel(g));
+    return conv2d_forward_copies_workspace<T, K>(g);
+  }
   if (conv2d_winograd<T, K>(g))
     return workspace::bytes<T>(winograd_workspace_numel<T>(conv2d_winograd_forward(g)));
   const std::size_t parts = conv2d_split<T, K>(g) ? static_cast<std::size_t>(g.cpu_parts) : 1;
@@ -191,6 +231,16 @@ std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
 template <class T, class K>
 std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool weight,
                                       bool bias) {
+  if (conv2d_nchw_copies<T, K>(g, false) && (input || weight)) {
+    // gy's and w's copies (the NCHW passes view w even for the weight's gradient alone), dx's
+    // for the input gradient, x's and dw's for the weight's, then the NCHW passes (the bias's
+    // gradient among them).
+    const std::size_t image = workspace::bytes<T>(g.n * g.c * g.h * g.w);
+    const std::size_t filter = workspace::bytes<T>(conv2d_weight_shape(g).numel());
+    return workspace::bytes<T>(g.output_shape().numel()) + filter + (input ? image : 0) +
+           (weight ? image + filter : 0) +
+           conv2d_backward_workspace<T, K>(conv2d_nchw_geometry(g), input, weight, bias);
+  }
   std::size_t bytes = 0;
   if (bias) bytes += workspace::bytes<T>(g.n * g.o) + workspace::bytes<T>(g.o);
   if (g.cudnn.usable) {
@@ -666,15 +716,53 @@ void conv2d_forward_cudnn(const conv2d_geometry& g, const Tensor<T, tessera::cud
 #endif
 }
 
-/// y = conv2d(x, w) (+ bias) into y [N, O, OH, OW] (contiguous). x, w contiguous.
+/// A copy of `t` (any layout) into a contiguous tensor from `ws`.
+template <class T, class K>
+Tensor<T, K> contiguous_copy(const Tensor<T, K>& t, workspace& ws) {
+  Tensor<T, K> copy = ws.take<T, K>(t.shape());
+  tessera::detail::run_expression(copy, tessera::detail::as_node(t));
+  return copy;
+}
+
+/// target = value (or += when `accumulate`), through target's strides.
+template <class T, class K>
+void store_into(Tensor<T, K>& target, const Tensor<T, K>& value, bool accumulate) {
+  if (accumulate) {
+    tessera::detail::add_into(target, tessera::detail::as_node(value));
+  } else {
+    tessera::detail::run_expression(target, tessera::detail::as_node(value));
+  }
+}
+
+/// y = conv2d(x, w) (+ bias) into y [N, O, OH, OW]: contiguous tensors, or NHWC-dense ones when
+/// g.channels_last (cuDNN takes them as they are; the CPU loops natively where
+/// conv2d_nhwc_native allows; otherwise NCHW copies in `ws`, conv2d_forward_copies_workspace).
 template <class T, class K>
 void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
                     const Tensor<T, K>* bias, Tensor<T, K>& y, workspace& ws) {
+  if (g.channels_last && !g.cudnn.usable) {
+    if constexpr (std::is_same_v<K, cpu>) {
+      if (conv2d_nhwc_native<T, K>(g)) {
+        Tensor<T, cpu> col;
+        if (const std::int64_t numel = conv2d_nhwc_col_numel(g); numel > 0) {
+          col = ws.take<T, cpu>(Shape{numel});
+        }
+        conv2d_forward_nhwc_cpu(g, x, w, bias, y, col);
+        return;
+      }
+    }
+    const Tensor<T, K> xc = contiguous_copy(x, ws), wc = contiguous_copy(w, ws);
+    Tensor<T, K> yc = ws.take<T, K>(y.shape());
+    conv2d_forward(conv2d_nchw_geometry(g), xc, wc, bias, yc, ws);
+    store_into(y, yc, false);
+    return;
+  }
   if constexpr (std::is_same_v<K, tessera::cuda>) {
     if (g.cudnn.usable) conv2d_forward_cudnn(g, x, w, y, ws);
   }
   if (!g.cudnn.usable) conv2d_forward_gemms(g, x, w, y, ws);
   if (bias != nullptr) {
+    // [N, O, OH * OW] views both dense layouts (channels_last's with O innermost).
     Tensor<T, K> y3 = y.view(Shape{g.n, g.o, g.spatial()});
     tessera::detail::add_into(y3, tessera::detail::as_node(bias->view(Shape{1, g.o, 1})));
   }
@@ -890,14 +978,27 @@ void conv2d_backward_cudnn(const conv2d_geometry& g, const Tensor<T, tessera::cu
 #endif
 }
 
-/// Gradients of y = conv2d(x, w) + bias for the upstream gradient gy [N, O, OH, OW]
-/// (contiguous): each of dx, dw, db that is defined is written, or added to when its
-/// accumulate flag is set. x (needed for dw only) and w contiguous.
+/// Gradients of y = conv2d(x, w) + bias for the upstream gradient gy [N, O, OH, OW]: each of dx,
+/// dw, db that is defined is written, or added to when its accumulate flag is set. x (needed for
+/// dw only), w, gy, dx and dw contiguous, or NHWC-dense when g.channels_last (cuDNN takes them
+/// as they are; otherwise the NCHW passes run on copies in `ws`, conv2d_backward_workspace).
 template <class T, class K>
 void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
                      const Tensor<T, K>& gy, Tensor<T, K>* dx, bool dx_accumulate, Tensor<T, K>* dw,
                      bool dw_accumulate, Tensor<T, K>* db, bool db_accumulate, workspace& ws) {
   using tessera::detail::as_node;
+  if (conv2d_nchw_copies<T, K>(g, false) && (dx != nullptr || dw != nullptr)) {
+    const Tensor<T, K> gyc = contiguous_copy(gy, ws);
+    const Tensor<T, K> xc = dw != nullptr ? contiguous_copy(x, ws) : Tensor<T, K>();
+    const Tensor<T, K> wc = contiguous_copy(w, ws);
+    Tensor<T, K> dxc = dx != nullptr ? ws.take<T, K>(dx->shape()) : Tensor<T, K>();
+    Tensor<T, K> dwc = dw != nullptr ? ws.take<T, K>(dw->shape()) : Tensor<T, K>();
+    conv2d_backward(conv2d_nchw_geometry(g), xc, wc, gyc, dx != nullptr ? &dxc : nullptr, false,
+                    dw != nullptr ? &dwc : nullptr, false, db, db_accumulate, ws);
+    if (dx != nullptr) store_into(*dx, dxc, dx_accumulate);
+    if (dw != nullptr) store_into(*dw, dwc, dw_accumulate);
+    return;
+  }
   if (db != nullptr) {
     // db = sum of gy over (N, OH, OW): along the spatial dim, then the batch.
     Tensor<T, K> per_image = ws.take<T, K>(Shape{g.n, g.o});

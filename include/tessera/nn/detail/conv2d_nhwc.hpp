@@ -24,14 +24,31 @@ namespace tessera::nn::detail {
 /// chunk keeps hundreds of positions for the GEMM even for a 3x3 kernel over 512 channels.
 inline constexpr std::int64_t conv2d_nhwc_col_elements = std::int64_t{1} << 20;
 
-/// True when conv2d_forward_nhwc_cpu runs this forward: float or double on the CPU, one group,
-/// an input laid out densely channels_last (and not ambiguously: suggest_memory_format).
+/// True when conv2d_forward_nhwc_cpu can run this geometry's forward: float or double on the
+/// CPU, one group.
+template <class T, class K>
+bool conv2d_nhwc_native(const conv2d_geometry& g) {
+  return std::is_same_v<K, cpu> &&
+         (std::is_same_v<T, float> || std::is_same_v<T, double>)&&g.groups == 1;
+}
+
+/// True when conv2d_forward_nhwc_cpu runs this forward: conv2d_nhwc_native, and an input laid
+/// out densely channels_last (and not ambiguously: suggest_memory_format).
 template <class T, class K>
 bool conv2d_runs_nhwc(const conv2d_geometry& g, const Tensor<T, K>& x) {
-  return std::is_same_v<K, cpu> &&
-         (std::is_same_v<T, float> || std::is_same_v<T, double>)&&g.groups == 1 &&
-         x.suggest_memory_format() == memory_format::channels_last &&
+  return conv2d_nhwc_native<T, K>(g) && x.suggest_memory_format() == memory_format::channels_last &&
          x.is_contiguous(memory_format::channels_last);
+}
+
+/// Elements of the col buffer conv2d_forward_nhwc_cpu fills chunk by chunk (0: a 1x1
+/// convolution with stride 1 and no padding, which needs none).
+inline std::int64_t conv2d_nhwc_col_numel(const conv2d_geometry& g) {
+  if (g.pointwise()) return 0;
+  const std::int64_t positions = g.n * g.oh * g.ow, k = g.kh * g.kw * g.c;
+  const std::int64_t chunk =
+      std::clamp<std::int64_t>(conv2d_nhwc_col_elements / std::max<std::int64_t>(k, 1), 1,
+                               std::max<std::int64_t>(positions, 1));
+  return chunk * k;
 }
 
 /// Rows [first, first + rows) of the NHWC im2col of x (NHWC bytes) into col [rows, KH * KW * C]:
@@ -65,11 +82,13 @@ void im2col_nhwc_cpu(const conv2d_geometry& g, const T* x, std::int64_t first, s
 }
 
 /// y = conv2d(x, w) (+ bias) with x and y [N, C, H, W] / [N, O, OH, OW] dense channels_last
-/// (conv2d_runs_nhwc), w in any layout (copied to channels_last when it is not).
+/// (conv2d_runs_nhwc), w in any layout (copied to channels_last when it is not). `col`: a buffer
+/// of conv2d_nhwc_col_numel(g) elements (a program's planned workspace), or undefined: one from
+/// the pool.
 template <class T>
 void conv2d_forward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
-                             const Tensor<T, cpu>& w, const Tensor<T, cpu>* bias,
-                             Tensor<T, cpu>& y) {
+                             const Tensor<T, cpu>& w, const Tensor<T, cpu>* bias, Tensor<T, cpu>& y,
+                             Tensor<T, cpu> col = {}) {
   const std::int64_t positions = g.n * g.oh * g.ow, k = g.kh * g.kw * g.c;
   // [O, KH, KW, C] row-major is the weight's channels_last storage.
   const Tensor<T, cpu> w2 =
@@ -84,7 +103,7 @@ void conv2d_forward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
     const std::int64_t chunk =
         std::clamp<std::int64_t>(conv2d_nhwc_col_elements / std::max<std::int64_t>(k, 1), 1,
                                  std::max<std::int64_t>(positions, 1));
-    Tensor<T, cpu> col = Tensor<T, cpu>::empty_on(Shape{chunk * k}, x.device());
+    if (!col.defined()) col = Tensor<T, cpu>::empty_on(Shape{chunk * k}, x.device());
     for (std::int64_t first = 0; first < positions; first += chunk) {
       const std::int64_t rows = std::min(chunk, positions - first);
       im2col_nhwc_cpu(g, x.data(), first, rows, col.data());

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,11 +25,30 @@ inline workspace eager_workspace(Device device, std::size_t bytes) {
   return workspace(Storage::allocate(device, bytes), 0, static_cast<std::int64_t>(bytes));
 }
 
+/// A traced operand as a Var dense in `format` (contiguous_format, or channels_last for a 4-d
+/// one): itself when it is, else a copy by a fused node.
+template <class T, class K>
+autograd::Var<T, K> dense_var(const autograd::Var<T, K>& v, memory_format format) {
+  const autograd::detail::value_info& info = v.info();
+  const bool dense = format == memory_format::channels_last
+                         ? tessera::detail::is_channels_last_contiguous(info.shape, info.strides)
+                         : info.strides == info.shape.contiguous_strides();
+  if (info.shape == v.shape() && dense) return v;
+  return autograd::detail::bind_expression<T, K>(cast<T>(v), format);
+}
+
 /// A traced operand as a contiguous Var (a strided view is copied by a fused node first).
 template <class T, class K>
 autograd::Var<T, K> contiguous_var(const autograd::Var<T, K>& v) {
-  if (v.info().strides == v.shape().contiguous_strides()) return v;
-  return autograd::Var<T, K>(cast<T>(v));
+  return dense_var(v, memory_format::contiguous_format);
+}
+
+/// The layout a traced layer that keeps its input's gives (batch norm, pooling): channels_last
+/// for a 4-d input laid out channels_last, contiguous_format otherwise.
+template <class T, class K>
+memory_format var_format(const autograd::Var<T, K>& v) {
+  return v.info().shape == v.shape() ? v.info().suggest_memory_format()
+                                     : memory_format::contiguous_format;
 }
 
 /// The table's current scratch as a workspace.
@@ -36,14 +56,47 @@ inline workspace scratch_of(const value_table& table) {
   return workspace(table.scratch, table.scratch_offset, table.scratch_end);
 }
 
-/// A value's tensor, contiguous (a copy from the pool when a bound input is a strided view).
+/// A value's tensor dense in `format` (a copy from the pool when a bound input or parameter is
+/// laid out otherwise).
 template <class T, class K>
-Tensor<T, K> contiguous_value(const value_table& table, int id) {
+Tensor<T, K> dense_value(const value_table& table, int id, memory_format format) {
   Tensor<T, K> t = table.template get<T, K>(id);
-  return t.is_contiguous() ? t : t.contiguous();
+  return t.is_contiguous(format) ? t : t.contiguous(format);
 }
 
-/// y = conv2d(x, w) (+ b).
+/// A value's tensor dense in a layout whose [N, C, H * W] view keeps the channels apart (batch
+/// norm): itself when contiguous or (4-d) channels_last, else a contiguous copy from the pool.
+template <class T, class K>
+Tensor<T, K> dense_value(const value_table& table, int id) {
+  Tensor<T, K> t = table.template get<T, K>(id);
+  if (t.is_contiguous() || t.is_contiguous(memory_format::channels_last)) return t;
+  return t.contiguous();
+}
+
+/// A gradient a layer writes dense in `format`: the tensor itself when it is, else a temporary
+/// from the pool (a parameter's gradient laid out otherwise) that finish() stores into it.
+template <class T, class K>
+struct dense_gradient {
+  Tensor<T, K> target, tensor;
+  bool accumulate = false;  // what the layer is told: false for a temporary
+  bool add = false;         // what finish() does: the caller's accumulate flag
+  dense_gradient(Tensor<T, K> t, bool accumulate_into, memory_format format)
+      : target(std::move(t)), add(accumulate_into) {
+    if (target.is_contiguous(format)) {
+      tensor = target;
+      accumulate = accumulate_into;
+    } else {
+      tensor = Tensor<T, K>::empty_on(target.shape(), target.device(), format);
+    }
+  }
+  void finish() {
+    if (tensor.data() != target.data() || tensor.strides() != target.strides()) {
+      store_into(target, tensor, add);
+    }
+  }
+};
+
+/// y = conv2d(x, w) (+ b); x, w, y and their gradients laid out as g.channels_last says.
 template <class T, class K>
 class conv2d_node final : public node {
  public:
@@ -54,12 +107,12 @@ class conv2d_node final : public node {
   const char* name() const override { return "conv2d"; }
   std::size_t forward_scratch() const override { return conv2d_forward_workspace<T, K>(g_); }
   void forward(value_table& table) override {
-    const auto x = contiguous_value<T, K>(table, inputs[0]);
-    const auto w = contiguous_value<T, K>(table, inputs[1]);
+    const auto x = dense_value<T, K>(table, inputs[0], format());
+    const auto w = dense_value<T, K>(table, inputs[1], format());
     auto y = table.template get<T, K>(output);
     workspace ws = scratch_of(table);
     if (has_bias_) {
-      const auto b = contiguous_value<T, K>(table, inputs[2]);
+      const auto b = dense_value<T, K>(table, inputs[2], memory_format::contiguous_format);
       conv2d_forward(g_, x, w, &b, y, ws);
     } else {
       conv2d_forward<T, K>(g_, x, w, nullptr, y, ws);
@@ -89,22 +142,32 @@ class conv2d_node final : public node {
     return conv2d_backward_workspace<T, K>(g_, needs_x_, needs_w_, needs_b_);
   }
   void backward(value_table& table, const std::vector<char>& accumulate) override {
-    const auto gy = table.template grad<T, K>(output);  // gradients are contiguous buffers
-    Tensor<T, K> x, w, dx, dw, db;
-    if (needs_w_) x = contiguous_value<T, K>(table, inputs[0]);
-    w = table.template get<T, K>(inputs[1]);
-    if (!w.is_contiguous()) w = w.contiguous();
+    // The output's gradient is an arena buffer laid out as the output, and so are the input's;
+    // a parameter's gradient is its own and may be laid out otherwise (dense_gradient).
+    const auto gy = table.template grad<T, K>(output);
+    Tensor<T, K> x, db;
+    if (needs_w_) x = dense_value<T, K>(table, inputs[0], format());
+    const Tensor<T, K> w = dense_value<T, K>(table, inputs[1], format());
     std::size_t next = 0;
-    bool ax = false, aw = false, ab = false;
-    if (needs_x_) dx = table.template grad<T, K>(inputs[0]), ax = accumulate[next++] != 0;
-    if (needs_w_) dw = table.template grad<T, K>(inputs[1]), aw = accumulate[next++] != 0;
+    bool ab = false;
+    std::optional<dense_gradient<T, K>> dx, dw;
+    if (needs_x_)
+      dx.emplace(table.template grad<T, K>(inputs[0]), accumulate[next++] != 0, format());
+    if (needs_w_)
+      dw.emplace(table.template grad<T, K>(inputs[1]), accumulate[next++] != 0, format());
     if (needs_b_) db = table.template grad<T, K>(inputs[2]), ab = accumulate[next++] != 0;
     workspace ws = scratch_of(table);
-    conv2d_backward(g_, x, w, gy, needs_x_ ? &dx : nullptr, ax, needs_w_ ? &dw : nullptr, aw,
-                    needs_b_ ? &db : nullptr, ab, ws);
+    conv2d_backward(g_, x, w, gy, dx ? &dx->tensor : nullptr, dx && dx->accumulate,
+                    dw ? &dw->tensor : nullptr, dw && dw->accumulate, needs_b_ ? &db : nullptr, ab,
+                    ws);
+    if (dx) dx->finish();
+    if (dw) dw->finish();
   }
 
  private:
+  memory_format format() const {
+    return g_.channels_last ? memory_format::channels_last : memory_format::contiguous_format;
+  }
   conv2d_geometry g_;
   bool has_bias_;
   bool needs_x_ = false, needs_w_ = false, needs_b_ = false;
@@ -231,12 +294,13 @@ class add_relu_node final : public node {
   bool needs_a_ = false, needs_b_ = false;
 };
 
-/// Records node `n` with output `shape` on x's graph and device.
+/// Records node `n` with output `shape` on x's graph and device, laid out in `format`.
 template <class T, class K>
 autograd::Var<T, K> record(const autograd::Var<T, K>& x, std::unique_ptr<node> n,
-                           const Shape& shape) {
+                           const Shape& shape,
+                           memory_format format = memory_format::contiguous_format) {
   autograd::detail::graph* g = x.graph();
-  const int id = g->add_node(std::move(n), shape, scalar_type_of<T>, x.device());
+  const int id = g->add_node(std::move(n), shape, scalar_type_of<T>, x.device(), format);
   return autograd::Var<T, K>(g, id, shape);
 }
 
