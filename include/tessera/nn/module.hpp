@@ -227,12 +227,10 @@ class Module {
   /// (device_error for an ordinal that does not exist, out_of_memory_error) nothing has moved.
   Module& to(int index);
 
-  /// PyTorch's `model.to(memory_format=...)`: every 4-d parameter (with its gradient) and
-  /// buffer laid out in `format` in place (channels_last: convolution weights become NHWC);
-  /// the others, and everything under preserve_format, stay as they are. The parameters keep
-  /// their identity. All copies are made before any is installed, so on an error
-  /// (out_of_memory_error) nothing has changed. Convert before compiling a program over the
-  /// module, as a program plans for the layouts it was traced with.
+  /// PyTorch's `model.to(memory_format=...)`: every 4-d parameter (with its gradient) and buffer
+  /// laid out in `format` in place (channels_last: conv weights NHWC), the rest (and anything
+  /// under preserve_format) as they are; parameters keep their identity. All copies are made
+  /// first: on an error (out_of_memory_error) nothing has changed. Convert before compiling.
   Module& to(memory_format format);
 
   /// Sets training mode (`on`) or evaluation mode on this module and every descendant.
