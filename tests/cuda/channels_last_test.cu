@@ -133,7 +133,7 @@ TEST_CASE("cuda: pooling on NHWC input gives NHWC output", "[cuda][channels_last
   check_layer(nn::AdaptiveAvgPool2d(1), "global");
 }
 
-TEST_CASE("cuda: Conv2d on NHWC input and weight runs cuDNN on NHWC, forward and backward",
+TEST_CASE("cuda: Conv2d on NHWC input and weight: cuDNN on NHWC in float, gradients in double",
           "[cuda][channels_last][conv]") {
   struct conv_case {
     const char* name;
@@ -157,47 +157,56 @@ TEST_CASE("cuda: Conv2d on NHWC input and weight runs cuDNN on NHWC, forward and
     auto gpu = nn::to<ts::cuda>(conv, 0);
     gpu.to(memory_format::channels_last);
     const auto xg = x.contiguous(memory_format::channels_last).to<ts::cuda>(0);
+    // double: GEMMs on NCHW copies (cuDNN is not given NHWC double problems, as in PyTorch).
+    const ts::Tensor<double, ts::cuda> y = gpu(xg);
+    CHECK(y.strides() == nhwc_strides(expected.shape()));
+    check_close(y, expected, tol64);
+    // float: cuDNN reads and writes NHWC itself, no layout copy (the bias is one addition), with
+    // fp32 products (TF32 off by default), to float's precision.
+    auto gpu32 = nn::to<float>(gpu);
+    gpu32.to(memory_format::channels_last);
+    const auto xg32 = xg.to<float>();
     ts::cuda::synchronize(0);
     const auto launches = ts::profiler::kernel_launches();
-    const ts::Tensor<double, ts::cuda> y = gpu(xg);
-    // cuDNN reads and writes NHWC itself: no layout copy (the bias is one addition). Without
-    // cuDNN, the GEMM path runs on NCHW copies.
+    const ts::Tensor<float, ts::cuda> y32 = gpu32(xg32);
     if (ts::backends::cudnn::is_available()) {
       CHECK(ts::profiler::kernel_launches() - launches == (c.options.bias ? 1 : 0));
     }
-    CHECK(y.strides() == nhwc_strides(expected.shape()));
-    check_close(y, expected, tol64);
-    // float: fp32 products (TF32 off by default), to float's precision.
-    auto gpu32 = nn::to<float>(gpu);
-    const ts::Tensor<float, ts::cuda> y32 = gpu32(xg.to<float>());
     CHECK(y32.strides() == nhwc_strides(expected.shape()));
     check_close(y32, expected, tol32);
 
-    // Gradients through a program traced on the NHWC input: the CPU NCHW program's.
+    // Gradients through a program traced on an NHWC input (the spec says so): the CPU NCHW
+    // program's; double on the GEMM path's copies, float through cuDNN's NHWC gradients.
     const auto g = ts::randn<double>(expected.shape());
-    auto gradients = [&](auto& layer, const auto& input, const auto& seed) {
+    auto gradients = [&](auto& layer, const auto& input, const auto& seed, memory_format format) {
+      using T = typename std::remove_cvref_t<decltype(input)>::value_type;
       using K = typename std::remove_cvref_t<decltype(input)>::device_kind;
-      auto spec = ag::input<double, K>(input.shape(), 0);
+      auto spec = ag::input<T, K>(input.shape(), 0, format);
       spec.requires_grad = true;
-      auto program = ag::compile([&](const auto& v, const auto& s) { return ts::sum(layer(v) * s); },
-                                 spec, ag::input<double, K>(seed.shape(), 0));
+      auto program =
+          ag::compile([&](const auto& v, const auto& s) { return ts::sum(layer(v) * s); }, spec,
+                      ag::input<T, K>(seed.shape(), 0, format));
       layer.zero_grad();
       program.forward(input, seed);
       program.backward();
       std::vector<ts::Tensor<double>> out{
-          program.input_grad(0).template as<double, K>().template to<ts::cpu>()};
+          program.input_grad(0).template as<T, K>().template to<ts::cpu>().template to<double>()};
       for (const auto& [name, p] : layer.named_parameters()) {
-        out.push_back(p.grad().template as<double, K>().template to<ts::cpu>());
+        out.push_back(p.grad().template as<T, K>().template to<ts::cpu>().template to<double>());
       }
       return out;
     };
-    const auto want = gradients(conv, x, g);
-    const auto got =
-        gradients(gpu, xg, g.contiguous(memory_format::channels_last).to<ts::cuda>(0));
+    const auto want = gradients(conv, x, g, memory_format::contiguous_format);
+    const auto g_nhwc = g.contiguous(memory_format::channels_last).to<ts::cuda>(0);
+    const auto got = gradients(gpu, xg, g_nhwc, memory_format::channels_last);
+    const auto got32 = gradients(gpu32, xg32, g_nhwc.to<float>(), memory_format::channels_last);
     REQUIRE(got.size() == want.size());
+    REQUIRE(got32.size() == want.size());
     for (std::size_t i = 0; i < want.size(); ++i) {
       INFO("gradient " << i);
       check_close(got[i], want[i], tol64);
+      // Sums of up to 2 * 12 * 10 float products: a few float ulps of the largest terms.
+      check_close(got32[i], want[i], 1e-4);
     }
   }
 }

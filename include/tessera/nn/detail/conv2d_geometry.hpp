@@ -254,10 +254,13 @@ inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x
 /// Lets cuDNN take a convolution of T on `device` when K is CUDA and cuDNN takes the problem
 /// (backends::cudnn's switches, read now): its algorithms, and the process-wide entries of its
 /// calls, go into g.cudnn. Called once per traced or eager call, after conv2d_geometry_of; an
-/// eager call (`with_backward` false) needs only the forward's.
+/// eager call (`with_backward` false) needs only the forward's. A channels_last problem in double
+/// is not given to cuDNN (its NHWC kernels are for float and the 16-bit types; PyTorch keeps double
+/// convolutions NCHW too): it runs as GEMMs on NCHW copies.
 template <class T, class K>
 void conv2d_choose_cudnn(conv2d_geometry& g, Device device, bool with_backward = true) {
   if constexpr (std::is_same_v<K, tessera::cuda>) {
+    if (std::is_same_v<T, double> && g.channels_last) return;  // g.cudnn stays unusable
     g.cudnn = backend::cuda::conv2d_choose<T>(device.index, g.problem(), with_backward);
   } else {
     (void)g, (void)device, (void)with_backward;
