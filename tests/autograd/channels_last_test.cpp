@@ -9,12 +9,12 @@
 
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <tuple>
 #include <type_traits>
 #include <vector>
 
+#include "channels_last_support.hpp"
 #include "tessera/models/resnet.hpp"
 #include "tessera/tessera.hpp"
 
@@ -24,42 +24,12 @@ namespace ts = tessera;
 namespace nn = tessera::nn;
 namespace ag = tessera::autograd;
 namespace F = tessera::nn::functional;
+using tessera_test::check_close;
+using tessera_test::nhwc_strides;
+using tessera_test::sample;
 using ts::memory_format;
 
 namespace {
-
-/// The NHWC strides of a 4-d shape, written out.
-ts::Strides nhwc_strides(const ts::Shape& s) {
-  return ts::Strides{s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
-}
-
-/// Values in [-1, 1] from an LCG (logical NCHW order), as T.
-template <class T>
-ts::Tensor<T> sample(const ts::Shape& shape, std::uint64_t seed) {
-  std::vector<T> host(static_cast<std::size_t>(shape.numel()));
-  std::uint64_t state = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-  for (auto& v : host) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    v = static_cast<T>(-1.0 + 2.0 * static_cast<double>(state >> 11) * 0x1.0p-53);
-  }
-  return ts::from_vector<T>(host, shape);
-}
-
-/// Checks `actual` (any layout and dtype, read in logical order) against `expected` (float64):
-/// |a - e| <= tol * (1 + |e|) everywhere, in one assertion naming the first failure.
-void check_close(const ts::AnyTensor& actual, const ts::Tensor<double>& expected, double tol) {
-  REQUIRE(actual.shape() == expected.shape());
-  const auto a = actual.to(ts::ScalarType::float64).as<double>().to_vector();
-  const auto e = expected.to_vector();
-  std::size_t bad = 0;
-  std::ostringstream first;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    if (std::fabs(a[i] - e[i]) <= tol * (1.0 + std::fabs(e[i]))) continue;
-    if (bad++ == 0) first << "element " << i << ": got " << a[i] << ", expected " << e[i];
-  }
-  INFO(bad << " of " << a.size() << " elements differ; first " << first.str());
-  CHECK(bad == 0);
-}
 
 // float64 NHWC programs sum in other orders than NCHW's; float32 ones round every product and
 // sum (the loss's gradient goes through two BatchNorms over few values per channel).

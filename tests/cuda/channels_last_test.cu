@@ -13,7 +13,7 @@
 #include <ostream>
 #include <vector>
 
-#include "element_check.hpp"
+#include "channels_last_support.hpp"
 #include "tessera/tessera.hpp"
 
 namespace cuda_channels_last_test {  // one namespace per file: a unity build
@@ -22,27 +22,9 @@ namespace ts = tessera;
 namespace nn = tessera::nn;
 namespace ag = tessera::autograd;
 namespace F = tessera::nn::functional;
+using tessera_test::check_close;
+using tessera_test::nhwc_strides;
 using ts::memory_format;
-
-ts::Strides nhwc_strides(const ts::Shape& s) {
-  return ts::Strides{s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
-}
-
-/// |actual - expected| <= tol * (1 + |expected|) everywhere (both read in logical order).
-template <class T, class K>
-void check_close(const ts::Tensor<T, K>& actual, const ts::Tensor<double>& expected, double tol) {
-  REQUIRE(actual.shape() == expected.shape());
-  const auto a = actual.to_vector();
-  const auto e = expected.to_vector();
-  tessera_test::check_each(
-      a.size(),
-      [&](std::size_t i) {
-        return std::fabs(static_cast<double>(a[i]) - e[i]) <= tol * (1.0 + std::fabs(e[i]));
-      },
-      [&](std::ostream& out, std::size_t i) {
-        out << "got " << static_cast<double>(a[i]) << ", expected " << e[i];
-      });
-}
 
 constexpr double tol64 = 1e-10;
 constexpr double tol32 = 2e-5;

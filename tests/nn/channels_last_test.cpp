@@ -9,10 +9,10 @@
 
 #include <cmath>
 #include <cstdint>
-#include <sstream>
 #include <string>
 #include <vector>
 
+#include "channels_last_support.hpp"
 #include "tessera/models/resnet.hpp"
 #include "tessera/tessera.hpp"
 
@@ -22,49 +22,12 @@ namespace ts = tessera;
 namespace nn = tessera::nn;
 namespace ag = tessera::autograd;
 namespace F = tessera::nn::functional;
+using tessera_test::check_close;
+using tessera_test::nhwc_strides;
+using tessera_test::sample;
 using ts::memory_format;
 
 namespace {
-
-/// The NHWC strides of a 4-d shape, written out.
-ts::Strides nhwc_strides(const ts::Shape& s) {
-  return ts::Strides{s[1] * s[2] * s[3], 1, s[3] * s[1], s[1]};
-}
-
-/// Values in [-1, 1] from an LCG (NCHW, row-major), as double.
-std::vector<double> numbers(std::int64_t n, std::uint64_t seed) {
-  std::vector<double> out(static_cast<std::size_t>(n));
-  std::uint64_t state = seed * 6364136223846793005ULL + 1442695040888963407ULL;
-  for (auto& v : out) {
-    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
-    v = -1.0 + 2.0 * static_cast<double>(state >> 11) * 0x1.0p-53;
-  }
-  return out;
-}
-template <class T>
-ts::Tensor<T> sample(const ts::Shape& shape, std::uint64_t seed) {
-  std::vector<T> host;
-  for (double v : numbers(shape.numel(), seed)) host.push_back(static_cast<T>(v));
-  return ts::from_vector<T>(host, shape);
-}
-
-/// Checks `actual` (any layout, read in logical order with to_vector) against `expected` (float64,
-/// NCHW): |a - e| <= tol * (1 + |e|) everywhere, in one assertion naming the first failure.
-template <class T>
-void check_close(const ts::Tensor<T>& actual, const ts::Tensor<double>& expected, double tol) {
-  REQUIRE(actual.shape() == expected.shape());
-  const auto a = actual.to_vector();
-  const auto e = expected.to_vector();
-  std::size_t bad = 0;
-  std::ostringstream first;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    const double got = static_cast<double>(a[i]);
-    if (std::fabs(got - e[i]) <= tol * (1.0 + std::fabs(e[i]))) continue;
-    if (bad++ == 0) first << "element " << i << ": got " << got << ", expected " << e[i];
-  }
-  INFO(bad << " of " << a.size() << " elements differ; first " << first.str());
-  CHECK(bad == 0);
-}
 
 // float64 NHWC runs sum in other orders than NCHW's; float32 ones round every product and sum.
 constexpr double tol64 = 1e-12;

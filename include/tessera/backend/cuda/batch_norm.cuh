@@ -354,6 +354,18 @@ __device__ void channels_last_walk(const channels_last_reduction_plan& plan, std
   }
 }
 
+/// Where this thread works in a channels_last reduction: its column (channel within the block's
+/// group of 32), its row of threads, its channel (>= plan.channels: none) and its slice.
+struct channels_last_lane {
+  int column, row_lane;
+  std::int64_t channel, split;
+  __device__ explicit channels_last_lane(const channels_last_reduction_plan& plan)
+      : column(static_cast<int>(threadIdx.x) % channels_last_reduction_plan::columns),
+        row_lane(static_cast<int>(threadIdx.x) / channels_last_reduction_plan::columns),
+        channel(plan.channel_of(blockIdx.x, static_cast<int>(threadIdx.x))),
+        split(plan.split_of(blockIdx.x)) {}
+};
+
 /// batch_norm_moments_kernel for channels_last x: a channel slice's moments into `partials`, or
 /// the statistics straight into `stats` when there is one slice.
 template <class T, class A>
@@ -362,10 +374,9 @@ __global__ void __launch_bounds__(threads_per_block)
                                             moments<double>* partials, double eps, T* stats) {
   __shared__ A merged[3][threads_per_block];  // count, mean, m2 (a __shared__ array of moments<A>
                                               // would need its constructor run)
-  const int column = static_cast<int>(threadIdx.x) % channels_last_reduction_plan::columns;
-  const int row_lane = static_cast<int>(threadIdx.x) / channels_last_reduction_plan::columns;
-  const std::int64_t c = plan.channel_of(blockIdx.x, static_cast<int>(threadIdx.x));
-  const std::int64_t split = plan.split_of(blockIdx.x);
+  const channels_last_lane lane(plan);
+  const int column = lane.column, row_lane = lane.row_lane;
+  const std::int64_t c = lane.channel, split = lane.split;
   moments_visit<A> visit;
   if (c < plan.channels) {
     channels_last_walk(plan, split, row_lane, channel_load<T, A, 1>{{x + c}}, visit);
@@ -405,10 +416,9 @@ __global__ void __launch_bounds__(threads_per_block)
                                                   T* sum_gx_out) {
   __shared__ A merged_g[threads_per_block];
   __shared__ A merged_gx[threads_per_block];
-  const int column = static_cast<int>(threadIdx.x) % channels_last_reduction_plan::columns;
-  const int row_lane = static_cast<int>(threadIdx.x) / channels_last_reduction_plan::columns;
-  const std::int64_t c = plan.channel_of(blockIdx.x, static_cast<int>(threadIdx.x));
-  const std::int64_t split = plan.split_of(blockIdx.x);
+  const channels_last_lane lane(plan);
+  const int column = lane.column, row_lane = lane.row_lane;
+  const std::int64_t c = lane.channel, split = lane.split;
   gradient_visit<A> visit;
   if (c < plan.channels) {
     channel_load<T, A, 3> channel = gxy;
