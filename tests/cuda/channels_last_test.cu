@@ -1,9 +1,11 @@
 // channels_last (NHWC) tensors on a CUDA device, against the same computation on NCHW tensors on
 // the CPU in float64 (tests/nn/channels_last_test.cpp checks the CPU's NHWC layers against those,
-// tests/nn against PyTorch): fused expressions over NHWC operands give NHWC results, walked in
-// storage order (one dense run: one launch of the vector path); BatchNorm2d (training, evaluation,
-// the fused ReLU) and the pools keep NHWC; a convolution whose input and weight are NHWC is handed
-// to cuDNN as NHWC (no layout copy: no kernel of Tessera's runs around it), forward and backward.
+// tests/nn against PyTorch): fused expressions over NHWC operands give NHWC results in one launch
+// (every assignment is one launch, whichever kernel; that NHWC operands merge into one dense run,
+// which the executor gives the vector path, is checked on the CPU: strided_loop_test's
+// in_memory_order cases); BatchNorm2d (training, evaluation, the fused ReLU) and the pools keep
+// NHWC; a convolution whose input and weight are NHWC is handed to cuDNN as NHWC (no layout copy:
+// no kernel of Tessera's runs around it), forward and backward.
 // A whole ResNet-18 step in channels_last: conv_test.cu; batch norm's kernels: batch_norm_test.cu.
 // The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
@@ -29,7 +31,8 @@ using ts::memory_format;
 constexpr double tol64 = 1e-10;
 constexpr double tol32 = 2e-5;
 
-/// a, b NHWC on cuda:0 in T: relu(a * 2 + b) - m into a new tensor (NHWC, one launch), into an
+/// a, b NHWC on cuda:0 in T: relu(a * 2 + b) - m into a new tensor (NHWC, one launch: the
+/// statement is not split into passes over a layout copy), into an
 /// NCHW one, and over narrowed NHWC operands (not dense: the rows kernel).
 template <class T>
 void check_nhwc_expression(const ts::Tensor<double>& a, const ts::Tensor<double>& b,
