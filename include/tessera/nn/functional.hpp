@@ -77,8 +77,8 @@ auto conv2d_call(const std::string& who, const X& x_in, const W& w_in, const B* 
     const memory_format format = conv2d_output_format(x, w);
     g.channels_last = format == memory_format::channels_last;
     conv2d_choose_cudnn<T, K>(g, x.device(), /*with_backward=*/false);  // the forward only
-    const Tensor<T, K> xd = x.is_contiguous(format) ? x : x.contiguous(format);
-    const Tensor<T, K> wd = w.is_contiguous(format) ? w : w.contiguous(format);
+    const Tensor<T, K> xd = x.contiguous(format);  // x itself when already so
+    const Tensor<T, K> wd = w.contiguous(format);
     Tensor<T, K> y = Tensor<T, K>::empty_on(g.output_shape(), x.device(), format);
     workspace ws = eager_workspace(x.device(), conv2d_forward_workspace<T, K>(g));
     conv2d_forward(g, xd, wd, b_in ? &b : nullptr, y, ws);

@@ -61,7 +61,7 @@ inline workspace scratch_of(const value_table& table) {
 template <class T, class K>
 Tensor<T, K> dense_value(const value_table& table, int id, memory_format format) {
   Tensor<T, K> t = table.template get<T, K>(id);
-  return t.is_contiguous(format) ? t : t.contiguous(format);
+  return t.contiguous(format);  // t itself when already so
 }
 
 /// A value's tensor dense in a layout whose [N, C, H * W] view keeps the channels apart (batch
