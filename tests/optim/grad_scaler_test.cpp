@@ -288,6 +288,78 @@ TEST_CASE("resuming half training (masters and scaler) from files gives the same
   for (const char* what : {"model", "optim", "scaler"}) std::filesystem::remove(path(what));
 }
 
+TEST_CASE("GradScaler unscales contiguous and channels_last gradients in place, strided via a copy",
+          "[optim][amp][channels_last]") {
+  // Gradients on cpu:1 in three layouts, element i (row-major) of value (i % 7 - 3) * 64; the
+  // scale 64 divides them exactly, so the reference is (i % 7 - 3), compared for equality.
+  const ts::Device cpu1 = ts::Device::parse("cpu:1");
+  // 12 MiB each (over 10 MiB: segments of their own size, no room left in them for a copy).
+  const ts::Shape shape{16, 48, 64, 64};
+  const std::int64_t n = shape.numel();
+  auto values = [&](float times) {
+    std::vector<float> v(static_cast<std::size_t>(n));
+    for (std::int64_t i = 0; i < n; ++i) v[static_cast<std::size_t>(i)] = float(i % 7 - 3) * times;
+    return v;
+  };
+  auto pattern = [&](float times) { return ts::from_vector<float>(values(times), shape, 1); };
+  // Elements (row-major) that differ from values(times): 0 when all are equal.
+  auto differing = [&](const ts::Tensor<float>& t, float times) {
+    const std::vector<float> actual = t.to_vector(), expected = values(times);
+    std::int64_t count = 0;
+    for (std::size_t i = 0; i < actual.size(); ++i) count += actual[i] != expected[i];
+    return count;
+  };
+  nn::Parameter<float> a{ts::zeros<float>(shape, 1)}, b{ts::zeros<float>(shape, 1)},
+      c{ts::zeros<float>(shape, 1).contiguous(ts::memory_format::channels_last)};
+  a.grad() = pattern(64.0f);
+  b.grad() = pattern(64.0f).contiguous(ts::memory_format::channels_last);
+  // A strided gradient: every other element of a wider tensor.
+  ts::Tensor<float> wide = ts::zeros<float>({16, 48, 64, 128}, 1);
+  for (std::int64_t j = 0; j < 2; ++j) wide.narrow(3, j * 64, 64).copy_(pattern(64.0f));
+  c.grad() = wide.narrow(3, 64, 64);
+  REQUIRE(!b.grad().is_contiguous());
+  REQUIRE(b.grad().is_contiguous(ts::memory_format::channels_last));
+  REQUIRE(!c.grad().is_contiguous(ts::memory_format::channels_last));
+  const void* a_memory = a.grad().data();
+  const void* b_memory = b.grad().data();
+  optim::SGD sgd({a, b, c}, {.lr = 0.5});
+
+  // Dense gradients need no memory: with the cap at what is reserved now, only the strided
+  // one's copy is refused, and nothing is unscaled.
+  optim::GradScaler scaler({.init_scale = 64.0});
+  ts::memory::empty_cache(cpu1);
+  ts::memory::set_limit(cpu1, ts::memory::reserved(cpu1));
+  CHECK_THROWS_AS(scaler.unscale_(sgd), ts::out_of_memory_error);
+  ts::memory::set_limit(cpu1, ts::memory::no_limit);
+  CHECK(differing(b.grad(), 64.0f) == 0);
+
+  // Without the strided gradient, unscaling under that cap succeeds: in place, layouts kept.
+  optim::SGD dense({a, b}, {.lr = 0.5});
+  ts::memory::empty_cache(cpu1);
+  ts::memory::set_limit(cpu1, ts::memory::reserved(cpu1));
+  scaler.unscale_(dense);
+  ts::memory::set_limit(cpu1, ts::memory::no_limit);
+  CHECK(a.grad().data() == a_memory);
+  CHECK(b.grad().data() == b_memory);
+  CHECK(b.grad().is_contiguous(ts::memory_format::channels_last));
+  CHECK(differing(a.grad(), 1.0f) == 0);
+  CHECK(differing(b.grad(), 1.0f) == 0);
+  CHECK(scaler.step(dense));
+  scaler.update();
+
+  // The strided gradient through its copy, and an inf in a channels_last gradient is found.
+  optim::GradScaler second({.init_scale = 64.0});
+  second.unscale_(sgd);
+  CHECK(differing(c.grad(), 1.0f) == 0);
+  CHECK(differing(wide.narrow(3, 0, 64), 64.0f) == 0);  // untouched
+  CHECK(second.step(sgd));
+  second.update();
+  b.grad().narrow(1, 4, 1).narrow(3, 2, 1).narrow(2, 7, 1).fill_(std::numeric_limits<float>::infinity());
+  CHECK_FALSE(second.step(sgd));
+  second.update();
+  CHECK(second.get_scale() == 32.0);
+}
+
 TEST_CASE("GradScaler refuses misuse and bad state, naming the values", "[optim][amp]") {
   CHECK_THROWS_WITH(optim::GradScaler({.growth_factor = 1.0}),
                     Catch::Contains("growth_factor must be > 1") && Catch::Contains("1.0"));

@@ -157,8 +157,10 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
   std::vector<std::pair<Device, Tensor<std::int32_t, cuda>>> found_on_gpus;
   const std::vector<nn::ParameterRef>& parameters = optimizer.parameters();
   // First everything that can fail (a gradient's dtype, the memory of contiguous copies and
-  // flags), so that an error leaves every gradient as it was. `work` is what is unscaled in place:
-  // the gradient, or a contiguous copy of it, copied back at the end.
+  // flags), so that an error leaves every gradient as it was. `work` is what is unscaled in place,
+  // element by element over its memory: the gradient when it is dense (contiguous or
+  // channels_last: the rule needs every element once, in any order), else a contiguous copy of
+  // it, copied back at the end.
   std::vector<std::pair<AnyTensor, AnyTensor>> gradients;  // (gradient, work)
   for (std::size_t i = 0; i < parameters.size(); ++i) {
     const AnyTensor grad = parameters[i].grad();
@@ -168,9 +170,9 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
                         " has a gradient of dtype " + tessera::name(grad.dtype()) +
                         "; only floating-point gradients can be unscaled");
     }
-    const AnyTensor work = grad.is_contiguous() ? grad : grad.visit([](const auto& t) -> AnyTensor {
-      return t.contiguous();
-    });
+    const AnyTensor work = parameter_is_dense(grad.shape(), grad.strides())
+                               ? grad
+                               : grad.visit([](const auto& t) -> AnyTensor { return t.contiguous(); });
     gradients.emplace_back(grad, work);
     if (grad.device().is_cuda()) {
       auto it = found_on_gpus.begin();
@@ -211,7 +213,7 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
   }
   batch.flush();
   for (const auto& [grad, work] : gradients) {
-    if (!grad.is_contiguous()) grad.copy_(work);
+    if (work.data_ptr() != grad.data_ptr()) grad.copy_(work);  // a contiguous copy
   }
   result.found_inf = found_on_host != 0;
   for (auto& [device, flag] : found_on_gpus) {
