@@ -230,6 +230,50 @@ TEST_CASE("ReLU and the residual add_relu keep NHWC", "[channels_last]") {
   check_close(sum, F::add_relu(a, b), 0.0);
 }
 
+TEST_CASE("Dropout keeps NHWC, with the mask an NCHW input of the same seed gets",
+          "[channels_last][dropout]") {
+  const auto x = sample<double>({2, 4, 3, 5}, 8);
+  const auto x_cl = x.contiguous(memory_format::channels_last);
+  nn::Dropout dropout(0.4);
+  ts::manual_seed(21);
+  const ts::Tensor<double> expected = dropout(x);
+  ts::manual_seed(21);
+  const ts::Tensor<double> y = dropout(x_cl);
+  CHECK(y.strides() == nhwc_strides(x.shape()));
+  check_close(y, expected, 0.0);
+  // The mask drops some and keeps some (a test of the comparison, not of the statistics).
+  const double dropped = ts::sum(ts::where(expected == 0.0, 1.0, 0.0)).item();
+  CHECK(dropped > 0);
+  CHECK(dropped < static_cast<double>(x.numel()));
+  CHECK(nn::Dropout(1.0)(x_cl).strides() == nhwc_strides(x.shape()));
+
+  // Traced: conv -> dropout in a program on an NHWC input gives the NCHW program's output
+  // (NHWC) and weight gradients, seed for seed.
+  nn::Conv2d<double> conv(4, 6, 3, {.padding = 1});
+  const auto g = sample<double>({2, 6, 3, 5}, 9);
+  auto run = [&](memory_format format) {
+    auto program = ag::compile(
+        [&](const auto& v, const auto& w) {
+          const ag::Var<double> y = dropout(conv(v));
+          return std::tuple{ts::sum(y * w), ag::Var<double>(y * 1.0)};
+        },
+        ag::input<double>(x.shape(), 0, format), ag::input<double>(g.shape()));
+    conv.zero_grad();
+    ts::manual_seed(22);
+    auto [loss, out] = program.forward(format == memory_format::channels_last ? x_cl : x, g);
+    program.backward();
+    return std::tuple{loss.item(), out.clone(memory_format::preserve_format),
+                      conv.weight().grad().clone()};
+  };
+  const auto [ref_loss, ref_y, ref_dw] = run(memory_format::contiguous_format);
+  const auto [loss, out, dw] = run(memory_format::channels_last);
+  CHECK(ts::sum(ts::where(ref_y == 0.0, 1.0, 0.0)).item() > 0);
+  CHECK(loss == Approx(ref_loss).epsilon(1e-12));
+  CHECK(out.strides() == nhwc_strides(out.shape()));
+  check_close(out, ref_y, 1e-12);
+  check_close(dw, ref_dw, 1e-12);
+}
+
 TEST_CASE("a ResNet block on NHWC input: eager forward, and a program's gradients",
           "[channels_last][program]") {
   ts::manual_seed(11);

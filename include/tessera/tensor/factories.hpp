@@ -128,8 +128,9 @@ Tensor<T, K> arange(double end) {
 namespace detail {
 // The numbers depend only on (seed, offset, element index), so a CPU and a CUDA tensor of the
 // same seed and shape hold the same numbers. They are drawn on the host and copied over.
-/// Fills `out` (contiguous) with fill(data, n, seed, offset), reserving the counter blocks from
-/// its device's generator. `out` is a handle: the storage it shares is what gets filled.
+/// Fills `out` with fill(data, n, seed, offset), element i in row-major order getting number i,
+/// reserving the counter blocks from its device's generator. `out` is a handle: the storage it
+/// shares is what gets filled.
 template <Dtype T, DeviceKind K, class Fill>
 void fill_random_(Tensor<T, K> out, Fill&& fill) {
   const std::int64_t n = out.numel();
@@ -139,8 +140,14 @@ void fill_random_(Tensor<T, K> out, Fill&& fill) {
   const philox_state state =
       generator.reserve_state(blocks_needed<T>(static_cast<std::uint64_t>(n)));
   if constexpr (std::is_same_v<K, cpu>) {
-    fill(out.data(), n, state.seed, state.offset);
-  } else {
+    if (out.is_contiguous()) {
+      fill(out.data(), n, state.seed, state.offset);
+      return;
+    }
+  }
+  {
+    // Through a host buffer in row-major order (any layout: a channels_last tensor gets a
+    // contiguous one's numbers element by element, and dropout the same mask).
     std::vector<T> host(static_cast<std::size_t>(n));
     fill(host.data(), n, state.seed, state.offset);
     out.copy_from_host(host.data());
@@ -155,7 +162,7 @@ struct uniform_numbers {
   }
 };
 
-/// `out` (contiguous) filled as rand fills a new tensor.
+/// `out` (any layout) filled as rand fills a new tensor of its shape.
 template <Dtype T, DeviceKind K>
 void fill_uniform_(Tensor<T, K> out) {
   fill_random_(std::move(out), uniform_numbers{});
