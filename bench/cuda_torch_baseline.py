@@ -170,7 +170,8 @@ def float32_rows():
         record(f"conv/{name}", median_ms(conv_step, runs=50))
 
     # BatchNorm2d (training) and ReLU, forward and backward (cuda_bench's bn_shapes).
-    for name, c, hw in [("64_112", 64, 112), ("256_56", 256, 56)]:
+    for name, c, hw in [("64_112", 64, 112), ("256_56", 256, 56), ("256_14", 256, 14),
+                        ("1024_14", 1024, 14), ("2048_7", 2048, 7)]:
         bn = torch.nn.BatchNorm2d(c).to(dev)
         x = (torch.rand(8, c, hw, hw, device=dev) * 2 - 1).requires_grad_()
         g = torch.rand(8, c, hw, hw, device=dev) * 2 - 1

@@ -336,6 +336,38 @@ TEST_CASE("uniform double statistics over 1M samples", "[random][statistics]") {
         3e-3);
 }
 
+TEST_CASE("transforms by a power of two skip the fma call and give its bits", "[random]") {
+  // Every 24-bit uniform u a fill makes (a stride through them) and normal-like values over
+  // +-6, for ranges and stds that are powers of two (plain arithmetic) and others (fma).
+  const double scales[] = {1.0, 2.0, 0.5, 0x1p-40, 0x1p40, 3.0, 0.1};
+  for (double scale : scales) {
+    for (double low : {0.0, -1.0, 0.3, -0.0}) {
+      const ts::uniform_transform<float> u(low, low + scale);
+      const ts::normal_transform<float> z(low, scale);
+      const ts::uniform_transform<double> ud(low, low + scale);
+      CHECK(z.exact == (scale != 3.0 && scale != 0.1));
+      std::int64_t differ = 0;
+      for (std::uint32_t k = 0; k < (1u << 24); k += 4099) {
+        const float v = static_cast<float>(k) * 0x1p-24f;
+        const float expected = std::fma(u.range, v, u.low);
+        differ += u(v) != (expected < u.high ? expected : u.low);
+        const double vd = static_cast<double>(k) * 0x1p-24 + 0x1p-50;
+        const double expected_d = std::fma(ud.range, vd, ud.low);
+        differ += ud(vd) != (expected_d < ud.high ? expected_d : ud.low);
+        const float w = (static_cast<float>(k) * 0x1p-24f - 0.5f) * 12.0f;
+        differ += z(w) != std::fma(z.stddev, w, z.mean);
+      }
+      CHECK(differ == 0);
+    }
+  }
+  // rand's and randn's own transforms take the plain form; others the fma.
+  CHECK(ts::uniform_transform<float>(0.0, 1.0).exact);
+  CHECK(ts::uniform_transform<double>(0.0, 1.0).exact);
+  CHECK(ts::normal_transform<float>(0.0, 1.0).exact);
+  CHECK_FALSE(ts::uniform_transform<float>(0.0, 3.0).exact);
+  CHECK_FALSE(ts::normal_transform<double>(0.0, 0.1).exact);
+}
+
 TEST_CASE("uniform fills honour [low, high)", "[random]") {
   const auto f = uniform_fill<float>(100000, seed_a, 0, -3.0, 5.0);
   CHECK(std::all_of(f.begin(), f.end(), [](float x) { return x >= -3.0f && x < 5.0f; }));

@@ -7,7 +7,10 @@
 
 #include "skip.hpp"
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
+#include <limits>
 #include <tuple>
 #include <vector>
 
@@ -69,6 +72,57 @@ TEST_CASE("rand gives the same numbers on cpu and cuda", "[cuda][random]") {
   ts::manual_seed(42);
   auto on_cuda = ts::rand<float, ts::cuda>({1000});
   CHECK(on_cuda.to_vector() == on_cpu.to_vector());
+}
+
+TEST_CASE("CUDA fills drawn by a kernel equal the CPU's: uniform bit for bit, normal to a few ulp",
+          "[cuda][random]") {
+  // Large enough for many blocks of the grid and the CPU's thread chunks, with a ragged end; the
+  // fills follow one another, so the generator's offsets must advance alike on both devices.
+  const std::int64_t n = (1 << 20) + 3;
+  std::int64_t launches = 0;
+  auto draw = [&](auto kind) {
+    using K = decltype(kind);
+    ts::manual_seed(43);
+    const std::int64_t before = ts::profiler::kernel_launches();
+    const auto a = ts::rand<float, K>({n});
+    const auto b = ts::rand<double, K>({n});
+    const auto c = ts::rand<ts::half, K>({n});
+    const auto d = ts::randn<float, K>({n});
+    const auto e = ts::randn<double, K>({n});
+    launches = ts::profiler::kernel_launches() - before;
+    return std::tuple{a.to_vector(), b.to_vector(), c.template to<float>().to_vector(),
+                      d.to_vector(), e.to_vector()};
+  };
+  const auto [uf, ud, uh, zf, zd] = draw(ts::cuda{});
+  // Drawn on the device: one kernel per fill, not a host loop and a copy.
+  CHECK(launches == 5);
+  const auto [cf, cd, ch, yf, yd] = draw(ts::cpu{});
+  CHECK(uf == cf);
+  CHECK(ud == cd);
+  CHECK(uh == ch);
+  // Normals go through log, sqrt, sin and cos (glibc against libdevice): a few ulp apart.
+  double worst_float = 0, worst_double = 0;
+  for (std::size_t i = 0; i < zf.size(); ++i) {
+    worst_float = std::max(worst_float, std::abs(double(zf[i]) - double(yf[i])));
+    worst_double = std::max(worst_double, std::abs(zd[i] - yd[i]));
+  }
+  CHECK(worst_float <= 8 * 5.8 * std::numeric_limits<float>::epsilon());
+  CHECK(worst_double <= 8 * 8.6 * std::numeric_limits<double>::epsilon());
+
+  // A channels_last CUDA tensor gets the contiguous one's numbers element by element, and
+  // Dropout's mask on CUDA is the CPU's.
+  ts::manual_seed(44);
+  auto nhwc = ts::empty<float, ts::cuda>({2, 3, 4, 5}, ts::memory_format::channels_last);
+  ts::detail::fill_uniform_(nhwc);
+  ts::manual_seed(44);
+  CHECK(nhwc.to_vector() == ts::rand<float>({2, 3, 4, 5}).to_vector());
+  const auto x = ts::rand<float>({64, 33}) + 0.5f;
+  ts::nn::Dropout dropout(0.3);
+  ts::manual_seed(45);
+  const ts::Tensor<float> on_cpu = dropout(ts::Tensor<float>(x));
+  ts::manual_seed(45);
+  const ts::Tensor<float, ts::cuda> on_gpu = dropout(ts::Tensor<float>(x).cuda());
+  CHECK(on_gpu.to_vector() == on_cpu.to_vector());
 }
 
 TEST_CASE("copies between CUDA ordinals", "[cuda][placement][skippable]") {

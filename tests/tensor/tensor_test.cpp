@@ -269,6 +269,36 @@ TEST_CASE("rand and randn draw from the device generator", "[tensor][random]") {
   CHECK(std::abs(square / 10000 - 1.0) < 0.07);
 }
 
+TEST_CASE("large fills are cut over threads and still give element i its number",
+          "[tensor][random]") {
+  // Several chunks of counter blocks (random_blocks_per_chunk) and a ragged end: every element
+  // equals the element functions of the documented mapping.
+  const std::int64_t n = 4 * 4096 * 5 + 3;
+  ts::manual_seed(31);
+  const auto u = ts::rand<float>({n}).to_vector();
+  const auto d = ts::rand<double>({n}).to_vector();
+  const auto z = ts::randn<float>({n}).to_vector();
+  const std::uint64_t float_blocks = ts::blocks_needed<float>(static_cast<std::uint64_t>(n));
+  const std::uint64_t double_blocks = ts::blocks_needed<double>(static_cast<std::uint64_t>(n));
+  std::int64_t wrong = 0;
+  for (std::int64_t i = 0; i < n; ++i) {
+    const auto k = static_cast<std::uint64_t>(i);
+    const auto at = static_cast<std::size_t>(i);
+    wrong += u[at] != ts::uniform_float(31, 0, k);
+    wrong += d[at] != ts::uniform_double(31, float_blocks, k);
+    wrong += z[at] != ts::normal_float(31, float_blocks + double_blocks, k);
+  }
+  CHECK(wrong == 0);
+  // A channels_last tensor gets a contiguous one's numbers, element by element.
+  ts::manual_seed(32);
+  const auto contiguous = ts::rand<float>({2, 3, 4, 5});
+  ts::manual_seed(32);
+  auto nhwc = ts::empty<float>({2, 3, 4, 5}, ts::memory_format::channels_last);
+  ts::detail::fill_uniform_(nhwc);
+  CHECK(nhwc.is_contiguous(ts::memory_format::channels_last));
+  CHECK(nhwc.to_vector() == contiguous.to_vector());
+}
+
 }  // namespace tensor_test
 
 namespace tensor_test {

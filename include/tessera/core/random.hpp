@@ -225,23 +225,41 @@ TESSERA_HOST_DEVICE inline double normal_double(std::uint64_t seed, std::uint64_
 template <class T>
 using random_compute_t = std::conditional_t<std::is_same_v<T, double>, double, float>;
 
+namespace detail {
+/// Whether s * v is exact in C for every v of C's precision that a fill makes (|v| from about
+/// 2^-60 up, or 0): s is 0 or a power of two well inside C's exponent range. Then fma(s, v, t)
+/// equals s * v + t, rounded once either way, and the host need not call glibc's fma (software
+/// on baseline x86-64, about ten times the cost of the rest of a uniform value).
+template <class C>
+bool exact_scale(C s) {
+  if (s == C(0)) return true;
+  int exponent = 0;
+  const C mantissa = std::frexp(s, &exponent);
+  const int bound = std::is_same_v<C, float> ? 60 : 500;
+  return (mantissa == C(0.5) || mantissa == C(-0.5)) && exponent > -bound && exponent < bound;
+}
+}  // namespace detail
+
 /// Maps u in [0, 1) to [low, high) as fma(high - low, u, low) in C (float or double). The fma is
 /// correctly rounded everywhere, so the mapping is bit-identical on CPU and CUDA (a plain
-/// `low + range * u` is contracted into an fma by nvcc but not by g++ on baseline x86-64). Build
-/// it on the host and pass it to kernels by value.
+/// `low + range * u` is contracted into an fma by nvcc but not by g++ on baseline x86-64); with
+/// a range that is a power of two (rand's [0, 1)) the product is exact and the plain form gives
+/// the fma's bits. Build it on the host and pass it to kernels by value.
 template <class C>
 struct uniform_transform {
   static_assert(std::is_floating_point_v<C>, "uniform_transform<C>: C is float or double");
   C low;
   C range;
   C high;
+  bool exact;  // range * u is exact (detail::exact_scale)
 
   /// Checks the range: throws std::invalid_argument unless low and high are finite, low <= high
   /// and high - low is finite in C.
   uniform_transform(double low_value, double high_value)
       : low(static_cast<C>(low_value)),
         range(static_cast<C>(high_value - low_value)),
-        high(static_cast<C>(high_value)) {
+        high(static_cast<C>(high_value)),
+        exact(detail::exact_scale(range)) {
     if (!std::isfinite(low_value) || !std::isfinite(high_value) || !(low_value <= high_value) ||
         !std::isfinite(range) || !std::isfinite(low) || !std::isfinite(high)) {
       throw std::invalid_argument(
@@ -251,23 +269,27 @@ struct uniform_transform {
   }
 
   TESSERA_HOST_DEVICE C operator()(C u) const {
-    const C value = std::fma(range, u, low);
+    const C value = exact ? range * u + low : std::fma(range, u, low);
     // Rounding can land on `high` when u is within an ulp of 1; fold that back so the range
     // stays half-open (a bias of under 2^-24 of the mass, towards low).
     return value < high ? value : low;
   }
 };
 
-/// Maps a standard normal z to mean + std * z as fma(std, z, mean) in C (float or double).
+/// Maps a standard normal z to mean + std * z as fma(std, z, mean) in C (float or double); with
+/// a std that is a power of two (randn's 1) as the plain form, which then gives the fma's bits.
 template <class C>
 struct normal_transform {
   static_assert(std::is_floating_point_v<C>, "normal_transform<C>: C is float or double");
   C mean;
   C stddev;
+  bool exact;  // stddev * z is exact (detail::exact_scale)
 
   /// Throws std::invalid_argument unless mean and stddev are finite and stddev >= 0.
   normal_transform(double mean_value, double stddev_value)
-      : mean(static_cast<C>(mean_value)), stddev(static_cast<C>(stddev_value)) {
+      : mean(static_cast<C>(mean_value)),
+        stddev(static_cast<C>(stddev_value)),
+        exact(detail::exact_scale(stddev)) {
     if (!std::isfinite(mean_value) || !std::isfinite(stddev_value) || !(stddev_value >= 0.0) ||
         !std::isfinite(mean) || !std::isfinite(stddev)) {
       throw std::invalid_argument(
@@ -276,7 +298,9 @@ struct normal_transform {
     }
   }
 
-  TESSERA_HOST_DEVICE C operator()(C z) const { return std::fma(stddev, z, mean); }
+  TESSERA_HOST_DEVICE C operator()(C z) const {
+    return exact ? stddev * z + mean : std::fma(stddev, z, mean);
+  }
 };
 
 /// Element `index` of a uniform fill of dtype T in [transform.low, transform.high). The same
@@ -303,7 +327,8 @@ TESSERA_HOST_DEVICE T normal_value(std::uint64_t seed, std::uint64_t offset, std
 }
 
 // ---------------------------------------------------------------------------------------------
-// Host fills: the CPU backend of ts::rand / ts::randn. One Philox call per block, not per element.
+// Fills: uniform_fill and normal_fill write one counter block each (host loops and CUDA kernels
+// alike); fill_uniform and fill_normal are the host loops behind ts::rand and ts::randn on the CPU.
 // ---------------------------------------------------------------------------------------------
 
 namespace detail {
@@ -315,25 +340,20 @@ inline void check_fill_count(const char* what, std::int64_t n) {
 }
 }  // namespace detail
 
-/// Writes n values uniform in [low, high) to out: element i is
-/// uniform_value<T>(seed, offset, i, {low, high}), so the result equals a CUDA fill with the
-/// same arguments bit for bit. Consumes blocks_needed<T>(n) counter blocks from `offset`.
-/// T is double, float, or any type constructible from float (half, bfloat16; their rounding
-/// from float can reach `high`, as in PyTorch). Throws std::invalid_argument for n < 0 or a bad
-/// range, before writing anything.
+/// A uniform fill of T in [transform.low, transform.high): block(out, n, seed, offset, b) writes
+/// the elements of counter block b (element i = uniform_value<T>(seed, offset, i, transform), i
+/// below n). Host loops and CUDA kernels call the same code; pass it to kernels by value.
 template <class T>
-void fill_uniform(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, double low,
-                  double high) {
-  using C = random_compute_t<T>;
-  detail::check_fill_count("fill_uniform", n);
-  const uniform_transform<C> transform(low, high);
-  const auto count = static_cast<std::uint64_t>(n);
-  constexpr std::uint64_t per_block = values_per_block<T>;
-  // Stepping over elements (not blocks times per_block) keeps every index expression in range,
-  // which also lets GCC prove the loop free of overflow at -O3.
-  for (std::uint64_t first = 0; first < count; first += per_block) {
-    const philox_block r = philox_at(seed, offset + first / per_block);
-    for (std::uint64_t lane = 0; lane < per_block && first + lane < count; ++lane) {
+struct uniform_fill {
+  uniform_transform<random_compute_t<T>> transform;
+
+  TESSERA_HOST_DEVICE void block(T* out, std::uint64_t n, std::uint64_t seed, std::uint64_t offset,
+                                 std::uint64_t b) const {
+    using C = random_compute_t<T>;
+    constexpr std::uint64_t per_block = values_per_block<T>;
+    const philox_block r = philox_at(seed, offset + b);
+    const std::uint64_t first = b * per_block;
+    for (std::uint64_t lane = 0; lane < per_block && first + lane < n; ++lane) {
       C u;
       if constexpr (std::is_same_v<C, double>) {
         u = detail::unit_double(detail::join_words(r.x[2 * lane], r.x[2 * lane + 1]));
@@ -343,25 +363,21 @@ void fill_uniform(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offs
       out[first + lane] = T(transform(u));
     }
   }
-}
+};
 
-/// Writes n normal values with the given mean and standard deviation to out: element i is
-/// normal_value<T>(seed, offset, i, {mean, stddev}). Consumes blocks_needed<T>(n) counter
-/// blocks. Matches a CUDA fill to a few ulp (see the note on libm above). Throws
-/// std::invalid_argument for n < 0, stddev < 0 or non-finite parameters, before writing anything.
+/// A normal fill of T with the transform's mean and std, block by block as uniform_fill
+/// (element i = normal_value<T>(seed, offset, i, transform)).
 template <class T>
-void fill_normal(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, double mean,
-                 double stddev) {
-  using C = random_compute_t<T>;
-  detail::check_fill_count("fill_normal", n);
-  const normal_transform<C> transform(mean, stddev);
-  const auto count = static_cast<std::uint64_t>(n);
-  constexpr std::uint64_t per_block = values_per_block<T>;
-  // Stepping over elements (not blocks times per_block) keeps every index expression in range,
-  // which also lets GCC prove the loop free of overflow at -O3.
-  for (std::uint64_t first = 0; first < count; first += per_block) {
-    const philox_block r = philox_at(seed, offset + first / per_block);
-    for (std::uint64_t lane = 0; lane < per_block && first + lane < count; ++lane) {
+struct normal_fill {
+  normal_transform<random_compute_t<T>> transform;
+
+  TESSERA_HOST_DEVICE void block(T* out, std::uint64_t n, std::uint64_t seed, std::uint64_t offset,
+                                 std::uint64_t b) const {
+    using C = random_compute_t<T>;
+    constexpr std::uint64_t per_block = values_per_block<T>;
+    const philox_block r = philox_at(seed, offset + b);
+    const std::uint64_t first = b * per_block;
+    for (std::uint64_t lane = 0; lane < per_block && first + lane < n; ++lane) {
       C z;
       if constexpr (std::is_same_v<C, double>) {
         z = detail::box_muller_double(r, lane % 2 != 0);
@@ -372,6 +388,42 @@ void fill_normal(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offse
       out[first + lane] = T(transform(z));
     }
   }
+};
+
+/// Writes counter blocks [first_block, last_block) of a fill of n elements to out (the CPU's
+/// loop; callers cut a large fill into block ranges for threads).
+template <class T, class Fill>
+void fill_blocks(T* out, std::uint64_t n, std::uint64_t seed, std::uint64_t offset,
+                 const Fill& fill, std::uint64_t first_block, std::uint64_t last_block) {
+  for (std::uint64_t b = first_block; b < last_block; ++b) fill.block(out, n, seed, offset, b);
+}
+
+/// Writes n values uniform in [low, high) to out: element i is
+/// uniform_value<T>(seed, offset, i, {low, high}), so the result equals a CUDA fill with the
+/// same arguments bit for bit. Consumes blocks_needed<T>(n) counter blocks from `offset`.
+/// T is double, float, or any type constructible from float (half, bfloat16; their rounding
+/// from float can reach `high`, as in PyTorch). Throws std::invalid_argument for n < 0 or a bad
+/// range, before writing anything.
+template <class T>
+void fill_uniform(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, double low,
+                  double high) {
+  detail::check_fill_count("fill_uniform", n);
+  const uniform_fill<T> fill{uniform_transform<random_compute_t<T>>(low, high)};
+  const auto count = static_cast<std::uint64_t>(n);
+  fill_blocks(out, count, seed, offset, fill, 0, blocks_needed<T>(count));
+}
+
+/// Writes n normal values with the given mean and standard deviation to out: element i is
+/// normal_value<T>(seed, offset, i, {mean, stddev}). Consumes blocks_needed<T>(n) counter
+/// blocks. Matches a CUDA fill to a few ulp (see the note on libm above). Throws
+/// std::invalid_argument for n < 0, stddev < 0 or non-finite parameters, before writing anything.
+template <class T>
+void fill_normal(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, double mean,
+                 double stddev) {
+  detail::check_fill_count("fill_normal", n);
+  const normal_fill<T> fill{normal_transform<random_compute_t<T>>(mean, stddev)};
+  const auto count = static_cast<std::uint64_t>(n);
+  fill_blocks(out, count, seed, offset, fill, 0, blocks_needed<T>(count));
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -12,6 +12,7 @@
 
 #include "tessera/core/promotion.hpp"
 #include "tessera/core/random.hpp"
+#include "tessera/tensor/factories.hpp"
 #include "tessera/tensor/tensor.hpp"
 
 namespace tessera::nn::init {
@@ -19,26 +20,14 @@ namespace tessera::nn::init {
 enum class FanMode { fan_in, fan_out };
 
 namespace detail {
-/// Fills `tensor` with fill(out, n, seed, offset); the blocks come from the tensor's device's
-/// generator. CPU contiguous tensors are filled in place, others through a host buffer.
+/// Fills `tensor` with `fill` (uniform_fill<T> or normal_fill<T>) as ts::rand fills a tensor
+/// (tessera::detail::fill_random_: in place, or by a kernel on CUDA in units nvcc compiles).
 template <Dtype T, DeviceKind K, class Fill>
-void random_fill(const Tensor<T, K>& tensor, Fill&& fill) {
+void random_fill(const Tensor<T, K>& tensor, const Fill& fill) {
   static_assert(is_floating_point_v<T>,
                 "nn::init: random initialisers fill floating-point tensors (float, double, half, "
                 "bfloat16)");
-  const std::int64_t n = tensor.numel();
-  if (n == 0) return;
-  const philox_state state = default_generator(tensor.device())
-                                 .reserve_state(blocks_needed<T>(static_cast<std::uint64_t>(n)));
-  if constexpr (std::is_same_v<K, cpu>) {
-    if (tensor.is_contiguous()) {
-      fill(tensor.data(), n, state.seed, state.offset);
-      return;
-    }
-  }
-  std::vector<T> host(static_cast<std::size_t>(n));
-  fill(host.data(), n, state.seed, state.offset);
-  Tensor<T, K>(tensor).copy_from_host(host.data());
+  tessera::detail::fill_random_(tensor, fill);
 }
 
 inline void require_defined(bool defined, const char* operation) {
@@ -50,12 +39,8 @@ inline void require_defined(bool defined, const char* operation) {
 template <Dtype T, DeviceKind K>
 const Tensor<T, K>& uniform_(const Tensor<T, K>& tensor, double low = 0.0, double high = 1.0) {
   detail::require_defined(tensor.defined(), "uniform_");
-  const uniform_transform<random_compute_t<T>> check(low, high);  // validates before drawing
-  (void)check;
-  detail::random_fill(tensor,
-                      [&](T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
-                        fill_uniform(out, n, seed, offset, low, high);
-                      });
+  // The transform validates the range before anything is drawn.
+  detail::random_fill(tensor, uniform_fill<T>{uniform_transform<random_compute_t<T>>(low, high)});
   return tensor;
 }
 
@@ -63,12 +48,7 @@ const Tensor<T, K>& uniform_(const Tensor<T, K>& tensor, double low = 0.0, doubl
 template <Dtype T, DeviceKind K>
 const Tensor<T, K>& normal_(const Tensor<T, K>& tensor, double mean = 0.0, double stddev = 1.0) {
   detail::require_defined(tensor.defined(), "normal_");
-  const normal_transform<random_compute_t<T>> check(mean, stddev);
-  (void)check;
-  detail::random_fill(tensor,
-                      [&](T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
-                        fill_normal(out, n, seed, offset, mean, stddev);
-                      });
+  detail::random_fill(tensor, normal_fill<T>{normal_transform<random_compute_t<T>>(mean, stddev)});
   return tensor;
 }
 

@@ -9,6 +9,8 @@
 #include <utility>
 #include <vector>
 
+#include "tessera/backend/cpu/executor.hpp"
+#include "tessera/backend/cuda/random.cuh"
 #include "tessera/core/random.hpp"
 #include "tessera/tensor/tensor.hpp"
 
@@ -127,49 +129,64 @@ Tensor<T, K> arange(double end) {
 
 namespace detail {
 // The numbers depend only on (seed, offset, element index), so a CPU and a CUDA tensor of the
-// same seed and shape hold the same numbers. They are drawn on the host and copied over.
-/// Fills `out` with fill(data, n, seed, offset), element i in row-major order getting number i,
-/// reserving the counter blocks from its device's generator. `out` is a handle: the storage it
-/// shares is what gets filled.
+// same seed and shape hold the same numbers (uniform ones bit for bit, normal ones to a few ulp:
+// core/random.hpp).
+/// Counter blocks a CPU thread fills at a time.
+inline constexpr std::int64_t random_blocks_per_chunk = 4096;
+
+/// Fills `out` with `fill` (uniform_fill<T> or normal_fill<T>), element i in row-major order
+/// getting number i, reserving the counter blocks from its device's generator. `out` is a
+/// handle: the storage it shares is what gets filled. A contiguous CPU tensor is filled in place
+/// by the thread pool; a contiguous CUDA tensor by a kernel in a unit nvcc compiles
+/// (backend/cuda/random.cuh), on the current stream; anything else is drawn in a contiguous
+/// buffer (host memory, or device memory under nvcc) and copied in.
 template <Dtype T, DeviceKind K, class Fill>
-void fill_random_(Tensor<T, K> out, Fill&& fill) {
+void fill_random_(Tensor<T, K> out, const Fill& fill) {
   const std::int64_t n = out.numel();
   if (n == 0) return;
   Generator& generator = default_generator(out.device());
+  const auto count = static_cast<std::uint64_t>(n);
+  const std::uint64_t blocks = blocks_needed<T>(count);
   // Seed and offset are read under one lock, so a concurrent manual_seed cannot mix them.
-  const philox_state state =
-      generator.reserve_state(blocks_needed<T>(static_cast<std::uint64_t>(n)));
+  const philox_state state = generator.reserve_state(blocks);
   if constexpr (std::is_same_v<K, cpu>) {
     if (out.is_contiguous()) {
-      fill(out.data(), n, state.seed, state.offset);
+      T* data = out.data();
+      backend::cpu::execute_loop(0, static_cast<std::int64_t>(blocks), random_blocks_per_chunk,
+                                 [&](std::int64_t first, std::int64_t last) {
+                                   fill_blocks(data, count, state.seed, state.offset, fill,
+                                               static_cast<std::uint64_t>(first),
+                                               static_cast<std::uint64_t>(last));
+                                 });
       return;
     }
   }
-  {
-    // Through a host buffer in row-major order (any layout: a channels_last tensor gets a
-    // contiguous one's numbers element by element, and dropout the same mask).
-    std::vector<T> host(static_cast<std::size_t>(n));
-    fill(host.data(), n, state.seed, state.offset);
-    out.copy_from_host(host.data());
+#if TESSERA_CUDA_KERNELS
+  if constexpr (std::is_same_v<K, cuda>) {
+    DeviceGuard<cuda> guard(out.device_index());
+    if (out.is_contiguous()) {
+      backend::cuda::random_fill(out.data(), n, state.seed, state.offset, fill);
+    } else {
+      Tensor<T, K> dense = Tensor<T, K>::empty_on(out.shape(), out.device());
+      backend::cuda::random_fill(dense.data(), n, state.seed, state.offset, fill);
+      out.copy_(dense);
+    }
+    return;
   }
+#endif
+  std::vector<T> host(static_cast<std::size_t>(n));
+  fill_blocks(host.data(), count, state.seed, state.offset, fill, 0, blocks);
+  out.copy_from_host(host.data());
 }
-
-/// What rand draws: uniform numbers in [0, 1).
-struct uniform_numbers {
-  template <class T>
-  void operator()(T* data, std::int64_t n, std::uint64_t seed, std::uint64_t offset) const {
-    fill_uniform(data, n, seed, offset, 0.0, 1.0);
-  }
-};
 
 /// `out` (any layout) filled as rand fills a new tensor of its shape.
 template <Dtype T, DeviceKind K>
 void fill_uniform_(Tensor<T, K> out) {
-  fill_random_(std::move(out), uniform_numbers{});
+  fill_random_(std::move(out), uniform_fill<T>{uniform_transform<random_compute_t<T>>(0.0, 1.0)});
 }
 
 template <Dtype T, DeviceKind K, class Fill>
-Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device, Fill&& fill) {
+Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device, const Fill& fill) {
   static_assert(is_floating_point(scalar_type_of<T>),
                 "rand/randn make floating-point tensors: use float, double, half or bfloat16");
   shape.check_non_negative(operation);
@@ -182,16 +199,15 @@ Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device
 /// Uniform numbers in [0, 1) from the device's Philox generator (see manual_seed).
 template <Dtype T, DeviceKind K = cpu>
 Tensor<T, K> rand(const Shape& shape, int device = -1) {
-  return detail::random_tensor<T, K>("rand", shape, device, detail::uniform_numbers{});
+  return detail::random_tensor<T, K>(
+      "rand", shape, device, uniform_fill<T>{uniform_transform<random_compute_t<T>>(0.0, 1.0)});
 }
 
 /// Standard normal numbers from the device's Philox generator (Box-Muller).
 template <Dtype T, DeviceKind K = cpu>
 Tensor<T, K> randn(const Shape& shape, int device = -1) {
   return detail::random_tensor<T, K>(
-      "randn", shape, device, [](T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset) {
-        fill_normal(out, n, seed, offset, 0.0, 1.0);
-      });
+      "randn", shape, device, normal_fill<T>{normal_transform<random_compute_t<T>>(0.0, 1.0)});
 }
 
 }  // namespace tessera
