@@ -470,8 +470,10 @@ struct bn_shape {
   std::int64_t c, hw;
 };
 const std::vector<bn_shape>& bn_shapes() {
-  static const std::vector<bn_shape> all = {{"64_112", 64, 112},  {"256_56", 256, 56},
-                                            {"256_14", 256, 14},   {"1024_14", 1024, 14},
+  static const std::vector<bn_shape> all = {{"64_112", 64, 112},
+                                            {"256_56", 256, 56},
+                                            {"256_14", 256, 14},
+                                            {"1024_14", 1024, 14},
                                             {"2048_7", 2048, 7}};
   return all;
 }

@@ -354,7 +354,8 @@ TEST_CASE("GradScaler unscales contiguous and channels_last gradients in place, 
   CHECK(differing(wide.narrow(3, 0, 64), 64.0f) == 0);  // untouched
   CHECK(second.step(sgd));
   second.update();
-  b.grad().narrow(1, 4, 1).narrow(3, 2, 1).narrow(2, 7, 1).fill_(std::numeric_limits<float>::infinity());
+  b.grad().narrow(1, 4, 1).narrow(3, 2, 1).narrow(2, 7, 1).fill_(
+      std::numeric_limits<float>::infinity());
   CHECK_FALSE(second.step(sgd));
   second.update();
   CHECK(second.get_scale() == 32.0);

@@ -84,10 +84,11 @@ class Dropout : public Module {
       // The mask is laid out as the input, so that the result is too, as PyTorch's (a
       // channels_last input gives a channels_last output); its numbers go by element, so it is
       // the mask a contiguous input of the same seed gets.
-      const memory_format format = input.is_contiguous(memory_format::channels_last) &&
-                                           input.suggest_memory_format() == memory_format::channels_last
-                                       ? memory_format::channels_last
-                                       : memory_format::contiguous_format;
+      const memory_format format =
+          input.is_contiguous(memory_format::channels_last) &&
+                  input.suggest_memory_format() == memory_format::channels_last
+              ? memory_format::channels_last
+              : memory_format::contiguous_format;
       if (p_ == 1.0) return zeros_like(input, format);
       auto uniform = empty<random_compute_t<T>, K>(input.shape(), format, input.device_index());
       tessera::detail::fill_uniform_(uniform);
@@ -104,8 +105,9 @@ class Dropout : public Module {
       // The mask laid out as x's fused value would be (channels_last for a channels_last x), so
       // that x * mask keeps x's layout.
       const memory_format format = autograd::detail::result_memory_format(x, *g);
-      const int id = g->add_node(std::make_unique<detail::dropout_mask_node<T, K, Dropout>>(*this, p_),
-                                 x.shape(), scalar_type_of<T>, device, format);
+      const int id =
+          g->add_node(std::make_unique<detail::dropout_mask_node<T, K, Dropout>>(*this, p_),
+                      x.shape(), scalar_type_of<T>, device, format);
       return V(x * V(g, id, x.shape()));
     }
   }

@@ -170,9 +170,10 @@ TESSERA_API unscale_result unscale_gradients(const Optimizer& optimizer, float i
                         " has a gradient of dtype " + tessera::name(grad.dtype()) +
                         "; only floating-point gradients can be unscaled");
     }
-    const AnyTensor work = parameter_is_dense(grad.shape(), grad.strides())
-                               ? grad
-                               : grad.visit([](const auto& t) -> AnyTensor { return t.contiguous(); });
+    const AnyTensor work =
+        parameter_is_dense(grad.shape(), grad.strides())
+            ? grad
+            : grad.visit([](const auto& t) -> AnyTensor { return t.contiguous(); });
     gradients.emplace_back(grad, work);
     if (grad.device().is_cuda()) {
       auto it = found_on_gpus.begin();

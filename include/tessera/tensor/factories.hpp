@@ -186,7 +186,8 @@ void fill_uniform_(Tensor<T, K> out) {
 }
 
 template <Dtype T, DeviceKind K, class Fill>
-Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device, const Fill& fill) {
+Tensor<T, K> random_tensor(const char* operation, const Shape& shape, int device,
+                           const Fill& fill) {
   static_assert(is_floating_point(scalar_type_of<T>),
                 "rand/randn make floating-point tensors: use float, double, half or bfloat16");
   shape.check_non_negative(operation);

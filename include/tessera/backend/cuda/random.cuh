@@ -34,8 +34,8 @@ __global__ void __launch_bounds__(threads_per_block)
 /// Writes the n elements of `fill` from counter block `offset` of `seed` into contiguous device
 /// memory `out` on the current device, on `stream`. Counts one launch.
 template <class T, class Fill>
-void random_fill(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset,
-                 const Fill& fill, stream_ref stream = tessera::detail::current_cuda_stream()) {
+void random_fill(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, const Fill& fill,
+                 stream_ref stream = tessera::detail::current_cuda_stream()) {
   profiler::count_launch();
   if (n <= 0) return;
   const auto count = static_cast<std::uint64_t>(n);
