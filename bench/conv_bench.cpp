@@ -7,6 +7,9 @@
 //   gradient, one per pass of the CPU loops: an image, or several when an image is small), so
 //   "GEMM share" = gemm time / conv time says how much of the convolution is GEMM (im2col,
 //   col2im and the rest make up the remainder).
+// - conv_nhwc_<layer> (three layers): the same forward + backward with x, the weight, g and
+//   every gradient channels_last (NHWC), against the NCHW row of the same layer in the same run
+//   and against LibTorch on channels_last tensors.
 // - resnet50_step: a ResNet-50 training step (forward, backward, SGD with momentum) at batch 8,
 //   224x224, Tessera's compiled program against LibTorch's eager autograd, same weights and data;
 //   the first losses are checked to agree.
@@ -71,25 +74,34 @@ struct without_winograd {
 
 using ts::bench::random_tensor;
 
-/// A convolution layer's forward and backward as a compiled program.
+/// The layers also timed channels_last (conv_nhwc_ rows): a Winograd 3x3, a 1x1 and a stride-2
+/// 3x3 layer of ResNet-50.
+bool nhwc_layer(const layer& l) {
+  return l.name == "3x3_64_56" || l.name == "1x1_256to64_56" || l.name == "3x3s2_128_56";
+}
+
+/// A convolution layer's forward and backward as a compiled program, with x, g, the weight and
+/// the program's values laid out in `format` (contiguous_format or channels_last).
 struct tessera_conv {
   nn::Conv2d<float> conv;
   ts::Tensor<float> x, g;
   ag::Program<ts::Tensor<float>> program;
-  explicit tessera_conv(const layer& l)
+  explicit tessera_conv(const layer& l,
+                        ts::memory_format format = ts::memory_format::contiguous_format)
       : conv(l.c, l.o, l.k, {.stride = l.stride, .padding = l.padding, .bias = false}),
-        x(random_tensor({batch, l.c, l.hw, l.hw}, 1)),
-        g(random_tensor({batch, l.o, out_extent(l), out_extent(l)}, 2)),
+        x(random_tensor({batch, l.c, l.hw, l.hw}, 1).contiguous(format)),
+        g(random_tensor({batch, l.o, out_extent(l), out_extent(l)}, 2).contiguous(format)),
         program(ag::compile(
             [this](const ag::Var<float>& input, const ag::Var<float>& grad) {
               return ts::sum(conv(input) * grad);
             },
             [&] {
-              auto spec = ag::input<float>(x.shape());
+              conv.to(format);  // before tracing: the program binds the weight as laid out
+              auto spec = ag::input<float>(x.shape(), 0, format);
               spec.requires_grad = true;
               return spec;
             }(),
-            ag::input<float>(g.shape()))) {}
+            ag::input<float>(g.shape(), 0, format))) {}
   float step() {
     conv.zero_grad();
     const float value = program.forward(x, g).item();
@@ -148,10 +160,14 @@ torch::Tensor to_torch(const ts::AnyTensor& any) {
 struct torch_conv {
   torch::Tensor x, w, g;
   layer l;
-  torch_conv(const layer& layer_, const tessera_conv& source) : l(layer_) {
-    x = to_torch(source.x).requires_grad_();
-    w = to_torch(source.conv.weight().value()).requires_grad_();
-    g = to_torch(source.g);
+  /// `channels_last`: x, w and g (and so the gradients) in torch's ChannelsLast format.
+  torch_conv(const layer& layer_, const tessera_conv& source, bool channels_last = false)
+      : l(layer_) {
+    const auto format =
+        channels_last ? torch::MemoryFormat::ChannelsLast : torch::MemoryFormat::Contiguous;
+    x = to_torch(source.x).contiguous(format).requires_grad_();
+    w = to_torch(source.conv.weight().value()).contiguous(format).requires_grad_();
+    g = to_torch(source.g).contiguous(format);
   }
   float step() {
     x.mutable_grad() = torch::Tensor();
@@ -319,6 +335,18 @@ void register_benchmarks(int threads) {
           ->UseRealTime()
           ->Unit(benchmark::kMillisecond);
     }
+    if (nhwc_layer(l)) {
+      benchmark::RegisterBenchmark(("conv_nhwc_tessera_" + l.name).c_str(),
+                                   [l](benchmark::State& state) {
+                                     ts::manual_seed(1);
+                                     tessera_conv conv(l, ts::memory_format::channels_last);
+                                     float value = conv.step();
+                                     for (auto _ : state) value = conv.step();
+                                     benchmark::DoNotOptimize(value);
+                                   })
+          ->UseRealTime()
+          ->Unit(benchmark::kMillisecond);
+    }
     benchmark::RegisterBenchmark(("conv_gemm_" + l.name).c_str(), [l](benchmark::State& state) {
       conv_gemms gemms(l);
       gemms.run();
@@ -345,6 +373,27 @@ void register_benchmarks(int threads) {
       for (auto _ : state) value = conv.step();
       benchmark::DoNotOptimize(value);
     })->UseRealTime()->Unit(benchmark::kMillisecond);
+  }
+  for (const layer& l : layers()) {
+    if (!nhwc_layer(l)) continue;
+    const std::string name = "conv_nhwc_torch_" + l.name;
+    benchmark::RegisterBenchmark(
+        name.c_str(),
+        [l, threads](benchmark::State& state) {
+          at::set_num_threads(threads);
+          ts::manual_seed(1);
+          tessera_conv source(l, ts::memory_format::channels_last);
+          torch_conv conv(l, source, /*channels_last=*/true);
+          float value = conv.step();
+          check_close(("channels_last " + l.name).c_str(), source.step(), value, 1e-3f);
+          if (!conv.x.grad().is_contiguous(torch::MemoryFormat::ChannelsLast)) {
+            state.SkipWithError("LibTorch's input gradient is not channels_last");
+          }
+          for (auto _ : state) value = conv.step();
+          benchmark::DoNotOptimize(value);
+        })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
   }
   benchmark::RegisterBenchmark("resnet50_step_torch", [threads](benchmark::State& state) {
     at::set_num_threads(threads);
@@ -525,6 +574,14 @@ int main(int argc, char** argv) {
          "conv_gemm_" + l.name, l.k == 3 ? 0.8 : 0.0});
     ts::bench::print_summary(reporter.results,
                              {"conv " + l.name + " (batch 8, forward + backward)", rows});
+    if (nhwc_layer(l)) {
+      ts::bench::print_summary(
+          reporter.results,
+          {"conv " + l.name + " channels_last (batch 8, forward + backward)",
+           {{"NCHW / NHWC (tessera)", "conv_nhwc_tessera_" + l.name, "conv_tessera_" + l.name, 0.0},
+            {"torch NHWC / tessera NHWC", "conv_nhwc_tessera_" + l.name,
+             "conv_nhwc_torch_" + l.name, 1.0}}});
+    }
   }
   ts::bench::print_summary(reporter.results,
                            {"ResNet-50 training step (batch 8, " + std::to_string(image_size()) +

@@ -9,6 +9,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <limits>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -309,6 +311,138 @@ TEST_CASE("a ResNet block on NHWC input: eager forward, and a program's gradient
   for (std::size_t i = 0; i < grads_nchw.size(); ++i) {
     INFO("gradient " << i);
     check_close(grads_nhwc[i], grads_nchw[i], tol64);
+  }
+}
+
+namespace {
+
+struct backward_case {
+  const char* name;
+  std::int64_t in, out;
+  nn::Int2 kernel;
+  nn::Conv2dArgs args;
+  bool bias;
+  std::int64_t batch, h, w;
+};
+
+// Channel counts off multiples of 4; the last case needs several chunks of col
+// (conv2d_nhwc_col_elements).
+const backward_case backward_cases[] = {
+    {"3x3 pad 1", 5, 6, 3, {.padding = 1}, true, 2, 9, 10},
+    {"3x3 stride 2", 4, 7, 3, {.stride = 2, .padding = 1}, false, 2, 9, 8},
+    {"1x1", 6, 10, 1, {}, true, 2, 5, 7},
+    {"1x1 stride 2", 5, 7, 1, {.stride = 2}, false, 2, 9, 6},
+    {"7x7 stride 2 pad 3", 3, 5, 7, {.stride = 2, .padding = 3}, false, 2, 11, 12},
+    {"dilation 2", 4, 3, 3, {.padding = 2, .dilation = 2}, true, 1, 8, 9},
+    {"non-square",
+     3,
+     5,
+     {2, 3},
+     {.stride = {2, 1}, .padding = {0, 1}, .dilation = {1, 2}},
+     true,
+     2,
+     7,
+     9},
+    {"several chunks", 17, 9, 3, {.padding = 1}, true, 2, 64, 64},
+};
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("conv2d backward on NHWC tensors: native, the NCHW float64 gradients",
+                   "[channels_last][conv]", float, double) {
+  using T = TestType;
+  // float64 sums in other orders than NCHW's; float32 rounds the operands and sums up to
+  // thousands of products per gradient element.
+  constexpr double tol = std::is_same_v<T, double> ? 1e-12 : 1e-4;
+  const auto nhwc = [](const ts::Tensor<double>& t) {  // a new NHWC tensor of t's values
+    auto out = ts::Tensor<T>::empty_on(t.shape(), t.device(), memory_format::channels_last);
+    out.copy_(t.to<T>());
+    return out;
+  };
+  for (const backward_case& c : backward_cases) {
+    INFO(c.name);
+    const ts::Shape image{c.batch, c.in, c.h, c.w}, filter{c.out, c.in, c.kernel.h, c.kernel.w};
+    const ts::Shape bias_shape{c.out};
+    const auto x = sample<double>(image, 31);
+    const auto w = sample<double>(filter, 32);
+    nn::detail::conv2d_geometry g = nn::detail::conv2d_geometry_of(
+        "conv2d", image, filter, c.bias ? &bias_shape : nullptr, c.args);
+    const auto gy = sample<double>(g.output_shape(), 33);
+    const bool chunks =
+        c.batch * g.oh * g.ow * g.kh * g.kw * g.c > nn::detail::conv2d_nhwc_col_elements;
+    REQUIRE(chunks == (std::string(c.name) == "several chunks"));
+
+    // The reference: the NCHW passes in float64 (tests/nn/conv_test.cpp checks them against
+    // PyTorch).
+    auto dx_ref = ts::Tensor<double>::empty_on(image, x.device());
+    auto dw_ref = ts::Tensor<double>::empty_on(filter, x.device());
+    auto db_ref = ts::Tensor<double>::empty_on(bias_shape, x.device());
+    {
+      nn::detail::workspace ws = nn::detail::eager_workspace(
+          x.device(), nn::detail::conv2d_backward_workspace<double, ts::cpu>(g, true, true, true));
+      nn::detail::conv2d_backward(g, x, w, gy, &dx_ref, false, &dw_ref, false, &db_ref, false, ws);
+    }
+
+    nn::detail::conv2d_geometry gcl = g;
+    gcl.channels_last = true;
+    REQUIRE(nn::detail::conv2d_nhwc_native<T, ts::cpu>(gcl));
+    REQUIRE_FALSE(nn::detail::conv2d_nchw_copies<T, ts::cpu>(gcl));
+    const auto x_cl = nhwc(x), w_cl = nhwc(w), gy_cl = nhwc(gy);
+    // Gradients added to (accumulate) start from these.
+    const auto dx0 = sample<double>(image, 34), dw0 = sample<double>(filter, 35);
+    const auto db0 = sample<double>(bias_shape, 36);
+    for (const bool builtin : {false, true}) {
+      INFO((builtin ? "built-in GEMM" : "default GEMM"));
+      std::optional<ts::backend::cpu::builtin_gemm_scope> scope;
+      if (builtin) scope.emplace();
+      const bool adds = ts::detail::matmul_accumulates<T, ts::cpu>();
+      for (const bool accumulate : {false, true}) {
+        INFO((accumulate ? "accumulate" : "overwrite"));
+        for (const int which : {0, 1, 2}) {  // both gradients, the input's alone, the weight's
+          const bool input = which != 2, weight = which != 1;
+          INFO("input " << input << ", weight " << weight);
+          // The plan is the native one: a chunk of col (none for a 1x1 stride-1 unpadded
+          // convolution, unless it stages products), staging without a BLAS, the bias's sums;
+          // a run that fell back to NCHW copies would overrun it.
+          const std::size_t bytes =
+              nn::detail::conv2d_backward_workspace<T, ts::cpu>(gcl, input, weight, c.bias);
+          const std::int64_t k = g.kh * g.kw * g.c;
+          const std::int64_t col = !g.pointwise()   ? nn::detail::conv2d_nhwc_col_numel(g)
+                                   : input && !adds ? nn::detail::conv2d_nhwc_chunk(g) * g.c
+                                                    : 0;
+          const std::int64_t staging = weight && !adds ? g.o * k : 0;
+          using ws_t = nn::detail::workspace;
+          CHECK(
+              bytes ==
+              ws_t::template bytes<T>(col) + ws_t::template bytes<T>(staging) +
+                  (c.bias ? ws_t::template bytes<T>(g.n * g.o) + ws_t::template bytes<T>(g.o) : 0));
+          ws_t ws = nn::detail::eager_workspace(x.device(), bytes);
+          auto start = [&](const ts::Tensor<double>& t0, const ts::Shape& shape) {
+            if (accumulate) return nhwc(t0);
+            auto t = ts::Tensor<T>::empty_on(shape, x.device(), memory_format::channels_last);
+            t.fill_(std::numeric_limits<T>::quiet_NaN());  // overwritten everywhere
+            return t;
+          };
+          auto dx = start(dx0, image), dw = start(dw0, filter);
+          auto db = accumulate ? db0.to<T>().clone() : ts::full<T>(bias_shape, 7.0);
+          nn::detail::conv2d_backward(gcl, weight ? x_cl : ts::Tensor<T>(), w_cl, gy_cl,
+                                      input ? &dx : nullptr, accumulate, weight ? &dw : nullptr,
+                                      accumulate, c.bias ? &db : nullptr, accumulate, ws);
+          const auto expect = [&](const ts::Tensor<double>& ref, const ts::Tensor<double>& t0) {
+            return accumulate ? ts::Tensor<double>(ref + t0) : ref;
+          };
+          if (input) {
+            CHECK(dx.strides() == nhwc_strides(image));
+            check_close(dx, expect(dx_ref, dx0), tol);
+          }
+          if (weight) {
+            CHECK(dw.strides() == nhwc_strides(filter));
+            check_close(dw, expect(dw_ref, dw0), tol);
+          }
+          if (c.bias) check_close(db, expect(db_ref, db0), tol);
+        }
+      }
+    }
   }
 }
 

@@ -24,9 +24,10 @@
 // with a BLAS); every other convolution as GEMMs with im2col.
 //
 // channels_last (g.channels_last: x, w, y and their gradients NHWC-dense): cuDNN takes the NHWC
-// tensors as they are; otherwise the CPU forward runs natively on NHWC where conv2d_nhwc_native
-// allows (nn/detail/conv2d_nhwc.hpp), and everything else copies its operands to NCHW in the
-// workspace, runs the NCHW passes and copies (or adds) the results back (conv2d_nchw_copies).
+// tensors as they are; otherwise the CPU passes (forward, input and weight gradients) run
+// natively on NHWC where conv2d_nhwc_native allows (nn/detail/conv2d_nhwc.hpp), and everything
+// else copies its operands to NCHW in the workspace, runs the NCHW passes and copies (or adds)
+// the results back (conv2d_nchw_copies).
 //
 // im2col and col2im have two implementations. On CPU, direct loops over channels (threaded;
 // rows of a stride-1 window are copies). Elsewhere (CUDA), the device-agnostic form: the input is
@@ -181,11 +182,11 @@ std::int64_t conv2d_padded_numel(const conv2d_geometry& g) {
   return conv2d_padded_shape<K>(g).numel();
 }
 
-/// True when a channels_last convolution's pass runs on NCHW copies in the workspace (neither
-/// cuDNN nor, for the forward, the native NHWC loops take it).
+/// True when a channels_last convolution's passes run on NCHW copies in the workspace (neither
+/// cuDNN nor the native NHWC loops take it).
 template <class T, class K>
-bool conv2d_nchw_copies(const conv2d_geometry& g, bool forward) {
-  return g.channels_last && !g.cudnn.usable && !(forward && conv2d_nhwc_native<T, K>(g));
+bool conv2d_nchw_copies(const conv2d_geometry& g) {
+  return g.channels_last && !g.cudnn.usable && !conv2d_nhwc_native<T, K>(g);
 }
 
 /// The geometry of the NCHW passes a channels_last convolution runs on copies.
@@ -231,7 +232,7 @@ std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
 template <class T, class K>
 std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool weight,
                                       bool bias) {
-  if (conv2d_nchw_copies<T, K>(g, false) && (input || weight)) {
+  if (conv2d_nchw_copies<T, K>(g) && (input || weight)) {
     // gy's and w's copies (the NCHW passes view w even for the weight's gradient alone), dx's
     // for the input gradient, x's and dw's for the weight's, then the NCHW passes (the bias's
     // gradient among them).
@@ -248,6 +249,13 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
     return bytes +
            workspace::raw_bytes(std::max(input ? g.cudnn.backward_data_bytes : std::size_t{0},
                                          weight ? g.cudnn.backward_filter_bytes : std::size_t{0}));
+  }
+  if constexpr (std::is_same_v<K, cpu> && (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
+    if (g.channels_last) {
+      // Natively on NHWC (conv2d_backward_nhwc_cpu): a chunk of col, and staging without a BLAS.
+      return bytes + workspace::bytes<T>(conv2d_nhwc_backward_col_numel<T>(g, input, weight)) +
+             workspace::bytes<T>(conv2d_nhwc_backward_staging_numel<T>(g, weight));
+    }
   }
   if (const std::int64_t numel = conv2d_winograd_backward_numel<T, K>(g, input, weight);
       numel > 0) {
@@ -981,13 +989,14 @@ void conv2d_backward_cudnn(const conv2d_geometry& g, const Tensor<T, tessera::cu
 /// Gradients of y = conv2d(x, w) + bias for the upstream gradient gy [N, O, OH, OW]: each of dx,
 /// dw, db that is defined is written, or added to when its accumulate flag is set. x (needed for
 /// dw only), w, gy, dx and dw contiguous, or NHWC-dense when g.channels_last (cuDNN takes them
-/// as they are; otherwise the NCHW passes run on copies in `ws`, conv2d_backward_workspace).
+/// as they are; the CPU loops natively where conv2d_nhwc_native allows; otherwise the NCHW
+/// passes run on copies in `ws`, conv2d_backward_workspace).
 template <class T, class K>
 void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tensor<T, K>& w,
                      const Tensor<T, K>& gy, Tensor<T, K>* dx, bool dx_accumulate, Tensor<T, K>* dw,
                      bool dw_accumulate, Tensor<T, K>* db, bool db_accumulate, workspace& ws) {
   using tessera::detail::as_node;
-  if (conv2d_nchw_copies<T, K>(g, false) && (dx != nullptr || dw != nullptr)) {
+  if (conv2d_nchw_copies<T, K>(g) && (dx != nullptr || dw != nullptr)) {
     const Tensor<T, K> gyc = contiguous_copy(gy, ws);
     const Tensor<T, K> xc = dw != nullptr ? contiguous_copy(x, ws) : Tensor<T, K>();
     const Tensor<T, K> wc = contiguous_copy(w, ws);
@@ -1000,7 +1009,8 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
     return;
   }
   if (db != nullptr) {
-    // db = sum of gy over (N, OH, OW): along the spatial dim, then the batch.
+    // db = sum of gy over (N, OH, OW): along the spatial dim, then the batch ([N, O, OH * OW]
+    // views an NHWC gy too).
     Tensor<T, K> per_image = ws.take<T, K>(Shape{g.n, g.o});
     tessera::detail::reduce_dim_into<backend::sum_op<accumulate_t<T>>, backend::finish_value, T>(
         per_image, as_node(gy.view(Shape{g.n, g.o, g.spatial()})), 2, "sum");
@@ -1018,6 +1028,16 @@ void conv2d_backward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tens
   if constexpr (std::is_same_v<K, tessera::cuda>) {
     if (g.cudnn.usable) {
       conv2d_backward_cudnn(g, x, w, gy, dx, dx_accumulate, dw, dw_accumulate, ws);
+      return;
+    }
+  }
+  if constexpr (std::is_same_v<K, cpu> && (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
+    if (g.channels_last) {  // conv2d_nhwc_native (not conv2d_nchw_copies)
+      const Tensor<T, cpu> col = ws.take<T, cpu>(
+          Shape{conv2d_nhwc_backward_col_numel<T>(g, dx != nullptr, dw != nullptr)});
+      const Tensor<T, cpu> staging =
+          ws.take<T, cpu>(Shape{conv2d_nhwc_backward_staging_numel<T>(g, dw != nullptr)});
+      conv2d_backward_nhwc_cpu(g, x, w, gy, dx, dx_accumulate, dw, dw_accumulate, col, staging);
       return;
     }
   }

@@ -1,9 +1,11 @@
-// 2-D convolution forward over a channels_last (NHWC) input on the CPU, without converting it:
-// im2col over NHWC makes one col row per output position (n, oh, ow), its columns (i, j, c) runs
-// of one input pixel's channels (copies), and out = col @ Wᵀ, with the weight as [O, KH * KW * C]
-// (its channels_last bytes), is the NHWC output's storage itself ([N * OH * OW, O]). A 1x1
-// convolution with stride 1 and no padding multiplies the input's storage directly. One group
-// only; grouped convolutions, and every backward pass, run NCHW (nn/detail/conv2d.hpp).
+// 2-D convolution over channels_last (NHWC) tensors on the CPU, without converting them: im2col
+// over NHWC makes one col row per output position (n, oh, ow), its columns (i, j, c) runs of one
+// input pixel's channels (copies), and with the weight as [O, KH * KW * C] (its channels_last
+// bytes) and the NHWC output's storage as [N * OH * OW, O] (gy's too): out = col @ Wᵀ,
+// dW = gyᵀ @ col, and dcol = gy @ W, whose (i, j, c) runs col2im adds back into dx's pixels.
+// col is built in chunks of output positions (bounded scratch; the backward's dcol reuses a
+// chunk's col). A 1x1 convolution with stride 1 and no padding multiplies the input's (and dx's)
+// storage directly. One group only; grouped convolutions run NCHW (nn/detail/conv2d.hpp).
 #pragma once
 
 #include <algorithm>
@@ -40,15 +42,37 @@ bool conv2d_runs_nhwc(const conv2d_geometry& g, const Tensor<T, K>& x) {
          x.is_contiguous(memory_format::channels_last);
 }
 
+/// Output positions per chunk of col: conv2d_nhwc_col_elements of them, at least one, at most all.
+inline std::int64_t conv2d_nhwc_chunk(const conv2d_geometry& g) {
+  const std::int64_t positions = g.n * g.oh * g.ow, k = g.kh * g.kw * g.c;
+  return std::clamp<std::int64_t>(conv2d_nhwc_col_elements / std::max<std::int64_t>(k, 1), 1,
+                                  std::max<std::int64_t>(positions, 1));
+}
+
 /// Elements of the col buffer conv2d_forward_nhwc_cpu fills chunk by chunk (0: a 1x1
 /// convolution with stride 1 and no padding, which needs none).
 inline std::int64_t conv2d_nhwc_col_numel(const conv2d_geometry& g) {
   if (g.pointwise()) return 0;
-  const std::int64_t positions = g.n * g.oh * g.ow, k = g.kh * g.kw * g.c;
-  const std::int64_t chunk =
-      std::clamp<std::int64_t>(conv2d_nhwc_col_elements / std::max<std::int64_t>(k, 1), 1,
-                               std::max<std::int64_t>(positions, 1));
-  return chunk * k;
+  return conv2d_nhwc_chunk(g) * g.kh * g.kw * g.c;
+}
+
+/// Elements of the chunk buffer conv2d_backward_nhwc_cpu takes for the gradients asked for (a
+/// chunk's col, then its dcol): the forward's col; for a 1x1 stride-1 unpadded convolution none,
+/// except where the GEMM cannot add into its output (no BLAS), where a chunk of the input
+/// gradient's products is staged in it before being added into dx.
+template <class T>
+std::int64_t conv2d_nhwc_backward_col_numel(const conv2d_geometry& g, bool input, bool weight) {
+  if (!input && !weight) return 0;
+  if (!g.pointwise()) return conv2d_nhwc_col_numel(g);
+  return input && !tessera::detail::matmul_accumulates<T, cpu>() ? conv2d_nhwc_chunk(g) * g.c : 0;
+}
+
+/// Elements of the buffer that stages the weight gradient's products of conv2d_backward_nhwc_cpu
+/// before they are added into dW: [O, KH * KW * C] where the GEMM cannot add (no BLAS), else 0.
+template <class T>
+std::int64_t conv2d_nhwc_backward_staging_numel(const conv2d_geometry& g, bool weight) {
+  if (!weight || tessera::detail::matmul_accumulates<T, cpu>()) return 0;
+  return g.o * g.kh * g.kw * g.c;
 }
 
 /// Rows [first, first + rows) of the NHWC im2col of x (NHWC bytes) into col [rows, KH * KW * C]:
@@ -81,6 +105,50 @@ void im2col_nhwc_cpu(const conv2d_geometry& g, const T* x, std::int64_t first, s
   });
 }
 
+/// The [rows, columns] row-major matrix over a dense tensor's bytes (a channels_last tensor's
+/// NHWC storage: an activation's [N * H * W, C], a weight's [O, KH * KW * C]).
+template <class T>
+Tensor<T, cpu> nhwc_matrix(const Tensor<T, cpu>& t, std::int64_t rows, std::int64_t columns) {
+  return Tensor<T, cpu>(t.storage(), Shape{rows, columns}, Strides{columns, 1}, t.storage_offset());
+}
+
+/// Adds rows [first, first + rows) of dcol [rows, KH * KW * C] (the NHWC im2col's layout) into
+/// dx (NHWC bytes): each row's (i, j) run of C channels into the input pixel im2col_nhwc_cpu
+/// read it from; padding's runs are dropped. Threaded over the input rows (n, ih) the chunk
+/// reaches, each thread adding only into its own rows, so every element sums its terms in the
+/// same order (positions, then kernel offsets) whatever the thread count.
+template <class T>
+void col2im_nhwc_add_cpu(const conv2d_geometry& g, const T* dcol, std::int64_t first,
+                         std::int64_t rows, T* dx) {
+  if (rows <= 0) return;
+  const std::int64_t k = g.kh * g.kw * g.c, last = first + rows - 1;
+  const std::int64_t n0 = first / (g.oh * g.ow), oh0 = first / g.ow % g.oh;
+  const std::int64_t n1 = last / (g.oh * g.ow), oh1 = last / g.ow % g.oh;
+  const std::int64_t lo = n0 * g.h + std::clamp<std::int64_t>(oh0 * g.sh - g.ph, 0, g.h);
+  const std::int64_t hi =
+      n1 * g.h + std::clamp<std::int64_t>(oh1 * g.sh - g.ph + (g.kh - 1) * g.dh + 1, 0, g.h);
+  const std::int64_t grain = std::max<std::int64_t>(1, backend::cpu::grain_size / (g.w * g.c + 1));
+  backend::cpu::execute_loop(lo, hi, grain, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const std::int64_t p = first + r;
+      const std::int64_t ow = p % g.ow, oh = p / g.ow % g.oh, n = p / (g.ow * g.oh);
+      const T* row = dcol + r * k;
+      for (std::int64_t i = 0; i < g.kh; ++i) {
+        const std::int64_t ih = oh * g.sh - g.ph + i * g.dh;
+        const std::int64_t line = n * g.h + ih;
+        if (ih < 0 || ih >= g.h || line < begin || line >= end) continue;
+        for (std::int64_t j = 0; j < g.kw; ++j) {
+          const std::int64_t iw = ow * g.sw - g.pw + j * g.dw;
+          if (iw < 0 || iw >= g.w) continue;
+          T* pixel = dx + (line * g.w + iw) * g.c;
+          const T* in = row + (i * g.kw + j) * g.c;
+          for (std::int64_t c = 0; c < g.c; ++c) pixel[c] += in[c];
+        }
+      }
+    }
+  });
+}
+
 /// y = conv2d(x, w) (+ bias) with x and y [N, C, H, W] / [N, O, OH, OW] dense channels_last
 /// (conv2d_runs_nhwc), w in any layout (copied to channels_last when it is not). `col`: a buffer
 /// of conv2d_nhwc_col_numel(g) elements (a program's planned workspace), or undefined: one from
@@ -100,9 +168,7 @@ void conv2d_forward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
                             x.storage_offset());
     tessera::detail::matmul_into(y2, x2, w2t);
   } else {
-    const std::int64_t chunk =
-        std::clamp<std::int64_t>(conv2d_nhwc_col_elements / std::max<std::int64_t>(k, 1), 1,
-                                 std::max<std::int64_t>(positions, 1));
+    const std::int64_t chunk = conv2d_nhwc_chunk(g);
     if (!col.defined()) col = Tensor<T, cpu>::empty_on(Shape{chunk * k}, x.device());
     for (std::int64_t first = 0; first < positions; first += chunk) {
       const std::int64_t rows = std::min(chunk, positions - first);
@@ -113,6 +179,65 @@ void conv2d_forward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
   }
   if (bias != nullptr) {
     tessera::detail::add_into(y2, tessera::detail::as_node(bias->view(Shape{1, g.o})));
+  }
+}
+
+/// The input and weight gradients of y = conv2d(x, w) for gy, natively on NHWC-dense x, w, gy,
+/// dx and dw (conv2d_backward's contract; conv2d_nhwc_native): each of dx, dw that is defined is
+/// written, or added to when its accumulate flag is set; x is read only for dw. Per chunk of
+/// output positions: col = im2col(x), dW (+)= gyᵀ @ col, then dcol = gy @ W into the same
+/// buffer, which col2im adds into dx (zeroed first unless added to). A 1x1 stride-1 unpadded
+/// convolution: dW (+)= gyᵀ @ x and dx (+)= gy @ W, one GEMM each. `col` and `staging`: buffers
+/// of conv2d_nhwc_backward_col_numel and conv2d_nhwc_backward_staging_numel elements.
+template <class T>
+void conv2d_backward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
+                              const Tensor<T, cpu>& w, const Tensor<T, cpu>& gy, Tensor<T, cpu>* dx,
+                              bool dx_accumulate, Tensor<T, cpu>* dw, bool dw_accumulate,
+                              const Tensor<T, cpu>& col, const Tensor<T, cpu>& staging) {
+  using tessera::detail::matmul_add_into;
+  using tessera::detail::matmul_into;
+  const std::int64_t positions = g.n * g.oh * g.ow, k = g.kh * g.kw * g.c;
+  if (positions == 0) {  // no terms: a written gradient is zero
+    if (dx != nullptr && !dx_accumulate) dx->zero_();
+    if (dw != nullptr && !dw_accumulate) dw->zero_();
+    return;
+  }
+  const Tensor<T, cpu> gy2 = nhwc_matrix(gy, positions, g.o);
+  const Tensor<T, cpu> w2 = dx != nullptr
+                                ? nhwc_matrix(w.contiguous(memory_format::channels_last), g.o, k)
+                                : Tensor<T, cpu>();
+  const Tensor<T, cpu> dw2 = dw != nullptr ? nhwc_matrix(*dw, g.o, k) : Tensor<T, cpu>();
+  if (g.pointwise()) {
+    if (dw != nullptr) {
+      matmul_add_into(dw2, gy2.t(), nhwc_matrix(x, positions, g.c), dw_accumulate, staging);
+    }
+    if (dx == nullptr) return;
+    Tensor<T, cpu> dx2 = nhwc_matrix(*dx, positions, g.c);
+    if (!dx_accumulate || tessera::detail::matmul_accumulates<T, cpu>()) {
+      matmul_into(dx2, gy2, w2, dx_accumulate);
+      return;
+    }
+    // Staged in chunks of positions (col), each added into its rows of dx.
+    const std::int64_t chunk = conv2d_nhwc_chunk(g);
+    for (std::int64_t first = 0; first < positions; first += chunk) {
+      const std::int64_t rows = std::min(chunk, positions - first);
+      matmul_add_into(dx2.narrow(0, first, rows), gy2.narrow(0, first, rows), w2, true, col);
+    }
+    return;
+  }
+  if (dx != nullptr && !dx_accumulate) dx->zero_();
+  const std::int64_t chunk = conv2d_nhwc_chunk(g);
+  for (std::int64_t first = 0; first < positions; first += chunk) {
+    const std::int64_t rows = std::min(chunk, positions - first);
+    Tensor<T, cpu> col2 = col.narrow(0, 0, rows * k).view(Shape{rows, k});
+    const Tensor<T, cpu> gy_chunk = gy2.narrow(0, first, rows);
+    if (dw != nullptr) {
+      im2col_nhwc_cpu(g, x.data(), first, rows, col2.data());
+      matmul_add_into(dw2, gy_chunk.t(), col2, dw_accumulate || first > 0, staging);
+    }
+    if (dx == nullptr) continue;
+    matmul_into(col2, gy_chunk, w2);  // dcol overwrites the chunk's col (dW's use is done)
+    col2im_nhwc_add_cpu(g, col2.data(), first, rows, dx->data());
   }
 }
 
