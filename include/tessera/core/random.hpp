@@ -340,28 +340,39 @@ inline void check_fill_count(const char* what, std::int64_t n) {
 }
 }  // namespace detail
 
+namespace detail {
+/// Writes the values of counter block b of a fill of n elements: element b * per_block + lane
+/// (below n) is T(fill.lane(r, lane)), r the block's Philox words. Shared by the fills below.
+template <class T, class Fill>
+TESSERA_HOST_DEVICE void write_block(T* out, std::uint64_t n, std::uint64_t seed,
+                                     std::uint64_t offset, std::uint64_t b, const Fill& fill) {
+  constexpr std::uint64_t per_block = values_per_block<T>;
+  const philox_block r = philox_at(seed, offset + b);
+  const std::uint64_t first = b * per_block;
+  for (std::uint64_t lane = 0; lane < per_block && first + lane < n; ++lane) {
+    out[first + lane] = T(fill.lane(r, lane));
+  }
+}
+}  // namespace detail
+
 /// A uniform fill of T in [transform.low, transform.high): block(out, n, seed, offset, b) writes
 /// the elements of counter block b (element i = uniform_value<T>(seed, offset, i, transform), i
 /// below n). Host loops and CUDA kernels call the same code; pass it to kernels by value.
 template <class T>
 struct uniform_fill {
-  uniform_transform<random_compute_t<T>> transform;
+  using C = random_compute_t<T>;
+  uniform_transform<C> transform;
 
+  TESSERA_HOST_DEVICE C lane(const philox_block& r, std::uint64_t lane) const {
+    if constexpr (std::is_same_v<C, double>) {
+      return transform(detail::unit_double(detail::join_words(r.x[2 * lane], r.x[2 * lane + 1])));
+    } else {
+      return transform(detail::unit_float(r.x[lane]));
+    }
+  }
   TESSERA_HOST_DEVICE void block(T* out, std::uint64_t n, std::uint64_t seed, std::uint64_t offset,
                                  std::uint64_t b) const {
-    using C = random_compute_t<T>;
-    constexpr std::uint64_t per_block = values_per_block<T>;
-    const philox_block r = philox_at(seed, offset + b);
-    const std::uint64_t first = b * per_block;
-    for (std::uint64_t lane = 0; lane < per_block && first + lane < n; ++lane) {
-      C u;
-      if constexpr (std::is_same_v<C, double>) {
-        u = detail::unit_double(detail::join_words(r.x[2 * lane], r.x[2 * lane + 1]));
-      } else {
-        u = detail::unit_float(r.x[lane]);
-      }
-      out[first + lane] = T(transform(u));
-    }
+    detail::write_block(out, n, seed, offset, b, *this);
   }
 };
 
@@ -369,24 +380,20 @@ struct uniform_fill {
 /// (element i = normal_value<T>(seed, offset, i, transform)).
 template <class T>
 struct normal_fill {
-  normal_transform<random_compute_t<T>> transform;
+  using C = random_compute_t<T>;
+  normal_transform<C> transform;
 
+  TESSERA_HOST_DEVICE C lane(const philox_block& r, std::uint64_t lane) const {
+    if constexpr (std::is_same_v<C, double>) {
+      return transform(detail::box_muller_double(r, lane % 2 != 0));
+    } else {
+      const auto pair = static_cast<unsigned>(lane / 2) * 2u;
+      return transform(detail::box_muller_float(r.x[pair], r.x[pair + 1], lane % 2 != 0));
+    }
+  }
   TESSERA_HOST_DEVICE void block(T* out, std::uint64_t n, std::uint64_t seed, std::uint64_t offset,
                                  std::uint64_t b) const {
-    using C = random_compute_t<T>;
-    constexpr std::uint64_t per_block = values_per_block<T>;
-    const philox_block r = philox_at(seed, offset + b);
-    const std::uint64_t first = b * per_block;
-    for (std::uint64_t lane = 0; lane < per_block && first + lane < n; ++lane) {
-      C z;
-      if constexpr (std::is_same_v<C, double>) {
-        z = detail::box_muller_double(r, lane % 2 != 0);
-      } else {
-        const auto pair = static_cast<unsigned>(lane / 2) * 2u;
-        z = detail::box_muller_float(r.x[pair], r.x[pair + 1], lane % 2 != 0);
-      }
-      out[first + lane] = T(transform(z));
-    }
+    detail::write_block(out, n, seed, offset, b, *this);
   }
 };
 
