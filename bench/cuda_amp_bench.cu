@@ -265,7 +265,9 @@ void BM_resnet50_step_16bit(benchmark::State& state) {
           return nn::cross_entropy(ts::cast<float>(model(input)), target);
         },
         ag::input<T, ts::cuda>(x.shape(), 0, format),
-        ag::input<std::int64_t, ts::cuda>(labels.shape()));
+        ag::input<std::int64_t, ts::cuda>(labels.shape()),
+        // As PyTorch's zero_grad() (set_to_none), which its peak memory row counts on.
+        ag::Options{.gradients_in_arena = true});
     ts::optim::SGD sgd(model.parameters(), {.lr = 0.01, .momentum = 0.9});
     ts::optim::GradScaler scaler({.enabled = std::is_same_v<T, ts::half>});
     std::int64_t skipped = 0, steps = 0;

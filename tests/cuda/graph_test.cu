@@ -123,7 +123,8 @@ struct ConvNet : nn::Module {
   }
 };
 
-Trajectory train_conv(bool graphs, int steps) {
+/// `in_arena`: Options::gradients_in_arena (the parameters' gradients in the program's arena).
+Trajectory train_conv(bool graphs, int steps, bool in_arena = false) {
   ts::manual_seed(22);
   ConvNet net;
   auto program = ag::compile(
@@ -131,7 +132,7 @@ Trajectory train_conv(bool graphs, int steps) {
         return nn::cross_entropy(net.forward(x), y);
       },
       ag::input<float, ts::cuda>({4, 3, 8, 8}, 0), ag::input<std::int64_t, ts::cuda>({4}, 0),
-      ag::Options{.cuda_graph = graphs});
+      ag::Options{.cuda_graph = graphs, .gradients_in_arena = in_arena});
   ts::optim::SGD sgd(net.parameters(), {.lr = 0.05, .momentum = 0.9, .weight_decay = 1e-3});
   const auto labels = ts::from_vector<std::int64_t, ts::cuda>({0, 1, 2, 3}, {4}, 0);
   Trajectory t;
@@ -181,6 +182,17 @@ TEST_CASE("a convolutional net replaying CUDA graphs trains as without them", "[
   deterministic_cudnn deterministic;
   const Trajectory plain = train_conv(false, 5);
   const Trajectory graphed = train_conv(true, 5);
+  require_same(graphed, plain);
+  CHECK(graphed.status == "replaying: 2 capture(s), 8 launch(es)");
+}
+
+TEST_CASE("gradients in the arena train as without, with and without CUDA graphs",
+          "[cuda][graph]") {
+  deterministic_cudnn deterministic;
+  const Trajectory plain = train_conv(false, 5);
+  require_same(train_conv(false, 5, true), plain);
+  // The gradients keep their arena addresses from step to step: captured once, as without.
+  const Trajectory graphed = train_conv(true, 5, true);
   require_same(graphed, plain);
   CHECK(graphed.status == "replaying: 2 capture(s), 8 launch(es)");
 }

@@ -23,15 +23,15 @@ struct buffer {
 };
 
 /// Packs buffers (lifetime intervals of steps, sizes) at offsets so that buffers alive at the same
-/// time never overlap: largest first, each into the smallest gap that holds it (best fit).
-/// Returns the arena size.
+/// time never overlap: each into the smallest gap that holds it (best fit), in two orders, the
+/// smaller arena kept: largest first, and largest bytes x lifetime first (neither wins everywhere:
+/// ResNet-50 at batch 8 with its gradients in the arena, 728 MiB against 713; at batch 32, 2621
+/// against 2631). Returns the arena size.
 TESSERA_API std::size_t pack(std::vector<buffer*>& buffers);
 #if TESSERA_DEFINITIONS
-TESSERA_API std::size_t pack(std::vector<buffer*>& buffers) {
-  std::sort(buffers.begin(), buffers.end(), [](const buffer* a, const buffer* b) {
-    if (a->bytes != b->bytes) return a->bytes > b->bytes;
-    return a->start < b->start;
-  });
+namespace arena_detail {
+/// Best fit in the order of `buffers`; returns the arena size.
+inline std::size_t pack_in_order(const std::vector<buffer*>& buffers) {
   std::vector<const buffer*> placed;
   std::size_t arena = 0;
   for (buffer* b : buffers) {
@@ -56,6 +56,28 @@ TESSERA_API std::size_t pack(std::vector<buffer*>& buffers) {
     placed.push_back(b);
   }
   return arena;
+}
+}  // namespace arena_detail
+
+TESSERA_API std::size_t pack(std::vector<buffer*>& buffers) {
+  std::sort(buffers.begin(), buffers.end(), [](const buffer* a, const buffer* b) {
+    const std::size_t x = a->bytes * static_cast<std::size_t>(a->end - a->start + 1);
+    const std::size_t y = b->bytes * static_cast<std::size_t>(b->end - b->start + 1);
+    if (x != y) return x > y;
+    return a->start < b->start;
+  });
+  const std::size_t by_area = arena_detail::pack_in_order(buffers);
+  std::vector<std::size_t> offsets(buffers.size());
+  for (std::size_t i = 0; i < buffers.size(); ++i) offsets[i] = buffers[i]->offset;
+  const std::vector<buffer*> area_order = buffers;
+  std::sort(buffers.begin(), buffers.end(), [](const buffer* a, const buffer* b) {
+    if (a->bytes != b->bytes) return a->bytes > b->bytes;
+    return a->start < b->start;
+  });
+  const std::size_t by_size = arena_detail::pack_in_order(buffers);
+  if (by_size <= by_area) return by_size;
+  for (std::size_t i = 0; i < area_order.size(); ++i) area_order[i]->offset = offsets[i];
+  return by_area;
 }
 #endif
 

@@ -108,14 +108,24 @@ TESSERA_API void program_state::simulate() {
       }
       for (int t : n.contributions()) {
         const int gid = g->values[static_cast<std::size_t>(t)].grad;
-        if (g->values[static_cast<std::size_t>(gid)].role == value_role::parameter_gradient)
-          continue;
+        const bool of_parameter =
+            g->values[static_cast<std::size_t>(gid)].role == value_role::parameter_gradient;
+        // A parameter's gradient is the slot's, outside the arena; with gradients_in_arena it is
+        // planned from its first write to the end of the run (read after backward).
+        if (of_parameter && !gradients_in_arena) continue;
         if (current[static_cast<std::size_t>(gid)] < 0) {
           current[static_cast<std::size_t>(gid)] = new_instance(gid, i, false);
         }
-        use(current[static_cast<std::size_t>(gid)], i);
+        use(current[static_cast<std::size_t>(gid)], of_parameter ? end_of_time : i);
       }
       s.scratch_instance = new_scratch(n, n.backward_scratch(), i);
+    }
+  }
+  parameter_grad_instance.assign(g->parameters.size(), -1);
+  if (gradients_in_arena) {
+    for (std::size_t p = 0; p < g->parameters.size(); ++p) {
+      const int gid = g->values[static_cast<std::size_t>(g->parameters[p].value_id)].grad;
+      if (gid >= 0) parameter_grad_instance[p] = current[static_cast<std::size_t>(gid)];
     }
   }
   // A forward-only schedule's outputs: alive to its end (training marked them after the last
@@ -257,7 +267,8 @@ TESSERA_API void program_state::place() {
   for (const auto& p : g->parameters) {
     const value_info& v = g->values[static_cast<std::size_t>(p.value_id)];
     plan.parameters += round_block(v.bytes());
-    if (v.grad >= 0) plan.gradients += round_block(v.bytes());
+    // (With gradients_in_arena they are in the arena, counted among the temporaries.)
+    if (v.grad >= 0 && !gradients_in_arena) plan.gradients += round_block(v.bytes());
   }
   for (int id : input_ids)
     plan.inputs += round_block(g->values[static_cast<std::size_t>(id)].bytes());
@@ -275,7 +286,8 @@ TESSERA_API std::string program_state::report() const {
   out += "| memory plan                        |          bytes |\n";
   out += "|------------------------------------|----------------|\n";
   out += line("parameters", plan.parameters);
-  out += line("parameter gradients", plan.gradients);
+  out += line(gradients_in_arena ? "parameter gradients (in the arena)" : "parameter gradients",
+              plan.gradients);
   out += line("inputs", plan.inputs);
   out += line("activations (one buffer each)", plan.activations);
   out += line("temporaries (one buffer each)", plan.temporaries);

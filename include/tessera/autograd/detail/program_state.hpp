@@ -53,6 +53,7 @@ class program_state {
   bool seed_gradient = false;
   bool restore_gradients = true;  // Options::restore_gradients
   bool cuda_graph = false;        // Options::cuda_graph
+  bool gradients_in_arena = false;  // Options::gradients_in_arena (training mode only)
   // Its graphs (graph_replay.hpp), made at the first forward when cuda_graph is set.
   std::shared_ptr<graph_replay> graphs;
   std::vector<int> input_ids;
@@ -75,6 +76,10 @@ class program_state {
   // (Storage::share of the arena's bytes), by output and by input; undefined until handed out.
   std::vector<Storage> result_blocks;
   std::vector<Storage> grad_blocks;
+  // With gradients_in_arena: [parameter] the instance of its gradient in the arena (-1: none, or
+  // no step contributes to it), and the block it was handed to the parameter's slot through.
+  std::vector<int> parameter_grad_instance;
+  std::vector<Storage> parameter_grad_blocks;
 
   /// `value` (a buffer of the arena) as the user gets it: through blocks[k], a handle block of
   /// its own on the same bytes, made on first use (or again when the value moved), so that
@@ -86,6 +91,12 @@ class program_state {
   /// results and input gradients keep their values; the others are reused. The copy is the only
   /// cost, and only for what is kept.
   void keep_handed_out();
+
+  /// With gradients_in_arena, before a run writes the arena (and when it is released or
+  /// destroyed): the parameters' gradients that zero_grad() cleared are let go of (none, as
+  /// PyTorch's set_to_none), and those in the arena still held (values to accumulate onto, or a
+  /// handle you keep) are copied out of it, as kept results are.
+  void keep_parameter_gradients();
 
   void compile();
 
@@ -213,7 +224,12 @@ TESSERA_API void program_state::compile() {
   if (by_bytes < plan.planned_bytes) plan_memory(Checkpoint::Balance::bytes);
 }
 
-TESSERA_API program_state::~program_state() = default;
+TESSERA_API program_state::~program_state() {
+  try {
+    keep_parameter_gradients();  // gradients in the arena would keep all of it alive
+  } catch (...) {                // out of memory for the copies: they keep the arena instead
+  }
+}
 #endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera::autograd::detail

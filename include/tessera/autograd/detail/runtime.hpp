@@ -63,6 +63,7 @@ TESSERA_API void program_state::allocate() {
 TESSERA_API void program_state::run_forward(bool replay) {
   allocate();
   keep_handed_out();
+  keep_parameter_gradients();
   if (cuda_graph && !replay) {
     run_forward_graphed();
   } else {
@@ -126,11 +127,41 @@ TESSERA_API void program_state::keep_handed_out() {
   }
 }
 
+TESSERA_API void program_state::keep_parameter_gradients() {
+  if (!gradients_in_arena || !g) return;
+  for (std::size_t p = 0; p < parameter_grad_instance.size(); ++p) {
+    if (parameter_grad_instance[p] < 0) continue;
+    const parameter_binding& binding = g->parameters[p];
+    // The table's handle (bound by the last backward), then the slot's gradient when zero_grad()
+    // cleared it (in the arena or not: the next backward writes into the arena).
+    table.tensors[static_cast<std::size_t>(
+        g->values[static_cast<std::size_t>(binding.value_id)].grad)] = AnyTensor{};
+    binding.drop_zero_grad();
+  }
+  // What is still held (the slot's values, a handle of yours) moves to a copy.
+  for (Storage& block : parameter_grad_blocks) {
+    if (!block.defined() || block.use_count() == 1) continue;
+    Storage copy = Storage::allocate(block.device(), block.bytes());
+    if (block.device().is_cpu()) {
+      std::memcpy(copy.data(), block.data(), block.bytes());
+    } else {
+#if TESSERA_CUDA
+      tessera::detail::copy_bytes(copy.data(), copy.device(), block.data(), block.device(),
+                                  block.bytes());
+#endif
+    }
+    block.reown(std::move(copy));
+    block = Storage{};
+  }
+}
+
 TESSERA_API void program_state::release() {
+  keep_parameter_gradients();  // a gradient in the arena would keep all of it alive
   // Handed-out results and gradients keep the arena's bytes they show alive (their blocks hold
   // the arena); the program lets go of its blocks with it.
   result_blocks.clear();
   grad_blocks.clear();
+  parameter_grad_blocks.clear();
   arenas.clear();
   instance_tensors.clear();
   for (AnyTensor& t : table.tensors) t = AnyTensor{};
@@ -187,6 +218,16 @@ TESSERA_API void program_state::run_backward(const AnyTensor* seed, double seed_
 TESSERA_API std::pair<AnyTensor, bool> program_state::record_gradient(std::size_t p) {
   const parameter_binding& binding = g->parameters[p];
   const bool had = binding.has_grad();
+  if (!had && gradients_in_arena && parameter_grad_instance[p] >= 0) {
+    // Options::gradients_in_arena: the gradient is the arena's buffer, handed to the slot through
+    // a block of its own (keep_parameter_gradients tells from it whether it is still held).
+    if (parameter_grad_blocks.size() < g->parameters.size()) {
+      parameter_grad_blocks.resize(g->parameters.size());
+    }
+    binding.adopt_grad(
+        hand_out(instance_tensors[static_cast<std::size_t>(parameter_grad_instance[p])],
+                 parameter_grad_blocks, p));
+  }
   auto [grad, zero] = binding.grad_for_backward();  // creates it (zero) when there was none
   const grad_before before = !had ? grad_before::none : zero ? grad_before::zero : grad_before::values;
   grads_before_[p] = before;

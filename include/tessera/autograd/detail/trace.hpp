@@ -64,6 +64,7 @@ TESSERA_API std::unique_ptr<program_state> start_trace(const Options& options) {
   state->seed_gradient = options.seed_gradient && options.mode == Mode::training;
   state->restore_gradients = options.restore_gradients;
   state->cuda_graph = options.cuda_graph;
+  state->gradients_in_arena = options.gradients_in_arena && options.mode == Mode::training;
   return state;
 }
 TESSERA_API int add_input(program_state& state, value_info info) {
