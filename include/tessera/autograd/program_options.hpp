@@ -51,13 +51,13 @@ struct Options {
   /// The parameters' gradients live in the program's arena, planned with its other buffers: a
   /// gradient takes memory from the backward step that first writes it, where the forward's
   /// activations have died, instead of beside them for the whole step (PyTorch gets the same by
-  /// zero_grad(set_to_none=True) freeing them and backward allocating them). A ResNet-50 step's
-  /// peak is then about the parameters' size lower. The price, at the next forward (which reuses
-  /// the arena): a gradient zero_grad() cleared is let go of (it reads as none until the next
-  /// backward, as after PyTorch's zero_grad), and one that still holds values (accumulated over
-  /// several backward calls, or kept by you) is copied out first, as kept results are. Training
-  /// mode only; a gradient that already exists when backward runs (made elsewhere, or copied
-  /// out) is added to where it is.
+  /// zero_grad(set_to_none=True) freeing them and backward allocating them). ResNet-50's planned
+  /// peak falls by 63 MiB at batch 8 (of its 97.5 MiB of gradients). The price, at the next forward
+  /// (which reuses the arena): a gradient zero_grad() cleared is let go of (it reads as none until
+  /// the next backward, as after PyTorch's zero_grad), and one that still holds values (accumulated
+  /// over several backward calls, or kept by you) is copied out first, as kept results are.
+  /// Training mode only; a gradient that already exists when backward runs (made elsewhere, or
+  /// copied out) is added to where it is.
   bool gradients_in_arena = false;
 };
 
