@@ -92,6 +92,51 @@ TEST_CASE("Conv2d on NHWC input gives NHWC output with the NCHW values", "[chann
   }
 }
 
+TEST_CASE("a 3x3 stride-1 layer Winograd takes runs on NCHW copies: values and gradients",
+          "[channels_last][conv][program]") {
+  // 32 channels: Winograd's (conv2d_winograd_min_channels), where NHWC goes through NCHW copies.
+  ts::manual_seed(13);
+  nn::Conv2d<double> conv(32, 32, 3, {.padding = 1});
+  const ts::Shape image{2, 32, 6, 7};
+  const auto x = sample<double>(image, 14);
+  const auto x_cl = x.contiguous(memory_format::channels_last);
+  nn::detail::conv2d_geometry g = nn::detail::conv2d_geometry_of(
+      "conv", image, conv.weight().value().shape(), nullptr, nn::Conv2dArgs{.padding = 1});
+  REQUIRE(g.winograd);
+  g.channels_last = true;
+  CHECK_FALSE(nn::detail::conv2d_runs_nhwc<double, ts::cpu>(g, x_cl));
+  CHECK(nn::detail::conv2d_nchw_copies<double, ts::cpu>(g));
+  const ts::Tensor<double> expected = conv(x);
+  const ts::Tensor<double> y = conv(x_cl);
+  CHECK(y.strides() == nhwc_strides(expected.shape()));
+  check_close(y, expected, tol64);
+
+  // A program traced for NHWC against one traced for NCHW: loss, input and weight gradients.
+  const auto gy = sample<double>(expected.shape(), 15);
+  auto run = [&](memory_format format) {
+    auto spec = ag::input<double>(image, 0, format);
+    spec.requires_grad = true;
+    auto program =
+        ag::compile([&](const auto& xv, const auto& gv) { return ts::sum(conv(xv) * gv); }, spec,
+                    ag::input<double>(gy.shape()));
+    conv.zero_grad();
+    const double loss = program.forward(x.contiguous(format), gy).item();
+    program.backward();
+    std::vector<ts::Tensor<double>> grads{program.input_grad(0).as<double>().contiguous()};
+    for (const auto& [name, p] : conv.named_parameters())
+      grads.push_back(p.grad().as<double>().contiguous());
+    return std::pair{loss, grads};
+  };
+  const auto [loss_nchw, grads_nchw] = run(memory_format::contiguous_format);
+  const auto [loss_nhwc, grads_nhwc] = run(memory_format::channels_last);
+  CHECK(loss_nhwc == Approx(loss_nchw).epsilon(1e-12));
+  REQUIRE(grads_nhwc.size() == 3);
+  for (std::size_t i = 0; i < grads_nchw.size(); ++i) {
+    INFO("gradient " << i);
+    check_close(grads_nhwc[i], grads_nchw[i], tol64);
+  }
+}
+
 TEST_CASE("Conv2d on NHWC input: col in several chunks of output positions",
           "[channels_last][conv]") {
   // 2 * 64 * 64 positions of 3 * 3 * 16 columns: more than one chunk of col (2^20 elements).
