@@ -107,24 +107,30 @@ TESSERA_API AnyTensor program_state::hand_out(const AnyTensor& value, std::vecto
   });
 }
 
-TESSERA_API void program_state::keep_handed_out() {
-  for (std::vector<Storage>* blocks : {&result_blocks, &grad_blocks}) {
-    for (Storage& block : *blocks) {
-      if (!block.defined() || block.use_count() == 1) continue;
-      // Kept by the user: its handles move to a copy; the program makes another block next time.
-      Storage copy = Storage::allocate(block.device(), block.bytes());
-      if (block.device().is_cpu()) {
-        std::memcpy(copy.data(), block.data(), block.bytes());
-      } else {
+namespace runtime_detail {
+/// The handed-out blocks still held elsewhere (use_count above 1) move their handles to a copy of
+/// their bytes, and the program lets go of them (it makes another block next time).
+inline void move_held_to_copies(std::vector<Storage>& blocks) {
+  for (Storage& block : blocks) {
+    if (!block.defined() || block.use_count() == 1) continue;
+    Storage copy = Storage::allocate(block.device(), block.bytes());
+    if (block.device().is_cpu()) {
+      std::memcpy(copy.data(), block.data(), block.bytes());
+    } else {
 #if TESSERA_CUDA
-        tessera::detail::copy_bytes(copy.data(), copy.device(), block.data(), block.device(),
-                                    block.bytes());
+      tessera::detail::copy_bytes(copy.data(), copy.device(), block.data(), block.device(),
+                                  block.bytes());
 #endif
-      }
-      block.reown(std::move(copy));
-      block = Storage{};
     }
+    block.reown(std::move(copy));
+    block = Storage{};
   }
+}
+}  // namespace runtime_detail
+
+TESSERA_API void program_state::keep_handed_out() {
+  runtime_detail::move_held_to_copies(result_blocks);  // kept by the user
+  runtime_detail::move_held_to_copies(grad_blocks);
 }
 
 TESSERA_API void program_state::keep_parameter_gradients() {
@@ -139,20 +145,7 @@ TESSERA_API void program_state::keep_parameter_gradients() {
     binding.drop_zero_grad();
   }
   // What is still held (the slot's values, a handle of yours) moves to a copy.
-  for (Storage& block : parameter_grad_blocks) {
-    if (!block.defined() || block.use_count() == 1) continue;
-    Storage copy = Storage::allocate(block.device(), block.bytes());
-    if (block.device().is_cpu()) {
-      std::memcpy(copy.data(), block.data(), block.bytes());
-    } else {
-#if TESSERA_CUDA
-      tessera::detail::copy_bytes(copy.data(), copy.device(), block.data(), block.device(),
-                                  block.bytes());
-#endif
-    }
-    block.reown(std::move(copy));
-    block = Storage{};
-  }
+  runtime_detail::move_held_to_copies(parameter_grad_blocks);
 }
 
 TESSERA_API void program_state::release() {
