@@ -514,8 +514,11 @@ void BM_batchnorm_relu(benchmark::State& state) {
   for (auto _ : state) benchmark::DoNotOptimize(step());
   state.SetLabel(b.name);
 }
-// Every shape of bn_shapes() (five).
-BENCHMARK(BM_batchnorm_relu)->DenseRange(0, 4)->UseRealTime()->Unit(benchmark::kMillisecond);
+// Every shape of bn_shapes().
+BENCHMARK(BM_batchnorm_relu)
+    ->DenseRange(0, static_cast<int>(bn_shapes().size()) - 1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 constexpr std::int64_t resnet_classes = 1000;
 
