@@ -104,11 +104,12 @@ struct parameter_binding {
   // no gradient again; else zero unwritten again (the values, when there were some, are copied
   // back by the program).
   std::function<void(bool created)> unwrite;
-  // Options::gradients_in_arena: makes `grad` (a buffer of the program's arena, of the
-  // parameter's dtype, device, shape and layout) the slot's gradient, zero unwritten; and lets go
-  // of a gradient that is zero unwritten (the slot has none after).
-  std::function<void(const AnyTensor& grad)> adopt_grad;
-  std::function<void()> drop_zero_grad;
+  // Options::gradients_in_arena, called with `slot`: makes `grad` (a buffer of the program's
+  // arena, of the parameter's dtype, device, shape and layout) the slot's gradient, zero
+  // unwritten; and lets go of a gradient that is zero unwritten (the slot has none after).
+  // Function pointers: nothing more for a user's unit to instantiate per parameter type.
+  void (*adopt_grad)(void* slot, const AnyTensor& grad) = nullptr;
+  void (*drop_zero_grad)(void* slot) = nullptr;
   int value_id = -1;
 };
 
@@ -322,14 +323,16 @@ class graph {
       if (created) raw->grad = Tensor<T, K>{};
       raw->grad_zero = !created;
     };
-    binding.adopt_grad = [raw](const AnyTensor& grad) {
-      raw->grad = grad.as<T, K>();
-      raw->grad_zero = true;
+    binding.adopt_grad = [](void* s, const AnyTensor& grad) {
+      auto* typed = static_cast<parameter_slot<T, K>*>(s);
+      typed->grad = grad.as<T, K>();
+      typed->grad_zero = true;
     };
-    binding.drop_zero_grad = [raw] {
-      if (!raw->grad_zero) return;
-      raw->grad = Tensor<T, K>{};
-      raw->grad_zero = false;
+    binding.drop_zero_grad = [](void* s) {
+      auto* typed = static_cast<parameter_slot<T, K>*>(s);
+      if (!typed->grad_zero) return;
+      typed->grad = Tensor<T, K>{};
+      typed->grad_zero = false;
     };
     binding.value_id = add_value(std::move(info));
     parameters.push_back(std::move(binding));

@@ -142,7 +142,7 @@ TESSERA_API void program_state::keep_parameter_gradients() {
     // cleared it (in the arena or not: the next backward writes into the arena).
     table.tensors[static_cast<std::size_t>(
         g->values[static_cast<std::size_t>(binding.value_id)].grad)] = AnyTensor{};
-    binding.drop_zero_grad();
+    binding.drop_zero_grad(binding.slot.get());
   }
   // What is still held (the slot's values, a handle of yours) moves to a copy.
   runtime_detail::move_held_to_copies(parameter_grad_blocks);
@@ -218,6 +218,7 @@ TESSERA_API std::pair<AnyTensor, bool> program_state::record_gradient(std::size_
       parameter_grad_blocks.resize(g->parameters.size());
     }
     binding.adopt_grad(
+        binding.slot.get(),
         hand_out(instance_tensors[static_cast<std::size_t>(parameter_grad_instance[p])],
                  parameter_grad_blocks, p));
   }
