@@ -29,9 +29,9 @@ inline constexpr std::int64_t conv2d_nhwc_col_elements = std::int64_t{1} << 20;
 /// True when the CPU loops run this geometry natively on NHWC (conv2d_forward_nhwc_cpu,
 /// conv2d_backward_nhwc_cpu): float or double, one group, and not a 3x3 stride-1 layer that
 /// Winograd takes, which runs faster as Winograd on NCHW copies than as im2col + GEMM here
-/// (ResNet-50's 3x3 64 layer at 56x56, forward + backward: 0.79-0.86 of the NCHW time on copies
-/// against 0.59-0.68 natively; with stride 2 the native loops win, 0.94-1.0 against 0.77-0.84;
-/// bench/RESULTS.md, "channels_last (NHWC) forward + backward on the CPU").
+/// (ResNet-50's 3x3 64 layer at 56x56, forward + backward: 1.29x, best run against best; with
+/// stride 2 the native loops win; bench/RESULTS.md, "channels_last (NHWC) forward + backward on
+/// the CPU").
 template <class T, class K>
 bool conv2d_nhwc_native(const conv2d_geometry& g) {
   const bool winograd_stride1 =
