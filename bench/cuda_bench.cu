@@ -177,6 +177,20 @@ void BM_row_sum(benchmark::State& state) {
 }
 BENCHMARK(BM_row_sum)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// The same sums with the row plan's group forced (backends::cuda::reduction_row_lanes): which
+// width of lanes per row reaches the copy's bandwidth on this GPU (the plan's own choice for
+// these rows is 128 lanes, 24 values each; 32 lanes is a warp per row, 98 values each, no
+// shared-memory merge). Args: form, lanes.
+void BM_row_sum_lanes(benchmark::State& state) {
+  ts::backends::cuda::reduction_row_lanes = static_cast<int>(state.range(1));
+  BM_row_sum(state);
+  ts::backends::cuda::reduction_row_lanes = 0;
+}
+BENCHMARK(BM_row_sum_lanes)
+    ->ArgsProduct({{0, 2}, {32, 64, 128, 256}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 void BM_broadcast_subtract(benchmark::State& state) {
   auto& r = row_data();
   time_with_events(state, [&] { r.d = r.x - r.m; });
@@ -804,11 +818,18 @@ int main(int argc, char** argv) {
   auto& bw = reporter.bandwidth;
   const double copy = bw.count("BM_copy_device_to_device") ? bw["BM_copy_device_to_device"] : 0;
   std::printf("\n");
-  for (const char* row : {"BM_mul_add_tessera", "BM_sum_product_tessera", "BM_row_sum/0",
-                          "BM_row_sum/1", "BM_row_sum/2", "BM_broadcast_subtract"}) {
+  std::vector<std::string> bandwidth_rows = {"BM_mul_add_tessera", "BM_sum_product_tessera",
+                                             "BM_row_sum/0",       "BM_row_sum/1",
+                                             "BM_row_sum/2",       "BM_broadcast_subtract"};
+  for (const char* form : {"0", "2"}) {
+    for (const char* lanes : {"32", "64", "128", "256"}) {
+      bandwidth_rows.push_back(std::string("BM_row_sum_lanes/") + form + "/" + lanes);
+    }
+  }
+  for (const std::string& row : bandwidth_rows) {
     if (copy > 0 && bw.count(row)) {
-      std::printf("%s: %.0f GB/s = %.2f of the device-to-device copy (%.0f GB/s)\n", row, bw[row],
-                  bw[row] / copy, copy);
+      std::printf("%s: %.0f GB/s = %.2f of the device-to-device copy (%.0f GB/s)\n", row.c_str(),
+                  bw[row], bw[row] / copy, copy);
     }
   }
   for (const char* size : {"4096", "1048576", "67108864"}) {

@@ -149,35 +149,40 @@ TEST_CASE("row reduction plan: every element of a row is read once, in whole ali
   for (const auto& [outputs, extent] : shapes) {
     for (const int vector : {1, 4}) {
       for (const std::int64_t resident : {std::int64_t{132} * 2048, std::int64_t{2048}}) {
-        const row_reduction_plan plan =
-            row_reduction_plan::make(outputs, extent, vector, 256, resident);
-        CAPTURE(outputs, extent, vector, resident, plan.group, plan.splits, plan.slice);
-        REQUIRE(plan.group >= 1);
-        REQUIRE(plan.group <= 256);
-        REQUIRE((plan.group & (plan.group - 1)) == 0);
-        REQUIRE(plan.rows_per_block * plan.group == 256);
-        REQUIRE(plan.splits >= 1);
-        if (extent > 0) REQUIRE(plan.last(plan.splits - 1) == extent);
-        for (std::int64_t s = 0; s + 1 < plan.splits; ++s) {
-          REQUIRE(plan.last(s) == plan.first(s + 1));
-          REQUIRE(plan.last(s) > plan.first(s));
-        }
-        // A lane has a batch of values when the row is long enough for one (down to 4 values
-        // when the device would otherwise idle), and splits leave each lane 64 values.
-        if (extent >= 2 * reduce_batch_values && plan.group < 256 &&
-            outputs * plan.group >= resident) {
-          CHECK(std::int64_t{plan.group} * 2 * reduce_batch_values > extent);
-        }
-        if (plan.group > 1) CHECK(std::int64_t{plan.group} * 4 <= extent);
-        if (plan.splits > 1) CHECK(plan.slice >= std::int64_t{plan.group} * 64);
-        const std::vector<int> reads = row_reads(plan);
-        for (std::int64_t p = 0; p < extent; ++p) {
-          if (reads[static_cast<std::size_t>(p)] != 1) {
-            CAPTURE(p, reads[static_cast<std::size_t>(p)]);
-            FAIL("a position is not read exactly once");
+        // 0: the plan's choice; else the group cuda_bench's sweep sets.
+        for (const int lanes : {0, 1, 32, 256}) {
+          const row_reduction_plan plan =
+              row_reduction_plan::make(outputs, extent, vector, 256, resident, lanes);
+          CAPTURE(outputs, extent, vector, resident, lanes, plan.group, plan.splits, plan.slice);
+          if (lanes > 0) REQUIRE(plan.group == lanes);
+          REQUIRE(plan.group >= 1);
+          REQUIRE(plan.group <= 256);
+          REQUIRE((plan.group & (plan.group - 1)) == 0);
+          REQUIRE(plan.rows_per_block * plan.group == 256);
+          REQUIRE(plan.splits >= 1);
+          if (extent > 0) REQUIRE(plan.last(plan.splits - 1) == extent);
+          for (std::int64_t s = 0; s + 1 < plan.splits; ++s) {
+            REQUIRE(plan.last(s) == plan.first(s + 1));
+            REQUIRE(plan.last(s) > plan.first(s));
           }
+          // A lane has a batch of values when the row is long enough for one (down to 4 values
+          // when the device would otherwise idle), and splits leave each lane 64 values.
+          if (lanes == 0 && extent >= 2 * reduce_batch_values && plan.group < 256 &&
+              outputs * plan.group >= resident) {
+            CHECK(std::int64_t{plan.group} * 2 * reduce_batch_values > extent);
+          }
+          if (lanes == 0 && plan.group > 1) CHECK(std::int64_t{plan.group} * 4 <= extent);
+          if (plan.splits > 1) CHECK(plan.slice >= std::int64_t{plan.group} * 64);
+          const std::vector<int> reads = row_reads(plan);
+          for (std::int64_t p = 0; p < extent; ++p) {
+            if (reads[static_cast<std::size_t>(p)] != 1) {
+              CAPTURE(p, reads[static_cast<std::size_t>(p)]);
+              FAIL("a position is not read exactly once");
+            }
+          }
+          CHECK(plan.tiles() ==
+                (outputs + plan.rows_per_block - 1) / plan.rows_per_block * plan.splits);
         }
-        CHECK(plan.tiles() == (outputs + plan.rows_per_block - 1) / plan.rows_per_block * plan.splits);
       }
     }
   }

@@ -19,6 +19,15 @@ namespace cuda::matmul {
 inline std::atomic<bool> allow_tf32{false};
 }  // namespace cuda::matmul
 
+namespace cuda {
+/// The lanes that fold one row of a CUDA reduction along rows (sum(x, -1), batch norm's sums of
+/// NCHW planes through expressions): a power of two from 1 to 256, or 0 (the default) for the
+/// plan's own choice from the rows' count and length. For cuda_bench's sweep of that choice (which
+/// width reaches the copy's bandwidth on a given GPU); not in PyTorch. Read at each reduction; any
+/// other value makes the reduction throw std::invalid_argument.
+inline std::atomic<int> reduction_row_lanes{0};
+}  // namespace cuda
+
 namespace cudnn {
 
 /// Convolutions on CUDA devices use cuDNN when the build has it (torch.backends.cudnn.enabled).

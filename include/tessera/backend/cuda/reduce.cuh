@@ -21,14 +21,15 @@
 #include <cub/block/block_reduce.cuh>
 #include <cub/util_ptx.cuh>
 
+#include "tessera/backend/backends.hpp"
 #include "tessera/backend/cpu/reduce.hpp"
 #include "tessera/backend/cuda/executor.cuh"
 #include "tessera/backend/cuda/reduce_plan.hpp"
 #include "tessera/backend/evaluator.hpp"
+#include "tessera/backend/functors.hpp"
 #include "tessera/core/error.hpp"
 #include "tessera/core/profiler.hpp"
 #include "tessera/core/stream.hpp"
-#include "tessera/backend/functors.hpp"
 #include "tessera/memory/memory.hpp"
 
 namespace tessera::backend::cuda {
@@ -464,6 +465,18 @@ inline std::int64_t resident_threads() {
   return static_cast<std::int64_t>(multiprocessor_count()) * 2048;
 }
 
+/// backends::cuda::reduction_row_lanes, checked: 0 or a power of two up to the block.
+inline int row_lanes_setting() {
+  const int lanes = backends::cuda::reduction_row_lanes.load(std::memory_order_relaxed);
+  if (lanes < 0 || lanes > threads_per_block || (lanes & (lanes - 1)) != 0) {
+    throw std::invalid_argument("Tessera: backends::cuda::reduction_row_lanes is " +
+                                std::to_string(lanes) +
+                                "; it must be 0 (the plan's choice) or a power of two up to " +
+                                std::to_string(threads_per_block));
+  }
+  return lanes;
+}
+
 /// Calls launch(rows, kept_is_inner) with the row source that fits the layout: linear when every
 /// leaf is contiguous with the dimension innermost, else bind_row over the merged kept dimensions;
 /// kept_is_inner tells whether the kept dimensions are the contiguous ones (see split_layout).
@@ -559,7 +572,7 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
         }
         const int vector = rows.vectorisable(4) ? 4 : 1;
         const row_reduction_plan plan = row_reduction_plan::make(
-            outputs, extent, vector, threads_per_block, resident_threads());
+            outputs, extent, vector, threads_per_block, resident_threads(), row_lanes_setting());
         with_split_partials<Op, Finish>(
             out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
               reduce_rows_kernel<Op, V, Finish>

@@ -155,10 +155,12 @@ struct row_reduction_plan {
   /// `block` threads per block (a power of two), `resident_threads` the lanes the device keeps
   /// busy at once (SMs * 2048): a group is the widest that still gives each lane a batch, widened
   /// while the rows leave the device idle (down to 4 values per lane), and a row is split over
-  /// blocks only while that still leaves the device idle and each lane 64 values.
+  /// blocks only while that still leaves the device idle and each lane 64 values. A positive
+  /// `lanes` (a power of two up to block: backends::cuda::reduction_row_lanes, for cuda_bench's
+  /// sweep) sets the group instead.
   TESSERA_HOST_DEVICE static row_reduction_plan make(std::int64_t outputs, std::int64_t extent,
                                                      int vector, int block,
-                                                     std::int64_t resident_threads) {
+                                                     std::int64_t resident_threads, int lanes = 0) {
     row_reduction_plan plan;
     plan.outputs = outputs;
     plan.extent = extent;
@@ -170,6 +172,7 @@ struct row_reduction_plan {
       while (wanted < block && outputs * wanted < resident_threads) wanted *= 2;
       while (group < wanted && std::int64_t{group} * 2 * 4 <= extent) group *= 2;
     }
+    if (lanes > 0) group = lanes;
     plan.group = group;
     plan.rows_per_block = block / group;
     std::int64_t splits = 1;
