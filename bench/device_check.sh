@@ -88,12 +88,13 @@ fi
 # Why the row reductions run below the copy's bandwidth (issue 41, item 1): ncu's speed of light,
 # memory, occupancy, launch and warp-stall sections of the first launch of each BM_row_sum form
 # (sum(x, 2), sum(x * x, 2), sum((x - m)^2, 2) over [32, 256, 3136]) and of sum(a * b)'s first
-# block pass, into ncu_rows.txt. TESSERA_DEVICE_NCU_ROWS_S=0 skips it.
-rows_s=${TESSERA_DEVICE_NCU_ROWS_S:-90}
+# block pass, and of sum(x, 2) with a warp per row (BM_row_sum_lanes/0/32), into ncu_rows.txt.
+# TESSERA_DEVICE_NCU_ROWS_S=0 skips it.
+rows_s=${TESSERA_DEVICE_NCU_ROWS_S:-110}
 if [ "$rows_s" -gt 0 ] && command -v ncu >/dev/null 2>&1; then
   # (part runs its command under timeout, which runs programs, not shell functions: bash -c.)
   part ncu_rows "$rows_s" bash -c '
-    for form in BM_row_sum/0 BM_row_sum/1 BM_row_sum/2 BM_sum_product; do
+    for form in BM_row_sum/0 BM_row_sum/1 BM_row_sum/2 BM_row_sum_lanes/0/32 BM_sum_product; do
       echo "---- $form"
       ncu --clock-control none --section SpeedOfLight --section MemoryWorkloadAnalysis \
         --section Occupancy --section LaunchStats --section WarpStateStats \

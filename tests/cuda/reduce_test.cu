@@ -338,6 +338,36 @@ TEST_CASE("cuda per-channel sums of expressions with broadcast operands (batch n
   }
 }
 
+TEST_CASE("cuda row reductions with the lanes per row forced (cuda_bench's sweep)",
+          "[cuda][reduce]") {
+  std::mt19937 rng(23);
+  const ts::Shape shape{3, 5, 3136};
+  auto x = random_tensor<float>(shape, rng);
+  auto m = random_tensor<float>({1, 5, 1}, rng);
+  const auto vx = values_of(x), vm = values_of(m);
+  std::vector<double> squared(vx.size());
+  for (std::size_t i = 0; i < vx.size(); ++i) {
+    const double d = static_cast<float>(vx[i] - vm[i / 3136 % 5]);
+    squared[i] = static_cast<float>(d * d);
+  }
+  struct reset_lanes {
+    ~reset_lanes() { ts::backends::cuda::reduction_row_lanes = 0; }
+  } reset;
+  for (const int lanes : {1, 32, 64, 256}) {
+    INFO("lanes " << lanes);
+    ts::backends::cuda::reduction_row_lanes = lanes;
+    check_close<float>(ts::sum(x, 2), reference(vx, shape, 2, kind::sum), "sum(x, 2)");
+    check_close<float>(ts::sum((x - m) * (x - m), 2), reference(squared, shape, 2, kind::sum),
+                       "sum((x - m)^2, 2)");
+  }
+  // Not 0 nor a power of two up to 256: a clear error, and the output is not touched.
+  for (const int bad : {3, 512, -1}) {
+    ts::backends::cuda::reduction_row_lanes = bad;
+    CHECK_THROWS_WITH(ts::sum(x, 2),
+                      Catch::Contains("reduction_row_lanes is " + std::to_string(bad)));
+  }
+}
+
 TEST_CASE("cuda float sums are accurate over 2^24 elements", "[cuda][reduce][accuracy]") {
   const std::int64_t n = std::int64_t{1} << 24;
   auto x = ts::full<float, ts::cuda>({n}, 0.1f);
