@@ -370,8 +370,8 @@ struct backward_case {
   std::int64_t batch, h, w;
 };
 
-// Channel counts off multiples of 4; the last case needs several chunks of col
-// (conv2d_nhwc_col_elements).
+// Channel counts off multiples of 4; the last two cases need several chunks of col
+// (conv2d_nhwc_col_elements), the last several per part when the batch is cut in three.
 const backward_case backward_cases[] = {
     {"3x3 pad 1", 5, 6, 3, {.padding = 1}, true, 2, 9, 10},
     {"3x3 stride 2", 4, 7, 3, {.stride = 2, .padding = 1}, false, 2, 9, 8},
@@ -389,6 +389,7 @@ const backward_case backward_cases[] = {
      7,
      9},
     {"several chunks", 17, 9, 3, {.padding = 1}, true, 2, 64, 64},
+    {"several chunks a part", 128, 5, 3, {.padding = 1}, true, 5, 24, 24},
 };
 
 }  // namespace
@@ -404,87 +405,125 @@ TEMPLATE_TEST_CASE("conv2d backward on NHWC tensors: native, the NCHW float64 gr
     out.copy_(t.to<T>());
     return out;
   };
-  for (const backward_case& c : backward_cases) {
-    INFO(c.name);
-    const ts::Shape image{c.batch, c.in, c.h, c.w}, filter{c.out, c.in, c.kernel.h, c.kernel.w};
-    const ts::Shape bias_shape{c.out};
-    const auto x = sample<double>(image, 31);
-    const auto w = sample<double>(filter, 32);
-    nn::detail::conv2d_geometry g = nn::detail::conv2d_geometry_of(
-        "conv2d", image, filter, c.bias ? &bias_shape : nullptr, c.args);
-    const auto gy = sample<double>(g.output_shape(), 33);
-    const bool chunks =
-        c.batch * g.oh * g.ow * g.kh * g.kw * g.c > nn::detail::conv2d_nhwc_col_elements;
-    REQUIRE(chunks == (std::string(c.name) == "several chunks"));
+  struct reset_parts {
+    ~reset_parts() { nn::detail::conv2d_cpu_parts() = 0; }
+  } reset;
+  // The whole batch in one part, and cut into parts run at once (as many as the batch allows,
+  // up to three: 2 + 2 + 1 images for a batch of 5).
+  for (const std::int64_t parts : {1, 3}) {
+    for (const backward_case& c : backward_cases) {
+      INFO(c.name << ", parts " << parts);
+      const ts::Shape image{c.batch, c.in, c.h, c.w}, filter{c.out, c.in, c.kernel.h, c.kernel.w};
+      const ts::Shape bias_shape{c.out};
+      const auto x = sample<double>(image, 31);
+      const auto w = sample<double>(filter, 32);
+      nn::detail::conv2d_cpu_parts() = parts;
+      nn::detail::conv2d_geometry g = nn::detail::conv2d_geometry_of(
+          "conv2d", image, filter, c.bias ? &bias_shape : nullptr, c.args);
+      REQUIRE(g.cpu_parts == std::min(parts, c.batch == 5 ? 3 : c.batch));
+      const auto gy = sample<double>(g.output_shape(), 33);
+      const std::int64_t positions = c.batch * g.oh * g.ow, k = g.kh * g.kw * g.c;
+      const bool chunks = positions * k > nn::detail::conv2d_nhwc_col_elements;
+      REQUIRE(chunks == (std::string(c.name).starts_with("several chunks")));
+      if (parts == 3 && c.batch == 5) {  // parts of 2 images, each over several chunks
+        REQUIRE(2 * g.oh * g.ow > nn::detail::conv2d_nhwc_chunk(g));
+      }
 
-    // The reference: the NCHW passes in float64 (tests/nn/conv_test.cpp checks them against
-    // PyTorch).
-    auto dx_ref = ts::Tensor<double>::empty_on(image, x.device());
-    auto dw_ref = ts::Tensor<double>::empty_on(filter, x.device());
-    auto db_ref = ts::Tensor<double>::empty_on(bias_shape, x.device());
-    {
-      nn::detail::workspace ws = nn::detail::eager_workspace(
-          x.device(), nn::detail::conv2d_backward_workspace<double, ts::cpu>(g, true, true, true));
-      nn::detail::conv2d_backward(g, x, w, gy, &dx_ref, false, &dw_ref, false, &db_ref, false, ws);
-    }
+      // The reference: the NCHW passes in float64 (tests/nn/conv_test.cpp checks them against
+      // PyTorch).
+      auto dx_ref = ts::Tensor<double>::empty_on(image, x.device());
+      auto dw_ref = ts::Tensor<double>::empty_on(filter, x.device());
+      auto db_ref = ts::Tensor<double>::empty_on(bias_shape, x.device());
+      {
+        nn::detail::workspace ws = nn::detail::eager_workspace(
+            x.device(),
+            nn::detail::conv2d_backward_workspace<double, ts::cpu>(g, true, true, true));
+        nn::detail::conv2d_backward(g, x, w, gy, &dx_ref, false, &dw_ref, false, &db_ref, false,
+                                    ws);
+      }
 
-    nn::detail::conv2d_geometry gcl = g;
-    gcl.channels_last = true;
-    REQUIRE(nn::detail::conv2d_nhwc_native<T, ts::cpu>(gcl));
-    REQUIRE_FALSE(nn::detail::conv2d_nchw_copies<T, ts::cpu>(gcl));
-    const auto x_cl = nhwc(x), w_cl = nhwc(w), gy_cl = nhwc(gy);
-    // Gradients added to (accumulate) start from these.
-    const auto dx0 = sample<double>(image, 34), dw0 = sample<double>(filter, 35);
-    const auto db0 = sample<double>(bias_shape, 36);
-    for (const bool builtin : {false, true}) {
-      INFO((builtin ? "built-in GEMM" : "default GEMM"));
-      std::optional<ts::backend::cpu::builtin_gemm_scope> scope;
-      if (builtin) scope.emplace();
-      const bool adds = ts::detail::matmul_accumulates<T, ts::cpu>();
-      for (const bool accumulate : {false, true}) {
-        INFO((accumulate ? "accumulate" : "overwrite"));
-        for (const int which : {0, 1, 2}) {  // both gradients, the input's alone, the weight's
-          const bool input = which != 2, weight = which != 1;
-          INFO("input " << input << ", weight " << weight);
-          // The plan is the native one: a chunk of col (none for a 1x1 stride-1 unpadded
-          // convolution, unless it stages products), staging without a BLAS, the bias's sums;
-          // a run that fell back to NCHW copies would overrun it.
-          const std::size_t bytes =
-              nn::detail::conv2d_backward_workspace<T, ts::cpu>(gcl, input, weight, c.bias);
-          const std::int64_t k = g.kh * g.kw * g.c;
-          const std::int64_t col = !g.pointwise()   ? nn::detail::conv2d_nhwc_col_numel(g)
-                                   : input && !adds ? nn::detail::conv2d_nhwc_chunk(g) * g.c
-                                                    : 0;
-          const std::int64_t staging = weight && !adds ? g.o * k : 0;
-          using ws_t = nn::detail::workspace;
-          CHECK(
-              bytes ==
-              ws_t::template bytes<T>(col) + ws_t::template bytes<T>(staging) +
-                  (c.bias ? ws_t::template bytes<T>(g.n * g.o) + ws_t::template bytes<T>(g.o) : 0));
-          ws_t ws = nn::detail::eager_workspace(x.device(), bytes);
-          auto start = [&](const ts::Tensor<double>& t0, const ts::Shape& shape) {
-            if (accumulate) return nhwc(t0);
-            auto t = ts::Tensor<T>::empty_on(shape, x.device(), memory_format::channels_last);
-            t.fill_(std::numeric_limits<T>::quiet_NaN());  // overwritten everywhere
-            return t;
-          };
-          auto dx = start(dx0, image), dw = start(dw0, filter);
-          auto db = accumulate ? db0.to<T>().clone() : ts::full<T>(bias_shape, 7.0);
-          nn::detail::conv2d_backward(gcl, weight ? x_cl : ts::Tensor<T>(), w_cl, gy_cl,
-                                      input ? &dx : nullptr, accumulate, weight ? &dw : nullptr,
-                                      accumulate, c.bias ? &db : nullptr, accumulate, ws);
-          const auto expect = [&](const ts::Tensor<double>& ref, const ts::Tensor<double>& t0) {
-            return accumulate ? ts::Tensor<double>(ref + t0) : ref;
-          };
-          if (input) {
-            CHECK(dx.strides() == nhwc_strides(image));
-            check_close(dx, expect(dx_ref, dx0), tol);
+      nn::detail::conv2d_geometry gcl = g;
+      gcl.channels_last = true;
+      REQUIRE(nn::detail::conv2d_nhwc_native<T, ts::cpu>(gcl));
+      REQUIRE_FALSE(nn::detail::conv2d_nchw_copies<T, ts::cpu>(gcl));
+      const auto x_cl = nhwc(x), w_cl = nhwc(w), gy_cl = nhwc(gy);
+      {  // The forward, in the same parts: the NCHW float64 values; a chunk of col per part.
+        using ws_t = nn::detail::workspace;
+        auto y_ref = ts::Tensor<double>::empty_on(g.output_shape(), x.device());
+        ws_t ws_ref = nn::detail::eager_workspace(
+            x.device(), nn::detail::conv2d_forward_workspace<double, ts::cpu>(g));
+        nn::detail::conv2d_forward(g, x, w, static_cast<const ts::Tensor<double>*>(nullptr), y_ref,
+                                   ws_ref);
+        const std::size_t bytes = nn::detail::conv2d_forward_workspace<T, ts::cpu>(gcl);
+        CHECK(bytes == ws_t::template bytes<T>(g.pointwise()
+                                                   ? 0
+                                                   : nn::detail::conv2d_nhwc_parts<T>(gcl) *
+                                                         nn::detail::conv2d_nhwc_chunk(g) * k));
+        ws_t ws = nn::detail::eager_workspace(x.device(), bytes);
+        auto y =
+            ts::Tensor<T>::empty_on(g.output_shape(), x.device(), memory_format::channels_last);
+        nn::detail::conv2d_forward(gcl, x_cl, w_cl, static_cast<const ts::Tensor<T>*>(nullptr), y,
+                                   ws);
+        CHECK(y.strides() == nhwc_strides(g.output_shape()));
+        check_close(y, y_ref, tol);
+      }
+      // Gradients added to (accumulate) start from these.
+      const auto dx0 = sample<double>(image, 34), dw0 = sample<double>(filter, 35);
+      const auto db0 = sample<double>(bias_shape, 36);
+      for (const bool builtin : {false, true}) {
+        INFO((builtin ? "built-in GEMM" : "default GEMM"));
+        std::optional<ts::backend::cpu::builtin_gemm_scope> scope;
+        if (builtin) scope.emplace();
+        const bool adds = ts::detail::matmul_accumulates<T, ts::cpu>();
+        for (const bool accumulate : {false, true}) {
+          INFO((accumulate ? "accumulate" : "overwrite"));
+          for (const int which : {0, 1, 2}) {  // both gradients, the input's alone, the weight's
+            const bool input = which != 2, weight = which != 1;
+            INFO("input " << input << ", weight " << weight);
+            // The plan is the native one: a chunk of col (none for a 1x1 stride-1 unpadded
+            // convolution, unless it stages products), staging without a BLAS, the bias's sums;
+            // a run that fell back to NCHW copies would overrun it.
+            const std::size_t bytes =
+                nn::detail::conv2d_backward_workspace<T, ts::cpu>(gcl, input, weight, c.bias);
+            // With a BLAS that adds, a chunk of col per part and each part's but the first's
+            // weight-gradient sum; without, one part.
+            const std::int64_t used_parts = adds ? g.cpu_parts : 1;
+            CHECK(nn::detail::conv2d_nhwc_parts<T>(gcl) == used_parts);
+            const std::int64_t col = !g.pointwise()
+                                         ? used_parts * nn::detail::conv2d_nhwc_chunk(g) * k
+                                     : input && !adds ? nn::detail::conv2d_nhwc_chunk(g) * g.c
+                                                      : 0;
+            const std::int64_t staging = !weight ? 0 : adds ? (used_parts - 1) * g.o * k : g.o * k;
+            using ws_t = nn::detail::workspace;
+            CHECK(bytes ==
+                  ws_t::template bytes<T>(col) + ws_t::template bytes<T>(staging) +
+                      (c.bias ? ws_t::template bytes<T>(g.n * g.o) + ws_t::template bytes<T>(g.o)
+                              : 0));
+            ws_t ws = nn::detail::eager_workspace(x.device(), bytes);
+            auto start = [&](const ts::Tensor<double>& t0, const ts::Shape& shape) {
+              if (accumulate) return nhwc(t0);
+              auto t = ts::Tensor<T>::empty_on(shape, x.device(), memory_format::channels_last);
+              t.fill_(std::numeric_limits<T>::quiet_NaN());  // overwritten everywhere
+              return t;
+            };
+            auto dx = start(dx0, image), dw = start(dw0, filter);
+            auto db = accumulate ? db0.to<T>().clone() : ts::full<T>(bias_shape, 7.0);
+            nn::detail::conv2d_backward(gcl, weight ? x_cl : ts::Tensor<T>(), w_cl, gy_cl,
+                                        input ? &dx : nullptr, accumulate, weight ? &dw : nullptr,
+                                        accumulate, c.bias ? &db : nullptr, accumulate, ws);
+            const auto expect = [&](const ts::Tensor<double>& ref, const ts::Tensor<double>& t0) {
+              return accumulate ? ts::Tensor<double>(ref + t0) : ref;
+            };
+            if (input) {
+              CHECK(dx.strides() == nhwc_strides(image));
+              check_close(dx, expect(dx_ref, dx0), tol);
+            }
+            if (weight) {
+              CHECK(dw.strides() == nhwc_strides(filter));
+              check_close(dw, expect(dw_ref, dw0), tol);
+            }
+            if (c.bias) check_close(db, expect(db_ref, db0), tol);
           }
-          if (weight) {
-            CHECK(dw.strides() == nhwc_strides(filter));
-            check_close(dw, expect(dw_ref, dw0), tol);
-          }
-          if (c.bias) check_close(db, expect(db_ref, db0), tol);
         }
       }
     }

@@ -217,7 +217,7 @@ template <class T, class K>
 std::size_t conv2d_forward_workspace(const conv2d_geometry& g) {
   if (g.cudnn.usable) return workspace::raw_bytes(g.cudnn.forward_bytes);
   if (g.channels_last) {
-    if (conv2d_nhwc_native<T, K>(g)) return workspace::bytes<T>(conv2d_nhwc_col_numel(g));
+    if (conv2d_nhwc_native<T, K>(g)) return workspace::bytes<T>(conv2d_nhwc_col_numel<T>(g));
     return conv2d_forward_copies_workspace<T, K>(g);
   }
   if (conv2d_winograd<T, K>(g))
@@ -252,7 +252,8 @@ std::size_t conv2d_backward_workspace(const conv2d_geometry& g, bool input, bool
   }
   if constexpr (std::is_same_v<K, cpu> && (std::is_same_v<T, float> || std::is_same_v<T, double>)) {
     if (g.channels_last) {
-      // Natively on NHWC (conv2d_backward_nhwc_cpu): a chunk of col, and staging without a BLAS.
+      // Natively on NHWC (conv2d_backward_nhwc_cpu): a chunk of col per part, and the staging
+      // (without a BLAS) or the other parts' weight-gradient sums.
       return bytes + workspace::bytes<T>(conv2d_nhwc_backward_col_numel<T>(g, input, weight)) +
              workspace::bytes<T>(conv2d_nhwc_backward_staging_numel<T>(g, weight));
     }
@@ -752,7 +753,7 @@ void conv2d_forward(const conv2d_geometry& g, const Tensor<T, K>& x, const Tenso
     if constexpr (std::is_same_v<K, cpu>) {
       if (conv2d_nhwc_native<T, K>(g)) {
         Tensor<T, cpu> col;
-        if (const std::int64_t numel = conv2d_nhwc_col_numel(g); numel > 0) {
+        if (const std::int64_t numel = conv2d_nhwc_col_numel<T>(g); numel > 0) {
           col = ws.take<T, cpu>(Shape{numel});
         }
         conv2d_forward_nhwc_cpu(g, x, w, bias, y, col);

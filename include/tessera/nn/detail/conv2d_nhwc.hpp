@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
 #include "tessera/backend/cpu/executor.hpp"
 #include "tessera/core/memory_format.hpp"
@@ -56,30 +57,71 @@ inline std::int64_t conv2d_nhwc_chunk(const conv2d_geometry& g) {
                                   std::max<std::int64_t>(positions, 1));
 }
 
-/// Elements of the col buffer conv2d_forward_nhwc_cpu fills chunk by chunk (0: a 1x1
-/// convolution with stride 1 and no padding, which needs none).
-inline std::int64_t conv2d_nhwc_col_numel(const conv2d_geometry& g) {
+/// Parts the native NHWC loops split the batch into (g.cpu_parts, conv2d_cpu_parts), run at
+/// once, each over its images' output positions with single-threaded GEMMs, as the NCHW loops
+/// (conv2d_split): only with a BLAS that accumulates, since each part but the first sums its
+/// weight-gradient products apart; else 1. ResNet-50's 1x1 layer 256 -> 64 at 56x56, batch 8,
+/// on the CI machine's 2 threads: its three GEMMs took 17-19 ms in two parts against 23-26 ms
+/// as products over the whole batch split by the BLAS's own threads (tall, thin products;
+/// bench/RESULTS.md, "channels_last (NHWC) forward + backward on the CPU").
+template <class T>
+std::int64_t conv2d_nhwc_parts(const conv2d_geometry& g) {
+  if (!tessera::detail::matmul_accumulates<T, cpu>()) return 1;
+  return std::clamp<std::int64_t>(g.cpu_parts, 1, std::max<std::int64_t>(g.n, 1));
+}
+
+/// The output positions [first, first + count) of part `part` of `parts` (whole images, as
+/// conv2d_part cuts the batch; count 0 past the batch).
+inline std::pair<std::int64_t, std::int64_t> conv2d_nhwc_part(const conv2d_geometry& g,
+                                                              std::int64_t parts,
+                                                              std::int64_t part) {
+  const std::int64_t per = (g.n + parts - 1) / parts;
+  const std::int64_t image = std::min(g.n, part * per);
+  return {image * g.oh * g.ow, std::min(per, g.n - image) * g.oh * g.ow};
+}
+
+/// Calls run(part) for each of `parts` parts, at once on the device's threads when there are
+/// several.
+template <class Run>
+void conv2d_nhwc_run_parts(std::int64_t parts, Run&& run) {
+  if (parts == 1) {
+    run(std::int64_t{0});
+    return;
+  }
+  backend::cpu::execute_loop(0, parts, 1, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t part = begin; part < end; ++part) run(part);
+  });
+}
+
+/// Elements of the col buffer conv2d_forward_nhwc_cpu fills chunk by chunk, a chunk per part
+/// (0: a 1x1 convolution with stride 1 and no padding, which needs none).
+template <class T>
+std::int64_t conv2d_nhwc_col_numel(const conv2d_geometry& g) {
   if (g.pointwise()) return 0;
-  return conv2d_nhwc_chunk(g) * g.kh * g.kw * g.c;
+  return conv2d_nhwc_parts<T>(g) * conv2d_nhwc_chunk(g) * g.kh * g.kw * g.c;
 }
 
 /// Elements of the chunk buffer conv2d_backward_nhwc_cpu takes for the gradients asked for (a
-/// chunk's col, then its dcol): the forward's col; for a 1x1 stride-1 unpadded convolution none,
-/// except where the GEMM cannot add into its output (no BLAS), where a chunk of the input
-/// gradient's products is staged in it before being added into dx.
+/// chunk's col, then its dcol, per part): the forward's col; for a 1x1 stride-1 unpadded
+/// convolution none, except where the GEMM cannot add into its output (no BLAS), where a chunk
+/// of the input gradient's products is staged in it before being added into dx.
 template <class T>
 std::int64_t conv2d_nhwc_backward_col_numel(const conv2d_geometry& g, bool input, bool weight) {
   if (!input && !weight) return 0;
-  if (!g.pointwise()) return conv2d_nhwc_col_numel(g);
+  if (!g.pointwise()) return conv2d_nhwc_col_numel<T>(g);
   return input && !tessera::detail::matmul_accumulates<T, cpu>() ? conv2d_nhwc_chunk(g) * g.c : 0;
 }
 
-/// Elements of the buffer that stages the weight gradient's products of conv2d_backward_nhwc_cpu
-/// before they are added into dW: [O, KH * KW * C] where the GEMM cannot add (no BLAS), else 0.
+/// Elements of the buffer for the weight gradient's products of conv2d_backward_nhwc_cpu that do
+/// not go straight into dW: [O, KH * KW * C] staging where the GEMM cannot add (no BLAS); with
+/// parts, each part's but the first's own sum ((parts - 1) of them, added into dW after all
+/// parts, in order); else 0.
 template <class T>
 std::int64_t conv2d_nhwc_backward_staging_numel(const conv2d_geometry& g, bool weight) {
-  if (!weight || tessera::detail::matmul_accumulates<T, cpu>()) return 0;
-  return g.o * g.kh * g.kw * g.c;
+  if (!weight) return 0;
+  const std::int64_t filter = g.o * g.kh * g.kw * g.c;
+  if (!tessera::detail::matmul_accumulates<T, cpu>()) return filter;
+  return (conv2d_nhwc_parts<T>(g) - 1) * filter;
 }
 
 /// Rows [first, first + rows) of the NHWC im2col of x (NHWC bytes) into col [rows, KH * KW * C]:
@@ -157,9 +199,9 @@ void col2im_nhwc_add_cpu(const conv2d_geometry& g, const T* dcol, std::int64_t f
 }
 
 /// y = conv2d(x, w) (+ bias) with x and y [N, C, H, W] / [N, O, OH, OW] dense channels_last
-/// (conv2d_runs_nhwc), w in any layout (copied to channels_last when it is not). `col`: a buffer
-/// of conv2d_nhwc_col_numel(g) elements (a program's planned workspace), or undefined: one from
-/// the pool.
+/// (conv2d_runs_nhwc), w in any layout (copied to channels_last when it is not), in
+/// conv2d_nhwc_parts parts at once. `col`: a buffer of conv2d_nhwc_col_numel(g) elements (a
+/// program's planned workspace), or undefined: one from the pool.
 template <class T>
 void conv2d_forward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
                              const Tensor<T, cpu>& w, const Tensor<T, cpu>* bias, Tensor<T, cpu>& y,
@@ -170,20 +212,27 @@ void conv2d_forward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
       w.contiguous(memory_format::channels_last).permute({0, 2, 3, 1}).view(Shape{g.o, k});
   const Tensor<T, cpu> w2t = w2.t();
   Tensor<T, cpu> y2(y.storage(), Shape{positions, g.o}, Strides{g.o, 1}, y.storage_offset());
-  if (g.pointwise()) {
-    const Tensor<T, cpu> x2(x.storage(), Shape{positions, g.c}, Strides{g.c, 1},
-                            x.storage_offset());
-    tessera::detail::matmul_into(y2, x2, w2t);
-  } else {
-    const std::int64_t chunk = conv2d_nhwc_chunk(g);
-    if (!col.defined()) col = Tensor<T, cpu>::empty_on(Shape{chunk * k}, x.device());
-    for (std::int64_t first = 0; first < positions; first += chunk) {
-      const std::int64_t rows = std::min(chunk, positions - first);
-      im2col_nhwc_cpu(g, x.data(), first, rows, col.data());
-      Tensor<T, cpu> out = y2.narrow(0, first, rows);
-      tessera::detail::matmul_into(out, col.narrow(0, 0, rows * k).view(Shape{rows, k}), w2t);
-    }
+  const std::int64_t parts = conv2d_nhwc_parts<T>(g), chunk = conv2d_nhwc_chunk(g);
+  if (!g.pointwise() && !col.defined()) {
+    col = Tensor<T, cpu>::empty_on(Shape{conv2d_nhwc_col_numel<T>(g)}, x.device());
   }
+  const Tensor<T, cpu> x2 = g.pointwise() ? nhwc_matrix(x, positions, g.c) : Tensor<T, cpu>();
+  conv2d_nhwc_run_parts(parts, [&](std::int64_t part) {
+    const auto [begin, count] = conv2d_nhwc_part(g, parts, part);
+    if (count == 0) return;
+    if (g.pointwise()) {
+      Tensor<T, cpu> out = y2.narrow(0, begin, count);
+      tessera::detail::matmul_into(out, x2.narrow(0, begin, count), w2t);
+      return;
+    }
+    const Tensor<T, cpu> part_col = col.narrow(0, part * chunk * k, chunk * k);
+    for (std::int64_t first = begin; first < begin + count; first += chunk) {
+      const std::int64_t rows = std::min(chunk, begin + count - first);
+      im2col_nhwc_cpu(g, x.data(), first, rows, part_col.data());
+      Tensor<T, cpu> out = y2.narrow(0, first, rows);
+      tessera::detail::matmul_into(out, part_col.narrow(0, 0, rows * k).view(Shape{rows, k}), w2t);
+    }
+  });
   if (bias != nullptr) {
     tessera::detail::add_into(y2, tessera::detail::as_node(bias->view(Shape{1, g.o})));
   }
@@ -191,11 +240,14 @@ void conv2d_forward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
 
 /// The input and weight gradients of y = conv2d(x, w) for gy, natively on NHWC-dense x, w, gy,
 /// dx and dw (conv2d_backward's contract; conv2d_nhwc_native): each of dx, dw that is defined is
-/// written, or added to when its accumulate flag is set; x is read only for dw. Per chunk of
-/// output positions: col = im2col(x), dW (+)= gyᵀ @ col, then dcol = gy @ W into the same
-/// buffer, which col2im adds into dx (zeroed first unless added to). A 1x1 stride-1 unpadded
-/// convolution: dW (+)= gyᵀ @ x and dx (+)= gy @ W, one GEMM each. `col` and `staging`: buffers
-/// of conv2d_nhwc_backward_col_numel and conv2d_nhwc_backward_staging_numel elements.
+/// written, or added to when its accumulate flag is set; x is read only for dw. In
+/// conv2d_nhwc_parts parts at once, each over its images' output positions, and per chunk of
+/// them: col = im2col(x), dW (+)= gyᵀ @ col, then dcol = gy @ W into the same buffer, which
+/// col2im adds into dx (zeroed first unless added to; the parts' images, so their pixels, are
+/// their own). A 1x1 stride-1 unpadded convolution: dW (+)= gyᵀ @ x and dx (+)= gy @ W, one GEMM
+/// each per part. The first part's weight-gradient products go into dW, each other part's into
+/// a sum of its own in `staging`, added into dW after all parts, in order. `col` and `staging`:
+/// buffers of conv2d_nhwc_backward_col_numel and conv2d_nhwc_backward_staging_numel elements.
 template <class T>
 void conv2d_backward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
                               const Tensor<T, cpu>& w, const Tensor<T, cpu>& gy, Tensor<T, cpu>* dx,
@@ -209,42 +261,60 @@ void conv2d_backward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
     if (dw != nullptr && !dw_accumulate) dw->zero_();
     return;
   }
+  const std::int64_t parts = conv2d_nhwc_parts<T>(g), chunk = conv2d_nhwc_chunk(g);
   const Tensor<T, cpu> gy2 = nhwc_matrix(gy, positions, g.o);
   const Tensor<T, cpu> w2 = dx != nullptr
                                 ? nhwc_matrix(w.contiguous(memory_format::channels_last), g.o, k)
                                 : Tensor<T, cpu>();
   const Tensor<T, cpu> dw2 = dw != nullptr ? nhwc_matrix(*dw, g.o, k) : Tensor<T, cpu>();
-  if (g.pointwise()) {
-    if (dw != nullptr) {
-      matmul_add_into(dw2, gy2.t(), nhwc_matrix(x, positions, g.c), dw_accumulate, staging);
-    }
-    if (dx == nullptr) return;
-    Tensor<T, cpu> dx2 = nhwc_matrix(*dx, positions, g.c);
-    if (!dx_accumulate || tessera::detail::matmul_accumulates<T, cpu>()) {
-      matmul_into(dx2, gy2, w2, dx_accumulate);
+  // Part p's weight gradient, and the buffer that stages products where the GEMM cannot add.
+  const auto dw_of = [&](std::int64_t part) {
+    return part == 0 ? dw2 : staging.narrow(0, (part - 1) * g.o * k, g.o * k).view(Shape{g.o, k});
+  };
+  const Tensor<T, cpu> products = parts == 1 ? staging : Tensor<T, cpu>();
+  if (dx != nullptr && !dx_accumulate && !g.pointwise()) dx->zero_();
+  conv2d_nhwc_run_parts(parts, [&](std::int64_t part) {
+    const auto [begin, count] = conv2d_nhwc_part(g, parts, part);
+    if (count == 0) return;
+    const bool dw_adds = part == 0 && dw_accumulate;
+    if (g.pointwise()) {
+      if (dw != nullptr) {
+        matmul_add_into(dw_of(part), gy2.narrow(0, begin, count).t(),
+                        nhwc_matrix(x, positions, g.c).narrow(0, begin, count), dw_adds, products);
+      }
+      if (dx == nullptr) return;
+      Tensor<T, cpu> dx2 = nhwc_matrix(*dx, positions, g.c).narrow(0, begin, count);
+      const Tensor<T, cpu> gy_part = gy2.narrow(0, begin, count);
+      if (!dx_accumulate || tessera::detail::matmul_accumulates<T, cpu>()) {
+        matmul_into(dx2, gy_part, w2, dx_accumulate);
+        return;
+      }
+      // No BLAS (one part): staged in chunks of positions (col), each added into its rows of dx.
+      for (std::int64_t first = 0; first < count; first += chunk) {
+        const std::int64_t rows = std::min(chunk, count - first);
+        matmul_add_into(dx2.narrow(0, first, rows), gy_part.narrow(0, first, rows), w2, true, col);
+      }
       return;
     }
-    // Staged in chunks of positions (col), each added into its rows of dx.
-    const std::int64_t chunk = conv2d_nhwc_chunk(g);
-    for (std::int64_t first = 0; first < positions; first += chunk) {
-      const std::int64_t rows = std::min(chunk, positions - first);
-      matmul_add_into(dx2.narrow(0, first, rows), gy2.narrow(0, first, rows), w2, true, col);
+    const Tensor<T, cpu> part_col = col.narrow(0, part * chunk * k, chunk * k);
+    for (std::int64_t first = begin; first < begin + count; first += chunk) {
+      const std::int64_t rows = std::min(chunk, begin + count - first);
+      Tensor<T, cpu> col2 = part_col.narrow(0, 0, rows * k).view(Shape{rows, k});
+      const Tensor<T, cpu> gy_chunk = gy2.narrow(0, first, rows);
+      if (dw != nullptr) {
+        im2col_nhwc_cpu(g, x.data(), first, rows, col2.data());
+        matmul_add_into(dw_of(part), gy_chunk.t(), col2, dw_adds || first > begin, products);
+      }
+      if (dx == nullptr) continue;
+      matmul_into(col2, gy_chunk, w2);  // dcol overwrites the chunk's col (dW's use is done)
+      col2im_nhwc_add_cpu(g, col2.data(), first, rows, dx->data());
     }
-    return;
-  }
-  if (dx != nullptr && !dx_accumulate) dx->zero_();
-  const std::int64_t chunk = conv2d_nhwc_chunk(g);
-  for (std::int64_t first = 0; first < positions; first += chunk) {
-    const std::int64_t rows = std::min(chunk, positions - first);
-    Tensor<T, cpu> col2 = col.narrow(0, 0, rows * k).view(Shape{rows, k});
-    const Tensor<T, cpu> gy_chunk = gy2.narrow(0, first, rows);
-    if (dw != nullptr) {
-      im2col_nhwc_cpu(g, x.data(), first, rows, col2.data());
-      matmul_add_into(dw2, gy_chunk.t(), col2, dw_accumulate || first > 0, staging);
+  });
+  if (dw == nullptr) return;
+  for (std::int64_t part = 1; part < parts; ++part) {
+    if (conv2d_nhwc_part(g, parts, part).second > 0) {
+      tessera::detail::add_into(dw2, tessera::detail::as_node(dw_of(part)));
     }
-    if (dx == nullptr) continue;
-    matmul_into(col2, gy_chunk, w2);  // dcol overwrites the chunk's col (dW's use is done)
-    col2im_nhwc_add_cpu(g, col2.data(), first, rows, dx->data());
   }
 }
 
