@@ -486,6 +486,48 @@ TEST_CASE("Generator reserves disjoint block ranges", "[random][generator]") {
   CHECK(ts::default_seed == 67280421310721ULL);  // PyTorch's default_rng_seed_val
 }
 
+TEST_CASE("Generator: fills captured in a CUDA graph draw from device state, relative to it",
+          "[random][generator]") {
+  ts::Generator generator(ts::Device{}, 5);
+  generator.set_offset(40);
+  // Outside a capture: reserve_state's seed and offset, no device state.
+  const ts::philox_draw before = generator.reserve_draw(2);
+  CHECK(before.seed == 5);
+  CHECK(before.offset == 40);
+  CHECK(before.device_state == nullptr);
+
+  const std::uint64_t device_state[2] = {0, 0};  // stands for two uint64 of device memory
+  generator.begin_graph_capture(device_state);
+  CHECK_THROWS_AS(generator.begin_graph_capture(device_state), std::logic_error);
+  // This thread's fills: offsets counted from the capture's base, the generator left alone.
+  const ts::philox_draw first = generator.reserve_draw(3);
+  const ts::philox_draw second = generator.reserve_draw(7);
+  CHECK(first.device_state == device_state);
+  CHECK(second.device_state == device_state);
+  CHECK(first.offset == 0);
+  CHECK(second.offset == 3);
+  CHECK(generator.offset() == 42);
+  // Another generator, and another thread on this one, draw as usual meanwhile.
+  ts::Generator other(ts::Device{}, 9);
+  CHECK(other.reserve_draw(4).device_state == nullptr);
+  CHECK(other.end_graph_capture() == 0);  // not capturing there: nothing ended
+  ts::philox_draw elsewhere;
+  std::thread([&] { elsewhere = generator.reserve_draw(5); }).join();
+  CHECK(elsewhere.device_state == nullptr);
+  CHECK(elsewhere.offset == 42);
+  CHECK(generator.offset() == 47);
+  // The blocks a launch reserves, then as usual again.
+  CHECK(generator.end_graph_capture() == 10);
+  CHECK(generator.end_graph_capture() == 0);
+  const ts::philox_draw after = generator.reserve_draw(1);
+  CHECK(after.device_state == nullptr);
+  CHECK(after.offset == 47);
+  // A replay's numbers are the uncaptured fills': base + each fill's place in the capture.
+  generator.begin_graph_capture(device_state);
+  CHECK(generator.reserve_draw(6).offset == 0);
+  CHECK(generator.end_graph_capture() == 6);
+}
+
 TEST_CASE("Generator::reserve is atomic across threads", "[random][generator]") {
   ts::Generator generator;
   constexpr int threads = 4;

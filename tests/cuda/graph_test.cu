@@ -2,8 +2,9 @@
 // backward replay CUDA graphs trains bit for bit as the same program without them (Adam with a
 // learning-rate change between steps, BatchNorm's running statistics, cross_entropy; a
 // convolutional net on cuDNN with SGD and momentum), captures again when a module switches to
-// eval(), checks bad targets before a replay (throwing, nothing run), and runs as usual, saying
-// why, where a replay cannot (BatchNorm with momentum None, dropout in training).
+// eval(), checks bad targets before a replay (throwing, nothing run), replays dropout in
+// training with the masks the plain program draws (a new seed reaching the graph), and runs as
+// usual, saying why, where a replay cannot (BatchNorm with momentum None).
 // The whole executable reports itself skipped without a GPU (tests/cuda_main.cpp).
 #include <catch2/catch.hpp>
 
@@ -147,6 +148,53 @@ Trajectory train_conv(bool graphs, int steps, bool in_arena = false) {
   return t;
 }
 
+struct DropoutMlp : nn::Module {
+  nn::Linear<float, ts::cuda> fc1{10, 32, true, 0};
+  nn::Dropout dropout{0.3};
+  nn::Linear<float, ts::cuda> fc2{32, 5, true, 0};
+  DropoutMlp() : Module("DropoutMlp") {
+    register_module("fc1", fc1);
+    register_module("dropout", dropout);
+    register_module("fc2", fc2);
+  }
+  template <class X>
+  auto forward(const X& x) const {
+    return fc2(dropout(ts::relu(fc1(x))));
+  }
+};
+
+/// Steps of an MLP with dropout in training and SGD; the inputs are drawn from the same generator
+/// between the steps, and ts::manual_seed(99) comes before step `reseed_at`.
+Trajectory train_dropout(bool graphs, int steps, int reseed_at) {
+  ts::manual_seed(23);
+  DropoutMlp net;
+  auto program = ag::compile(
+      [&](ag::Var<float, ts::cuda> x, ag::Var<std::int64_t, ts::cuda> y) {
+        return nn::cross_entropy(net.forward(x), y);
+      },
+      ag::input<float, ts::cuda>({16, 10}, 0), ag::input<std::int64_t, ts::cuda>({16}, 0),
+      ag::Options{.cuda_graph = graphs});
+  ts::optim::SGD sgd(net.parameters(), {.lr = 0.1, .momentum = 0.9});
+  std::vector<std::int64_t> classes(16);
+  for (std::size_t n = 0; n < classes.size(); ++n) classes[n] = static_cast<std::int64_t>(n % 5);
+  const auto labels = ts::from_vector<std::int64_t, ts::cuda>(classes, {16}, 0);
+  Trajectory t;
+  for (int step = 0; step < steps; ++step) {
+    if (step == reseed_at) ts::manual_seed(99);
+    const auto x = ts::randn<float, ts::cuda>({16, 10}, 0);
+    sgd.zero_grad();
+    t.losses.push_back(program.forward(x, labels).cpu(0).item());
+    program.backward();
+    sgd.step();
+  }
+  for (const auto& [name, p] : net.named_parameters()) {
+    (void)name;
+    append(t.state, p.value().template as<float, ts::cuda>());
+  }
+  t.status = program.cuda_graphs();
+  return t;
+}
+
 void require_same(const Trajectory& graphed, const Trajectory& plain) {
   REQUIRE(graphed.losses.size() == plain.losses.size());
   for (std::size_t i = 0; i < plain.losses.size(); ++i) {
@@ -209,6 +257,45 @@ TEST_CASE("bad targets before a replay throw and run nothing; eval() captures ag
   CHECK(graphed.status == "replaying: 3 capture(s), 10 launch(es)");
 }
 
+TEST_CASE("dropout in training replays with the plain program's masks, a new seed too",
+          "[cuda][graph]") {
+  // The masks' fills read their seed and first counter block from device memory, written before
+  // each launch from the generator's offset: the same numbers as drawn without graphs, in the
+  // same order as the inputs drawn between the steps.
+  const Trajectory plain = train_dropout(false, 7, 4);
+  const Trajectory graphed = train_dropout(true, 7, 4);
+  require_same(graphed, plain);
+  // Step 0 warms up; step 1 captures the forward and the backward and launches both; steps 2-6
+  // replay them (the new seed at step 4 needs no new capture).
+  CHECK(graphed.status == "replaying: 2 capture(s), 12 launch(es)");
+
+  // An inference program that returns the mask applied: each replay a new mask, as the plain
+  // program's; eval() replays ones.
+  nn::Dropout dropout(0.5);
+  const auto x = ts::ones<float, ts::cuda>({256}, 0);
+  auto masks = [&](bool graphs, std::string& status) {
+    auto program = ag::compile([&](ag::Var<float, ts::cuda> v) { return dropout(v); },
+                               ag::input<float, ts::cuda>({256}, 0),
+                               ag::Options{.mode = ag::Mode::inference, .cuda_graph = graphs});
+    ts::manual_seed(5);
+    std::vector<std::vector<float>> out;
+    for (int i = 0; i < 4; ++i) out.push_back(program.forward(x).cpu(0).to_vector());
+    dropout.eval();
+    out.push_back(program.forward(x).cpu(0).to_vector());
+    dropout.train();
+    status = program.cuda_graphs();
+    return out;
+  };
+  std::string plain_status, graphed_status;
+  const auto expected = masks(false, plain_status);
+  const auto got = masks(true, graphed_status);
+  CHECK(got == expected);
+  CHECK(got[2] != got[3]);  // a new mask at each replay
+  CHECK(got[4] == std::vector<float>(256, 1.0f));
+  // Calls 0 (warm-up), 1 (capture), 2, 3: 3 launches; eval() captures again and launches.
+  CHECK(graphed_status == "replaying: 2 capture(s), 4 launch(es)");
+}
+
 TEST_CASE("what a CUDA graph cannot replay runs as usual and is named", "[cuda][graph]") {
   const Trajectory plain = train_mlp(false, std::nullopt, 4);
   const Trajectory graphed = train_mlp(true, std::nullopt, 4);
@@ -216,15 +303,6 @@ TEST_CASE("what a CUDA graph cannot replay runs as usual and is named", "[cuda][
   CHECK(graphed.status ==
         "not used: BatchNorm with momentum None (its cumulative average reads the batch count on "
         "the host)");
-
-  nn::Dropout dropout(0.5);
-  auto program = ag::compile([&](ag::Var<float, ts::cuda> x) { return ts::sum(dropout(x)); },
-                             ag::input<float, ts::cuda>({64}, 0),
-                             ag::Options{.mode = ag::Mode::inference, .cuda_graph = true});
-  const auto x = ts::ones<float, ts::cuda>({64}, 0);
-  for (int i = 0; i < 3; ++i) (void)program.forward(x);
-  CHECK(program.cuda_graphs() ==
-        "not used: dropout in training mode (its mask's random offset is taken on the host)");
 }
 
 }  // namespace cuda_graph_test

@@ -9,6 +9,7 @@
 
 #include <cmath>
 #include <cstddef>
+#include <string>
 #include <vector>
 
 #include "cuda_gxx/run_result.hpp"
@@ -65,6 +66,32 @@ TEST_CASE("g++ unit: a convolutional net with batch norm and dropout trains with
     ~fp32_convolutions() { ts::backends::cudnn::allow_tf32 = previous; }
   } scope;
   check_runs(gxx::train_conv<ts::cuda>(4), gxx::train_conv<ts::cpu>(4), nvcc_train_conv(4));
+}
+
+TEST_CASE("g++ unit: dropout with CUDA graphs gives the plain program's masks", "[cuda_gxx]") {
+  // The masks are drawn on the host in a g++ unit, which a graph cannot replay: the program
+  // runs without graphs (or, where the linker took nvcc_twin.cu's kernel fill for this unit's,
+  // replays it); either way each call's mask is the plain program's.
+  ts::nn::Dropout dropout(0.5);
+  const auto x = ts::ones<float, ts::cuda>({256}, 0);
+  auto masks = [&](bool graphs, std::string& status) {
+    auto program = ts::autograd::compile(
+        [&](ts::autograd::Var<float, ts::cuda> v) { return dropout(v); },
+        ts::autograd::input<float, ts::cuda>({256}, 0),
+        ts::autograd::Options{.mode = ts::autograd::Mode::inference, .cuda_graph = graphs});
+    ts::manual_seed(5);
+    std::vector<std::vector<float>> out;
+    for (int i = 0; i < 4; ++i) out.push_back(program.forward(x).cpu(0).to_vector());
+    status = program.cuda_graphs();
+    return out;
+  };
+  std::string plain_status, status;
+  const auto expected = masks(false, plain_status);
+  CHECK(masks(true, status) == expected);
+  CHECK(expected[2] != expected[3]);
+  INFO(status);
+  CHECK(
+      (status.find("drawn on the host") != std::string::npos || status.rfind("replaying", 0) == 0));
 }
 
 TEST_CASE("g++ unit: its own expressions on cuda, one operation at a time", "[cuda_gxx]") {

@@ -269,6 +269,22 @@ TEST_CASE("rand and randn draw from the device generator", "[tensor][random]") {
   CHECK(std::abs(square / 10000 - 1.0) < 0.07);
 }
 
+TEST_CASE("a fill drawn on the host inside a graph capture throws, naming why",
+          "[tensor][random]") {
+  // Only kernels (nvcc's units) read a captured fill's seed and offset from device memory; a
+  // host fill would draw the wrong numbers at every replay, so it refuses (and the capture fails,
+  // which a program turns into running without graphs).
+  ts::Generator& generator = ts::default_generator(ts::Device{ts::DeviceType::cpu, 0});
+  const std::uint64_t offset = generator.offset();
+  const std::uint64_t device_state[2] = {0, 0};
+  generator.begin_graph_capture(device_state);
+  CHECK_THROWS_WITH(ts::rand<float>({8}, 0),
+                    Catch::Contains("cpu:0") && Catch::Contains("cannot be captured"));
+  CHECK(generator.end_graph_capture() == 2);  // the blocks the refused fill asked for
+  CHECK(generator.offset() == offset);
+  CHECK(ts::rand<float>({8}, 0).numel() == 8);  // as usual after the capture
+}
+
 TEST_CASE("large fills are cut over threads and still give element i its number",
           "[tensor][random]") {
   // Several chunks of counter blocks (random_blocks_per_chunk) and a ragged end: every element

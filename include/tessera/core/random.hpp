@@ -448,6 +448,30 @@ struct philox_state {
   friend constexpr bool operator==(const philox_state&, const philox_state&) = default;
 };
 
+/// What a fill draws from: its seed and first counter block, or, for a fill captured in a CUDA
+/// graph (Generator::begin_graph_capture), device memory holding {seed, base offset} that the
+/// host writes before each launch of the graph, the fill's first block being base + offset.
+struct philox_draw {
+  std::uint64_t seed = default_seed;
+  std::uint64_t offset = 0;
+  const std::uint64_t* device_state = nullptr;  // {seed, base offset} in device memory, or null
+};
+
+class Generator;
+
+namespace detail {
+/// The generator whose fills this thread is capturing into a CUDA graph, if any.
+struct graph_capture_record {
+  const Generator* generator = nullptr;
+  const std::uint64_t* device_state = nullptr;
+  std::uint64_t blocks = 0;  // counter blocks the captured fills take, in capture order
+};
+inline graph_capture_record& this_thread_graph_capture() {
+  thread_local graph_capture_record record;
+  return record;
+}
+}  // namespace detail
+
 /// A device's random state (like torch.Generator with the Philox engine): a seed and an offset
 /// in counter blocks. A fill reserves the blocks it consumes, so successive fills get fresh
 /// numbers and a fill's numbers do not depend on which device or thread computes them.
@@ -500,12 +524,55 @@ class Generator {
   std::uint64_t reserve(std::uint64_t blocks) { return reserve_state(blocks).offset; }
 
   /// Like reserve, but also returns the seed read under the same lock, so a concurrent
-  /// manual_seed cannot pair the new seed with an old offset. Fills should use this.
+  /// manual_seed cannot pair the new seed with an old offset.
   philox_state reserve_state(std::uint64_t blocks) {
     std::lock_guard lock(mutex_);
     philox_state reserved = state_;
     state_.offset += blocks;
     return reserved;
+  }
+
+  /// What a fill of `blocks` counter blocks draws from (tessera::detail::fill_random_ calls it):
+  /// reserve_state's seed and offset; or, while this thread captures a CUDA graph on this
+  /// generator (begin_graph_capture), the capture's device state and the blocks its earlier fills
+  /// took, the generator's own offset left alone (the launches reserve theirs).
+  philox_draw reserve_draw(std::uint64_t blocks) {
+    detail::graph_capture_record& capture = detail::this_thread_graph_capture();
+    if (capture.generator == this) {
+      const philox_draw draw{state().seed, capture.blocks, capture.device_state};
+      capture.blocks += blocks;
+      return draw;
+    }
+    const philox_state reserved = reserve_state(blocks);
+    return philox_draw{reserved.seed, reserved.offset, nullptr};
+  }
+
+  /// Starts capturing this thread's fills from this generator into a CUDA graph (a Program with
+  /// Options::cuda_graph): each fill then reads {seed, base offset} from `device_state` (two
+  /// uint64 in device memory) when it runs, and its blocks start at base plus the blocks the
+  /// capture's earlier fills took. Before each launch of the graph the host reserves that many
+  /// blocks (reserve_state) and writes the seed and the reserved offset there, so a replay draws
+  /// what the same fills would draw uncaptured, and a new manual_seed reaches the graph. Other
+  /// threads draw as usual meanwhile. Throws std::logic_error when this thread is capturing
+  /// already.
+  void begin_graph_capture(const std::uint64_t* device_state) {
+    detail::graph_capture_record& capture = detail::this_thread_graph_capture();
+    if (capture.generator != nullptr) {
+      throw std::logic_error(
+          "Generator::begin_graph_capture: this thread is capturing fills "
+          "already");
+    }
+    capture = detail::graph_capture_record{this, device_state, 0};
+  }
+
+  /// Ends this thread's capture on this generator; returns the counter blocks its fills take at
+  /// each launch (0 when none, or when this thread was not capturing here).
+  std::uint64_t end_graph_capture() noexcept {
+    detail::graph_capture_record& capture = detail::this_thread_graph_capture();
+    if (capture.generator != this) return 0;
+    const std::uint64_t blocks = capture.blocks;
+    capture = detail::graph_capture_record{};
+    return blocks;
   }
 
  private:

@@ -30,10 +30,13 @@ class dropout_mask_node final : public autograd::detail::node {
   dropout_mask_node(M module, double p) : module_(std::move(module)), p_(p) {}
   const char* name() const override { return "dropout_mask"; }
   bool recomputable() const override { return false; }
-  // In eval mode the mask is ones: a replay may run it.
+  // In eval mode the mask is ones: a replay may run it. In training, a CUDA graph replays the
+  // mask's fill with a new offset at each launch where a kernel draws it (nvcc's units).
   const char* capture_blocker() const override {
-    return module_.is_training()
-               ? "dropout in training mode (its mask's random offset is taken on the host)"
+    if (!module_.is_training()) return nullptr;
+    return autograd::detail::random_capture_blocker<K>() != nullptr
+               ? "dropout in training mode (its mask drawn on the host: on the CPU, or in a unit "
+                 "not compiled by nvcc)"
                : nullptr;
   }
   std::int64_t prepare_replay(autograd::detail::value_table&) override {

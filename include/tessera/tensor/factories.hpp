@@ -147,8 +147,16 @@ void fill_random_(Tensor<T, K> out, const Fill& fill) {
   Generator& generator = default_generator(out.device());
   const auto count = static_cast<std::uint64_t>(n);
   const std::uint64_t blocks = blocks_needed<T>(count);
-  // Seed and offset are read under one lock, so a concurrent manual_seed cannot mix them.
-  const philox_state state = generator.reserve_state(blocks);
+  // Seed and offset are read under one lock, so a concurrent manual_seed cannot mix them; inside
+  // a CUDA graph's capture they come from device memory at each launch (reserve_draw).
+  const philox_draw state = generator.reserve_draw(blocks);
+  if constexpr (!(std::is_same_v<K, cuda> && TESSERA_CUDA_KERNELS)) {
+    if (state.device_state != nullptr) {
+      throw error("random numbers for " + out.device().str() +
+                  " drawn on the host (on the CPU, or in a unit not compiled by nvcc) cannot be "
+                  "captured in a CUDA graph");
+    }
+  }
   if constexpr (std::is_same_v<K, cpu>) {
     if (out.is_contiguous()) {
       T* data = out.data();
@@ -165,10 +173,10 @@ void fill_random_(Tensor<T, K> out, const Fill& fill) {
   if constexpr (std::is_same_v<K, cuda>) {
     DeviceGuard<cuda> guard(out.device_index());
     if (out.is_contiguous()) {
-      backend::cuda::random_fill(out.data(), n, state.seed, state.offset, fill);
+      backend::cuda::random_fill(out.data(), n, state, fill);
     } else {
       Tensor<T, K> dense = Tensor<T, K>::empty_on(out.shape(), out.device());
-      backend::cuda::random_fill(dense.data(), n, state.seed, state.offset, fill);
+      backend::cuda::random_fill(dense.data(), n, state, fill);
       out.copy_(dense);
     }
     return;

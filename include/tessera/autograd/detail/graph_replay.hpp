@@ -4,9 +4,11 @@
 // with its allocations in a private pool (memory::MemPool), and later runs replay the graph.
 // Before each replay the host does what a graph cannot: copy the inputs into the program's own
 // buffers, the nodes' host checks (prepare_replay: cross_entropy's targets), the gradients'
-// bookkeeping; a replay whose key differs (the nodes' choices, the parameters' and gradients'
-// addresses, the accumulation flags, the seed) captures again. What cannot be replayed runs as
-// usual, and cuda_graph_status() says why.
+// bookkeeping, and the seed and first counter block of the graph's random fills (dropout's
+// masks), written into device memory the captured kernels read; a replay whose key differs (the
+// nodes' choices, the parameters' and gradients' addresses, the accumulation flags, the
+// backward's seed) captures again. What cannot be replayed runs as usual, and
+// cuda_graph_status() says why.
 #pragma once
 
 #include <cstdint>
@@ -18,6 +20,7 @@
 
 #include "tessera/autograd/detail/program_state.hpp"
 #include "tessera/core/device.hpp"
+#include "tessera/core/random.hpp"
 #include "tessera/core/stream.hpp"
 #include "tessera/tensor/any_tensor.hpp"
 #include "tessera/tensor/tensor.hpp"
@@ -28,6 +31,15 @@
 #endif
 
 namespace tessera::autograd::detail {
+
+#if TESSERA_CUDA
+/// A captured graph and the counter blocks of the device's generator its random fills take at
+/// each launch (Generator::begin_graph_capture).
+struct replay_graph {
+  backend::cuda::captured_graph graph;
+  std::uint64_t random_blocks = 0;
+};
+#endif
 
 /// A program's graphs and what their replays need.
 struct graph_replay {
@@ -42,9 +54,12 @@ struct graph_replay {
   std::optional<memory::MemPool> pool;
   std::vector<AnyTensor> static_inputs;
   AnyTensor static_seed;
+  // {seed, base offset} of the graphs' random fills, written before each launch that draws.
+  Tensor<std::int64_t, cuda> random_state;
+  backend::cuda::pinned_pair_writer random_writer;
   std::vector<std::int64_t> forward_key;
-  backend::cuda::captured_graph forward;
-  std::map<std::vector<std::int64_t>, backend::cuda::captured_graph> backward;
+  replay_graph forward;
+  std::map<std::vector<std::int64_t>, replay_graph> backward;
 
   graph_replay() = default;
   graph_replay(const graph_replay&) = delete;
@@ -96,6 +111,44 @@ struct capturing_scope {
   explicit capturing_scope(value_table& t) : table(t) { table.capturing = true; }
   ~capturing_scope() { table.capturing = false; }
 };
+
+#if TESSERA_CUDA
+/// Captures `work` (queued on the program's stream) into `target`, this thread's fills from the
+/// device's generator reading their seed and base offset from r.random_state (allocated here
+/// once, outside the private pool, so its address stays fixed).
+template <class Work>
+void capture_into(graph_replay& r, replay_graph& target, Device device, Work&& work) {
+  if (!r.random_state.defined()) {
+    r.random_state = Tensor<std::int64_t, cuda>::empty_on(Shape{2}, device);
+  }
+  Generator& generator = default_generator(device);
+  struct capture_fills {
+    Generator& generator;
+    capture_fills(Generator& g, const std::uint64_t* state) : generator(g) {
+      generator.begin_graph_capture(state);
+    }
+    ~capture_fills() { (void)generator.end_graph_capture(); }
+  };
+  memory::use_mem_pool in_private_pool(*r.pool);
+  const capture_fills fills(generator,
+                            reinterpret_cast<const std::uint64_t*>(r.random_state.data()));
+  target.graph = backend::cuda::captured_graph::capture(r.stream->ref(), work);
+  target.random_blocks = generator.end_graph_capture();
+}
+
+/// Launches `g` on the program's stream: first, when its fills draw, the generator's next
+/// g.random_blocks blocks are reserved and their seed and offset written where the fills read
+/// them (stream-ordered, so a later launch's write waits for this one's kernels).
+inline void launch(graph_replay& r, const replay_graph& g, Device device) {
+  if (g.random_blocks > 0) {
+    const philox_state state = default_generator(device).reserve_state(g.random_blocks);
+    r.random_writer.write(reinterpret_cast<std::uint64_t*>(r.random_state.data()), state.seed,
+                          state.offset, r.stream->ref());
+  }
+  g.graph.launch(r.stream->ref());
+  ++r.launches;
+}
+#endif
 
 }  // namespace graph_detail
 
@@ -155,19 +208,16 @@ TESSERA_API void program_state::run_forward_graphed() {
     if (!r.forward_warm) {
       run_forward_steps(false);
       r.forward_warm = true;
-    } else if (r.forward.defined() && key == r.forward_key) {
-      r.forward.launch(r.stream->ref());
-      ++r.launches;
+    } else if (r.forward.graph.defined() && key == r.forward_key) {
+      graph_detail::launch(r, r.forward, device);
       r.forward_graphed = true;
     } else if (const char* why = graph_detail::node_blocker(*this)) {
       r.fallback = why;
       run_forward_steps(false);
     } else {
       try {
-        memory::use_mem_pool in_private_pool(*r.pool);
         graph_detail::capturing_scope capturing(table);
-        r.forward = backend::cuda::captured_graph::capture(r.stream->ref(),
-                                                           [&] { run_forward_steps(false); });
+        graph_detail::capture_into(r, r.forward, device, [&] { run_forward_steps(false); });
       } catch (const std::exception& e) {
         r.fallback = std::string("capturing the forward failed: ") + e.what();
         r.forward = {};
@@ -178,8 +228,7 @@ TESSERA_API void program_state::run_forward_graphed() {
         r.forward_key = std::move(key);
         r.backward.clear();  // captured with the earlier forward's host choices
         ++r.captures;
-        r.forward.launch(r.stream->ref());
-        ++r.launches;
+        graph_detail::launch(r, r.forward, device);
         r.forward_graphed = true;
       }
     }
@@ -234,10 +283,10 @@ TESSERA_API void program_state::run_backward_graphed(const AnyTensor* seed, doub
       auto found = r->backward.find(key);
       if (found == r->backward.end()) {
         try {
-          memory::use_mem_pool in_private_pool(*r->pool);
           graph_detail::capturing_scope capturing(table);
-          auto graph = backend::cuda::captured_graph::capture(
-              r->stream->ref(), [&] { run_backward_steps(seed_used, seed_value); });
+          replay_graph graph;
+          graph_detail::capture_into(*r, graph, device,
+                                     [&] { run_backward_steps(seed_used, seed_value); });
           found = r->backward.emplace(std::move(key), std::move(graph)).first;
           ++r->captures;
         } catch (const std::exception& e) {
@@ -251,11 +300,9 @@ TESSERA_API void program_state::run_backward_graphed(const AnyTensor* seed, doub
           return;
         }
         // The capture ran the steps' host code (the gradients' bookkeeping) once, for this run.
-        found->second.launch(r->stream->ref());
-        ++r->launches;
+        graph_detail::launch(*r, found->second, device);
       } else {
-        found->second.launch(r->stream->ref());
-        ++r->launches;
+        graph_detail::launch(*r, found->second, device);
         // What run_backward_steps does on the host besides queuing kernels.
         for (const step& st : schedule) {
           for (std::size_t p : st.first) g->parameters[p].written();

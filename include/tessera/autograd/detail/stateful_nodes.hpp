@@ -4,6 +4,7 @@
 #pragma once
 
 #include <functional>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -11,6 +12,18 @@
 #include "tessera/tensor/factories.hpp"
 
 namespace tessera::autograd::detail {
+
+/// Why a program's random fills on device kind K cannot be captured in a CUDA graph, or nullptr:
+/// a kernel compiled in this unit (nvcc) reads a captured fill's seed and offset from device
+/// memory at each launch (Generator::begin_graph_capture); a fill drawn on the host cannot.
+template <class K>
+constexpr const char* random_capture_blocker() {
+  if constexpr (std::is_same_v<K, cuda> && TESSERA_CUDA_KERNELS) {
+    return nullptr;
+  } else {
+    return "random numbers drawn on the host (on the CPU, or in a unit not compiled by nvcc)";
+  }
+}
 
 /// Uniform numbers in [0, 1) drawn anew at every forward from the device's Philox generator
 /// (ts::manual_seed makes runs reproducible). Never recomputed: a checkpointed segment keeps them.
@@ -20,9 +33,7 @@ class rand_node final : public node {
   rand_node() = default;
   const char* name() const override { return "rand"; }
   bool recomputable() const override { return false; }
-  const char* capture_blocker() const override {
-    return "random numbers (the generator's offset is taken on the host at each run)";
-  }
+  const char* capture_blocker() const override { return random_capture_blocker<K>(); }
   void forward(value_table& table) override {
     tessera::detail::fill_uniform_(table.template get<T, K>(output));
   }

@@ -8,6 +8,7 @@
 #if TESSERA_CUDA
 #include <cuda_runtime_api.h>
 
+#include <cstdint>
 #include <exception>
 #include <utility>
 
@@ -65,6 +66,55 @@ class captured_graph {
 
  private:
   cudaGraphExec_t exec_ = nullptr;
+};
+
+/// Writes pairs of 64-bit values (a captured graph's random fills' {seed, base offset}:
+/// Generator::begin_graph_capture) into device memory on a stream, ordered before what is queued
+/// after, without waiting for the GPU: each pair goes through a slot of pinned host memory (a
+/// copy from pageable memory may wait for the stream), and a slot is written again only after
+/// the copy that read it has run, `slots` writes later. Move-only; the pinned memory and events
+/// are made at the first write.
+class pinned_pair_writer {
+ public:
+  static constexpr int slots = 8;
+
+  pinned_pair_writer() = default;
+  pinned_pair_writer(const pinned_pair_writer&) = delete;
+  pinned_pair_writer& operator=(const pinned_pair_writer&) = delete;
+  /// The copies queued must have run (the owner synchronises the stream first).
+  ~pinned_pair_writer() {
+    for (cudaEvent_t event : events_) {
+      if (event != nullptr) cudaEventDestroy(event);  // a destructor reports nothing
+    }
+    if (host_ != nullptr) cudaFreeHost(host_);
+  }
+
+  /// Queues the copy of {first, second} into `device` (two uint64 of device memory) on `stream`.
+  void write(std::uint64_t* device, std::uint64_t first, std::uint64_t second, stream_ref stream) {
+    if (host_ == nullptr) {
+      void* memory = nullptr;
+      TESSERA_CUDA_CHECK(
+          cudaHostAlloc(&memory, sizeof(std::uint64_t) * 2 * slots, cudaHostAllocDefault));
+      host_ = static_cast<std::uint64_t*>(memory);
+    }
+    const int k = next_;
+    if (events_[k] == nullptr) {
+      TESSERA_CUDA_CHECK(cudaEventCreateWithFlags(&events_[k], cudaEventDisableTiming));
+    } else {
+      TESSERA_CUDA_CHECK(cudaEventSynchronize(events_[k]));  // the copy that read slot k ran
+    }
+    host_[2 * k] = first;
+    host_[2 * k + 1] = second;
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(device, host_ + 2 * k, 2 * sizeof(std::uint64_t),
+                                       cudaMemcpyHostToDevice, stream.native()));
+    TESSERA_CUDA_CHECK(cudaEventRecord(events_[k], stream.native()));
+    next_ = (k + 1) % slots;
+  }
+
+ private:
+  std::uint64_t* host_ = nullptr;
+  cudaEvent_t events_[slots] = {};
+  int next_ = 0;
 };
 
 }  // namespace tessera::backend::cuda

@@ -19,11 +19,17 @@
 
 namespace tessera::backend::cuda {
 
-/// Thread t of the grid writes counter blocks t, t + grid, ... of a fill of n elements.
+/// Thread t of the grid writes counter blocks t, t + grid, ... of a fill of n elements. With a
+/// device state (a fill captured in a CUDA graph: philox_draw), the seed and the base offset are
+/// read from it when the kernel runs, and `offset` counts from that base.
 template <class T, class Fill>
 __global__ void __launch_bounds__(threads_per_block)
     random_fill_kernel(T* out, std::uint64_t n, std::uint64_t seed, std::uint64_t offset,
-                       std::uint64_t blocks, Fill fill) {
+                       const std::uint64_t* device_state, std::uint64_t blocks, Fill fill) {
+  if (device_state != nullptr) {
+    seed = device_state[0];
+    offset += device_state[1];
+  }
   const std::uint64_t stride = static_cast<std::uint64_t>(gridDim.x) * blockDim.x;
   for (std::uint64_t b = static_cast<std::uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        b < blocks; b += stride) {
@@ -31,10 +37,11 @@ __global__ void __launch_bounds__(threads_per_block)
   }
 }
 
-/// Writes the n elements of `fill` from counter block `offset` of `seed` into contiguous device
-/// memory `out` on the current device, on `stream`. Counts one launch.
+/// Writes the n elements of `fill` drawn as `draw` says (from counter block draw.offset of
+/// draw.seed, or of the device state's) into contiguous device memory `out` on the current
+/// device, on `stream`. Counts one launch.
 template <class T, class Fill>
-void random_fill(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offset, const Fill& fill,
+void random_fill(T* out, std::int64_t n, const philox_draw& draw, const Fill& fill,
                  stream_ref stream = tessera::detail::current_cuda_stream()) {
   profiler::count_launch();
   if (n <= 0) return;
@@ -43,8 +50,8 @@ void random_fill(T* out, std::int64_t n, std::uint64_t seed, std::uint64_t offse
   const std::uint64_t wanted = (blocks + threads_per_block - 1) / threads_per_block;
   const auto cap = static_cast<std::uint64_t>(multiprocessor_count()) * 8;
   const auto grid = static_cast<unsigned>(std::max<std::uint64_t>(1, std::min(wanted, cap)));
-  random_fill_kernel<<<grid, threads_per_block, 0, stream.native()>>>(out, count, seed, offset,
-                                                                      blocks, fill);
+  random_fill_kernel<<<grid, threads_per_block, 0, stream.native()>>>(
+      out, count, draw.seed, draw.offset, draw.device_state, blocks, fill);
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 
