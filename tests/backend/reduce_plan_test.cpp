@@ -172,7 +172,10 @@ TEST_CASE("row reduction plan: every element of a row is read once, in whole ali
             CHECK(std::int64_t{plan.group} * 2 * reduce_batch_values > extent);
           }
           if (lanes == 0 && plan.group > 1) CHECK(std::int64_t{plan.group} * 4 <= extent);
-          if (plan.splits > 1) CHECK(plan.slice >= std::int64_t{plan.group} * 64);
+          if (plan.splits > 1) {
+            CHECK(plan.slice >= std::int64_t{plan.group} * 64);
+            CHECK(plan.tiles() * 256 <= resident);  // the slices' blocks are one wave
+          }
           const std::vector<int> reads = row_reads(plan);
           for (std::int64_t p = 0; p < extent; ++p) {
             if (reads[static_cast<std::size_t>(p)] != 1) {
@@ -225,7 +228,10 @@ TEST_CASE("column reduction plan: slices cover the reduced dimension once", "[re
         }
       }
       for (std::int64_t r = 0; r < extent; ++r) REQUIRE(reads[static_cast<std::size_t>(r)] == 1);
-      if (plan.splits > 1) CHECK(plan.slice >= std::int64_t{plan.lanes} * 32);
+      if (plan.splits > 1) {
+        CHECK(plan.slice >= std::int64_t{plan.lanes} * 32);
+        CHECK(plan.tiles() * 256 <= resident);  // one wave
+      }
     }
   }
 }
@@ -270,6 +276,7 @@ TEST_CASE("channel reduction plan: slices cover a channel once, in whole loads",
         if (plan.splits > 1) {
           CHECK(channels * 256 < std::int64_t{132} * 2048);
           CHECK(plan.slice >= 256 * 16);
+          CHECK(plan.blocks() * 256 <= std::int64_t{132} * 2048);  // one wave
         }
       }
     }
@@ -318,6 +325,7 @@ TEST_CASE("channels_last reduction plan: every (channel, position) once, warps o
       }
       for (const int n : seen) REQUIRE(n == 1);
       for (const int n : partials) REQUIRE(n == 1);  // one writer per (channel, split)
+      if (plan.splits > 1) CHECK(plan.blocks() * block <= resident);  // one wave
     }
   }
   // ResNet-50 at batch 32: the first batch norm (64 channels, 32 * 112 * 112 positions: two

@@ -459,12 +459,6 @@ inline unsigned blocks_for(std::int64_t work, std::int64_t per_block) {
   return static_cast<unsigned>(std::max<std::int64_t>(1, std::min(wanted, cap)));
 }
 
-/// Threads the device keeps resident at once (2048 per SM on every architecture since Volta
-/// but Turing's 1024; an estimate that only sizes grids).
-inline std::int64_t resident_threads() {
-  return static_cast<std::int64_t>(multiprocessor_count()) * 2048;
-}
-
 /// backends::cuda::reduction_row_lanes, checked: 0 or a power of two up to the block.
 inline int row_lanes_setting() {
   const int lanes = backends::cuda::reduction_row_lanes.load(std::memory_order_relaxed);
@@ -561,7 +555,10 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
         using acc_type = typename Op::acc_type;
         if (kept_is_inner) {
           const column_reduction_plan plan = column_reduction_plan::make(
-              outputs, extent, threads_per_block, resident_threads());
+              outputs, extent, threads_per_block,
+              resident_threads_of(reinterpret_cast<const void*>(
+                                      &reduce_columns_kernel<Op, V, Finish, Out, decltype(rows)>),
+                                  threads_per_block));
           with_split_partials<Op, Finish>(
               out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
                 reduce_columns_kernel<Op, V, Finish>
@@ -572,7 +569,11 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
         }
         const int vector = rows.vectorisable(4) ? 4 : 1;
         const row_reduction_plan plan = row_reduction_plan::make(
-            outputs, extent, vector, threads_per_block, resident_threads(), row_lanes_setting());
+            outputs, extent, vector, threads_per_block,
+            resident_threads_of(reinterpret_cast<const void*>(
+                                    &reduce_rows_kernel<Op, V, Finish, Out, decltype(rows)>),
+                                threads_per_block),
+            row_lanes_setting());
         with_split_partials<Op, Finish>(
             out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
               reduce_rows_kernel<Op, V, Finish>

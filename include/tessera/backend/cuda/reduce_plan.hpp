@@ -153,9 +153,11 @@ struct row_reduction_plan {
   std::int64_t slice = 0;  // elements of a row per split: a multiple of group * batch values
 
   /// `block` threads per block (a power of two), `resident_threads` the lanes the device keeps
-  /// busy at once (SMs * 2048): a group is the widest that still gives each lane a batch, widened
-  /// while the rows leave the device idle (down to 4 values per lane), and a row is split over
-  /// blocks only while that still leaves the device idle and each lane 64 values. A positive
+  /// busy at once (resident_threads_of the kernel): a group is the widest that still gives each
+  /// lane a batch, widened while the rows leave the device idle (down to 4 values per lane), and
+  /// a row is split over blocks while the blocks still fit the device at once (one wave: a
+  /// second, partial wave costs a whole block's latency for a sliver of the work) and each lane
+  /// keeps 64 values. A positive
   /// `lanes` (a power of two up to block: backends::cuda::reduction_row_lanes, for cuda_bench's
   /// sweep) sets the group instead.
   TESSERA_HOST_DEVICE static row_reduction_plan make(std::int64_t outputs, std::int64_t extent,
@@ -177,7 +179,7 @@ struct row_reduction_plan {
     plan.rows_per_block = block / group;
     std::int64_t splits = 1;
     if (group == block && outputs * group < resident_threads) {
-      const std::int64_t by_device = (resident_threads + outputs * group - 1) / (outputs * group);
+      const std::int64_t by_device = resident_threads / (outputs * group);
       const std::int64_t by_work = extent / (std::int64_t{group} * 64);
       splits = by_device < by_work ? by_device : by_work;
       if (splits < 1) splits = 1;
@@ -238,7 +240,7 @@ struct column_reduction_plan {
     const std::int64_t threads = column_blocks(outputs, plan.columns) * block;
     std::int64_t splits = 1;
     if (threads < resident_threads) {
-      const std::int64_t by_device = (resident_threads + threads - 1) / threads;
+      const std::int64_t by_device = resident_threads / threads;  // one wave (row_reduction_plan)
       const std::int64_t by_work = extent / (std::int64_t{plan.lanes} * 32);
       splits = by_device < by_work ? by_device : by_work;
       if (splits < 1) splits = 1;
@@ -279,8 +281,9 @@ struct channel_reduction_plan {
   std::int64_t splits = 1;
   std::int64_t slice = 0;  // positions per split: a multiple of lanes * vector
 
-  /// A warp per channel below block * 16 values; else a block, split while the channels leave
-  /// the device idle, each thread keeping 16 values a slice.
+  /// A warp per channel below block * 16 values; else a block, split while the slices' blocks
+  /// still fit the device at once (`resident_threads`: resident_threads_of the kernel; one wave,
+  /// as row_reduction_plan), each thread keeping 16 values a slice.
   TESSERA_HOST_DEVICE static channel_reduction_plan make(std::int64_t channels, std::int64_t count,
                                                          int vector, int block,
                                                          std::int64_t resident_threads) {
@@ -292,7 +295,7 @@ struct channel_reduction_plan {
     plan.channels_per_block = block / plan.lanes;
     std::int64_t splits = 1;
     if (plan.lanes == block && channels * block < resident_threads) {
-      const std::int64_t by_device = (resident_threads + channels * block - 1) / (channels * block);
+      const std::int64_t by_device = resident_threads / (channels * block);  // one wave
       const std::int64_t by_work = count / (std::int64_t{block} * 16);
       splits = by_device < by_work ? by_device : by_work;
       if (splits > max_splits) splits = max_splits;
@@ -353,7 +356,7 @@ struct channels_last_reduction_plan {
     const std::int64_t groups = (channels + columns - 1) / columns;
     std::int64_t splits = 1;
     if (groups * block < resident_threads) {
-      const std::int64_t by_device = (resident_threads + groups * block - 1) / (groups * block);
+      const std::int64_t by_device = resident_threads / (groups * block);  // one wave
       const std::int64_t by_work = positions / (std::int64_t{plan.row_lanes} * 16);
       splits = by_device < by_work ? by_device : by_work;
       const std::int64_t by_slots = channel_partial_slots(channels) / channels;
