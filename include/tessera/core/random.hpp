@@ -558,9 +558,7 @@ class Generator {
   void begin_graph_capture(const std::uint64_t* device_state) {
     detail::graph_capture_record& capture = detail::this_thread_graph_capture();
     if (capture.generator != nullptr) {
-      throw std::logic_error(
-          "Generator::begin_graph_capture: this thread is capturing fills "
-          "already");
+      throw std::logic_error("Generator::begin_graph_capture: this thread is capturing already");
     }
     capture = detail::graph_capture_record{this, device_state, 0};
   }

@@ -72,8 +72,8 @@ class captured_graph {
 /// Generator::begin_graph_capture) into device memory on a stream, ordered before what is queued
 /// after, without waiting for the GPU: each pair goes through a slot of pinned host memory (a
 /// copy from pageable memory may wait for the stream), and a slot is written again only after
-/// the copy that read it has run, `slots` writes later. Move-only; the pinned memory and events
-/// are made at the first write.
+/// the copy that read it has run, `slots` writes later. Neither copied nor moved; the pinned
+/// memory and events are made at the first write.
 class pinned_pair_writer {
  public:
   static constexpr int slots = 8;

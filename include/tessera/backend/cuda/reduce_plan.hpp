@@ -157,9 +157,8 @@ struct row_reduction_plan {
   /// lane a batch, widened while the rows leave the device idle (down to 4 values per lane), and
   /// a row is split over blocks while the blocks still fit the device at once (one wave: a
   /// second, partial wave costs a whole block's latency for a sliver of the work) and each lane
-  /// keeps 64 values. A positive
-  /// `lanes` (a power of two up to block: backends::cuda::reduction_row_lanes, for cuda_bench's
-  /// sweep) sets the group instead.
+  /// keeps 64 values. A positive `lanes` (a power of two up to block:
+  /// backends::cuda::reduction_row_lanes, for cuda_bench's sweep) sets the group instead.
   TESSERA_HOST_DEVICE static row_reduction_plan make(std::int64_t outputs, std::int64_t extent,
                                                      int vector, int block,
                                                      std::int64_t resident_threads, int lanes = 0) {
