@@ -380,9 +380,9 @@ TEST_CASE("conv2d: how the CPU loops split a batch between threads", "[conv]") {
   const auto g = geometry(5, 4);
   CHECK(g.cpu_parts == 3);
   using range = std::pair<std::int64_t, std::int64_t>;
-  CHECK(nn::detail::conv2d_part(g, 0) == range{0, 2});
-  CHECK(nn::detail::conv2d_part(g, 1) == range{2, 2});
-  CHECK(nn::detail::conv2d_part(g, 2) == range{4, 1});
+  CHECK(nn::detail::conv2d_part(g, g.cpu_parts, 0) == range{0, 2});
+  CHECK(nn::detail::conv2d_part(g, g.cpu_parts, 1) == range{2, 2});
+  CHECK(nn::detail::conv2d_part(g, g.cpu_parts, 2) == range{4, 1});
   CHECK(geometry(2, 8).cpu_parts == 2);
   CHECK(geometry(8, 1).cpu_parts == 1);
   // 0: the thread count when the geometry is made, while each part keeps 1024 output positions:

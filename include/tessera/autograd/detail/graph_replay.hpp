@@ -122,17 +122,14 @@ void capture_into(graph_replay& r, replay_graph& target, Device device, Work&& w
     r.random_state = Tensor<std::int64_t, cuda>::empty_on(Shape{2}, device);
   }
   Generator& generator = default_generator(device);
-  struct capture_fills {
-    Generator& generator;
-    capture_fills(Generator& g, const std::uint64_t* state) : generator(g) {
-      generator.begin_graph_capture(state);
-    }
-    ~capture_fills() { (void)generator.end_graph_capture(); }
-  };
   memory::use_mem_pool in_private_pool(*r.pool);
-  const capture_fills fills(generator,
-                            reinterpret_cast<const std::uint64_t*>(r.random_state.data()));
-  target.graph = backend::cuda::captured_graph::capture(r.stream->ref(), work);
+  generator.begin_graph_capture(reinterpret_cast<const std::uint64_t*>(r.random_state.data()));
+  try {
+    target.graph = backend::cuda::captured_graph::capture(r.stream->ref(), work);
+  } catch (...) {
+    (void)generator.end_graph_capture();
+    throw;
+  }
   target.random_blocks = generator.end_graph_capture();
 }
 

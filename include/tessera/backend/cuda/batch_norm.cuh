@@ -449,19 +449,19 @@ __global__ void __launch_bounds__(threads_per_block)
   }
 }
 
-/// The plan of `kernel` (one of the channels_last reductions) over [positions, channels].
-inline channels_last_reduction_plan channels_last_plan(std::int64_t positions,
-                                                       std::int64_t channels, const void* kernel) {
+/// The plan of `Kernel` (one of the channels_last reductions) over [positions, channels].
+template <auto Kernel>
+channels_last_reduction_plan channels_last_plan(std::int64_t positions, std::int64_t channels) {
   return channels_last_reduction_plan::make(channels, positions, threads_per_block,
-                                            resident_threads_of(kernel, threads_per_block));
+                                            resident_threads_of<Kernel>());
 }
 
-/// The plan and positions of `kernel`'s channel reduction over [n, c, l] tensors at `pointers`
+/// The plan and positions of `Kernel`'s channel reduction over [n, c, l] tensors at `pointers`
 /// (16-byte loads when l is a multiple of 4 and every pointer allows them).
-template <class T>
+template <auto Kernel, class T>
 channel_reduction_plan channel_plan(std::int64_t n, std::int64_t c, std::int64_t l,
                                     std::initializer_list<const T*> pointers,
-                                    channel_positions& where, const void* kernel) {
+                                    channel_positions& where) {
   bool aligned = l % 4 == 0;
   for (const T* p : pointers) {
     aligned = aligned && (p == nullptr ||
@@ -471,7 +471,7 @@ channel_reduction_plan channel_plan(std::int64_t n, std::int64_t c, std::int64_t
   where.row_step = c * l;
   where.narrow = n * l <= static_cast<std::int64_t>(UINT32_MAX);
   return channel_reduction_plan::make(c, n * l, aligned ? 4 : 1, threads_per_block,
-                                      resident_threads_of(kernel, threads_per_block));
+                                      resident_threads_of<Kernel>());
 }
 
 /// stats [3, C] (mean, 1 / sqrt(var + eps), var) of x [n, c, l] (n * l > 0), contiguous, or
@@ -489,16 +489,14 @@ void batch_norm_statistics(const T* x, std::int64_t n, std::int64_t c, std::int6
   auto* parts = static_cast<moments<double>*>(partials);
   std::int64_t splits = 1;
   if (channels_last) {
-    const channels_last_reduction_plan plan = channels_last_plan(
-        n * l, c, reinterpret_cast<const void*>(&batch_norm_moments_channels_last_kernel<T, T>));
+    const auto plan = channels_last_plan<&batch_norm_moments_channels_last_kernel<T, T>>(n * l, c);
     batch_norm_moments_channels_last_kernel<T, T>
         <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
             x, plan, parts, eps, stats);
     splits = plan.splits;
   } else {
     channel_positions where;
-    const channel_reduction_plan plan = channel_plan<T>(
-        n, c, l, {x}, where, reinterpret_cast<const void*>(&batch_norm_moments_kernel<T, T>));
+    const auto plan = channel_plan<&batch_norm_moments_kernel<T, T>, T>(n, c, l, {x}, where);
     batch_norm_moments_kernel<T, T>
         <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
             channel_load<T, T, 1>{{x}}, where, plan, parts, eps, stats);
@@ -528,18 +526,16 @@ void batch_norm_gradient_sums(const T* g, const T* x, const T* y, const T* mean,
   auto* parts = static_cast<gradient_partial*>(partials);
   std::int64_t splits = 1;
   if (channels_last) {
-    const channels_last_reduction_plan plan = channels_last_plan(
-        n * l, c,
-        reinterpret_cast<const void*>(&batch_norm_gradient_sums_channels_last_kernel<T, T>));
+    const auto plan =
+        channels_last_plan<&batch_norm_gradient_sums_channels_last_kernel<T, T>>(n * l, c);
     batch_norm_gradient_sums_channels_last_kernel<T, T>
         <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
             channel_load<T, T, 3>{{g, x, y}}, mean, plan, parts, sum_g, sum_gx);
     splits = plan.splits;
   } else {
     channel_positions where;
-    const channel_reduction_plan plan =
-        channel_plan<T>(n, c, l, {g, x, y}, where,
-                        reinterpret_cast<const void*>(&batch_norm_gradient_sums_kernel<T, T>));
+    const auto plan =
+        channel_plan<&batch_norm_gradient_sums_kernel<T, T>, T>(n, c, l, {g, x, y}, where);
     batch_norm_gradient_sums_kernel<T, T>
         <<<static_cast<unsigned>(plan.blocks()), threads_per_block, 0, stream.native()>>>(
             channel_load<T, T, 3>{{g, x, y}}, mean, where, plan, parts, sum_g, sum_gx);

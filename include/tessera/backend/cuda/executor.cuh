@@ -14,10 +14,9 @@
 #if TESSERA_CUDA_KERNELS
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdint>
-#include <map>
 #include <mutex>
-#include <utility>
 #include <vector>
 
 #include "tessera/backend/cpu/executor.hpp"
@@ -149,27 +148,31 @@ inline int multiprocessor_count() {
   return counts[device];
 }
 
-/// Threads of `kernel` (a __global__ function, launched with `block` threads and no dynamic
-/// shared memory) the current device keeps resident at once: its SMs times the blocks of the
-/// kernel each SM holds for the kernel's registers and shared memory
-/// (cudaOccupancyMaxActiveBlocksPerMultiprocessor), cached per kernel and device. The
-/// reduction plans size their grids by it, so that a reduction cut into slices is one wave of
-/// blocks (SMs * 2048 assumed 8 blocks an SM where the kernels' 64 registers a thread leave 4).
-inline std::int64_t resident_threads_of(const void* kernel, int block) {
-  static std::mutex mutex;
-  static std::map<std::pair<const void*, int>, std::int64_t> cache;  // (kernel, device)
+/// Threads of `Kernel` (a __global__ function, launched with threads_per_block threads and no
+/// dynamic shared memory) the current device keeps resident at once: its SMs times the blocks of
+/// the kernel each SM holds for the kernel's registers and shared memory
+/// (cudaOccupancyMaxActiveBlocksPerMultiprocessor), cached per kernel and device without a lock
+/// (it is asked at every launch). The reduction plans size their grids by it, so that a
+/// reduction cut into slices is one wave of blocks (SMs * 2048 assumed 8 blocks an SM where the
+/// kernels' 60-96 registers a thread leave 2-4).
+template <auto Kernel>
+std::int64_t resident_threads_of() {
+  constexpr int cached_devices = 64;
+  static std::atomic<std::int64_t> cached[cached_devices];  // 0: not asked yet
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
-  {
-    std::lock_guard<std::mutex> lock(mutex);
-    if (const auto found = cache.find({kernel, device}); found != cache.end()) return found->second;
+  const bool caches = device >= 0 && device < cached_devices;
+  if (caches) {
+    if (const std::int64_t threads = cached[device].load(std::memory_order_relaxed); threads > 0) {
+      return threads;
+    }
   }
   int blocks = 0;
-  TESSERA_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, block, 0));
+  TESSERA_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads_per_block, 0));
   const std::int64_t threads =
-      static_cast<std::int64_t>(multiprocessor_count()) * std::max(blocks, 1) * block;
-  std::lock_guard<std::mutex> lock(mutex);
-  cache.emplace(std::pair<const void*, int>{kernel, device}, threads);
+      static_cast<std::int64_t>(multiprocessor_count()) * std::max(blocks, 1) * threads_per_block;
+  if (caches) cached[device].store(threads, std::memory_order_relaxed);
   return threads;
 }
 
@@ -253,8 +256,7 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   for (int d = 0; d + 1 < layout.rank; ++d) {
     vectorisable = vectorisable && layout.out_strides[d] % V == 0;
   }
-  const std::int64_t resident = resident_threads_of(
-      reinterpret_cast<const void*>(&rows_kernel<V, T, decltype(evaluator)>), threads_per_block);
+  const std::int64_t resident = resident_threads_of<&rows_kernel<V, T, decltype(evaluator)>>();
   const row_reduction_plan plan =
       row_reduction_plan::make(rows, extent, vectorisable ? V : 1, threads_per_block, resident);
   const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count()) * 16;

@@ -556,9 +556,7 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
         if (kept_is_inner) {
           const column_reduction_plan plan = column_reduction_plan::make(
               outputs, extent, threads_per_block,
-              resident_threads_of(reinterpret_cast<const void*>(
-                                      &reduce_columns_kernel<Op, V, Finish, Out, decltype(rows)>),
-                                  threads_per_block));
+              resident_threads_of<&reduce_columns_kernel<Op, V, Finish, Out, decltype(rows)>>());
           with_split_partials<Op, Finish>(
               out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
                 reduce_columns_kernel<Op, V, Finish>
@@ -570,9 +568,7 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
         const int vector = rows.vectorisable(4) ? 4 : 1;
         const row_reduction_plan plan = row_reduction_plan::make(
             outputs, extent, vector, threads_per_block,
-            resident_threads_of(reinterpret_cast<const void*>(
-                                    &reduce_rows_kernel<Op, V, Finish, Out, decltype(rows)>),
-                                threads_per_block),
+            resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, decltype(rows)>>(),
             row_lanes_setting());
         with_split_partials<Op, Finish>(
             out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {

@@ -146,14 +146,6 @@ bool conv2d_split(const conv2d_geometry& g) {
   }
 }
 
-/// The images [first, first + count) of part `part` of a split batch (count 0 past the batch).
-inline std::pair<std::int64_t, std::int64_t> conv2d_part(const conv2d_geometry& g,
-                                                         std::int64_t part) {
-  const std::int64_t per = (g.n + g.cpu_parts - 1) / g.cpu_parts;
-  const std::int64_t first = std::min(g.n, part * per);
-  return {first, std::min(per, g.n - first)};
-}
-
 /// Elements of a pass's col matrix: the patches of its images ([C * KH * KW, images * OH * OW]
 /// on CPU, [images, C * KH * KW, OH * OW] on the generic path). A 1x1 convolution reads the
 /// image itself unless the CPU loops gather several.
@@ -658,15 +650,13 @@ void conv2d_forward_parts(const conv2d_geometry& g, const Tensor<T, cpu>& x,
     cols.push_back(ws.take<T, cpu>(Shape{conv2d_col_numel<cpu>(g)}));
     gathered.push_back(ws.take<T, cpu>(Shape{conv2d_gathered_numel<cpu>(g)}));
   }
-  backend::cpu::execute_loop(0, g.cpu_parts, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t part = begin; part < end; ++part) {
-      const auto [first, count] = conv2d_part(g, part);
-      if (count == 0) continue;
-      const auto i = static_cast<std::size_t>(part);
-      Tensor<T, cpu> images = y.narrow(0, first, count);
-      conv2d_forward_cpu(conv2d_part_geometry(g, count), x.narrow(0, first, count), w, images,
-                         cols[i], gathered[i]);
-    }
+  conv2d_run_parts(g.cpu_parts, [&](std::int64_t part) {
+    const auto [first, count] = conv2d_part(g, g.cpu_parts, part);
+    if (count == 0) return;
+    const auto i = static_cast<std::size_t>(part);
+    Tensor<T, cpu> images = y.narrow(0, first, count);
+    conv2d_forward_cpu(conv2d_part_geometry(g, count), x.narrow(0, first, count), w, images,
+                       cols[i], gathered[i]);
   });
 }
 
@@ -850,24 +840,22 @@ void conv2d_backward_parts(const conv2d_geometry& g, const Tensor<T, cpu>& x,
     gathered.push_back(ws.take<T, cpu>(Shape{conv2d_gathered_numel<cpu>(g)}));
     if (dw != nullptr && part > 0) sums.push_back(ws.take<T, cpu>(dw->shape()));
   }
-  backend::cpu::execute_loop(0, g.cpu_parts, 1, [&](std::int64_t begin, std::int64_t end) {
-    for (std::int64_t part = begin; part < end; ++part) {
-      const auto [first, count] = conv2d_part(g, part);
-      if (count == 0) continue;
-      const auto i = static_cast<std::size_t>(part);
-      // x is defined only when the weight's gradient is wanted.
-      const Tensor<T, cpu> images = x.defined() ? x.narrow(0, first, count) : Tensor<T, cpu>();
-      Tensor<T, cpu> dx_part = dx != nullptr ? dx->narrow(0, first, count) : Tensor<T, cpu>();
-      Tensor<T, cpu>* dw_part = dw == nullptr ? nullptr : part == 0 ? dw : &sums[i - 1];
-      Tensor<T, cpu> no_staging;  // the BLAS accumulates (conv2d_split)
-      conv2d_backward_cpu(conv2d_part_geometry(g, count), images, w, gy.narrow(0, first, count),
-                          dx != nullptr ? &dx_part : nullptr, dx_accumulate, dw_part,
-                          part == 0 && dw_accumulate, cols[i], gathered[i], no_staging);
-    }
+  conv2d_run_parts(g.cpu_parts, [&](std::int64_t part) {
+    const auto [first, count] = conv2d_part(g, g.cpu_parts, part);
+    if (count == 0) return;
+    const auto i = static_cast<std::size_t>(part);
+    // x is defined only when the weight's gradient is wanted.
+    const Tensor<T, cpu> images = x.defined() ? x.narrow(0, first, count) : Tensor<T, cpu>();
+    Tensor<T, cpu> dx_part = dx != nullptr ? dx->narrow(0, first, count) : Tensor<T, cpu>();
+    Tensor<T, cpu>* dw_part = dw == nullptr ? nullptr : part == 0 ? dw : &sums[i - 1];
+    Tensor<T, cpu> no_staging;  // the BLAS accumulates (conv2d_split)
+    conv2d_backward_cpu(conv2d_part_geometry(g, count), images, w, gy.narrow(0, first, count),
+                        dx != nullptr ? &dx_part : nullptr, dx_accumulate, dw_part,
+                        part == 0 && dw_accumulate, cols[i], gathered[i], no_staging);
   });
   if (dw == nullptr) return;
   for (std::int64_t part = 1; part < g.cpu_parts; ++part) {
-    if (conv2d_part(g, part).second > 0) {
+    if (conv2d_part(g, g.cpu_parts, part).second > 0) {
       tessera::detail::add_into(*dw,
                                 tessera::detail::as_node(sums[static_cast<std::size_t>(part - 1)]));
     }

@@ -125,6 +125,16 @@ struct conv2d_geometry {
   }
 };
 
+/// The images [first, first + count) of part `part` of a batch cut into `parts` parts of equal
+/// size, the last ones smaller (count 0 past the batch): how the CPU loops split a batch between
+/// threads (g.cpu_parts), NCHW and NHWC alike.
+inline std::pair<std::int64_t, std::int64_t> conv2d_part(const conv2d_geometry& g,
+                                                         std::int64_t parts, std::int64_t part) {
+  const std::int64_t per = (g.n + parts - 1) / parts;
+  const std::int64_t first = std::min(g.n, part * per);
+  return {first, std::min(per, g.n - first)};
+}
+
 /// Checks the shapes and arguments of a convolution named `who` (the layer, e.g. "Conv2d(3, 64,
 /// kernel_size=(7, 7))", or "conv2d"); throws shape_error naming the expected and actual shapes.
 inline conv2d_geometry conv2d_geometry_of(const std::string& who, const Shape& x, const Shape& w,

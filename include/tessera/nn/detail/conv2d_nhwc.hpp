@@ -66,28 +66,13 @@ inline std::int64_t conv2d_nhwc_chunk(const conv2d_geometry& g) {
 /// bench/RESULTS.md, "channels_last (NHWC) forward + backward on the CPU").
 template <class T>
 std::int64_t conv2d_nhwc_parts(const conv2d_geometry& g) {
-  if (!tessera::detail::matmul_accumulates<T, cpu>()) return 1;
-  return std::clamp<std::int64_t>(g.cpu_parts, 1, std::max<std::int64_t>(g.n, 1));
+  return tessera::detail::matmul_accumulates<T, cpu>() ? g.cpu_parts : 1;
 }
 
-/// The output positions [first, first + count) of part `part` of `parts` (whole images, as
-/// conv2d_part cuts the batch; count 0 past the batch).
-inline std::pair<std::int64_t, std::int64_t> conv2d_nhwc_part(const conv2d_geometry& g,
-                                                              std::int64_t parts,
-                                                              std::int64_t part) {
-  const std::int64_t per = (g.n + parts - 1) / parts;
-  const std::int64_t image = std::min(g.n, part * per);
-  return {image * g.oh * g.ow, std::min(per, g.n - image) * g.oh * g.ow};
-}
-
-/// Calls run(part) for each of `parts` parts, at once on the device's threads when there are
-/// several.
+/// Calls run(part) for parts 0 .. parts - 1, at once on the device's threads (on the calling
+/// thread when there is one part): the CPU loops' parts of a batch, NCHW and NHWC alike.
 template <class Run>
-void conv2d_nhwc_run_parts(std::int64_t parts, Run&& run) {
-  if (parts == 1) {
-    run(std::int64_t{0});
-    return;
-  }
+void conv2d_run_parts(std::int64_t parts, Run&& run) {
   backend::cpu::execute_loop(0, parts, 1, [&](std::int64_t begin, std::int64_t end) {
     for (std::int64_t part = begin; part < end; ++part) run(part);
   });
@@ -217,9 +202,10 @@ void conv2d_forward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
     col = Tensor<T, cpu>::empty_on(Shape{conv2d_nhwc_col_numel<T>(g)}, x.device());
   }
   const Tensor<T, cpu> x2 = g.pointwise() ? nhwc_matrix(x, positions, g.c) : Tensor<T, cpu>();
-  conv2d_nhwc_run_parts(parts, [&](std::int64_t part) {
-    const auto [begin, count] = conv2d_nhwc_part(g, parts, part);
-    if (count == 0) return;
+  conv2d_run_parts(parts, [&](std::int64_t part) {
+    const auto [image, images] = conv2d_part(g, parts, part);
+    if (images == 0) return;
+    const std::int64_t begin = image * g.oh * g.ow, count = images * g.oh * g.ow;
     if (g.pointwise()) {
       Tensor<T, cpu> out = y2.narrow(0, begin, count);
       tessera::detail::matmul_into(out, x2.narrow(0, begin, count), w2t);
@@ -273,9 +259,10 @@ void conv2d_backward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
   };
   const Tensor<T, cpu> products = parts == 1 ? staging : Tensor<T, cpu>();
   if (dx != nullptr && !dx_accumulate && !g.pointwise()) dx->zero_();
-  conv2d_nhwc_run_parts(parts, [&](std::int64_t part) {
-    const auto [begin, count] = conv2d_nhwc_part(g, parts, part);
-    if (count == 0) return;
+  conv2d_run_parts(parts, [&](std::int64_t part) {
+    const auto [image, images] = conv2d_part(g, parts, part);
+    if (images == 0) return;
+    const std::int64_t begin = image * g.oh * g.ow, count = images * g.oh * g.ow;
     const bool dw_adds = part == 0 && dw_accumulate;
     if (g.pointwise()) {
       if (dw != nullptr) {
@@ -312,7 +299,7 @@ void conv2d_backward_nhwc_cpu(const conv2d_geometry& g, const Tensor<T, cpu>& x,
   });
   if (dw == nullptr) return;
   for (std::int64_t part = 1; part < parts; ++part) {
-    if (conv2d_nhwc_part(g, parts, part).second > 0) {
+    if (conv2d_part(g, parts, part).second > 0) {
       tessera::detail::add_into(dw2, tessera::detail::as_node(dw_of(part)));
     }
   }
