@@ -149,42 +149,50 @@ TEST_CASE("row reduction plan: every element of a row is read once, in whole ali
   for (const auto& [outputs, extent] : shapes) {
     for (const int vector : {1, 4}) {
       for (const std::int64_t resident : {std::int64_t{132} * 2048, std::int64_t{2048}}) {
-        // 0: the plan's choice; else the group cuda_bench's sweep sets.
+        // 0: the plan's choice; else the group cuda_bench's sweep sets. widest: a reduction's
+        // warp, or an elementwise block's 256.
         for (const int lanes : {0, 1, 32, 256}) {
-          const row_reduction_plan plan =
-              row_reduction_plan::make(outputs, extent, vector, 256, resident, lanes);
-          CAPTURE(outputs, extent, vector, resident, lanes, plan.group, plan.splits, plan.slice);
-          if (lanes > 0) REQUIRE(plan.group == lanes);
-          REQUIRE(plan.group >= 1);
-          REQUIRE(plan.group <= 256);
-          REQUIRE((plan.group & (plan.group - 1)) == 0);
-          REQUIRE(plan.rows_per_block * plan.group == 256);
-          REQUIRE(plan.splits >= 1);
-          if (extent > 0) REQUIRE(plan.last(plan.splits - 1) == extent);
-          for (std::int64_t s = 0; s + 1 < plan.splits; ++s) {
-            REQUIRE(plan.last(s) == plan.first(s + 1));
-            REQUIRE(plan.last(s) > plan.first(s));
-          }
-          // A lane has a batch of values when the row is long enough for one (down to 4 values
-          // when the device would otherwise idle), and splits leave each lane 64 values.
-          if (lanes == 0 && extent >= 2 * reduce_batch_values && plan.group < 256 &&
-              outputs * plan.group >= resident) {
-            CHECK(std::int64_t{plan.group} * 2 * reduce_batch_values > extent);
-          }
-          if (lanes == 0 && plan.group > 1) CHECK(std::int64_t{plan.group} * 4 <= extent);
-          if (plan.splits > 1) {
-            CHECK(plan.slice >= std::int64_t{plan.group} * 64);
-            CHECK(plan.tiles() * 256 <= resident);  // the slices' blocks are one wave
-          }
-          const std::vector<int> reads = row_reads(plan);
-          for (std::int64_t p = 0; p < extent; ++p) {
-            if (reads[static_cast<std::size_t>(p)] != 1) {
-              CAPTURE(p, reads[static_cast<std::size_t>(p)]);
-              FAIL("a position is not read exactly once");
+          for (const int widest : {32, 256}) {
+            const row_reduction_plan plan =
+                row_reduction_plan::make(outputs, extent, vector, 256, resident, widest, lanes);
+            CAPTURE(outputs, extent, vector, resident, lanes, widest, plan.group, plan.splits,
+                    plan.slice);
+            if (lanes > 0) REQUIRE(plan.group == lanes);
+            REQUIRE(plan.group >= 1);
+            REQUIRE(plan.group <= 256);
+            REQUIRE((plan.group & (plan.group - 1)) == 0);
+            REQUIRE(plan.rows_per_block * plan.group == 256);
+            REQUIRE(plan.splits >= 1);
+            if (extent > 0) REQUIRE(plan.last(plan.splits - 1) == extent);
+            for (std::int64_t s = 0; s + 1 < plan.splits; ++s) {
+              REQUIRE(plan.last(s) == plan.first(s + 1));
+              REQUIRE(plan.last(s) > plan.first(s));
             }
+            // A lane has a batch of values when the row is long enough for one (down to 4 values
+            // when the device would otherwise idle), and splits leave each lane 64 values. While
+            // the rows fill the device at `widest` lanes, the group is the widest up to it with a
+            // batch a lane.
+            if (lanes == 0 && outputs * widest >= resident) {
+              CHECK(plan.group <= widest);
+              if (extent >= 2 * reduce_batch_values && plan.group < widest) {
+                CHECK(std::int64_t{plan.group} * 2 * reduce_batch_values > extent);
+              }
+            }
+            if (lanes == 0 && plan.group > 1) CHECK(std::int64_t{plan.group} * 4 <= extent);
+            if (plan.splits > 1) {
+              CHECK(plan.slice >= std::int64_t{plan.group} * 64);
+              CHECK(plan.tiles() * 256 <= resident);  // the slices' blocks are one wave
+            }
+            const std::vector<int> reads = row_reads(plan);
+            for (std::int64_t p = 0; p < extent; ++p) {
+              if (reads[static_cast<std::size_t>(p)] != 1) {
+                CAPTURE(p, reads[static_cast<std::size_t>(p)]);
+                FAIL("a position is not read exactly once");
+              }
+            }
+            CHECK(plan.tiles() ==
+                  (outputs + plan.rows_per_block - 1) / plan.rows_per_block * plan.splits);
           }
-          CHECK(plan.tiles() ==
-                (outputs + plan.rows_per_block - 1) / plan.rows_per_block * plan.splits);
         }
       }
     }
@@ -192,16 +200,26 @@ TEST_CASE("row reduction plan: every element of a row is read once, in whole ali
 }
 
 TEST_CASE("row reduction plan: the ResNet-50 shapes fill the device", "[reduce_plan]") {
-  const std::int64_t resident = std::int64_t{132} * 2048;  // an H100 SXM's or H200's 132 SMs
-  // [32, 256, 3136] along the last dimension: 8192 rows, a group of 128 lanes each (24 values).
-  const auto wide = row_reduction_plan::make(8192, 3136, 4, 256, resident);
-  CHECK(wide.group == 128);
+  // An H100 SXM's or H200's 132 SMs, 4 resident blocks of 256 (reduce_rows_kernel's 64
+  // registers a thread, ptxas -v, sm_90).
+  const std::int64_t resident = std::int64_t{132} * 1024;
+  // [32, 256, 3136] along the last dimension: 8192 rows fill the device a warp each (98 values a
+  // lane, shuffles only); elementwise rows of the same shape (x - m) take 128 lanes (24 values).
+  const auto wide = row_reduction_plan::make(8192, 3136, 4, 256, resident, 32);
+  CHECK(wide.group == 32);
+  CHECK(wide.rows_per_block == 8);
   CHECK(wide.splits == 1);
+  CHECK(row_reduction_plan::make(8192, 3136, 4, 256, resident, 256).group == 128);
+  // [4, 256, 3136]: 1024 rows leave the device idle a warp each: the group widens (12 values a
+  // lane) rather than a row being cut over blocks.
+  const auto few = row_reduction_plan::make(1024, 3136, 4, 256, resident, 32);
+  CHECK(few.group == 256);
+  CHECK(few.splits == 1);
   // [8, 2048, 49]: rows of 49 values; 16384 rows need 8 lanes each for the device's lanes.
-  const auto short_rows = row_reduction_plan::make(16384, 49, 1, 256, resident);
+  const auto short_rows = row_reduction_plan::make(16384, 49, 1, 256, resident, 32);
   CHECK(short_rows.group == 8);
   // One long row: split over blocks, each lane with at least 64 values.
-  const auto one = row_reduction_plan::make(1, std::int64_t{1} << 24, 4, 256, resident);
+  const auto one = row_reduction_plan::make(1, std::int64_t{1} << 24, 4, 256, resident, 32);
   CHECK(one.group == 256);
   CHECK(one.splits > 100);
   CHECK(one.splits * 256 >= resident / 8);

@@ -257,8 +257,8 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
     vectorisable = vectorisable && layout.out_strides[d] % V == 0;
   }
   const std::int64_t resident = resident_threads_of<&rows_kernel<V, T, decltype(evaluator)>>();
-  const row_reduction_plan plan =
-      row_reduction_plan::make(rows, extent, vectorisable ? V : 1, threads_per_block, resident);
+  const row_reduction_plan plan = row_reduction_plan::make(
+      rows, extent, vectorisable ? V : 1, threads_per_block, resident, threads_per_block);
   const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count()) * 16;
   const auto grid = static_cast<unsigned>(std::max<std::int64_t>(1, std::min(plan.tiles(), cap)));
   rows_kernel<V><<<grid, threads_per_block, 0, stream.native()>>>(out, evaluator, layout, plan);

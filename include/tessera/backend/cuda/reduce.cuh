@@ -568,7 +568,7 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
         const int vector = rows.vectorisable(4) ? 4 : 1;
         const row_reduction_plan plan = row_reduction_plan::make(
             outputs, extent, vector, threads_per_block,
-            resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, decltype(rows)>>(),
+            resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, decltype(rows)>>(), 32,
             row_lanes_setting());
         with_split_partials<Op, Finish>(
             out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
