@@ -30,6 +30,7 @@
 #include <cstdlib>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -39,6 +40,7 @@
 #include "resnet50_layers.hpp"
 #include "tessera/models/resnet.hpp"
 #include "tessera/tessera.hpp"
+#include "tessera/tools/profile.hpp"
 
 namespace ts = tessera;
 namespace ag = tessera::autograd;
@@ -179,8 +181,8 @@ BENCHMARK(BM_row_sum)->Arg(0)->Arg(1)->Arg(2)->UseManualTime()->Unit(benchmark::
 
 // The same sums with the row plan's group forced (backends::cuda::reduction_row_lanes): which
 // width of lanes per row reaches the copy's bandwidth on this GPU (the plan's own choice for
-// these rows is 128 lanes, 24 values each; 32 lanes is a warp per row, 98 values each, no
-// shared-memory merge). Args: form, lanes.
+// these rows is 32 lanes since c41a42f, a warp per row, 98 values each, no shared-memory merge;
+// 128 lanes, 24 values each, before). Args: form, lanes.
 void BM_row_sum_lanes(benchmark::State& state) {
   ts::backends::cuda::reduction_row_lanes = static_cast<int>(state.range(1));
   BM_row_sum(state);
@@ -615,6 +617,23 @@ void BM_resnet50_step_tessera(benchmark::State& state) {
   state.counters["legacy_calls"] =
       static_cast<double>(cudnn_after.legacy - cudnn_before.legacy) / steps;
 #endif
+  // Where the step's time goes by node (ts::tools::Profile: events around each node on the
+  // program's stream), once per row: at every batch and variant what ncu's kernel list gives at
+  // batch 8 only. "share" is of the step range's device time.
+  static std::set<std::pair<std::int64_t, std::int64_t>> profiled;
+  if (profiled.insert({images, state.range(1)}).second) {
+    ts::tools::Profile profile;
+    {
+      auto recording = profile.record();
+      for (int i = 0; i < 3; ++i) {
+        const ts::profiler::range whole("step", gpu0);
+        step();
+      }
+    }
+    std::printf("resnet50 step batch %lld, variant %lld (range(1)), by node over 3 steps:\n%s",
+                static_cast<long long>(images), static_cast<long long>(state.range(1)),
+                profile.table(18).c_str());
+  }
   if (state.range(1) == 3) {
     std::printf("resnet50 step batch %lld, Options::cuda_graph: %s\n",
                 static_cast<long long>(images), program.cuda_graphs().c_str());

@@ -6,6 +6,7 @@
 #pragma once
 
 #include "tessera/tools/gpu_info.hpp"
+#include "tessera/tools/profile.hpp"
 #include "tessera/tools/select_devices.hpp"
 #include "tessera/tools/utilization.hpp"
 #include "tessera/tools/visible_devices.hpp"

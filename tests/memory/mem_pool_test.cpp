@@ -307,4 +307,34 @@ TEST_CASE("private pool errors name the device and leave the scopes as they were
   require_clean(cpu0);
 }
 
+TEST_CASE("a private pool keeps its free segments when the device runs out of memory",
+          "[mem_pool]") {
+  // A CUDA graph captured in a private pool replays blocks that are free in the pool's books:
+  // an out-of-memory on the device must not give them back (PyTorch's graph pools neither).
+  require_clean(cpu0);
+  mem::set_limit(cpu0, static_cast<std::size_t>(large_segment));
+  {
+    mem::MemPool pool(cpu0);
+    {
+      mem::use_mem_pool scope(pool);
+      void* small = mem::allocate(cpu0, 1000);  // a 2 MiB segment of the pool
+      mem::deallocate(cpu0, small, 1000);        // free in the pool's books, still its own
+      CHECK(pool_reserved(pool) == small_segment);
+      // 19 MiB needs a 20 MiB segment of the pool (or 19 MiB), which the device's pool, capped
+      // at the 20 MiB segment it holds the pool's 2 MiB in, could give only with those back.
+      CHECK_THROWS_AS(mem::allocate(cpu0, 19 * MiB), ts::out_of_memory_error);
+      CHECK(pool_reserved(pool) == small_segment);  // kept
+      CHECK(mem::allocated(cpu0) == static_cast<std::size_t>(small_segment));
+      void* again = mem::allocate(cpu0, 1000);  // the same block, from the kept segment
+      CHECK(pool_reserved(pool) == small_segment);
+      mem::deallocate(cpu0, again, 1000);
+    }
+    // Its own empty_cache() still gives the segment back.
+    pool.empty_cache();
+    CHECK(pool_reserved(pool) == 0);
+  }
+  mem::set_limit(cpu0, mem::no_limit);
+  require_clean(cpu0);
+}
+
 }  // namespace mem_pool_test

@@ -294,7 +294,10 @@ class pool_resource {
     std::size_t segment = size_policy_.segment_size(size);
     void* memory = upstream_allocate(segment, stream);
     if (memory == nullptr) {
-      release_cached_blocks();
+      // A private pool keeps its free segments (keeps_free_segments): a captured CUDA graph
+      // replays the addresses of blocks that are free in the pool's books (PyTorch's graph pools
+      // are not released either). Its empty_cache() still releases them.
+      if constexpr (!requires { requires Upstream::keeps_free_segments; }) release_cached_blocks();
       ++stats_.num_alloc_retries;
       // Blocks whose events completed during the release may fit now.
       if (block* b = take_free_block(small, stream, size)) return b;

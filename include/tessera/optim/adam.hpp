@@ -303,6 +303,8 @@ class adam_base : public Optimizer {
 
 template <class Options, bool Decoupled>
 void adam_base<Options, Decoupled>::step() {
+  const profiler::range timing(name_.c_str(), "step",
+                               profiler::active_recorder() ? step_device() : Device{});
   for (std::size_t g = 0; g < groups_.size(); ++g) validate(group_options(g), name_);
   // Everything that can fail first (each gradient checked, each moment made or moved): a bad
   // gradient or an out-of-memory error leaves every parameter and its state as they were.

@@ -231,6 +231,16 @@ class Optimizer {
   const AnyTensor& master_weight(std::size_t i) const { return masters_.at(i); }
 
  protected:
+  /// Where the profiler times a step (profiler::range "<name>", phase "step"): the first
+  /// parameter's device.
+  Device step_device() const {
+    for (const nn::ParameterRef& parameter : parameters_) {
+      const AnyTensor value = parameter.value();
+      if (value.defined()) return value.device();
+    }
+    return Device{};
+  }
+
   /// Calls fn(value, grad) with parameter i's value and gradient as typed tensors (float,
   /// double, half or bfloat16, on cpu or cuda) dense in the value's layout (contiguous, or
   /// channels_last: detail::parameter_format), or does nothing when it has no gradient. A

@@ -222,6 +222,8 @@ class SGD : public Optimizer {
 
 #if TESSERA_DEFINITIONS
 TESSERA_API void SGD::step() {
+  const profiler::range timing(name_.c_str(), "step",
+                               profiler::active_recorder() ? step_device() : Device{});
   for (std::size_t g = 0; g < groups_.size(); ++g) validate(group_options(g));
   // Everything that can fail first (each gradient checked, each buffer made or moved): a bad
   // gradient or an out-of-memory error leaves every parameter and its buffer as they were.

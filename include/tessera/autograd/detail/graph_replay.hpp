@@ -20,6 +20,7 @@
 
 #include "tessera/autograd/detail/program_state.hpp"
 #include "tessera/core/device.hpp"
+#include "tessera/core/profiler.hpp"
 #include "tessera/core/random.hpp"
 #include "tessera/core/stream.hpp"
 #include "tessera/tensor/any_tensor.hpp"
@@ -133,10 +134,22 @@ void capture_into(graph_replay& r, replay_graph& target, Device device, Work&& w
   target.random_blocks = generator.end_graph_capture();
 }
 
+/// After a forward or backward that threw: the user's stream waits for what the program's stream
+/// was given (the inputs' copies may still be reading the user's tensors), reporting nothing
+/// (the first exception is the one to see).
+inline void join_quietly(const Stream& user, const Stream& program) noexcept {
+  try {
+    user.wait_stream(program);
+  } catch (...) {
+  }
+}
+
 /// Launches `g` on the program's stream: first, when its fills draw, the generator's next
 /// g.random_blocks blocks are reserved and their seed and offset written where the fills read
-/// them (stream-ordered, so a later launch's write waits for this one's kernels).
-inline void launch(graph_replay& r, const replay_graph& g, Device device) {
+/// them (stream-ordered, so a later launch's write waits for this one's kernels). The profiler
+/// times it as "cuda_graph" (`phase`: forward or backward).
+inline void launch(graph_replay& r, const replay_graph& g, Device device, const char* phase) {
+  const profiler::range timing("cuda_graph", phase, device);  // on the program's stream
   if (g.random_blocks > 0) {
     const philox_state state = default_generator(device).reserve_state(g.random_blocks);
     r.random_writer.write(reinterpret_cast<std::uint64_t*>(r.random_state.data()), state.seed,
@@ -175,7 +188,7 @@ TESSERA_API void program_state::run_forward_graphed() {
   }
   const Stream user = current_stream(device);
   r.stream->wait_stream(user);  // the inputs and parameters were written there
-  {
+  try {
     StreamGuard on_program_stream(*r.stream);
     // The inputs go into the program's own buffers, whose addresses the graphs keep.
     if (r.static_inputs.empty()) {
@@ -206,7 +219,7 @@ TESSERA_API void program_state::run_forward_graphed() {
       run_forward_steps(false);
       r.forward_warm = true;
     } else if (r.forward.graph.defined() && key == r.forward_key) {
-      graph_detail::launch(r, r.forward, device);
+      graph_detail::launch(r, r.forward, device, "forward");
       r.forward_graphed = true;
     } else if (const char* why = graph_detail::node_blocker(*this)) {
       r.fallback = why;
@@ -225,10 +238,13 @@ TESSERA_API void program_state::run_forward_graphed() {
         r.forward_key = std::move(key);
         r.backward.clear();  // captured with the earlier forward's host choices
         ++r.captures;
-        graph_detail::launch(r, r.forward, device);
+        graph_detail::launch(r, r.forward, device, "forward");
         r.forward_graphed = true;
       }
     }
+  } catch (...) {
+    graph_detail::join_quietly(user, *r.stream);
+    throw;
   }
   user.wait_stream(*r.stream);
 #endif
@@ -248,7 +264,7 @@ TESSERA_API void program_state::run_backward_graphed(const AnyTensor* seed, doub
   const Device device = g->values.front().device;
   const Stream user = current_stream(device);
   r->stream->wait_stream(user);
-  {
+  try {
     StreamGuard on_program_stream(*r->stream);
     const AnyTensor* seed_used = seed;
     if (seed != nullptr) {  // into the program's own buffer, as the inputs
@@ -297,15 +313,18 @@ TESSERA_API void program_state::run_backward_graphed(const AnyTensor* seed, doub
           return;
         }
         // The capture ran the steps' host code (the gradients' bookkeeping) once, for this run.
-        graph_detail::launch(*r, found->second, device);
+        graph_detail::launch(*r, found->second, device, "backward");
       } else {
-        graph_detail::launch(*r, found->second, device);
+        graph_detail::launch(*r, found->second, device, "backward");
         // What run_backward_steps does on the host besides queuing kernels.
         for (const step& st : schedule) {
           for (std::size_t p : st.first) g->parameters[p].written();
         }
       }
     }
+  } catch (...) {
+    graph_detail::join_quietly(user, *r->stream);
+    throw;
   }
   user.wait_stream(*r->stream);
 #else

@@ -131,6 +131,10 @@ class program_state {
   std::size_t arena_index(Device device) const;
 
   void run_node_forward(const step& s);
+  /// Where node n's work is timed by the profiler (profiler::range): its output's device.
+  Device node_device(const node& n) const {
+    return g->values[static_cast<std::size_t>(n.output)].device;
+  }
   /// The forward steps (`replay`: a recomputation, whose effect nodes are skipped).
   void run_forward_steps(bool replay);
   /// run_forward and run_backward's steps with Options::cuda_graph (graph_replay.hpp).

@@ -16,6 +16,7 @@
 #include "tessera/autograd/detail/graph_replay.hpp"
 #include "tessera/autograd/detail/program_state.hpp"
 #include "tessera/core/error.hpp"
+#include "tessera/core/profiler.hpp"
 #include "tessera/tensor/any_tensor.hpp"
 #include "tessera/tensor/detail/copy.hpp"
 #include "tessera/tensor/storage.hpp"
@@ -281,6 +282,7 @@ TESSERA_API void program_state::run_backward_steps(const AnyTensor* seed, double
       case step::backward: {
         node& n = *g->nodes[static_cast<std::size_t>(s.node)];
         bind_scratch(s);
+        const profiler::range timing(n.name(), "backward", node_device(n));
         n.backward(table, s.accumulate);
         for (std::size_t p : s.first) g->parameters[p].written();
         break;
@@ -325,6 +327,8 @@ TESSERA_API void program_state::run_node_forward(const step& s) {
         instance_tensors[static_cast<std::size_t>(s.out_instance)];
   }
   bind_scratch(s);
+  const profiler::range timing(n.name(), s.kind == step::recompute ? "recompute" : "forward",
+                               node_device(n));
   n.forward(table);
 }
 

@@ -168,8 +168,13 @@ std::int64_t resident_threads_of() {
     }
   }
   int blocks = 0;
-  TESSERA_CUDA_CHECK(
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads_per_block, 0));
+  const cudaError_t status =
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads_per_block, 0);
+  if (status != cudaSuccess) {
+    // Cleared, so that the next launch's check does not report it against a kernel that ran.
+    (void)cudaGetLastError();
+    TESSERA_CUDA_CHECK(status);
+  }
   const std::int64_t threads =
       static_cast<std::int64_t>(multiprocessor_count()) * std::max(blocks, 1) * threads_per_block;
   if (caches) cached[device].store(threads, std::memory_order_relaxed);

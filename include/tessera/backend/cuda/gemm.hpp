@@ -74,7 +74,25 @@ class cublas_handles {
     if (handle == nullptr) {
       cublasHandle_t created = nullptr;
       TESSERA_CUBLAS_CHECK(cublasCreate(&created));
-      TESSERA_CUBLAS_CHECK(cublasSetStream(created, stream.native()));
+      TESSERA_CUBLAS_CHECK(cublasSetStream(created, stream.native()));  // resets the workspace
+      // A workspace of its own, set once (PyTorch's sizes: 32 MiB from Hopper on, else 8 MiB):
+      // without one cuBLAS allocates its own, inside a CUDA graph capture with
+      // cudaMallocAsync, and may choose other kernels there than in the plain program. Made
+      // with cudaMalloc and never freed, as the handle (outside the pool's statistics, as
+      // cuBLAS's own was).
+      void* workspace = nullptr;
+      try {
+        int major = 0;
+        TESSERA_CUDA_CHECK(
+            cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        const std::size_t bytes = std::size_t{major >= 9 ? 32u : 8u} << 20;
+        TESSERA_CUDA_CHECK(cudaMalloc(&workspace, bytes));
+        TESSERA_CUBLAS_CHECK(cublasSetWorkspace(created, workspace, bytes));
+      } catch (...) {  // out of memory: no handle is kept, the next call tries again
+        if (workspace != nullptr) (void)cudaFree(workspace);
+        (void)cublasDestroy(created);
+        throw;
+      }
       handle = created;
     }
     fn(handle);

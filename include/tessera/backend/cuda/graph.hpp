@@ -51,11 +51,26 @@ class captured_graph {
       (void)cudaGetLastError();  // the failed capture's error is reported by the exception
       throw;
     }
-    TESSERA_CUDA_CHECK(cudaStreamEndCapture(stream.native(), &graph));
+    // A failure here (a capture invalidated by a call that waited for the GPU, an
+    // instantiation refused) is reported by the exception alone: the runtime's last error is
+    // cleared, so that the caller's run without graphs does not meet it at its first launch.
+    const cudaError_t ended = cudaStreamEndCapture(stream.native(), &graph);
+    if (ended != cudaSuccess) {
+      if (graph != nullptr) cudaGraphDestroy(graph);
+      (void)cudaGetLastError();
+      TESSERA_CUDA_CHECK(ended);
+    }
     captured_graph result;
-    const cudaError_t instantiated = cudaGraphInstantiate(&result.exec_, graph, 0);
+    // Auto-free on launch (as PyTorch's graphs): memory a library call allocated inside the
+    // capture and did not free (cuBLAS without a workspace of its own) does not make the next
+    // launch fail.
+    const cudaError_t instantiated = cudaGraphInstantiateWithFlags(
+        &result.exec_, graph, cudaGraphInstantiateFlagAutoFreeOnLaunch);
     cudaGraphDestroy(graph);
-    TESSERA_CUDA_CHECK(instantiated);
+    if (instantiated != cudaSuccess) {
+      (void)cudaGetLastError();
+      TESSERA_CUDA_CHECK(instantiated);
+    }
     return result;
   }
 

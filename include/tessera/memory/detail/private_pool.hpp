@@ -176,6 +176,9 @@ TESSERA_API void device_pool_deallocate(Device device, void* pointer, std::size_
 template <class StreamPolicy>
 struct device_pool_upstream {
   using stream_policy = StreamPolicy;
+  /// The private pool does not give its free segments back when the device runs out of memory
+  /// (pool_resource::allocate_segment): a CUDA graph captured in it replays them.
+  static constexpr bool keeps_free_segments = true;
   Device device;
   private_pool_state* pool;
   void* allocate(std::size_t bytes, stream_ref stream) {
