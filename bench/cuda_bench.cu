@@ -536,6 +536,80 @@ BENCHMARK(BM_batchnorm_relu)
     ->UseRealTime()
     ->Unit(benchmark::kMillisecond);
 
+#if TESSERA_CUDNN
+// The same computation with cuDNN's batch norm in place of Tessera's kernels (issue 41: "measure
+// cuDNN's batch norm against your kernels and use the faster per shape"): the legacy calls
+// PyTorch makes for BatchNorm2d in training (cudnnBatchNormalizationForwardTraining and
+// cudnnBatchNormalizationBackward, mode SPATIAL), the loss sum(relu(y) * g) and the ReLU's
+// backward (g where y > 0) as Tessera's fused kernels, as the program above runs them. Its
+// forward value is checked against the same float64 reference.
+void BM_batchnorm_relu_cudnn(benchmark::State& state) {
+  const bn_shape& b = bn_shapes()[static_cast<std::size_t>(state.range(0))];
+  const ts::Shape shape{batch, b.c, b.hw, b.hw};
+  const auto x_host = ts::bench::random_tensor(shape, 3);
+  const auto g_host = ts::bench::random_tensor(shape, 4);
+  const auto x = x_host.cuda();
+  const auto g = g_host.cuda();
+  auto y = ts::empty<float, ts::cuda>(shape, 0);
+  auto dy = ts::empty<float, ts::cuda>(shape, 0);
+  auto dx = ts::empty<float, ts::cuda>(shape, 0);
+  const auto weight = ts::ones<float, ts::cuda>({b.c}, 0);
+  const auto bias = ts::zeros<float, ts::cuda>({b.c}, 0);
+  auto running_mean = ts::zeros<float, ts::cuda>({b.c}, 0);
+  auto running_var = ts::ones<float, ts::cuda>({b.c}, 0);
+  auto saved_mean = ts::empty<float, ts::cuda>({b.c}, 0);
+  auto saved_inv_std = ts::empty<float, ts::cuda>({b.c}, 0);
+  auto weight_grad = ts::empty<float, ts::cuda>({b.c}, 0);
+  auto bias_grad = ts::empty<float, ts::cuda>({b.c}, 0);
+  cudnnHandle_t handle = nullptr;
+  TESSERA_CUDNN_CHECK(cudnnCreate(&handle));
+  TESSERA_CUDNN_CHECK(cudnnSetStream(handle, ts::detail::current_cuda_stream().native()));
+  cudnnTensorDescriptor_t x_desc = nullptr, bn_desc = nullptr;
+  TESSERA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&x_desc));
+  TESSERA_CUDNN_CHECK(cudnnCreateTensorDescriptor(&bn_desc));
+  TESSERA_CUDNN_CHECK(cudnnSetTensor4dDescriptor(x_desc, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT,
+                                                 static_cast<int>(batch), static_cast<int>(b.c),
+                                                 static_cast<int>(b.hw), static_cast<int>(b.hw)));
+  TESSERA_CUDNN_CHECK(cudnnDeriveBNTensorDescriptor(bn_desc, x_desc, CUDNN_BATCHNORM_SPATIAL));
+  const float one = 1.0f, zero = 0.0f;
+  constexpr double eps = 1e-5;
+  auto step = [&] {
+    TESSERA_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
+        handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, x_desc, x.data(), x_desc, y.data(), bn_desc,
+        weight.data(), bias.data(), 0.1, running_mean.data(), running_var.data(), eps,
+        saved_mean.data(), saved_inv_std.data()));
+    const float value = ts::sum(ts::relu(y) * g).item();
+    dy = ts::where(y > 0.0f, g, 0.0f);
+    TESSERA_CUDNN_CHECK(cudnnBatchNormalizationBackward(
+        handle, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, x_desc, x.data(), x_desc,
+        dy.data(), x_desc, dx.data(), bn_desc, weight.data(), weight_grad.data(),
+        bias_grad.data(), eps, saved_mean.data(), saved_inv_std.data()));
+    return value;
+  };
+  const ts::Tensor<double> x64 = ts::cast<double>(x_host);
+  const ts::Tensor<double> mean = ts::mean(ts::mean(ts::mean(x64, 0, true), 2, true), 3, true);
+  const ts::Tensor<double> centred = x64 - mean;
+  const ts::Tensor<double> var =
+      ts::mean(ts::mean(ts::mean(centred * centred, 0, true), 2, true), 3, true);
+  const double expected =
+      ts::sum(ts::relu(centred / ts::sqrt(var + eps)) * ts::cast<double>(g_host)).item();
+  const double actual = step();
+  if (!(std::abs(actual - expected) <= 1e-3 * (1 + std::abs(expected)))) {
+    fail("batchnorm (cuDNN) " + b.name + ": sum(relu(bn(x)) * g) is " + std::to_string(actual) +
+         ", float64 reference " + std::to_string(expected));
+  }
+  for (auto _ : state) benchmark::DoNotOptimize(step());
+  cudnnDestroyTensorDescriptor(bn_desc);
+  cudnnDestroyTensorDescriptor(x_desc);
+  cudnnDestroy(handle);
+  state.SetLabel(b.name);
+}
+BENCHMARK(BM_batchnorm_relu_cudnn)
+    ->DenseRange(0, static_cast<int>(bn_shapes().size()) - 1)
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
+#endif
+
 constexpr std::int64_t resnet_classes = 1000;
 
 /// A ResNet-50 training step at batch state.range(0), on cuDNN (range(1) == 1), on cuDNN with
@@ -868,6 +942,13 @@ int main(int argc, char** argv) {
         results,
         {"conv " + l.name + " (fwd+bwd, batch 8)",
          {{"im2col+cuBLAS / cuDNN", "conv_cudnn/" + l.name, "conv_im2col_cublas/" + l.name, 0}}});
+  }
+  for (std::size_t i = 0; i < bn_shapes().size(); ++i) {
+    const std::string index = std::to_string(i);
+    ts::bench::print_summary(results, {"batchnorm2d+relu " + bn_shapes()[i].name,
+                                       {{"cuDNN's batch norm / Tessera's",
+                                         "BM_batchnorm_relu/" + index,
+                                         "BM_batchnorm_relu_cudnn/" + index, 1.0}}});
   }
   print_host_per_call(results);
   const auto torch = torch_rows();

@@ -57,6 +57,9 @@ baseline=()
 [ -s "$out/torch.json" ] && baseline=(env "TESSERA_TORCH_BASELINE=$out/torch.json")
 # Where PyTorch's ResNet-50 step spends its GPU time, by kernel (to set beside ncu_resnet50's).
 part torch_profile "${TESSERA_DEVICE_TORCH_PROFILE_S:-60}" python3 bench/torch_profile.py 8 5
+# The same at batch 32, to set beside cuda_bench's by-node table of the batch-32 step
+# (ts::tools::Profile, printed with the BM_resnet50_step_tessera/32/* rows).
+part torch_profile_b32 "${TESSERA_DEVICE_TORCH_PROFILE_S:-60}" python3 bench/torch_profile.py 32 3
 part cuda_bench "${TESSERA_DEVICE_BENCH_S:-240}" "${baseline[@]}" "$dir/bin/cuda_bench" \
   --benchmark_repetitions=3 --benchmark_report_aggregates_only=true \
   --benchmark_out="$out/cuda_bench.json" --benchmark_out_format=json \

@@ -40,14 +40,13 @@ void sleep_ms(int ms) { std::this_thread::sleep_for(std::chrono::milliseconds(ms
 
 }  // namespace
 
-TEST_CASE("profile: a program's nodes, once per step each, and the optimiser's step",
-          "[profile]") {
+TEST_CASE("profile: a program's nodes, once per step each, and the optimiser's step", "[profile]") {
   // Two products and a sum: forward matmul twice and sum once a step; backward the same nodes.
   ts::manual_seed(1);
   nn::Linear<float> first(6, 5, false), second(5, 3, false);
-  auto program = ag::compile(
-      [&](ag::Var<float> x) { return ts::sum(second.forward(first.forward(x))); },
-      ag::input<float>({4, 6}));
+  auto program =
+      ag::compile([&](ag::Var<float> x) { return ts::sum(second.forward(first.forward(x))); },
+                  ag::input<float>({4, 6}));
   std::vector<nn::ParameterRef> parameters = first.parameters();
   for (const auto& p : second.parameters()) parameters.push_back(p);
   ts::optim::SGD sgd(parameters, {.lr = 0.01});
@@ -165,9 +164,10 @@ TEST_CASE("profile: recording scopes nest; nothing is recorded outside them", "[
 TEST_CASE("profile: a node that throws still ends its range", "[profile]") {
   ts::manual_seed(2);
   nn::Linear<float> fc(4, 3);
-  auto program = ag::compile(
-      [&](ag::Var<float> x, ag::Var<std::int64_t> y) { return nn::cross_entropy(fc.forward(x), y); },
-      ag::input<float>({2, 4}), ag::input<std::int64_t>({2}));
+  auto program =
+      ag::compile([&](ag::Var<float> x,
+                      ag::Var<std::int64_t> y) { return nn::cross_entropy(fc.forward(x), y); },
+                  ag::input<float>({2, 4}), ag::input<std::int64_t>({2}));
   const auto x = ts::randn<float>({2, 4});
   const auto bad = ts::from_vector<std::int64_t>({0, 7}, {2});  // 7: not one of 3 classes
   ts::tools::Profile profile;

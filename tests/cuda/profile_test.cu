@@ -112,9 +112,9 @@ TEST_CASE("cuda profile: a copy's range takes at least its bytes over the bandwi
 TEST_CASE("cuda profile: graph replays are timed as cuda_graph launches", "[cuda][profile]") {
   ts::manual_seed(6);
   nn::Linear<float, ts::cuda> fc(32, 8, true, 0);
-  auto program = ag::compile(
-      [&](ag::Var<float, ts::cuda> x) { return ts::sum(ts::relu(fc.forward(x))); },
-      ag::input<float, ts::cuda>({64, 32}, 0), ag::Options{.cuda_graph = true});
+  auto program =
+      ag::compile([&](ag::Var<float, ts::cuda> x) { return ts::sum(ts::relu(fc.forward(x))); },
+                  ag::input<float, ts::cuda>({64, 32}, 0), ag::Options{.cuda_graph = true});
   ts::optim::SGD sgd(fc.parameters(), {.lr = 0.01});
   const auto x = ts::randn<float, ts::cuda>({64, 32}, 0);
   ts::tools::Profile profile;

@@ -318,7 +318,7 @@ TEST_CASE("a private pool keeps its free segments when the device runs out of me
     {
       mem::use_mem_pool scope(pool);
       void* small = mem::allocate(cpu0, 1000);  // a 2 MiB segment of the pool
-      mem::deallocate(cpu0, small, 1000);        // free in the pool's books, still its own
+      mem::deallocate(cpu0, small, 1000);       // free in the pool's books, still its own
       CHECK(pool_reserved(pool) == small_segment);
       // 19 MiB needs a 20 MiB segment of the pool (or 19 MiB), which the device's pool, capped
       // at the 20 MiB segment it holds the pool's 2 MiB in, could give only with those back.

@@ -50,7 +50,8 @@ class Profile {
 
   /// The calling thread's recording scope: ranges that end on this thread while it lives go to
   /// the Profile. Scopes nest (an inner one, of any Profile, takes over until it ends). Must end
-  /// on the thread that made it; it keeps the Profile's records alive.
+  /// on the thread that made it, after the ranges begun under it (as scopes do); it keeps the
+  /// Profile's records alive.
   class Recording final : public profiler::recorder {
    public:
     TESSERA_API ~Recording();
@@ -90,11 +91,11 @@ class Profile {
 }  // namespace tessera::tools
 
 #if TESSERA_DEFINITIONS
+#include <time.h>
 #include <algorithm>
 #include <cstdio>
 #include <map>
 #include <mutex>
-#include <time.h>
 
 #include "tessera/core/stream.hpp"
 #if TESSERA_CUDA
@@ -135,7 +136,7 @@ inline bool capturing(Device device) {
 struct Profile::Recording::open {
   std::size_t row = 0;
   double host_start = 0;
-  bool timed = false;   // events recorded (a CUDA device)
+  bool timed = false;    // events recorded (a CUDA device)
   bool skipped = false;  // begun while the stream was captured: not recorded
   Event start{true};
   Event stop{true};
@@ -159,8 +160,8 @@ struct Profile::Recording::state {
   std::vector<std::pair<Device, double>> outermost;  // summed device time per device
   std::vector<pending> pending_events;
   std::vector<Event> spare_events;  // timing events to reuse
-  std::int64_t captured = 0;                // ranges begun inside a capture
-  std::int64_t lost = 0;                    // ranges whose events failed
+  std::int64_t captured = 0;        // ranges begun inside a capture
+  std::int64_t lost = 0;            // ranges whose events failed
   std::string lost_reason;
 
   std::size_t row_of(const char* name, const char* phase, Device device) {
@@ -260,7 +261,7 @@ TESSERA_API void Profile::Recording::end() noexcept {
   open entry = std::move(stack_->back());
   stack_->pop_back();
   const bool outermost = stack_->empty() || std::all_of(stack_->begin(), stack_->end(),
-                                                         [](const open& o) { return o.skipped; });
+                                                        [](const open& o) { return o.skipped; });
   std::lock_guard<std::mutex> lock(profile_->mutex);
   if (entry.skipped) {
     ++profile_->captured;
@@ -326,7 +327,8 @@ TESSERA_API std::string Profile::table(std::size_t top) const {
     std::snprintf(line, sizeof line, "%-*s  %-9s  %-7s  %7lld  %10.3f  %10.3f  %5.1f%%  %12.1f\n",
                   static_cast<int>(name_width), r.name.c_str(), r.phase.c_str(),
                   r.device.str().c_str(), static_cast<long long>(r.calls), r.host_ms, r.device_ms,
-                  100.0 * r.share, r.calls > 0 ? 1e3 * r.device_ms / static_cast<double>(r.calls) : 0.0);
+                  100.0 * r.share,
+                  r.calls > 0 ? 1e3 * r.device_ms / static_cast<double>(r.calls) : 0.0);
     out += line;
   }
   if (all.size() > top) {
@@ -344,7 +346,8 @@ TESSERA_API std::string Profile::table(std::size_t top) const {
            "graph's launches are)\n";
   }
   if (state_->lost > 0) {
-    out += std::to_string(state_->lost) + " ranges could not be timed: " + state_->lost_reason + "\n";
+    out +=
+        std::to_string(state_->lost) + " ranges could not be timed: " + state_->lost_reason + "\n";
   }
   return out;
 }
