@@ -494,6 +494,23 @@ const std::vector<bn_shape>& bn_shapes() {
   return all;
 }
 
+/// Fails the run unless `actual`, the forward value sum(relu(bn(x)) * g) of a batch norm in
+/// training with weight 1 and bias 0 (PyTorch's initialisation), eps 1e-5, is float64's.
+void check_bn_relu(const std::string& what, double actual, const ts::Tensor<float>& x_host,
+                   const ts::Tensor<float>& g_host) {
+  const ts::Tensor<double> x64 = ts::cast<double>(x_host);
+  const ts::Tensor<double> mean = ts::mean(ts::mean(ts::mean(x64, 0, true), 2, true), 3, true);
+  const ts::Tensor<double> centred = x64 - mean;
+  const ts::Tensor<double> var =
+      ts::mean(ts::mean(ts::mean(centred * centred, 0, true), 2, true), 3, true);
+  const ts::Tensor<double> y = ts::relu(centred / ts::sqrt(var + 1e-5));
+  const double expected = ts::sum(y * ts::cast<double>(g_host)).item();
+  if (!(std::abs(actual - expected) <= 1e-3 * (1 + std::abs(expected)))) {
+    fail(what + ": sum(relu(bn(x)) * g) is " + std::to_string(actual) + ", float64 reference " +
+         std::to_string(expected));
+  }
+}
+
 void BM_batchnorm_relu(benchmark::State& state) {
   const bn_shape& b = bn_shapes()[static_cast<std::size_t>(state.range(0))];
   nn::BatchNorm2d<float, ts::cuda> bn(b.c);
@@ -514,19 +531,7 @@ void BM_batchnorm_relu(benchmark::State& state) {
     program.backward();
     return value;
   };
-  // The forward value against float64 on the CPU (weight 1, bias 0: PyTorch's initialisation).
-  const ts::Tensor<double> x64 = ts::cast<double>(x_host);
-  const ts::Tensor<double> mean = ts::mean(ts::mean(ts::mean(x64, 0, true), 2, true), 3, true);
-  const ts::Tensor<double> centred = x64 - mean;
-  const ts::Tensor<double> var =
-      ts::mean(ts::mean(ts::mean(centred * centred, 0, true), 2, true), 3, true);
-  const ts::Tensor<double> y = ts::relu(centred / ts::sqrt(var + 1e-5));
-  const double expected = ts::sum(y * ts::cast<double>(g_host)).item();
-  const double actual = step();
-  if (!(std::abs(actual - expected) <= 1e-3 * (1 + std::abs(expected)))) {
-    fail("batchnorm " + b.name + ": sum(relu(bn(x)) * g) is " + std::to_string(actual) +
-         ", float64 reference " + std::to_string(expected));
-  }
+  check_bn_relu("batchnorm " + b.name, step(), x_host, g_host);
   for (auto _ : state) benchmark::DoNotOptimize(step());
   state.SetLabel(b.name);
 }
@@ -586,18 +591,7 @@ void BM_batchnorm_relu_cudnn(benchmark::State& state) {
         bias_grad.data(), eps, saved_mean.data(), saved_inv_std.data()));
     return value;
   };
-  const ts::Tensor<double> x64 = ts::cast<double>(x_host);
-  const ts::Tensor<double> mean = ts::mean(ts::mean(ts::mean(x64, 0, true), 2, true), 3, true);
-  const ts::Tensor<double> centred = x64 - mean;
-  const ts::Tensor<double> var =
-      ts::mean(ts::mean(ts::mean(centred * centred, 0, true), 2, true), 3, true);
-  const double expected =
-      ts::sum(ts::relu(centred / ts::sqrt(var + eps)) * ts::cast<double>(g_host)).item();
-  const double actual = step();
-  if (!(std::abs(actual - expected) <= 1e-3 * (1 + std::abs(expected)))) {
-    fail("batchnorm (cuDNN) " + b.name + ": sum(relu(bn(x)) * g) is " + std::to_string(actual) +
-         ", float64 reference " + std::to_string(expected));
-  }
+  check_bn_relu("batchnorm (cuDNN) " + b.name, step(), x_host, g_host);
   for (auto _ : state) benchmark::DoNotOptimize(step());
   cudnnDestroyTensorDescriptor(bn_desc);
   cudnnDestroyTensorDescriptor(x_desc);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "profile_support.hpp"
 #include "tessera/tessera.hpp"
 #include "tessera/tools/profile.hpp"
 
@@ -21,19 +22,8 @@ namespace ag = tessera::autograd;
 
 namespace {
 
-const ts::tools::Profile::Row* find(const std::vector<ts::tools::Profile::Row>& rows,
-                                    const std::string& name, const std::string& phase) {
-  for (const auto& row : rows) {
-    if (row.name == name && row.phase == phase) return &row;
-  }
-  return nullptr;
-}
-
-std::int64_t calls(const std::vector<ts::tools::Profile::Row>& rows, const std::string& name,
-                   const std::string& phase) {
-  const auto* row = find(rows, name, phase);
-  return row == nullptr ? 0 : row->calls;
-}
+using tessera_test::calls;
+using tessera_test::find;
 
 }  // namespace
 

@@ -1,7 +1,9 @@
 // Reductions on CUDA devices, reading the expression through its evaluator (nothing stored):
-// full reductions give each block a slice of the elements and merge the blocks' partials in a
-// second, one-block launch (two small kernels per reduction, where cub::DeviceReduce compiled a
-// policy's tile kernels for each: most of a unit's ptxas time); reductions along a dimension fold
+// a full reduction of contiguous operands is one row of n elements for the row kernel below
+// (16-byte loads, cut over one wave of blocks, the slices merged by a warp); of strided ones,
+// each block folds a slice of the elements and a second, one-block launch merges the blocks'
+// partials (small kernels, where cub::DeviceReduce compiled a policy's tile kernels for each:
+// most of a unit's ptxas time); reductions along a dimension fold
 // each row with a group of lanes sized to the row (16-byte loads where every operand allows them,
 // a batch of loads in flight per lane), or, when the kept dimensions are the contiguous ones,
 // give neighbouring lanes neighbouring outputs; either cuts long rows over several blocks when
@@ -39,17 +41,6 @@ template <class T>
 inline constexpr bool fits_kernel_parameters = sizeof(T) <= 4096;
 
 // ---- full reductions: blocks over slices, then one block over their partials ---------------
-
-/// Element i (row-major) of an expression whose leaves are all contiguous, lifted to Op's
-/// accumulator.
-template <class Op, class V, class Evaluator>
-struct linear_element {
-  static constexpr int unroll = 8;  // loads a thread issues before folding them
-  Evaluator evaluator;
-  __device__ typename Op::acc_type operator()(std::int64_t i) const {
-    return Op::lift(read_as<V>(evaluator, linear_access{i}), i);
-  }
-};
 
 /// Element i (row-major over the merged layout) of any expression.
 template <class Op, class V, class Evaluator>
@@ -142,8 +133,9 @@ void launch_reduce_all(Out* out, const Element& element, std::int64_t n, stream_
   static_assert(fits_kernel_parameters<Element>,
                 "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
                 "of parameters); split the statement into two");
-  // Blocks resident on the device at once (8 per SM at 256 threads).
-  const std::int64_t max_blocks = static_cast<std::int64_t>(multiprocessor_count()) * 8;
+  // Blocks resident on the device at once (the kernel's occupancy: one wave).
+  const std::int64_t max_blocks =
+      resident_threads_of<&reduce_all_kernel<Op, Finish, Out, Element>>() / threads_per_block;
   const full_reduction_plan plan =
       full_reduction_plan::make(n, threads_per_block, max_blocks, full_reduction_min_per_thread);
   if (plan.blocks == 1) {
@@ -169,34 +161,6 @@ void launch_reduce_all(Out* out, const Element& element, std::int64_t n, stream_
   // Freed on the stream that used it: the pool hands it out again only after that work.
   memory::deallocate(device, partials, bytes, stream);
   TESSERA_CUDA_CHECK(status);
-}
-
-/// CUDA twin of backend::cpu::reduce_all: *out (device memory) = Finish(Op over every element),
-/// on the current device and `stream`. Counts one launch (two kernels when the input is large).
-template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
-void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
-                MakeEvaluator&& make_evaluator, stream_ref stream = tessera::detail::current_cuda_stream()) {
-  profiler::count_launch();
-  const std::int64_t n = shape.numel();
-  if (n == 0) {
-    write_value_kernel<<<1, 1, 0, stream.native()>>>(
-        out, Finish::template apply<Out>(Op::identity(), 0));
-    TESSERA_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  if (cpu::all_row_major(shape, leaf_strides)) {
-    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-    launch_reduce_all<Op, Finish>(out, linear_element<Op, V, decltype(evaluator)>{evaluator}, n,
-                                  stream);
-    return;
-  }
-  const cpu::strided_layout<static_cast<int>(L)> merged(shape, leaf_strides);
-  strided_layout_args layout;
-  layout.rank = merged.shape.size();
-  for (int d = 0; d < layout.rank; ++d) layout.sizes[d] = merged.shape[d];
-  auto evaluator = make_evaluator(merged.strides.data(), layout.rank);
-  launch_reduce_all<Op, Finish>(
-      out, strided_element<Op, V, decltype(evaluator)>{evaluator, layout}, n, stream);
 }
 
 // ---- rows: one output (or one softmax row) per position of the kept dimensions
@@ -453,6 +417,31 @@ __global__ void __launch_bounds__(threads_per_block)
   }
 }
 
+/// The same with a warp per output, for many splits (a full reduction's or a long row's few
+/// outputs, each cut into hundreds of slices): lane l folds splits l, l + 32, ... in order, and
+/// the lanes merge by a butterfly (merge_across_lanes), so no thread reads hundreds of partials
+/// one after another.
+template <class Op, class Finish, class Out>
+__global__ void __launch_bounds__(threads_per_block)
+    reduce_split_partials_warps_kernel(Out* out, const typename Op::acc_type* partials,
+                                       std::int64_t outputs, std::int64_t splits,
+                                       std::int64_t extent) {
+  constexpr int warps_per_block = threads_per_block / 32;
+  const int lane = static_cast<int>(threadIdx.x % 32);
+  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * warps_per_block;
+  // o depends on the warp alone: every lane of a warp takes the same trips (the shuffles).
+  for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * warps_per_block + threadIdx.x / 32;
+       o < outputs; o += warps) {
+    thread_fold<Op> fold;
+    for (std::int64_t s = lane; s < splits; s += 32) fold.add(partials[o * splits + s]);
+    const typename Op::acc_type total = merge_across_lanes<Op>(fold.result(), 32);
+    if (lane == 0) out[o] = Finish::template apply<Out>(total, extent);
+  }
+}
+
+/// Splits a merge kernel's thread reads one after another before it takes a warp per output.
+inline constexpr std::int64_t warp_merge_splits = 32;
+
 inline unsigned blocks_for(std::int64_t work, std::int64_t per_block) {
   const std::int64_t wanted = (work + per_block - 1) / per_block;
   const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count()) * 16;
@@ -521,14 +510,76 @@ void with_split_partials(Out* out, std::int64_t outputs, std::int64_t splits,
   launch(partials);
   cudaError_t status = cudaGetLastError();
   if (status == cudaSuccess) {
-    reduce_split_partials_kernel<Op, Finish, Out>
-        <<<blocks_for(outputs, threads_per_block), threads_per_block, 0, stream.native()>>>(
-            out, partials, outputs, splits, extent);
+    if (splits >= warp_merge_splits) {
+      reduce_split_partials_warps_kernel<Op, Finish, Out>
+          <<<blocks_for(outputs, threads_per_block / 32), threads_per_block, 0, stream.native()>>>(
+              out, partials, outputs, splits, extent);
+    } else {
+      reduce_split_partials_kernel<Op, Finish, Out>
+          <<<blocks_for(outputs, threads_per_block), threads_per_block, 0, stream.native()>>>(
+              out, partials, outputs, splits, extent);
+    }
     status = cudaGetLastError();
   }
   // Freed on the stream that used it: the pool hands it out again only after that work.
   memory::deallocate(device, partials, bytes, stream);
   TESSERA_CUDA_CHECK(status);
+}
+
+/// reduce_rows_kernel over `outputs` rows of `extent` elements (row_reduction_plan: a warp per
+/// row while the rows fill the device; `vector` 4 where every row allows 16-byte loads; `lanes`
+/// forced or 0), with the second launch that merges split rows.
+template <class Op, class V, class Finish, class Out, class Rows>
+void launch_reduce_rows(Out* out, const Rows& rows, std::int64_t outputs, std::int64_t extent,
+                        int vector, int lanes, stream_ref stream) {
+  static_assert(fits_kernel_parameters<Rows>,
+                "Tessera: this expression is too large to pass to one CUDA kernel "
+                "(over 4 KiB of parameters); split the statement into two");
+  using acc_type = typename Op::acc_type;
+  const row_reduction_plan plan = row_reduction_plan::make(
+      outputs, extent, vector, threads_per_block,
+      resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, Rows>>(), 32, lanes);
+  with_split_partials<Op, Finish>(
+      out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
+        reduce_rows_kernel<Op, V, Finish>
+            <<<blocks_for(plan.tiles(), 1), threads_per_block, 0, stream.native()>>>(out, partials,
+                                                                                     rows, plan);
+      });
+}
+
+/// CUDA twin of backend::cpu::reduce_all: *out (device memory) = Finish(Op over every element),
+/// on the current device and `stream`. Counts one launch (two kernels when the input is large).
+template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
+void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
+                MakeEvaluator&& make_evaluator,
+                stream_ref stream = tessera::detail::current_cuda_stream()) {
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) {
+    write_value_kernel<<<1, 1, 0, stream.native()>>>(
+        out, Finish::template apply<Out>(Op::identity(), 0));
+    TESSERA_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
+  if (cpu::all_row_major(shape, leaf_strides)) {
+    // One row of n elements through the row kernel: 16-byte loads when every leaf is aligned
+    // (a slice's last elements one at a time), cut over one wave of blocks, the slices merged
+    // by a warp.
+    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+    row_layout layout;
+    layout.extent = n;
+    layout.out_step = 1;
+    const row_source<true, decltype(evaluator)> rows{evaluator, layout};
+    launch_reduce_rows<Op, V, Finish>(out, rows, 1, n, evaluator.is_aligned(4) ? 4 : 1, 0, stream);
+    return;
+  }
+  const cpu::strided_layout<static_cast<int>(L)> merged(shape, leaf_strides);
+  strided_layout_args layout;
+  layout.rank = merged.shape.size();
+  for (int d = 0; d < layout.rank; ++d) layout.sizes[d] = merged.shape[d];
+  auto evaluator = make_evaluator(merged.strides.data(), layout.rank);
+  launch_reduce_all<Op, Finish>(out, strided_element<Op, V, decltype(evaluator)>{evaluator, layout},
+                                n, stream);
 }
 
 /// CUDA twin of backend::cpu::reduce_dim (out is contiguous over the kept dimensions). Rows along
@@ -565,17 +616,8 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
               });
           return;
         }
-        const int vector = rows.vectorisable(4) ? 4 : 1;
-        const row_reduction_plan plan = row_reduction_plan::make(
-            outputs, extent, vector, threads_per_block,
-            resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, decltype(rows)>>(), 32,
-            row_lanes_setting());
-        with_split_partials<Op, Finish>(
-            out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
-              reduce_rows_kernel<Op, V, Finish>
-                  <<<blocks_for(plan.tiles(), 1), threads_per_block, 0, stream.native()>>>(
-                      out, partials, rows, plan);
-            });
+        launch_reduce_rows<Op, V, Finish>(out, rows, outputs, extent, rows.vectorisable(4) ? 4 : 1,
+                                          row_lanes_setting(), stream);
       });
 }
 
