@@ -498,4 +498,43 @@ TEST_CASE("thread fold: float sums of many values stay within a pairwise bound o
   }
 }
 
+TEST_CASE("batch norm's elementwise passes: 16-byte steps where the layout allows them",
+          "[reduce_plan]") {
+  using tessera::backend::cuda::channel_map_form;
+  using tessera::backend::cuda::choose_channel_map;
+  // NCHW planes of a multiple of 4: four elements of one channel a step.
+  CHECK(choose_channel_map(256, 56 * 56, 4, true) == channel_map_form::shared_channel);
+  CHECK(choose_channel_map(2048, 7 * 7, 4, true) == channel_map_form::single);  // 49 values
+  // channels_last ([N * H * W, C, 1]): four neighbouring channels a step when C allows it.
+  CHECK(choose_channel_map(256, 1, 4, true) == channel_map_form::neighbouring_channels);
+  CHECK(choose_channel_map(3, 1, 4, true) == channel_map_form::single);
+  CHECK(choose_channel_map(6, 1, 4, true) == channel_map_form::single);
+  // Unaligned pointers or scalar types (double: 2 a step) as the layout says.
+  CHECK(choose_channel_map(256, 3136, 4, false) == channel_map_form::single);
+  CHECK(choose_channel_map(6, 1, 2, true) == channel_map_form::neighbouring_channels);
+  CHECK(choose_channel_map(6, 1, 1, true) == channel_map_form::single);
+  // Every form covers positions in whole steps that never cross what it assumes: a shared-channel
+  // step stays in one channel's row of l; a neighbouring-channels step in one position's C.
+  for (const std::int64_t c : {1, 2, 3, 4, 8, 12, 64}) {
+    for (const std::int64_t l : {1, 2, 3, 4, 7, 8, 49}) {
+      for (const int vector : {1, 2, 4}) {
+        const channel_map_form form = choose_channel_map(c, l, vector, true);
+        CAPTURE(c, l, vector);
+        const std::int64_t total = 3 * c * l;
+        const int step = form == channel_map_form::single ? 1 : vector;
+        REQUIRE(total % step == 0);
+        for (std::int64_t i = 0; i < total; i += step) {
+          const std::int64_t channel = (i / l) % c;
+          for (int k = 0; k < step; ++k) {
+            const std::int64_t expected = ((i + k) / l) % c;
+            const std::int64_t given =
+                form == channel_map_form::neighbouring_channels ? channel + k : channel;
+            REQUIRE(given == expected);
+          }
+        }
+      }
+    }
+  }
+}
+
 }  // namespace reduce_plan_test

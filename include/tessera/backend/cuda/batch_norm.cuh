@@ -609,9 +609,7 @@ struct batch_norm_apply_map {
   const T* b;
   bool relu;
 
-  template <int V>
-  __device__ void run(std::int64_t i, std::int64_t c) const {
-    T scale, shift;
+  __device__ void factors(std::int64_t c, T& scale, T& shift) const {
     if (w != nullptr) {
       scale = invstd[c] * w[c];
       shift = b[c] - mean[c] * scale;
@@ -619,11 +617,27 @@ struct batch_norm_apply_map {
       scale = invstd[c];
       shift = -(mean[c] * invstd[c]);
     }
+  }
+  /// V elements from i, of channel c (Step 0: [N, C, L] with L a multiple of V) or of channels
+  /// c, c + 1, ... (Step 1: channels_last, [M, C, 1] with C a multiple of V).
+  template <int V, int Step>
+  __device__ void run(std::int64_t i, std::int64_t c) const {
+    T scale[V], shift[V];
+    factors(c, scale[0], shift[0]);
+#pragma unroll
+    for (int k = 1; k < V; ++k) {
+      if constexpr (Step == 0) {
+        scale[k] = scale[0];
+        shift[k] = shift[0];
+      } else {
+        factors(c + k, scale[k], shift[k]);
+      }
+    }
     T values[V];
     load_values<V>(x + i, values);
 #pragma unroll
     for (int k = 0; k < V; ++k) {
-      const T v = values[k] * scale + shift;
+      const T v = values[k] * scale[k] + shift[k];
       // torch.relu's NaN: passed on.
       values[k] = relu && !(v > T(0) || v != v) ? T(0) : v;
     }
@@ -650,9 +664,16 @@ struct batch_norm_input_gradient_map {
   bool batch;
   bool accumulate;
 
-  template <int V>
+  /// V elements from i, of channel c (Step 0) or of channels c, c + 1, ... (Step 1), as
+  /// batch_norm_apply_map::run.
+  template <int V, int Step>
   __device__ void run(std::int64_t i, std::int64_t c) const {
-    const T scale = w != nullptr ? invstd[c] * w[c] : invstd[c];
+    T scale[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+      const std::int64_t ck = c + k * Step;
+      scale[k] = Step == 0 && k > 0 ? scale[0] : (w != nullptr ? invstd[ck] * w[ck] : invstd[ck]);
+    }
     T gv[V];
     load_values<V>(g + i, gv);
     if (y != nullptr) {
@@ -663,16 +684,27 @@ struct batch_norm_input_gradient_map {
     }
     T out[V];
     if (batch) {
-      const T a = scale * sum_g[c] * inverse_count;
-      const T b = scale * invstd[c] * invstd[c] * sum_gx[c] * inverse_count;
-      const T m = mean[c];
+      T a[V], b[V], m[V];
+#pragma unroll
+      for (int k = 0; k < V; ++k) {
+        if (Step == 0 && k > 0) {
+          a[k] = a[0];
+          b[k] = b[0];
+          m[k] = m[0];
+        } else {
+          const std::int64_t ck = c + k * Step;
+          a[k] = scale[k] * sum_g[ck] * inverse_count;
+          b[k] = scale[k] * invstd[ck] * invstd[ck] * sum_gx[ck] * inverse_count;
+          m[k] = mean[ck];
+        }
+      }
       T xv[V];
       load_values<V>(x + i, xv);
 #pragma unroll
-      for (int k = 0; k < V; ++k) out[k] = gv[k] * scale - a - (xv[k] - m) * b;
+      for (int k = 0; k < V; ++k) out[k] = gv[k] * scale[k] - a[k] - (xv[k] - m[k]) * b[k];
     } else {
 #pragma unroll
-      for (int k = 0; k < V; ++k) out[k] = gv[k] * scale;
+      for (int k = 0; k < V; ++k) out[k] = gv[k] * scale[k];
     }
     if (accumulate) {
       T before[V];
@@ -684,9 +716,11 @@ struct batch_norm_input_gradient_map {
   }
 };
 
-/// map.run<V>(i, channel) for every V consecutive elements of the flat [N, C, L] tensor (n of
-/// them in all, a multiple of V), grid-stride.
-template <int V, class Map>
+/// map.run<V, Step>(i, channel) for every V consecutive elements of the flat [N, C, L] tensor
+/// (n of them in all, a multiple of V), grid-stride: Step 0 when the V elements share a channel
+/// (L a multiple of V), 1 when they are V neighbouring channels (L == 1: channels_last, C a
+/// multiple of V).
+template <int V, int Step, class Map>
 __global__ void __launch_bounds__(threads_per_block)
     channel_map_kernel(Map map, std::int64_t n, channel_of_position channel) {
   const std::int64_t vectors = n / V;
@@ -694,12 +728,12 @@ __global__ void __launch_bounds__(threads_per_block)
   for (std::int64_t v = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
        v < vectors; v += stride) {
     const std::int64_t i = v * V;
-    map.template run<V>(i, channel(i));
+    map.template run<V, Step>(i, channel(i));
   }
 }
 
-/// Launches channel_map_kernel over [n, c, l] with 16-byte steps when l allows them and every
-/// pointer is aligned. Counts one launch.
+/// Launches channel_map_kernel over [n, c, l] with 16-byte steps when the layout allows them
+/// (choose_channel_map) and every pointer is aligned. Counts one launch.
 template <class T, class Map>
 void launch_channel_map(const Map& map, std::int64_t n, std::int64_t c, std::int64_t l,
                         std::initializer_list<const T*> pointers, stream_ref stream) {
@@ -707,18 +741,26 @@ void launch_channel_map(const Map& map, std::int64_t n, std::int64_t c, std::int
   const std::int64_t total = n * c * l;
   if (total == 0) return;
   constexpr int V = vector_elements<T>;
-  bool aligned = l % V == 0;
+  bool aligned = true;
   for (const T* p : pointers) {
     aligned = aligned && (p == nullptr ||
                           reinterpret_cast<std::uintptr_t>(p) % (sizeof(T) * V) == 0);
   }
   const channel_of_position channel{l, c, total <= static_cast<std::int64_t>(UINT32_MAX)};
-  if (aligned) {
-    channel_map_kernel<V><<<grid_for(total / V * elements_per_thread), threads_per_block, 0,
-                            stream.native()>>>(map, total, channel);
-  } else {
-    channel_map_kernel<1><<<grid_for(total), threads_per_block, 0, stream.native()>>>(
-        map, total, channel);
+  const unsigned vector_grid = grid_for(total / V * elements_per_thread);
+  switch (choose_channel_map(c, l, V, aligned)) {
+    case channel_map_form::shared_channel:
+      channel_map_kernel<V, 0>
+          <<<vector_grid, threads_per_block, 0, stream.native()>>>(map, total, channel);
+      break;
+    case channel_map_form::neighbouring_channels:
+      channel_map_kernel<V, 1>
+          <<<vector_grid, threads_per_block, 0, stream.native()>>>(map, total, channel);
+      break;
+    case channel_map_form::single:
+      channel_map_kernel<1, 0>
+          <<<grid_for(total), threads_per_block, 0, stream.native()>>>(map, total, channel);
+      break;
   }
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }

@@ -387,6 +387,19 @@ struct channels_last_reduction_plan {
   }
 };
 
+/// How batch norm's elementwise passes (batch_norm.cuh, channel_map_kernel) walk an [n, c, l]
+/// tensor whose pointers are `aligned` to `vector` elements: 16-byte steps of vector elements of
+/// one channel (l a multiple of vector), of vector neighbouring channels (l == 1 and c a multiple
+/// of vector: channels_last, [N * H * W, C, 1]), or one element at a time.
+enum class channel_map_form { shared_channel, neighbouring_channels, single };
+TESSERA_HOST_DEVICE inline channel_map_form choose_channel_map(std::int64_t c, std::int64_t l,
+                                                               int vector, bool aligned) {
+  if (!aligned || vector <= 1) return channel_map_form::single;
+  if (l % vector == 0) return channel_map_form::shared_channel;
+  if (l == 1 && c % vector == 0) return channel_map_form::neighbouring_channels;
+  return channel_map_form::single;
+}
+
 /// A set of values summarised for the mean and variance: count, mean, and the sum of squared
 /// deviations from the mean (m2). Merging two is Chan, Golub and LeVeque's update, exact in
 /// exact arithmetic and free of the cancellation of sum-of-squares formulas.
