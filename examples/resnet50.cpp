@@ -1,6 +1,7 @@
 // ResNet training on random data: torchvision's ResNet-50 (or ResNet-18), compiled once into a
 // static-graph program, trained a few SGD steps on one fixed batch of random images and labels.
-// Prints the loss and time of each step, the program's memory plan and the pool's statistics.
+// Prints the loss and time of each step, where the steps after the first spend their time by
+// node (ts::tools::Profile), the program's memory plan and the pool's statistics.
 // The loss of a fixed batch must fall; the program exits 1 otherwise.
 //
 //   resnet50                                  # CI size: ResNet-18, 64x64, batch 8, 4 steps
@@ -15,6 +16,7 @@
 
 #include "tessera/models/resnet.hpp"
 #include "tessera/tessera.hpp"
+#include "tessera/tools/profile.hpp"
 
 namespace ts = tessera;
 namespace ag = tessera::autograd;
@@ -50,8 +52,9 @@ int train(Model model, const Settings& s) {
   ts::optim::SGD sgd(model.parameters(), {.lr = 0.02, .momentum = 0.9});
 
   double first = 0, last = 0;
-  for (int i = 0; i < s.steps; ++i) {
+  auto run_step = [&](int i) {
     const auto start = std::chrono::steady_clock::now();
+    const ts::profiler::range whole("step", device);
     sgd.zero_grad();
     last = step.forward(images, labels).item();
     step.backward();
@@ -60,7 +63,15 @@ int train(Model model, const Settings& s) {
         std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     if (i == 0) first = last;
     std::printf("step %d  loss %.4f  %.3f s\n", i, last, seconds);
+  };
+  run_step(0);  // the first step allocates the program's arena
+  // Where the later steps spend their time, by node (torch.profiler's table).
+  ts::tools::Profile profile;
+  {
+    auto recording = profile.record();
+    for (int i = 1; i < s.steps; ++i) run_step(i);
   }
+  std::printf("\nsteps 1-%d by node:\n%s", s.steps - 1, profile.table(12).c_str());
   std::printf("\npeak allocated %s (planned peak of the step %s)\n",
               ts::memory::format_bytes(ts::memory::peak_allocated(device)).c_str(),
               ts::memory::format_bytes(step.plan().peak_bytes).c_str());
