@@ -96,6 +96,7 @@ class Profile {
 #include <cstdio>
 #include <map>
 #include <mutex>
+#include <optional>
 
 #include "tessera/core/stream.hpp"
 #if TESSERA_CUDA
@@ -136,10 +137,9 @@ inline bool capturing(Device device) {
 struct Profile::Recording::open {
   std::size_t row = 0;
   double host_start = 0;
-  bool timed = false;    // events recorded (a CUDA device)
   bool skipped = false;  // begun while the stream was captured: not recorded
-  Event start{true};
-  Event stop{true};
+  // A CUDA range's timing events (none on the CPU, whose host time is its device time).
+  std::optional<Event> start, stop;
 };
 
 /// What a Profile has recorded; shared by its Recording scopes.
@@ -147,7 +147,6 @@ struct Profile::Recording::state {
   /// A finished CUDA range whose events have not been read yet.
   struct pending {
     std::size_t row;
-    double host_ms;
     bool outermost;
     Event start;
     Event stop;
@@ -241,14 +240,13 @@ TESSERA_API void Profile::Recording::begin(const char* name, const char* phase, 
     if (device.is_cuda()) {
       entry.start = profile_->take_event();
       entry.stop = profile_->take_event();
-      entry.timed = true;
     }
   }
   // Pushed first, so that a failed record below leaves no range half begun.
   stack_->push_back(std::move(entry));
   open& top = stack_->back();
   try {
-    if (top.timed) top.start.record(current_stream(device));
+    if (top.start) top.start->record(current_stream(device));
   } catch (...) {
     stack_->pop_back();
     throw;
@@ -271,15 +269,15 @@ TESSERA_API void Profile::Recording::end() noexcept {
   Row& row = profile_->rows[entry.row];
   ++row.calls;
   row.host_ms += host_ms;
-  if (!entry.timed) {
+  if (!entry.start) {
     row.device_ms += host_ms;
     if (outermost) profile_->add_outermost(row.device, host_ms);
     return;
   }
   try {
-    entry.stop.record(current_stream(row.device));
+    entry.stop->record(current_stream(row.device));
     profile_->pending_events.push_back(
-        state::pending{entry.row, host_ms, outermost, entry.start, entry.stop});
+        state::pending{entry.row, outermost, *entry.start, *entry.stop});
     // Read what has finished now and then, so that a long recording holds few events.
     if (profile_->pending_events.size() >= 1024) profile_->settle(false);
   } catch (const std::exception& e) {

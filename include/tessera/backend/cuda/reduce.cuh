@@ -45,9 +45,6 @@ inline constexpr bool fits_kernel_parameters = sizeof(T) <= 4096;
 /// Element i (row-major over the merged layout) of any expression.
 template <class Op, class V, class Evaluator>
 struct strided_element {
-  // One at a time: an element's index takes divisions per dimension, so the loop is bound by
-  // them rather than by loads, and unrolled copies of it would multiply ptxas's work.
-  static constexpr int unroll = 1;
   Evaluator evaluator;
   strided_layout_args layout;
   __device__ typename Op::acc_type operator()(std::int64_t i) const {
@@ -85,15 +82,8 @@ __global__ void __launch_bounds__(threads_per_block)
   const std::int64_t stride = blockDim.x;
   std::int64_t i = plan.first(blockIdx.x) + threadIdx.x;
   thread_fold<Op> fold;
-  constexpr int unroll = Element::unroll;
-  if constexpr (unroll > 1) {
-    for (; i + (unroll - 1) * stride < last; i += unroll * stride) {
-      acc_type values[unroll];
-#pragma unroll
-      for (int k = 0; k < unroll; ++k) values[k] = element(i + k * stride);
-      fold.add_run(values);
-    }
-  }
+  // One at a time: a strided element's index takes divisions per dimension, so the loop is bound
+  // by them rather than by loads, and unrolled copies of it would multiply ptxas's work.
   for (; i < last; i += stride) fold.add(element(i));
   const acc_type total = block_reduce(temporary).Reduce(fold.result(), merge_fn<Op>{});
   if (threadIdx.x == 0) {
