@@ -142,6 +142,32 @@ auto unary_gradient(const A& a, const G& g) {
   }
 }
 
+/// True for the functions PyTorch differentiates from their result (relu's threshold_backward,
+/// sigmoid_backward, tanh_backward, exp's): a fused node whose expression is one of them applied
+/// last reads its own output in backward instead of recomputing the function from its inputs, so
+/// the inputs need not outlive the forward (Linear -> ReLU keeps the ReLU's output, which the next
+/// product keeps anyway, and not the pre-activation beside it).
+template <class Op>
+inline constexpr bool differentiated_from_result =
+    std::is_same_v<Op, ops::relu> || std::is_same_v<Op, ops::sigmoid> ||
+    std::is_same_v<Op, ops::tanh> || std::is_same_v<Op, ops::exp>;
+
+/// g times the derivative of Op written with its result y (differentiated_from_result).
+template <class Op, class Y, class G>
+auto result_gradient(const Y& y, const G& g) {
+  if constexpr (std::is_same_v<Op, ops::relu>) {
+    // Zero where the result is not positive: where the input is not (relu keeps NaN).
+    return select(bin<ops::greater>(y, lit(0.0)), g, lit(0.0));
+  } else if constexpr (std::is_same_v<Op, ops::sigmoid>) {
+    return bin<ops::multiply>(g, bin<ops::multiply>(y, bin<ops::subtract>(lit(1.0), y)));
+  } else if constexpr (std::is_same_v<Op, ops::tanh>) {
+    return bin<ops::multiply>(g, bin<ops::subtract>(lit(1.0), bin<ops::multiply>(y, y)));
+  } else {
+    static_assert(std::is_same_v<Op, ops::exp>);
+    return bin<ops::multiply>(g, y);
+  }
+}
+
 template <class Op, class L, class R, class G, class Emit>
 void binary_backprop(const L& l, const R& r, const G& g, Emit& emit) {
   constexpr bool left = has_float_var<L>();

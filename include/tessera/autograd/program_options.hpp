@@ -83,6 +83,9 @@ struct MemoryPlan {
   /// With recomputation: the cut the plan uses (Checkpoint::Balance::nodes or ::bytes).
   Checkpoint::Balance segments_by = Checkpoint::Balance::nodes;
   int in_place = 0;  // outputs and gradients that took over a dying buffer (input / upstream)
+  /// Matrix products that add the bias after them (and the ReLU after that) as they write, the
+  /// elementwise nodes' work folded into the product (cuBLASLt's epilogues on CUDA).
+  int epilogues = 0;
 };
 
 /// What a gradient-ready hook receives: the parameter's index in the program (first use order),

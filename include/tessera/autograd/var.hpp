@@ -166,8 +166,32 @@ class node {
     return 0;
   }
 
+  /// An elementwise node a matrix product before it can apply as its epilogue (cuBLASLt's bias
+  /// and ReLU epilogues on CUDA): `operand` + `bias` (bias a row vector, added to every row),
+  /// then ReLU when `relu`; or ReLU alone of `operand` (bias -1). operand -1: not one.
+  struct epilogue_form {
+    int operand = -1;
+    int bias = -1;
+    bool relu = false;
+  };
+  virtual epilogue_form epilogue() const { return {}; }
+  /// For a matrix product whose output the following elementwise nodes take over (in place):
+  /// adds `bias` to its rows (bias < 0: none) and then applies ReLU (`relu`) as part of its
+  /// forward, when it can. False when this node cannot (the plan then folds nothing).
+  virtual bool take_epilogue(int bias, bool relu) {
+    (void)bias;
+    (void)relu;
+    return false;
+  }
+  /// True when the last forward applied the epilogue take_epilogue agreed to (a product whose
+  /// library call declined falls back to the plain product, and the folded nodes run).
+  virtual bool epilogue_applied() const { return false; }
+
   std::vector<int> inputs;
   int output = -1;
+  /// The product whose epilogue does this elementwise node's work (the plan's fold,
+  /// memory_plan.hpp): forward skips it when that product applied it. Null: not folded.
+  const node* folded_into = nullptr;
 };
 
 /// The run-time tensors of a program's values. A gradient is looked up by the value it belongs to.

@@ -201,6 +201,42 @@ void matmul_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b
   }
 }
 
+/// out = a @ b + bias, then ReLU when `relu`: a product with its epilogue, for 2-D a [m, k],
+/// b [k, n], out [m, n] contiguous, and bias a contiguous row vector of n elements added to every
+/// row (out may be where the epilogue's nodes would have written: a planned fold). On the CPU the
+/// product and then one pass over out; on CUDA one cuBLASLt call with its bias (and ReLU)
+/// epilogue for float, half and bfloat16. Returns false, having written nothing, when the device's
+/// library has no kernel for it (double on CUDA; a size or alignment cuBLASLt declines): the
+/// caller then runs the product and the elementwise pass as usual.
+template <class T, class K>
+bool matmul_bias_into(Tensor<T, K>& out, const Tensor<T, K>& a, const Tensor<T, K>& b,
+                      const Tensor<T, K>& bias, bool relu) {
+  const std::int64_t m = out.size(0), n = out.size(1), k = a.size(1);
+  if constexpr (std::is_same_v<K, tessera::cpu>) {
+    matmul_into(out, a, b);
+    const auto row = as_node(bias.view(Shape{1, n}));
+    if (relu) {
+      run_expression(out, tessera::relu(as_node(out) + row));
+    } else {
+      run_expression(out, as_node(out) + row);
+    }
+    return true;
+  } else {
+    if constexpr (backend::cuda::gemm_supports<T> && !std::is_same_v<T, double>) {
+      if (out.numel() == 0 || k == 0) return false;  // nothing to multiply: the usual path
+      matmul_operand<T, K> lhs(a, 1), rhs(b, 1);
+      const auto plan = detail::plan_blas(lhs, rhs, 1, m, k);
+      return backend::cuda::gemm_bias<T>(a.device_index(), m, n, k, lhs.data(), plan.a.transposed,
+                                         plan.a.ld, rhs.data(), plan.b.transposed, plan.b.ld,
+                                         bias.data(), relu, out.data(), n,
+                                         tessera::detail::current_cuda_stream());
+    } else {
+      (void)m, (void)n, (void)k, (void)out, (void)a, (void)b, (void)bias, (void)relu;
+      return false;
+    }
+  }
+}
+
 /// target = x @ y, or target += x @ y when `accumulate` (a gradient adding into itself). Where
 /// the GEMM cannot add in place (no BLAS beta = 1), the product goes to `staging` first, a
 /// contiguous buffer of at least target's elements (unused otherwise, so it may be empty).

@@ -41,8 +41,64 @@ class fused_node final : public expression_backward_node {
     in_place_ = gradients_.move_in_place_job_last(expression_.shape(), sizeof(T));
   }
   bool backward_in_place() const override { return in_place_; }
+  epilogue_form epilogue() const override { return epilogue_of(expression_); }
 
  private:
+  template <class X>
+  static constexpr bool is_value_var = std::is_same_v<X, Var<T, K>>;
+
+  // `y + b`, `b + y` (b a row vector: [n] or [1, n] beside y's [m, n]), ReLU of either, or ReLU
+  // of a value: what a product before this node may apply as its epilogue.
+  template <class X>
+  static epilogue_form epilogue_of(const X& e) {
+    using tessera::detail::is_binary;
+    using tessera::detail::is_unary;
+    if constexpr (is_unary<X>::value) {
+      if constexpr (std::is_same_v<typename is_unary<X>::op, ops::relu>) {
+        using Operand = std::remove_cvref_t<decltype(e.operand)>;
+        if constexpr (is_value_var<Operand>) {
+          if (e.operand.dim() == 2) return {e.operand.id(), -1, true};
+        } else {
+          epilogue_form inner = epilogue_of(e.operand);
+          if (inner.bias >= 0 && !inner.relu) {
+            inner.relu = true;
+            return inner;
+          }
+        }
+      }
+    } else if constexpr (is_binary<X>::value) {
+      using L = std::remove_cvref_t<decltype(e.left)>;
+      using R = std::remove_cvref_t<decltype(e.right)>;
+      if constexpr (std::is_same_v<typename is_binary<X>::op, ops::add> && is_value_var<L> &&
+                    is_value_var<R>) {
+        auto row = [](const Shape& bias, const Shape& full) {
+          return full.size() == 2 && ((bias.size() == 1 && bias[0] == full[1]) ||
+                                      (bias.size() == 2 && bias[0] == 1 && bias[1] == full[1]));
+        };
+        const Shape& full = e.shape();
+        if (e.left.shape() == full && row(e.right.shape(), full)) {
+          return {e.left.id(), e.right.id(), false};
+        }
+        if (e.right.shape() == full && row(e.left.shape(), full)) {
+          return {e.right.id(), e.left.id(), false};
+        }
+      }
+    }
+    return {};
+  }
+
+  // True when E is a function differentiated from its result (derivative.hpp) applied last to
+  // an expression of the node's dtype (a cast in between keeps the usual rule).
+  static constexpr bool from_result() {
+    if constexpr (tessera::detail::is_unary<E>::value) {
+      using Operand = std::remove_cvref_t<decltype(std::declval<E>().operand)>;
+      return differentiated_from_result<typename tessera::detail::is_unary<E>::op> &&
+             std::is_same_v<typename Operand::value_type, T>;
+    } else {
+      return false;
+    }
+  }
+
   E expression_;
   bool in_place_ = false;
 };
@@ -55,7 +111,16 @@ void fused_node<T, K, E>::forward(value_table& table) {
 template <class T, class K, class E>
 void fused_node<T, K, E>::trace_backward(graph* g) {
   if constexpr (is_floating_point_v<T>) {
-    gradients_.build(expression_, Var<T, K>(g, output, expression_.shape(), true));
+    const Var<T, K> upstream(g, output, expression_.shape(), true);
+    if constexpr (from_result()) {
+      // relu, sigmoid, tanh or exp applied last: its derivative from the node's own output
+      // (PyTorch's rule), the rest of the expression from its inputs as usual.
+      gradients_.build(expression_.operand,
+                       result_gradient<typename tessera::detail::is_unary<E>::op>(
+                           Var<T, K>(g, output, expression_.shape()), upstream));
+    } else {
+      gradients_.build(expression_, upstream);
+    }
   }
 }
 

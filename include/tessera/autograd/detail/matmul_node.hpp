@@ -31,8 +31,23 @@ class matmul_node final : public node {
   const char* name() const override { return "matmul"; }
   void forward(value_table& table) override {
     auto out = table.template get<T, K>(output);
+    if (epilogue_) {
+      applied_ = tessera::detail::matmul_bias_into(out, operand_a(table), operand_b(table),
+                                                   table.template get<T, K>(bias_), relu_);
+      if (applied_) return;
+    }
     tessera::detail::matmul_into(out, operand_a(table), operand_b(table));
   }
+  // A product of two matrices may add a bias to its rows and apply ReLU as it writes (the plan's
+  // fold of the elementwise nodes after it; bias >= 0 here: a ReLU alone is not folded).
+  bool take_epilogue(int bias, bool relu) override {
+    if (bias < 0 || a_shape_.size() != 2 || b_shape_.size() != 2) return false;
+    epilogue_ = true;
+    bias_ = bias;
+    relu_ = relu;
+    return true;
+  }
+  bool epilogue_applied() const override { return epilogue_ && applied_; }
   void finalize(const std::vector<value_info>& values) override {
     needs_a_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
     needs_b_ = values[static_cast<std::size_t>(inputs[1])].requires_grad;
@@ -113,6 +128,8 @@ class matmul_node final : public node {
   bool ta_, tb_;
   Shape a_shape_, b_shape_;
   bool needs_a_ = false, needs_b_ = false;
+  bool epilogue_ = false, relu_ = false, applied_ = false;
+  int bias_ = -1;
 };
 
 }  // namespace tessera::autograd::detail

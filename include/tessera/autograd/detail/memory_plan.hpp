@@ -275,6 +275,64 @@ TESSERA_API void program_state::place() {
   plan.peak_bytes = plan.inputs + plan.parameters + plan.gradients + arena_blocks;
 }
 
+TESSERA_API void program_state::fold_epilogues() {
+  plan.epilogues = 0;
+  // Nodes recomputed in the backward run their own forward again: none of them is folded.
+  std::vector<char> recomputed(g->nodes.size(), 0);
+  for (const step& s : schedule) {
+    if (s.kind == step::recompute) recomputed[static_cast<std::size_t>(s.node)] = 1;
+  }
+  auto forward_at = [&](std::size_t i) -> const step* {
+    if (i >= schedule.size() || schedule[i].kind != step::forward) return nullptr;
+    return recomputed[static_cast<std::size_t>(schedule[i].node)] ? nullptr : &schedule[i];
+  };
+  // The next forward step after i that computes something: views in between (the next layer's
+  // W.t(), traced before its operand is bound) only name buffers.
+  auto next_after = [&](std::size_t i) {
+    std::size_t j = i + 1;
+    while (j < schedule.size() && schedule[j].kind == step::forward &&
+           g->nodes[static_cast<std::size_t>(schedule[j].node)]->is_view()) {
+      ++j;
+    }
+    return j;
+  };
+  // `after` writes where `before` did: it took over the buffer of a value that dies there.
+  auto takes_over = [&](const step& before, const step& after) {
+    return before.out_instance >= 0 && after.out_instance >= 0 &&
+           instances[static_cast<std::size_t>(before.out_instance)].buffer ==
+               instances[static_cast<std::size_t>(after.out_instance)].buffer;
+  };
+  for (std::size_t i = 0; i < schedule.size(); ++i) {
+    const step* s = forward_at(i);
+    const std::size_t j = next_after(i);
+    const step* next = forward_at(j);
+    if (s == nullptr || next == nullptr) continue;
+    node& product = *g->nodes[static_cast<std::size_t>(s->node)];
+    node& add = *g->nodes[static_cast<std::size_t>(next->node)];
+    const node::epilogue_form form = add.epilogue();
+    if (form.operand != product.output || form.bias < 0 || is_output(product.output) ||
+        !takes_over(*s, *next)) {
+      continue;
+    }
+    const value_info& bias = g->values[static_cast<std::size_t>(form.bias)];
+    if (bias.strides != bias.shape.contiguous_strides()) continue;
+    // A ReLU of the sum right after it, in place: folded too.
+    node* relu = nullptr;
+    if (const step* after = forward_at(next_after(j)); !form.relu && after != nullptr) {
+      node& candidate = *g->nodes[static_cast<std::size_t>(after->node)];
+      const node::epilogue_form then = candidate.epilogue();
+      if (then.operand == add.output && then.bias < 0 && then.relu && !is_output(add.output) &&
+          takes_over(*next, *after)) {
+        relu = &candidate;
+      }
+    }
+    if (!product.take_epilogue(form.bias, form.relu || relu != nullptr)) continue;
+    add.folded_into = &product;
+    if (relu != nullptr) relu->folded_into = &product;
+    ++plan.epilogues;
+  }
+}
+
 TESSERA_API std::string program_state::report() const {
   auto line = [](const char* what, std::size_t bytes) {
     char buffer_[128];
@@ -298,13 +356,13 @@ TESSERA_API std::string program_state::report() const {
   const bool cut = mode == Mode::training && checkpoint.segments > 1;
   std::snprintf(tail, sizeof(tail),
                 "mode %s; %d forward, %d backward, %d recomputed steps%s; %d outputs in place; "
-                "arena %.1f%% of naive\n",
+                "%d products with their bias (and ReLU) as epilogue; arena %.1f%% of naive\n",
                 mode == Mode::training ? "training" : "inference", plan.forward_steps,
                 plan.backward_steps, plan.recomputed_steps,
                 !cut                                             ? ""
                 : plan.segments_by == Checkpoint::Balance::bytes ? " (segments of equal bytes)"
                                                                  : " (segments of equal nodes)",
-                plan.in_place,
+                plan.in_place, plan.epilogues,
                 plan.naive_bytes ? 100.0 * static_cast<double>(plan.planned_bytes) /
                                        static_cast<double>(plan.naive_bytes)
                                  : 0.0);

@@ -177,6 +177,11 @@ class program_state {
   /// In place, buffers, packing, accounting.
   void place();
 
+  /// After the plan: a matrix product followed by `+ bias` (and a ReLU), each taking over the
+  /// buffer before it, applies them as its epilogue; the elementwise nodes then skip their forward
+  /// (MemoryPlan::epilogues).
+  void fold_epilogues();
+
   /// Each parameter's gradient as run_backward found it, so that a backward that throws puts it
   /// back (Options::restore_gradients); copies_ holds the values of those that accumulate (kept
   /// from step to step, so that a warm step allocates nothing).
@@ -219,13 +224,14 @@ TESSERA_API void program_state::compile() {
   if (!both) {
     plan_memory(checkpoint.balance == Checkpoint::Balance::bytes ? Checkpoint::Balance::bytes
                                                                  : Checkpoint::Balance::nodes);
-    return;
+  } else {
+    // Each cut planned; the smaller arena kept (planning is cheap next to a step).
+    plan_memory(Checkpoint::Balance::bytes);
+    const std::size_t by_bytes = plan.planned_bytes;
+    plan_memory(Checkpoint::Balance::nodes);
+    if (by_bytes < plan.planned_bytes) plan_memory(Checkpoint::Balance::bytes);
   }
-  // Each cut planned; the smaller arena kept (planning is cheap next to a step).
-  plan_memory(Checkpoint::Balance::bytes);
-  const std::size_t by_bytes = plan.planned_bytes;
-  plan_memory(Checkpoint::Balance::nodes);
-  if (by_bytes < plan.planned_bytes) plan_memory(Checkpoint::Balance::bytes);
+  fold_epilogues();
 }
 
 TESSERA_API program_state::~program_state() {

@@ -326,6 +326,8 @@ TESSERA_API void program_state::run_node_forward(const step& s) {
     table.tensors[static_cast<std::size_t>(n.output)] =
         instance_tensors[static_cast<std::size_t>(s.out_instance)];
   }
+  // Work the product before it did as its epilogue (fold_epilogues): nothing left to do.
+  if (n.folded_into != nullptr && n.folded_into->epilogue_applied()) return;
   bind_scratch(s);
   const profiler::range timing(n.name(), s.kind == step::recompute ? "recompute" : "forward",
                                node_device(n));

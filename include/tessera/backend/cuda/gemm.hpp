@@ -16,8 +16,10 @@
 #include "tessera/core/stream.hpp"
 
 #if TESSERA_CUDA
+#include <cublasLt.h>
 #include <cublas_v2.h>
 
+#include <array>
 #include <climits>
 #include <map>
 #include <memory>
@@ -63,14 +65,30 @@ namespace detail {
 /// same reason). A thread that uses many short-lived streams keeps a handle for each.
 class cublas_handles {
  public:
+  /// A handle and the workspace it was given (which cuBLASLt calls on the same stream share:
+  /// the stream orders them).
+  struct entry {
+    cublasHandle_t handle = nullptr;
+    void* workspace = nullptr;
+    std::size_t workspace_bytes = 0;
+  };
+
   /// Calls fn(handle) with the calling thread's handle for `device` and `stream`, with the device
   /// current.
   template <class Fn>
   static void with_handle(int device, stream_ref stream, Fn&& fn) {
+    with_entry(device, stream, [&](const entry& e) { fn(e.handle); });
+  }
+
+  /// Calls fn(entry) with the calling thread's handle for `device` and `stream` and its workspace,
+  /// with the device current.
+  template <class Fn>
+  static void with_entry(int device, stream_ref stream, Fn&& fn) {
     check_device(Device{DeviceType::cuda, device});
     DeviceGuard<::tessera::cuda> guard(device);
-    thread_local std::map<std::pair<int, void*>, cublasHandle_t> handles;
-    cublasHandle_t& handle = handles[{device, stream.handle}];
+    thread_local std::map<std::pair<int, void*>, entry> handles;
+    entry& slot = handles[{device, stream.handle}];
+    cublasHandle_t& handle = slot.handle;
     if (handle == nullptr) {
       cublasHandle_t created = nullptr;
       TESSERA_CUBLAS_CHECK(cublasCreate(&created));
@@ -81,11 +99,12 @@ class cublas_handles {
       // with cudaMalloc and never freed, as the handle (outside the pool's statistics, as
       // cuBLAS's own was).
       void* workspace = nullptr;
+      std::size_t bytes = 0;
       try {
         int major = 0;
         TESSERA_CUDA_CHECK(
             cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        const std::size_t bytes = std::size_t{major >= 9 ? 32u : 8u} << 20;
+        bytes = std::size_t{major >= 9 ? 32u : 8u} << 20;
         TESSERA_CUDA_CHECK(cudaMalloc(&workspace, bytes));
         TESSERA_CUBLAS_CHECK(cublasSetWorkspace(created, workspace, bytes));
       } catch (...) {  // out of memory: no handle is kept, the next call tries again
@@ -94,10 +113,49 @@ class cublas_handles {
         throw;
       }
       handle = created;
+      slot.workspace = workspace;
+      slot.workspace_bytes = bytes;
     }
-    fn(handle);
+    fn(static_cast<const entry&>(slot));
   }
 };
+
+/// The calling thread's cuBLASLt handle for `device` (created on first use, never destroyed, as
+/// the cuBLAS handles).
+inline cublasLtHandle_t cublaslt_handle(int device) {
+  thread_local std::map<int, cublasLtHandle_t> handles;
+  cublasLtHandle_t& handle = handles[device];
+  if (handle == nullptr) TESSERA_CUBLAS_CHECK(cublasLtCreate(&handle));
+  return handle;
+}
+
+/// A cuBLASLt matmul with a bias (and ReLU) epilogue, described once per problem: its operation
+/// and layouts, and the algorithm the heuristic chose (none: `found` false, cuBLASLt declined).
+struct lt_bias_plan {
+  cublasLtMatmulDesc_t operation = nullptr;
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, result = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+  bool found = false;
+
+  lt_bias_plan() = default;
+  lt_bias_plan(const lt_bias_plan&) = delete;
+  lt_bias_plan& operator=(const lt_bias_plan&) = delete;
+  ~lt_bias_plan() {  // host objects: destroying them needs no device
+    if (result != nullptr) (void)cublasLtMatrixLayoutDestroy(result);
+    if (second != nullptr) (void)cublasLtMatrixLayoutDestroy(second);
+    if (first != nullptr) (void)cublasLtMatrixLayoutDestroy(first);
+    if (operation != nullptr) (void)cublasLtMatmulDescDestroy(operation);
+  }
+};
+
+/// The largest power of two (up to 256) that divides the address: the alignment cuBLASLt's
+/// heuristic is told, as its kernels may assume it.
+inline std::uint32_t pointer_alignment(const void* p) {
+  const auto address = reinterpret_cast<std::uintptr_t>(p);
+  std::uint32_t alignment = 1;
+  while (alignment < 256 && address % (alignment * 2) == 0) alignment *= 2;
+  return alignment;
+}
 
 template <class T>
 constexpr cudaDataType_t cuda_data_type() {
@@ -183,6 +241,142 @@ void gemm(int device, std::int64_t batch, std::int64_t m, std::int64_t n, std::i
     throw device_error("matmul: this build has no CUDA support (configure with TESSERA_WITH_CUDA)");
 #endif
   }
+}
+
+/// C = op(A) x op(B) + bias, then ReLU when `relu`, for one row-major [m, n] C (leading
+/// dimension ldc) and a bias of n elements added to every row: one cuBLASLt call with its BIAS or
+/// RELU_BIAS epilogue (PyTorch's addmm path for Linear), operands as gemm() reads them, sums in
+/// fp32 (TF32 for float under backends::cuda::matmul::allow_tf32, as gemm). The operation, its
+/// layouts and the heuristic's algorithm are kept per problem and per thread (the pointers'
+/// alignments are part of the problem), so a repeated call costs one cublasLtMatmul. Uses the
+/// workspace of the stream's cuBLAS handle. Returns false, having queued nothing, when cuBLASLt
+/// has no algorithm for the problem (the caller multiplies and adds as usual); throws cuda_error
+/// for other cuBLASLt failures and device_error in a build without CUDA. float, half, bfloat16.
+template <class T>
+bool gemm_bias(int device, std::int64_t m, std::int64_t n, std::int64_t k, const T* a, bool a_trans,
+               std::int64_t lda, const T* b, bool b_trans, std::int64_t ldb, const T* bias,
+               bool relu, T* c, std::int64_t ldc,
+               stream_ref stream = tessera::detail::current_cuda_stream()) {
+  static_assert(std::is_same_v<T, float> || std::is_same_v<T, half> || std::is_same_v<T, bfloat16>,
+                "gemm_bias: float, half and bfloat16 only");
+#if TESSERA_CUDA
+  if (m <= 0 || n <= 0 || k <= 0) return false;
+  const int im = detail::to_cublas_int(m, "m"), in = detail::to_cublas_int(n, "n"),
+            ik = detail::to_cublas_int(k, "k");
+  (void)im, (void)in, (void)ik;
+  constexpr cudaDataType_t type = detail::cuda_data_type<T>();
+  const cublasComputeType_t compute =
+      std::is_same_v<T, float> && backends::cuda::matmul::allow_tf32.load(std::memory_order_relaxed)
+          ? CUBLAS_COMPUTE_32F_FAST_TF32
+          : CUBLAS_COMPUTE_32F;
+  const std::uint32_t align_a = detail::pointer_alignment(a),
+                      align_b = detail::pointer_alignment(b),
+                      align_c = detail::pointer_alignment(c),
+                      align_bias = detail::pointer_alignment(bias);
+  bool done = false;
+  detail::cublas_handles::with_entry(device, stream, [&](const detail::cublas_handles::entry& e) {
+    // Column-major, as gemm(): row-major C = A B is C^T = B^T A^T, so cuBLASLt's first operand is
+    // B and its second A, its "rows" n and "columns" m; the bias then runs along its rows (one
+    // value per row of C^T, a column of C), which is what its BIAS epilogue adds.
+    const std::array<std::int64_t, 16> key{device,
+                                           static_cast<std::int64_t>(type),
+                                           static_cast<std::int64_t>(compute),
+                                           m,
+                                           n,
+                                           k,
+                                           a_trans,
+                                           lda,
+                                           b_trans,
+                                           ldb,
+                                           ldc,
+                                           relu,
+                                           align_a,
+                                           align_b,
+                                           align_c,
+                                           align_bias};
+    thread_local std::map<std::array<std::int64_t, 16>, std::unique_ptr<detail::lt_bias_plan>>
+        plans;
+    cublasLtHandle_t lt = detail::cublaslt_handle(device);
+    auto& slot = plans[key];
+    if (slot == nullptr) {
+      auto plan = std::make_unique<detail::lt_bias_plan>();
+      const cublasOperation_t op_first = b_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const cublasOperation_t op_second = a_trans ? CUBLAS_OP_T : CUBLAS_OP_N;
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->operation, compute, CUDA_R_32F));
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->operation, CUBLASLT_MATMUL_DESC_TRANSA, &op_first, sizeof(op_first)));
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->operation, CUBLASLT_MATMUL_DESC_TRANSB, &op_second, sizeof(op_second)));
+      const cublasLtEpilogue_t epilogue =
+          relu ? CUBLASLT_EPILOGUE_RELU_BIAS : CUBLASLT_EPILOGUE_BIAS;
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->operation, CUBLASLT_MATMUL_DESC_EPILOGUE, &epilogue, sizeof(epilogue)));
+      const std::int32_t bias_type = type;
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->operation, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bias_type, sizeof(bias_type)));
+      // The heuristic reads the bias pointer's alignment from the pointer itself.
+      const void* bias_pointer = bias;
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+          plan->operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer, sizeof(bias_pointer)));
+      // Stored (not transposed) shapes: B is [n, k] column-major read N, or [k, n] read T.
+      TESSERA_CUBLAS_CHECK(
+          cublasLtMatrixLayoutCreate(&plan->first, type, b_trans ? k : n, b_trans ? n : k, ldb));
+      TESSERA_CUBLAS_CHECK(
+          cublasLtMatrixLayoutCreate(&plan->second, type, a_trans ? m : k, a_trans ? k : m, lda));
+      TESSERA_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->result, type, n, m, ldc));
+      cublasLtMatmulPreference_t preference = nullptr;
+      TESSERA_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&preference));
+      cublasLtMatmulHeuristicResult_t heuristic{};
+      int returned = 0;
+      cublasStatus_t status = CUBLAS_STATUS_SUCCESS;
+      {
+        const std::uint64_t workspace = e.workspace_bytes;
+        const std::uint32_t alignments[4] = {align_b, align_a, align_c, align_c};
+        const cublasLtMatmulPreferenceAttributes_t which[4] = {
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES,
+            CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES};
+        status = cublasLtMatmulPreferenceSetAttribute(
+            preference, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &workspace, sizeof(workspace));
+        for (int i = 0; i < 4 && status == CUBLAS_STATUS_SUCCESS; ++i) {
+          status = cublasLtMatmulPreferenceSetAttribute(preference, which[i], &alignments[i],
+                                                        sizeof(alignments[i]));
+        }
+        if (status == CUBLAS_STATUS_SUCCESS) {
+          status = cublasLtMatmulAlgoGetHeuristic(lt, plan->operation, plan->first, plan->second,
+                                                  plan->result, plan->result, preference, 1,
+                                                  &heuristic, &returned);
+        }
+        (void)cublasLtMatmulPreferenceDestroy(preference);
+      }
+      // No algorithm for this problem (a size, alignment or epilogue it does not take) is an
+      // answer, kept: the caller's usual path runs. Anything else is an error.
+      if (status == CUBLAS_STATUS_SUCCESS && returned > 0) {
+        plan->algo = heuristic.algo;
+        plan->found = true;
+      } else if (status != CUBLAS_STATUS_SUCCESS && status != CUBLAS_STATUS_NOT_SUPPORTED) {
+        TESSERA_CUBLAS_CHECK(status);
+      }
+      slot = std::move(plan);
+    }
+    const detail::lt_bias_plan& plan = *slot;
+    if (!plan.found) return;
+    const void* bias_pointer = bias;
+    TESSERA_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(
+        plan.operation, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias_pointer, sizeof(bias_pointer)));
+    const float alpha = 1, beta = 0;
+    const cublasStatus_t status = cublasLtMatmul(
+        lt, plan.operation, &alpha, b, plan.first, a, plan.second, &beta, c, plan.result, c,
+        plan.result, &plan.algo, e.workspace, e.workspace_bytes, stream.native());
+    if (status == CUBLAS_STATUS_NOT_SUPPORTED) return;
+    TESSERA_CUBLAS_CHECK(status);
+    done = true;
+  });
+  return done;
+#else
+  (void)device, (void)m, (void)n, (void)k, (void)a, (void)a_trans, (void)lda, (void)b;
+  (void)b_trans, (void)ldb, (void)bias, (void)relu, (void)c, (void)ldc, (void)stream;
+  throw device_error("matmul: this build has no CUDA support (configure with TESSERA_WITH_CUDA)");
+#endif
 }
 
 }  // namespace tessera::backend::cuda
