@@ -170,6 +170,8 @@ struct Mlp : nn::Module {
 /// fp16 recipe), bfloat16 and float without (a disabled scaler passes every call through).
 template <class T>
 struct mlp_trainer {
+  explicit mlp_trainer(bool with_epilogues) : epilogues(with_epilogues) {}
+  bool epilogues;  // false: the bias and ReLU as passes of their own (the A/B rows)
   Mlp<T> model;
   ts::Tensor<T> x_host = ts::bench::random_tensor({mlp_batch, mlp_widths.front()}, 1).to<T>();
   ts::Tensor<float> y_host = ts::bench::random_tensor({mlp_batch, mlp_widths.back()}, 2);
@@ -179,7 +181,8 @@ struct mlp_trainer {
       [this](const ag::Var<T, ts::cuda>& input, const ag::Var<float, ts::cuda>& target) {
         return nn::mse_loss(ts::cast<float>(model.forward(input)), target);
       },
-      ag::input<T, ts::cuda>(x.shape()), ag::input<float, ts::cuda>(y.shape()));
+      ag::input<T, ts::cuda>(x.shape()), ag::input<float, ts::cuda>(y.shape()),
+      ag::Options{.epilogues = epilogues});
   ts::optim::SGD sgd{model.parameters(), {.lr = 0.01, .momentum = 0.9}};
   ts::optim::GradScaler scaler{{.enabled = std::is_same_v<T, ts::half>}};
 
@@ -206,14 +209,14 @@ struct mlp_trainer {
   }
 };
 
-/// Argument 0 float, 1 half, 2 bfloat16: the first loss against float64 (within 16 u of the
-/// dtype, four layers' outputs rounded to it, plus 1e-4 for fp32 sums of 4096 products), then
-/// the timed steps.
+/// Argument 0 float, 1 half, 2 bfloat16 (second: epilogues on or off): the first loss against
+/// float64 (within 16 u of the dtype, four layers' outputs rounded to it, plus 1e-4 for fp32 sums
+/// of 4096 products), then the timed steps.
 void BM_mlp_step(benchmark::State& state) {
   auto run = [&](auto tag) {
     using T = decltype(tag);
     ts::manual_seed(3);
-    mlp_trainer<T> trainer;
+    mlp_trainer<T> trainer(state.range(1) != 0);
     const double reference = trainer.first_loss_reference();
     const float first = trainer.step();
     if (!(std::abs(first - reference) <= (16 * unit_roundoff<T> + 1e-4) * reference)) {
@@ -231,7 +234,11 @@ void BM_mlp_step(benchmark::State& state) {
     state.SetLabel(torch_dtype(dtype - 1));
   }
 }
-BENCHMARK(BM_mlp_step)->Arg(0)->Arg(1)->Arg(2)->UseRealTime()->Unit(benchmark::kMillisecond);
+// Arguments: dtype (as above), epilogues (1: the products take the bias and ReLU; 0: passes).
+BENCHMARK(BM_mlp_step)
+    ->ArgsProduct({{0, 1, 2}, {1, 0}})
+    ->UseRealTime()
+    ->Unit(benchmark::kMillisecond);
 
 // ---- ResNet-50 steps ---------------------------------------------------------------------------
 
@@ -321,12 +328,14 @@ int main(int argc, char** argv) {
          {{"cublasGemmEx / ts::matmul", "BM_matmul_16bit" + arg, "BM_matmul_16bit_cublas" + arg,
            0.9},
           {"torch / tessera", "BM_matmul_16bit" + arg, "torch/matmul_8192_" + name, 1.0}}});
-    const std::string mlp = "BM_mlp_step/" + std::to_string(d + 1);
+    const std::string mlp = "BM_mlp_step/" + std::to_string(d + 1) + "/1";
     ts::bench::print_summary(
         results,
         {"MLP step 4096 batch 2048 " + name,
-         {{"float step / " + name + " step", mlp, "BM_mlp_step/0", 1.6},
-          {"torch AMP / tessera", mlp, "torch/mlp_step_amp_" + name + "/mlp4096_b2048", 1.0}}});
+         {{"float step / " + name + " step", mlp, "BM_mlp_step/0/1", 1.6},
+          {"torch AMP / tessera", mlp, "torch/mlp_step_amp_" + name + "/mlp4096_b2048", 1.0},
+          {"bias and ReLU as passes / as epilogue", mlp,
+           "BM_mlp_step/" + std::to_string(d + 1) + "/0", 0}}});
     for (const char* images : {"32", "128"}) {
       const std::string row = std::string("BM_resnet50_step_16bit/") + images + arg + "/1";
       const std::string torch_row = "resnet50_step_amp_" + name + "_b" + images;

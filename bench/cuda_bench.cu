@@ -340,7 +340,9 @@ struct mlp_trainer {
   ts::Tensor<float, ts::cuda> x, y;
   ag::Program<ts::Tensor<float, ts::cuda>> program;
   ts::optim::SGD sgd;
-  explicit mlp_trainer(const mlp_config& c)
+  /// `epilogues` false: the products do not take the bias and ReLU (ag::Options::epilogues), the
+  /// same step as before the fold, for the A/B row.
+  explicit mlp_trainer(const mlp_config& c, bool epilogues = true)
       : model(c.widths),
         x(ts::bench::random_tensor({c.batch, c.widths.front()}, 1).cuda()),
         y(ts::bench::random_tensor({c.batch, c.widths.back()}, 2).cuda()),
@@ -348,7 +350,8 @@ struct mlp_trainer {
             [this](ag::Var<float, ts::cuda> input, ag::Var<float, ts::cuda> target) {
               return nn::mse_loss(model.forward(input), target);
             },
-            ag::input<float, ts::cuda>(x.shape()), ag::input<float, ts::cuda>(y.shape()))),
+            ag::input<float, ts::cuda>(x.shape()), ag::input<float, ts::cuda>(y.shape()),
+            ag::Options{.epilogues = epilogues})),
         sgd(model.parameters(), {.lr = 0.01, .momentum = 0.9}) {}
   float step() {
     sgd.zero_grad();
@@ -383,8 +386,12 @@ const std::vector<mlp_config>& mlp_configs() {
 }
 
 /// One MLP row: the first loss checked against float64, then the timed steps.
-void run_mlp_row(benchmark::State& state, const mlp_config& c) {
-  mlp_trainer trainer(c);
+void run_mlp_row(benchmark::State& state, const mlp_config& c, bool epilogues = true) {
+  mlp_trainer trainer(c, epilogues);
+  if (epilogues && trainer.program.plan().epilogues != static_cast<int>(c.widths.size()) - 1) {
+    fail(c.name + ": " + std::to_string(trainer.program.plan().epilogues) +
+         " products with an epilogue, expected one per layer");
+  }
   const double reference = mlp_first_loss_reference(c, trainer.model);
   const float first = trainer.step();
   if (!(std::abs(first - reference) <= 1e-4 * (1 + reference))) {
@@ -398,6 +405,11 @@ void register_mlp_rows() {
   for (const mlp_config& c : mlp_configs()) {
     benchmark::RegisterBenchmark(("mlp_step_tessera/" + c.name).c_str(),
                                  [c](benchmark::State& state) { run_mlp_row(state, c); })
+        ->UseRealTime()
+        ->Unit(benchmark::kMillisecond);
+    // The same step with the bias and ReLU as passes of their own: what the epilogues save.
+    benchmark::RegisterBenchmark(("mlp_step_tessera_no_epilogue/" + c.name).c_str(),
+                                 [c](benchmark::State& state) { run_mlp_row(state, c, false); })
         ->UseRealTime()
         ->Unit(benchmark::kMillisecond);
   }
@@ -943,6 +955,12 @@ int main(int argc, char** argv) {
                                        {{"cuDNN's batch norm / Tessera's",
                                          "BM_batchnorm_relu/" + index,
                                          "BM_batchnorm_relu_cudnn/" + index, 1.0}}});
+  }
+  for (const mlp_config& c : mlp_configs()) {
+    ts::bench::print_summary(
+        results, {"MLP step " + c.name + ", bias and ReLU",
+                  {{"as passes / as the products' epilogue", "mlp_step_tessera/" + c.name,
+                    "mlp_step_tessera_no_epilogue/" + c.name, 0}}});
   }
   print_host_per_call(results);
   const auto torch = torch_rows();

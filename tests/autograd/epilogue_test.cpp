@@ -7,6 +7,7 @@
 // rule), so the pre-activation is not kept for the backward.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -180,6 +181,18 @@ TEMPLATE_TEST_CASE(
 
   // A second step gives the same numbers (the fold is planned once, applied every forward).
   CHECK(program.forward(x).item() == loss);
+
+  // Options::epilogues = false: no fold, the passes run, the same numbers (bit for bit on the
+  // CPU: the same operations in the same order).
+  auto unfolded = ag::compile([&](auto input) { return ts::sum(net(input) * c); },
+                              ag::input<T>({rows, 12}, 0), ag::Options{.epilogues = false});
+  CHECK(unfolded.plan().epilogues == 0);
+  ts::tools::Profile passes;
+  {
+    auto recording = passes.record();
+    CHECK(unfolded.forward(x).item() == loss);
+  }
+  CHECK(calls(passes.rows(), "fused", "forward") == 5);
 }
 
 TEST_CASE("A bias added on the left, a [1, n] bias, and ReLU bound as a node of its own fold",
@@ -299,6 +312,19 @@ TEST_CASE("Products whose output is read again, recomputed, or given a column do
       return s > 0 ? s : 0;
     });
     CHECK(program.forward(x).item() == Approx(want).epsilon(1e-5));
+  }
+  SECTION("one row added to itself is not a bias") {
+    const auto row = tensor_of<float>(std::vector<double>(xs.begin(), xs.begin() + k), {1, k});
+    auto program = ag::compile(
+        [&](auto in) {
+          const auto p = ts::matmul(in, wp.like(in).t());
+          return ts::sum(ag::detail::bind_expression<float, ts::cpu>(ts::relu(p + p)));
+        },
+        ag::input<float>({1, k}, 0));
+    CHECK(program.plan().epilogues == 0);
+    double want = 0;
+    for (std::int64_t j = 0; j < n; ++j) want += std::max(2 * y[static_cast<std::size_t>(j)], 0.0);
+    CHECK(program.forward(row).item() == Approx(want).epsilon(1e-5));
   }
   SECTION("a recomputed segment runs its nodes again itself") {
     nn::Linear<float> l1(k, 8, true, 0), l2(8, 8, true, 0), l3(8, n, true, 0);

@@ -59,6 +59,11 @@ struct Options {
   /// Training mode only; a gradient that already exists when backward runs (made elsewhere, or
   /// copied out) is added to where it is.
   bool gradients_in_arena = false;
+  /// A 2-D product followed by `+ b` (a row vector: Linear's bias) and optionally a ReLU, each
+  /// taking over the buffer before it, writes them itself (cuBLASLt's BIAS / RELU_BIAS epilogue
+  /// on CUDA; the product then one pass on the CPU) and the elementwise nodes skip their forward.
+  /// MemoryPlan::epilogues counts them. false: each stays a pass of its own (for an A/B).
+  bool epilogues = true;
 };
 
 /// Where a program's memory goes, in bytes. planned_bytes is the arena (all devices);

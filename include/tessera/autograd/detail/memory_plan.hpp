@@ -277,6 +277,7 @@ TESSERA_API void program_state::place() {
 
 TESSERA_API void program_state::fold_epilogues() {
   plan.epilogues = 0;
+  if (!epilogues) return;  // Options::epilogues
   // Nodes recomputed in the backward run their own forward again: none of them is folded.
   std::vector<char> recomputed(g->nodes.size(), 0);
   for (const step& s : schedule) {
@@ -310,8 +311,9 @@ TESSERA_API void program_state::fold_epilogues() {
     node& product = *g->nodes[static_cast<std::size_t>(s->node)];
     node& add = *g->nodes[static_cast<std::size_t>(next->node)];
     const node::epilogue_form form = add.epilogue();
-    if (form.operand != product.output || form.bias < 0 || is_output(product.output) ||
-        !takes_over(*s, *next)) {
+    // (The bias read while the product writes: never the product itself, `y + y` of one row.)
+    if (form.operand != product.output || form.bias < 0 || form.bias == form.operand ||
+        is_output(product.output) || !takes_over(*s, *next)) {
       continue;
     }
     const value_info& bias = g->values[static_cast<std::size_t>(form.bias)];

@@ -54,6 +54,7 @@ class program_state {
   bool restore_gradients = true;  // Options::restore_gradients
   bool cuda_graph = false;        // Options::cuda_graph
   bool gradients_in_arena = false;  // Options::gradients_in_arena (training mode only)
+  bool epilogues = true;            // Options::epilogues
   // Its graphs (graph_replay.hpp), made at the first forward when cuda_graph is set.
   std::shared_ptr<graph_replay> graphs;
   std::vector<int> input_ids;

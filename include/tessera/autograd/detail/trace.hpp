@@ -65,6 +65,7 @@ TESSERA_API std::unique_ptr<program_state> start_trace(const Options& options) {
   state->restore_gradients = options.restore_gradients;
   state->cuda_graph = options.cuda_graph;
   state->gradients_in_arena = options.gradients_in_arena && options.mode == Mode::training;
+  state->epilogues = options.epilogues;
   return state;
 }
 TESSERA_API int add_input(program_state& state, value_info info) {
