@@ -64,6 +64,14 @@ void store_gradient(const Tensor<T, K>& target, const E& e, bool accumulate, val
   Tensor<T, K> out = target;
   const Shape full = broadcast_shapes(e.shape(), target.shape(), "gradient");
   if (full == target.shape()) {
+    if constexpr (std::is_same_v<E, tensor_leaf<T, K>>) {
+      // The upstream gradient itself into the very buffer it is (a gradient that took over its
+      // upstream's, node::backward_in_place: `y + b`'s gradient of y): nothing to write.
+      if (!accumulate && e.tensor.data() == out.data() && e.tensor.shape() == out.shape() &&
+          e.tensor.strides() == out.strides()) {
+        return;
+      }
+    }
     // e broadcasts to the target (e.g. a 0-dim upstream gradient): written or added directly.
     if (accumulate) {
       add_into(out, e);

@@ -358,7 +358,7 @@ TESSERA_API std::string program_state::report() const {
   const bool cut = mode == Mode::training && checkpoint.segments > 1;
   std::snprintf(tail, sizeof(tail),
                 "mode %s; %d forward, %d backward, %d recomputed steps%s; %d outputs in place; "
-                "%d products with their bias (and ReLU) as epilogue; arena %.1f%% of naive\n",
+                "epilogues folded into products: %d; arena %.1f%% of naive\n",
                 mode == Mode::training ? "training" : "inference", plan.forward_steps,
                 plan.backward_steps, plan.recomputed_steps,
                 !cut                                             ? ""
