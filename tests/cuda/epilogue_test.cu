@@ -11,6 +11,7 @@
 #include <random>
 #include <vector>
 
+#include "expr/elementwise_reference.hpp"
 #include "profile_support.hpp"
 #include "tessera/autograd.hpp"
 #include "tessera/expr/matmul.hpp"
@@ -23,18 +24,10 @@ namespace cuda_epilogue_test {  // one namespace per file: a unity build
 namespace ts = tessera;
 namespace ag = tessera::autograd;
 namespace nn = tessera::nn;
+using expr_test::to_double;
 using tessera_test::calls;
 
 namespace {
-
-template <class T>
-double to_double(T value) {
-  if constexpr (std::is_same_v<T, ts::half> || std::is_same_v<T, ts::bfloat16>) {
-    return static_cast<double>(static_cast<float>(value));
-  } else {
-    return static_cast<double>(value);
-  }
-}
 
 template <class T, class K>
 std::vector<double> values_of(const ts::Tensor<T, K>& t) {
