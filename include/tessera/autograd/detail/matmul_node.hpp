@@ -47,7 +47,7 @@ class matmul_node final : public node {
     relu_ = relu;
     return true;
   }
-  bool epilogue_applied() const override { return epilogue_ && applied_; }
+  bool epilogue_applied() const override { return applied_; }
   void finalize(const std::vector<value_info>& values) override {
     needs_a_ = values[static_cast<std::size_t>(inputs[0])].requires_grad;
     needs_b_ = values[static_cast<std::size_t>(inputs[1])].requires_grad;

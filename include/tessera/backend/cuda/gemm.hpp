@@ -262,9 +262,9 @@ bool gemm_bias(int device, std::int64_t m, std::int64_t n, std::int64_t k, const
                 "gemm_bias: float, half and bfloat16 only");
 #if TESSERA_CUDA
   if (m <= 0 || n <= 0 || k <= 0) return false;
-  const int im = detail::to_cublas_int(m, "m"), in = detail::to_cublas_int(n, "n"),
-            ik = detail::to_cublas_int(k, "k");
-  (void)im, (void)in, (void)ik;
+  // The same size limits as gemm()'s (cuBLAS's int), so both paths take the same products.
+  (void)detail::to_cublas_int(m, "m"), (void)detail::to_cublas_int(n, "n");
+  (void)detail::to_cublas_int(k, "k");
   constexpr cudaDataType_t type = detail::cuda_data_type<T>();
   const cublasComputeType_t compute =
       std::is_same_v<T, float> && backends::cuda::matmul::allow_tf32.load(std::memory_order_relaxed)
