@@ -370,7 +370,7 @@ template <class T, class K>
 struct is_var<Var<T, K>> : std::true_type {};
 
 #if TESSERA_DEFINITIONS
-TESSERA_API node::~node() = default;
+TESSERA_API node::~node() {}  // not `= default`: see ~Adam (optim/adam.hpp)
 
 TESSERA_API int graph::add_value(value_info info) {
   values.push_back(std::move(info));

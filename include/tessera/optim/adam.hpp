@@ -383,10 +383,13 @@ class AdamW : public detail::adam_base<AdamWOptions, true> {
   TESSERA_API ~AdamW() override;
 };
 
-// Out of line in compiled mode, so that the library holds the destructors and vtables.
+// Out of line in compiled mode, so that the library holds the destructors and vtables. An empty
+// body, not `= default`: nvcc's front end drops `inline` from the declaration of a destructor
+// defaulted out of line, which makes it the key function, and every header-only nvcc unit then
+// emitted Adam's and AdamW's vtables and compiled their updates for every dtype (config.hpp).
 #if TESSERA_DEFINITIONS
-TESSERA_API Adam::~Adam() = default;
-TESSERA_API AdamW::~AdamW() = default;
+TESSERA_API Adam::~Adam() {}
+TESSERA_API AdamW::~AdamW() {}
 #endif  // TESSERA_DEFINITIONS
 
 }  // namespace tessera::optim

@@ -482,7 +482,7 @@ TESSERA_API Optimizer::Optimizer(std::vector<nn::ParameterRef> parameters, std::
   }
 }
 
-TESSERA_API Optimizer::~Optimizer() = default;
+TESSERA_API Optimizer::~Optimizer() {}  // not `= default`: see ~Adam (adam.hpp)
 
 namespace detail {
 inline std::vector<nn::ParameterRef> concatenated(const std::vector<ParamGroup>& groups) {

@@ -184,6 +184,7 @@ __device__ opmath_t<V> as_read(const R& value) {
 /// dimension innermost), or through row_access after bind_row of o's kept index.
 template <bool Linear, class Evaluator>
 struct row_source {
+  static constexpr bool linear = Linear;
   Evaluator evaluator;
   row_layout layout;
 
@@ -593,18 +594,22 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
         static_assert(fits_kernel_parameters<decltype(rows)>,
                       "Tessera: this expression is too large to pass to one CUDA kernel "
                       "(over 4 KiB of parameters); split the statement into two");
-        using acc_type = typename Op::acc_type;
-        if (kept_is_inner) {
-          const column_reduction_plan plan = column_reduction_plan::make(
-              outputs, extent, threads_per_block,
-              resident_threads_of<&reduce_columns_kernel<Op, V, Finish, Out, decltype(rows)>>());
-          with_split_partials<Op, Finish>(
-              out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
-                reduce_columns_kernel<Op, V, Finish>
-                    <<<blocks_for(plan.tiles(), 1), threads_per_block, 0, stream.native()>>>(
-                        out, partials, rows, plan);
-              });
-          return;
+        // A linear source reduces its innermost dimension (kept_is_inner is false): no column
+        // kernel is compiled for it.
+        if constexpr (!decltype(rows)::linear) {
+          if (kept_is_inner) {
+            using acc_type = typename Op::acc_type;
+            const column_reduction_plan plan = column_reduction_plan::make(
+                outputs, extent, threads_per_block,
+                resident_threads_of<&reduce_columns_kernel<Op, V, Finish, Out, decltype(rows)>>());
+            with_split_partials<Op, Finish>(
+                out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
+                  reduce_columns_kernel<Op, V, Finish>
+                      <<<blocks_for(plan.tiles(), 1), threads_per_block, 0, stream.native()>>>(
+                          out, partials, rows, plan);
+                });
+            return;
+          }
         }
         launch_reduce_rows<Op, V, Finish>(out, rows, outputs, extent, rows.vectorisable(4) ? 4 : 1,
                                           row_lanes_setting(), stream);
