@@ -6,7 +6,8 @@
 # gives a CMake target; the header is precompiled once per mode, timed on its own line, and the
 # unit compiled with it included first, as CMake does). The budgets (issue 9) are in the last
 # column; LibTorch's <torch/torch.h> alone is timed for scale when installed.
-# With nvcc (issue 45), the CUDA training program bench/compile_time/training_cuda.cpp: by nvcc
+# With nvcc (issue 45): tessera.hpp alone by nvcc header-only (the kernels every such unit
+# compiles); the CUDA training program bench/compile_time/training_cuda.cpp: by nvcc
 # header-only and in compiled mode, and by g++ in compiled mode against a tessera::compiled built
 # with CUDA; each with the number of kernels its object holds (bench/cuda_kernels.py); then
 # tessera::compiled itself by nvcc (one run: it takes minutes), with its kernel count.
@@ -106,6 +107,12 @@ if [ "$parts" != cpu ]; then
   unit=bench/compile_time/training_cuda.cpp
   kernels() { python3 bench/cuda_kernels.py --count "$1"; }
   printf '%-44s %10s %8s %8s\n' "CUDA training program" "CPU s" "kernels" "budget"
+  # What every header-only nvcc unit pays before it uses anything: the kernels the library's
+  # inline functions name (nvcc compiles them whether or not the unit calls those functions).
+  t=$(median_cpu "$nvcc" "${nvcc_flags[@]}" -x cu -c bench/compile_time/header_only.cpp \
+    -o "$out/alone.o")
+  printf '%-44s %10s %8s %8s\n' "nvcc, tessera.hpp alone (header-only)" "$t" \
+    "$(kernels "$out/alone.o")" -
   t=$(median_cpu "$nvcc" "${nvcc_flags[@]}" -x cu -c "$unit" -o "$out/header.o")
   printf '%-44s %10s %8s %8s\n' "nvcc, header-only" "$t" "$(kernels "$out/header.o")" 60
   t=$(median_cpu "$nvcc" "${nvcc_flags[@]}" -DTESSERA_COMPILED=1 -x cu -c "$unit" -o "$out/compiled.o")
