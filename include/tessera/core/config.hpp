@@ -43,11 +43,11 @@
 //   TESSERA_DEFINITIONS  1 where its definition is to be compiled (header-only, or the library);
 //   TESSERA_INSTANTIATE(declaration)   an explicit instantiation in the library, `extern` in its
 //                        users, nothing header-only (templates instantiated for fixed types).
-// A virtual TESSERA_API function declared in its class and defined below it keeps a body there
-// (`{}` for an empty destructor, never `= default`): nvcc's front end writes the declaration of
-// a destructor defaulted out of line without its `inline`, so the destructor becomes the class's
-// key function and every header-only nvcc unit emits the vtable and compiles every virtual
-// function (Adam's and AdamW's updates for every dtype: a third of an empty unit's host code).
+// A TESSERA_API virtual destructor defined below its class gets an empty body, never
+// `= default`: nvcc's front end writes the in-class declaration of a destructor defaulted out of
+// line without its `inline`, so the destructor becomes the class's key function and every
+// header-only nvcc unit emits the vtable and compiles every virtual function (Adam's and AdamW's
+// updates for every dtype: 361 of the 377 KB of host code an empty nvcc unit compiled).
 #if defined(TESSERA_IMPLEMENTATION)
 #define TESSERA_API
 #define TESSERA_DEFINITIONS 1
