@@ -370,7 +370,8 @@ template <class T, class K>
 struct is_var<Var<T, K>> : std::true_type {};
 
 #if TESSERA_DEFINITIONS
-TESSERA_API node::~node() {}  // not `= default`: see ~Adam (optim/adam.hpp)
+// Not `= default`: nvcc would make it the key function (config.hpp).
+TESSERA_API node::~node() {}
 
 TESSERA_API int graph::add_value(value_info info) {
   values.push_back(std::move(info));

@@ -383,10 +383,8 @@ class AdamW : public detail::adam_base<AdamWOptions, true> {
   TESSERA_API ~AdamW() override;
 };
 
-// Out of line in compiled mode, so that the library holds the destructors and vtables. An empty
-// body, not `= default`: nvcc's front end drops `inline` from the declaration of a destructor
-// defaulted out of line, which makes it the key function, and every header-only nvcc unit then
-// emitted Adam's and AdamW's vtables and compiled their updates for every dtype (config.hpp).
+// Out of line in compiled mode, so that the library holds the destructors and vtables; empty
+// bodies, not `= default` (config.hpp: nvcc would make them key functions).
 #if TESSERA_DEFINITIONS
 TESSERA_API Adam::~Adam() {}
 TESSERA_API AdamW::~AdamW() {}

@@ -482,7 +482,8 @@ TESSERA_API Optimizer::Optimizer(std::vector<nn::ParameterRef> parameters, std::
   }
 }
 
-TESSERA_API Optimizer::~Optimizer() {}  // not `= default`: see ~Adam (adam.hpp)
+// Not `= default`: nvcc would make it the key function (config.hpp).
+TESSERA_API Optimizer::~Optimizer() {}
 
 namespace detail {
 inline std::vector<nn::ParameterRef> concatenated(const std::vector<ParamGroup>& groups) {
