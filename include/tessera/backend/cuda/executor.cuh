@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "tessera/backend/cpu/executor.hpp"
+#include "tessera/backend/cuda/elementwise_plan.hpp"
 #include "tessera/backend/cuda/reduce_plan.hpp"
 #include "tessera/backend/evaluator.hpp"
 #include "tessera/core/error.hpp"
@@ -35,6 +36,22 @@ inline constexpr int threads_per_block = 256;
 /// Elements per 16-byte access of the output type (at least 1, at most 8).
 template <class T>
 inline constexpr int vector_elements = sizeof(T) >= 16 ? 1 : static_cast<int>(16 / sizeof(T));
+
+/// Stores V values of T at `to` (global memory, aligned to their 16 bytes) as one 16-byte store
+/// (st.global.v4, through CUDA's __stwb: the default caching). An aligned_vector or a uint4
+/// stored as itself is split into its members, and LLVM's load/store vectoriser, which should
+/// merge them again, gives up where the pointer comes from a loop's induction variable: the rows
+/// kernel's batch became four st.global.f32 per vector when its scalar path became a rolled loop.
+template <class T, int V>
+__device__ void store_vector(T* to, const aligned_vector<T, V>& values) {
+  if constexpr (sizeof(values) == sizeof(uint4)) {
+    uint4 bits;
+    memcpy(&bits, &values, sizeof(bits));
+    __stwb(reinterpret_cast<uint4*>(to), bits);
+  } else {
+    *reinterpret_cast<aligned_vector<T, V>*>(to) = values;
+  }
+}
 
 /// The contiguous path with 16-byte vector loads and stores: each thread handles V consecutive
 /// elements per step (the output and every operand are aligned to V elements; checked on the host).
@@ -58,12 +75,6 @@ __global__ void __launch_bounds__(threads_per_block)
                             threadIdx.x;
   if (tail < n) out[tail] = store_cast<T>(evaluator.get(linear_access{tail}));
 }
-
-struct strided_layout_args {
-  int rank = 0;
-  std::int64_t sizes[max_dims] = {};
-  std::int64_t out_strides[max_dims] = {};
-};
 
 /// Any other layout, a row at a time: the merged layout's last dimension is the row; a group of
 /// plan.group lanes writes one row (or one slice of it), after placing every operand at the row's
@@ -105,7 +116,7 @@ __global__ void __launch_bounds__(threads_per_block)
         aligned_vector<T, V> stored;
 #pragma unroll
         for (int k = 0; k < V; ++k) stored.values[k] = store_cast<T>(values[k]);
-        *reinterpret_cast<aligned_vector<T, V>*>(out_row + p) = stored;
+        store_vector(out_row + p, stored);
       };
       plan.walk(
           split, lane,
@@ -119,17 +130,20 @@ __global__ void __launch_bounds__(threads_per_block)
               aligned_vector<T, V> stored;
 #pragma unroll
               for (int j = 0; j < V; ++j) stored.values[j] = store_cast<T>(values[k][j]);
-              *reinterpret_cast<aligned_vector<T, V>*>(out_row + p + k * step) = stored;
+              store_vector(out_row + p + k * step, stored);
             }
           },
           one, scalar);
     } else {
-      plan.walk(
-          split, lane,
-          [&](std::int64_t p, std::int64_t step) {
-            for (int k = 0; k < reduce_batch_values; ++k) scalar(p + k * step);
-          },
-          scalar, scalar);
+      // One element at a time, the positions plan.walk gives a lane with vector 1, in one rolled
+      // loop. Each element's store may alias the next element's loads (nothing tells the
+      // compiler otherwise), so its loads cannot start before that store is issued: copies of the
+      // loop body (cicc unrolls a loop of constant count 16 fully) keep no more loads in flight
+      // and only multiply the kernel's code (15 more copies of the expression per kernel; PTX
+      // checked on the add of two float tensors: ld, ld, st, 16 times in order).
+      const std::int64_t end = plan.last(split);
+#pragma unroll 1
+      for (std::int64_t p = plan.first(split) + lane; p < end; p += plan.group) scalar(p);
     }
   }
 }
@@ -207,6 +221,10 @@ bool execute_dense(T* out, const Evaluator& evaluator, std::int64_t n, stream_re
 }
 
 /// CUDA twin of backend::cpu::execute, on the current device and `stream`. Counts one launch.
+/// One evaluator over the merged layout (merge_elementwise): a dense run takes the vector path
+/// when aligned; everything else, and a dense run that is not, takes the rows kernel over the
+/// same evaluator (a run of unit stride reads the same elements through linear and vector
+/// access as through rows).
 template <class T, std::size_t L, class MakeEvaluator>
 void execute(T* out, const Strides& out_strides, const Shape& shape,
              const std::array<Strides, L>& leaf_strides, MakeEvaluator&& make_evaluator,
@@ -214,59 +232,24 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   profiler::count_launch();
   const std::int64_t n = shape.numel();
   if (n == 0) return;
-  bool linear = cpu::is_row_major(shape, out_strides);
-  for (const Strides& strides : leaf_strides) linear = linear && cpu::is_row_major(shape, strides);
-  if (linear) {
-    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-    static_assert(sizeof(evaluator) <= 4096,
-                  "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
-                  "of parameters); split the statement into two assignments");
-    if (execute_dense(out, evaluator, n, stream)) return;
-    // Contiguous but not aligned (or shorter than one vector): the rows kernel, whose merged
-    // layout is then one row (no kernel of its own for this rare case: one less per expression
-    // to compile).
-  }
-  std::array<Strides, L + 1> all;
-  all[0] = out_strides;
-  std::copy(leaf_strides.begin(), leaf_strides.end(), all.begin() + 1);
-  // In the output's memory order, as the CPU executor: operands laid out alike in another order
-  // than row-major (all channels_last) merge into one dense run and take the vector path; a
-  // row-major output keeps the logical order.
-  const auto merged = cpu::strided_layout<static_cast<int>(L + 1)>::in_memory_order(shape, all);
-  if (!linear && merged.shape.size() == 1) {
-    bool dense = true;
-    for (const Strides& strides : merged.strides) dense = dense && strides[0] == 1;
-    if (dense) {
-      auto evaluator = make_evaluator(merged.strides.data() + 1, 1);
-      if (execute_dense(out, evaluator, n, stream)) return;
-    }
-  }
-  strided_layout_args layout;
-  layout.rank = merged.shape.size();
-  for (int d = 0; d < layout.rank; ++d) {
-    layout.sizes[d] = merged.shape[d];
-    layout.out_strides[d] = merged.strides[0][d];
-  }
-  auto evaluator = make_evaluator(merged.strides.data() + 1, layout.rank);
+  std::array<Strides, L + 1> strides;
+  strides[0] = out_strides;
+  std::copy(leaf_strides.begin(), leaf_strides.end(), strides.begin() + 1);
+  const elementwise_layout layout = merge_elementwise(shape, strides.data(), L + 1);
+  auto evaluator = make_evaluator(strides.data() + 1, layout.args.rank);
   static_assert(sizeof(evaluator) <= 4096,
                 "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
                 "of parameters); split the statement into two assignments");
-  // Rows of the merged layout's last dimension (one row of one element for a 0-dim layout).
-  const std::int64_t extent = layout.rank > 0 ? layout.sizes[layout.rank - 1] : 1;
-  const std::int64_t rows = n / extent;
+  if (layout.dense && execute_dense(out, evaluator, n, stream)) return;
   constexpr int V = vector_elements<T>;
-  bool vectorisable = V > 1 && layout.rank > 0 && layout.out_strides[layout.rank - 1] == 1 &&
-                      reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * V) == 0 &&
-                      evaluator.is_row_aligned(V);
-  for (int d = 0; d + 1 < layout.rank; ++d) {
-    vectorisable = vectorisable && layout.out_strides[d] % V == 0;
-  }
-  const std::int64_t resident = resident_threads_of<&rows_kernel<V, T, decltype(evaluator)>>();
-  const row_reduction_plan plan = row_reduction_plan::make(
-      rows, extent, vectorisable ? V : 1, threads_per_block, resident, threads_per_block);
-  const std::int64_t cap = static_cast<std::int64_t>(multiprocessor_count()) * 16;
-  const auto grid = static_cast<unsigned>(std::max<std::int64_t>(1, std::min(plan.tiles(), cap)));
-  rows_kernel<V><<<grid, threads_per_block, 0, stream.native()>>>(out, evaluator, layout, plan);
+  const bool vectorisable = V > 1 && layout.rows_allow_vector(V) &&
+                            reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * V) == 0 &&
+                            evaluator.is_row_aligned(V);
+  const rows_launch launch = plan_rows(
+      layout.args, n, vectorisable ? V : 1, threads_per_block,
+      resident_threads_of<&rows_kernel<V, T, decltype(evaluator)>>(), multiprocessor_count());
+  rows_kernel<V><<<launch.grid, threads_per_block, 0, stream.native()>>>(out, evaluator,
+                                                                         layout.args, launch.plan);
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -40,6 +40,29 @@ namespace tessera::backend::cuda {
 template <class T>
 inline constexpr bool fits_kernel_parameters = sizeof(T) <= 4096;
 
+/// Scratch memory of `bytes` from the current device's pool, freed on `stream` when it goes (the
+/// pool hands it out again only after the work queued on `stream` so far). Not a template: the
+/// reductions of every expression share its code.
+class stream_scratch {
+ public:
+  stream_scratch(std::size_t bytes, stream_ref stream) : bytes_(bytes), stream_(stream) {
+    int ordinal = 0;
+    TESSERA_CUDA_CHECK(cudaGetDevice(&ordinal));
+    device_ = Device{DeviceType::cuda, ordinal};
+    data_ = memory::allocate(device_, bytes_, stream_);
+  }
+  stream_scratch(const stream_scratch&) = delete;
+  stream_scratch& operator=(const stream_scratch&) = delete;
+  ~stream_scratch() { memory::deallocate(device_, data_, bytes_, stream_); }
+  void* data() const { return data_; }
+
+ private:
+  std::size_t bytes_;
+  stream_ref stream_;
+  Device device_{};
+  void* data_ = nullptr;
+};
+
 // ---- full reductions: blocks over slices, then one block over their partials ---------------
 
 /// Element i (row-major over the merged layout) of any expression.
@@ -115,6 +138,16 @@ __global__ void write_value_kernel(Out* out, Out value) {
   *out = value;
 }
 
+/// Launches reduce_partials_kernel over `count` block partials; reports a failed launch. One body
+/// per (Op, Finish, Out), whatever the expression.
+template <class Op, class Finish, class Out>
+void merge_block_partials(Out* out, const typename Op::acc_type* partials, std::int64_t count,
+                          std::int64_t n, stream_ref stream) {
+  reduce_partials_kernel<Op, Finish, Out>
+      <<<1, threads_per_block, 0, stream.native()>>>(out, partials, count, n);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
 /// Launches reduce_all_kernel over `element` (and reduce_partials_kernel when it takes several
 /// blocks; the partials come from the device's pool, freed on `stream`).
 template <class Op, class Finish, class Out, class Element>
@@ -134,23 +167,13 @@ void launch_reduce_all(Out* out, const Element& element, std::int64_t n, stream_
     TESSERA_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  int ordinal = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&ordinal));
-  const Device device{DeviceType::cuda, ordinal};
-  const std::size_t bytes = static_cast<std::size_t>(plan.blocks) * sizeof(acc_type);
-  auto* partials = static_cast<acc_type*>(memory::allocate(device, bytes, stream));
+  const stream_scratch scratch(static_cast<std::size_t>(plan.blocks) * sizeof(acc_type), stream);
+  auto* partials = static_cast<acc_type*>(scratch.data());
   reduce_all_kernel<Op, Finish, Out>
       <<<static_cast<unsigned>(plan.blocks), threads_per_block, 0, stream.native()>>>(
           out, partials, element, n, plan);
-  cudaError_t status = cudaGetLastError();
-  if (status == cudaSuccess) {
-    reduce_partials_kernel<Op, Finish, Out><<<1, threads_per_block, 0, stream.native()>>>(
-        out, partials, plan.blocks, n);
-    status = cudaGetLastError();
-  }
-  // Freed on the stream that used it: the pool hands it out again only after that work.
-  memory::deallocate(device, partials, bytes, stream);
-  TESSERA_CUDA_CHECK(status);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  merge_block_partials<Op, Finish, Out>(out, partials, plan.blocks, n, stream);
 }
 
 // ---- rows: one output (or one softmax row) per position of the kept dimensions
@@ -480,6 +503,24 @@ void with_rows(const Shape& shape, int dim, const Strides& out_strides,
   launch(row_source<false, decltype(evaluator)>{evaluator, layout}, split.kept_is_inner());
 }
 
+/// The second pass of a split reduction over `partials` (outputs * splits accumulators): a warp
+/// per output for many splits, else a thread per output; reports a failed launch. One body per
+/// (Op, Finish, Out), whatever the expression.
+template <class Op, class Finish, class Out>
+void merge_split_partials(Out* out, const typename Op::acc_type* partials, std::int64_t outputs,
+                          std::int64_t splits, std::int64_t extent, stream_ref stream) {
+  if (splits >= warp_merge_splits) {
+    reduce_split_partials_warps_kernel<Op, Finish, Out>
+        <<<blocks_for(outputs, threads_per_block / 32), threads_per_block, 0, stream.native()>>>(
+            out, partials, outputs, splits, extent);
+  } else {
+    reduce_split_partials_kernel<Op, Finish, Out>
+        <<<blocks_for(outputs, threads_per_block), threads_per_block, 0, stream.native()>>>(
+            out, partials, outputs, splits, extent);
+  }
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+}
+
 /// Runs launch(partials) for a reduction of `outputs` results cut into `splits` slices each:
 /// with one split, partials is null and the kernel writes the results; with several, partials
 /// (outputs * splits accumulators from the device's pool, freed on `stream`) are merged by a
@@ -493,28 +534,12 @@ void with_split_partials(Out* out, std::int64_t outputs, std::int64_t splits,
     TESSERA_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  int ordinal = 0;
-  TESSERA_CUDA_CHECK(cudaGetDevice(&ordinal));
-  const Device device{DeviceType::cuda, ordinal};
-  const std::size_t bytes = static_cast<std::size_t>(outputs * splits) * sizeof(acc_type);
-  auto* partials = static_cast<acc_type*>(memory::allocate(device, bytes, stream));
+  const stream_scratch scratch(static_cast<std::size_t>(outputs * splits) * sizeof(acc_type),
+                               stream);
+  auto* partials = static_cast<acc_type*>(scratch.data());
   launch(partials);
-  cudaError_t status = cudaGetLastError();
-  if (status == cudaSuccess) {
-    if (splits >= warp_merge_splits) {
-      reduce_split_partials_warps_kernel<Op, Finish, Out>
-          <<<blocks_for(outputs, threads_per_block / 32), threads_per_block, 0, stream.native()>>>(
-              out, partials, outputs, splits, extent);
-    } else {
-      reduce_split_partials_kernel<Op, Finish, Out>
-          <<<blocks_for(outputs, threads_per_block), threads_per_block, 0, stream.native()>>>(
-              out, partials, outputs, splits, extent);
-    }
-    status = cudaGetLastError();
-  }
-  // Freed on the stream that used it: the pool hands it out again only after that work.
-  memory::deallocate(device, partials, bytes, stream);
-  TESSERA_CUDA_CHECK(status);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  merge_split_partials<Op, Finish, Out>(out, partials, outputs, splits, extent, stream);
 }
 
 /// reduce_rows_kernel over `outputs` rows of `extent` elements (row_reduction_plan: a warp per
