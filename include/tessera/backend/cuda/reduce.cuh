@@ -33,6 +33,7 @@
 #include "tessera/core/profiler.hpp"
 #include "tessera/core/stream.hpp"
 #include "tessera/memory/memory.hpp"
+#include "tessera/tensor/detail/copy.hpp"
 
 namespace tessera::backend::cuda {
 
@@ -40,28 +41,10 @@ namespace tessera::backend::cuda {
 template <class T>
 inline constexpr bool fits_kernel_parameters = sizeof(T) <= 4096;
 
-/// Scratch memory of `bytes` from the current device's pool, freed on `stream` when it goes (the
-/// pool hands it out again only after the work queued on `stream` so far). Not a template: the
-/// reductions of every expression share its code.
-class stream_scratch {
- public:
-  stream_scratch(std::size_t bytes, stream_ref stream) : bytes_(bytes), stream_(stream) {
-    int ordinal = 0;
-    TESSERA_CUDA_CHECK(cudaGetDevice(&ordinal));
-    device_ = Device{DeviceType::cuda, ordinal};
-    data_ = memory::allocate(device_, bytes_, stream_);
-  }
-  stream_scratch(const stream_scratch&) = delete;
-  stream_scratch& operator=(const stream_scratch&) = delete;
-  ~stream_scratch() { memory::deallocate(device_, data_, bytes_, stream_); }
-  void* data() const { return data_; }
-
- private:
-  std::size_t bytes_;
-  stream_ref stream_;
-  Device device_{};
-  void* data_ = nullptr;
-};
+/// Scratch memory of `bytes` from the current CUDA device's pool, freed on `stream` when it goes.
+inline tessera::detail::scratch_buffer stream_scratch(std::size_t bytes, stream_ref stream) {
+  return {Device{DeviceType::cuda, tessera::cuda::current_device()}, bytes, stream};
+}
 
 // ---- full reductions: blocks over slices, then one block over their partials ---------------
 
@@ -167,8 +150,9 @@ void launch_reduce_all(Out* out, const Element& element, std::int64_t n, stream_
     TESSERA_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  const stream_scratch scratch(static_cast<std::size_t>(plan.blocks) * sizeof(acc_type), stream);
-  auto* partials = static_cast<acc_type*>(scratch.data());
+  const auto scratch =
+      stream_scratch(static_cast<std::size_t>(plan.blocks) * sizeof(acc_type), stream);
+  auto* partials = static_cast<acc_type*>(scratch.data);
   reduce_all_kernel<Op, Finish, Out>
       <<<static_cast<unsigned>(plan.blocks), threads_per_block, 0, stream.native()>>>(
           out, partials, element, n, plan);
@@ -534,9 +518,9 @@ void with_split_partials(Out* out, std::int64_t outputs, std::int64_t splits,
     TESSERA_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  const stream_scratch scratch(static_cast<std::size_t>(outputs * splits) * sizeof(acc_type),
-                               stream);
-  auto* partials = static_cast<acc_type*>(scratch.data());
+  const auto scratch =
+      stream_scratch(static_cast<std::size_t>(outputs * splits) * sizeof(acc_type), stream);
+  auto* partials = static_cast<acc_type*>(scratch.data);
   launch(partials);
   TESSERA_CUDA_CHECK(cudaGetLastError());
   merge_split_partials<Op, Finish, Out>(out, partials, outputs, splits, extent, stream);
