@@ -103,6 +103,23 @@ TESSERA_API void* allocate(Device device, std::size_t bytes, stream_ref stream =
 TESSERA_API void deallocate(Device device, void* pointer, std::size_t bytes,
                             stream_ref stream = {}) noexcept;
 
+namespace detail {
+/// Temporary buffer from a device's pool, returned on scope exit (on `stream`, the stream that
+/// used it: the pool hands it out again only after that work). The library's scratch for copies
+/// through the host and reductions' partials.
+struct scratch_buffer {
+  Device device;
+  std::size_t bytes = 0;
+  stream_ref stream;
+  void* data = nullptr;
+  scratch_buffer(Device d, std::size_t n, stream_ref s = {})
+      : device(d), bytes(n), stream(s), data(allocate(d, n, s)) {}
+  ~scratch_buffer() { deallocate(device, data, bytes, stream); }
+  scratch_buffer(const scratch_buffer&) = delete;
+  scratch_buffer& operator=(const scratch_buffer&) = delete;
+};
+}  // namespace detail
+
 /// Marks memory from allocate as used by work on `stream`, so that on free it rejoins the pool
 /// only after that work is done (PyTorch's Tensor.record_stream). On CPU devices, whose work is
 /// synchronous, it only checks the pointer. Throws std::invalid_argument for a pointer the pool

@@ -33,7 +33,6 @@
 #include "tessera/core/profiler.hpp"
 #include "tessera/core/stream.hpp"
 #include "tessera/memory/memory.hpp"
-#include "tessera/tensor/detail/copy.hpp"
 
 namespace tessera::backend::cuda {
 
@@ -42,7 +41,7 @@ template <class T>
 inline constexpr bool fits_kernel_parameters = sizeof(T) <= 4096;
 
 /// Scratch memory of `bytes` from the current CUDA device's pool, freed on `stream` when it goes.
-inline tessera::detail::scratch_buffer stream_scratch(std::size_t bytes, stream_ref stream) {
+inline memory::detail::scratch_buffer stream_scratch(std::size_t bytes, stream_ref stream) {
   return {Device{DeviceType::cuda, tessera::cuda::current_device()}, bytes, stream};
 }
 

@@ -49,19 +49,7 @@ struct strided_ref {
   Strides strides;
 };
 
-/// Temporary buffer from a device's pool, returned on scope exit (on `stream`, the stream that
-/// used it: the pool hands it out again only after that work).
-struct scratch_buffer {
-  Device device;
-  std::size_t bytes = 0;
-  stream_ref stream;
-  void* data = nullptr;
-  scratch_buffer(Device d, std::size_t n, stream_ref s = {})
-      : device(d), bytes(n), stream(s), data(memory::allocate(d, n, s)) {}
-  ~scratch_buffer() { memory::deallocate(device, data, bytes, stream); }
-  scratch_buffer(const scratch_buffer&) = delete;
-  scratch_buffer& operator=(const scratch_buffer&) = delete;
-};
+using memory::detail::scratch_buffer;
 
 /// The evaluator of a copy from `src` to dtype To: the stored values themselves for one dtype
 /// (bits unchanged, signalling NaNs included), else a conversion through the compute type.
