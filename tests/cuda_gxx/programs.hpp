@@ -124,5 +124,15 @@ std::vector<double> eager_expressions() {
   w *= 0.5;
   append(out, w);
   append(out, a.template to<ts::half>().template to<float>());
+  // Longer rows: 16-byte loads, several rows a block, a full reduction split over blocks (the
+  // library's primitives take one kernel for every layout: backend::cuda::kernel_choice::fewest).
+  const auto c = ts::randn<float, K>({48, 1024}, 0);
+  append(out, ts::mean(c, 1));
+  append(out, ts::mean(c * 2, 0));
+  append(out, ts::max(c, 1));
+  append(out, ts::mean(c));
+  append(out, ts::softmax(c, 1));
+  const ts::Tensor<float, K> d = c * 0.5 + 1;
+  append(out, d);
   return out;
 }

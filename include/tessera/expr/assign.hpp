@@ -39,11 +39,13 @@ void run_cuda_primitive(const Tensor<T, cuda>& out, const E& p);
 /// (g++ with tessera::compiled), and the linker keeps one body per name, so the library's
 /// primitives, which must launch their kernel, never call run_expression (that body would hand
 /// the primitive back to them, forever).
-template <class T, class E>
+/// Choice: backend::cuda::kernel_choice (fewest for the primitives).
+template <backend::cuda::kernel_choice Choice = backend::cuda::kernel_choice::fastest, class T,
+          class E>
 void run_expression_kernel(const Tensor<T, cuda>& out, const E& node) {
   DeviceGuard<cuda> guard(out.device_index());
-  backend::cuda::execute(out.data(), out.strides(), out.shape(), leaf_strides_of(node, out.shape()),
-                         evaluator_factory(node));
+  backend::cuda::execute<Choice>(out.data(), out.strides(), out.shape(),
+                                 leaf_strides_of(node, out.shape()), evaluator_factory(node));
 }
 #endif
 
@@ -73,7 +75,7 @@ void run_expression(const Tensor<T, K>& out, const E& node) {
 #if TESSERA_CUDA_KERNELS
 template <class T, class E>
 void run_cuda_primitive(const Tensor<T, cuda>& out, const E& p) {
-  run_expression_kernel(out, p);
+  run_expression_kernel<backend::cuda::kernel_choice::fewest>(out, p);
 }
 #endif
 

@@ -104,24 +104,30 @@ std::pair<Shape, std::array<Strides, Node::leaf_count>> softmax_rows(const Node&
 // The CUDA kernels of the reductions below, under names of their own, defined only where nvcc
 // compiles kernels (the library's primitives call them; see run_expression_kernel in
 // expr/assign.hpp for why they cannot call the reductions themselves).
-template <class Op, class Finish, class Out, class Node>
+// Choice: backend::cuda::kernel_choice (fewest for the primitives).
+template <class Op, class Finish,
+          backend::cuda::kernel_choice Choice = backend::cuda::kernel_choice::fastest, class Out,
+          class Node>
 void reduce_all_kernel(const Tensor<Out, cuda>& out, const Node& node, Device device) {
   DeviceGuard<cuda> guard(device.index);
-  backend::cuda::reduce_all<Op, typename Node::value_type, Finish>(
+  backend::cuda::reduce_all<Op, typename Node::value_type, Finish, Choice>(
       out.data(), node.shape(), leaf_strides_of(node), evaluator_factory(node));
 }
-template <class Op, class Finish, class Out, class Node>
+template <class Op, class Finish,
+          backend::cuda::kernel_choice Choice = backend::cuda::kernel_choice::fastest, class Out,
+          class Node>
 void reduce_dim_kernel(const Tensor<Out, cuda>& out, const Node& node, int dim, Device device) {
   DeviceGuard<cuda> guard(device.index);
-  backend::cuda::reduce_dim<Op, typename Node::value_type, Finish>(
+  backend::cuda::reduce_dim<Op, typename Node::value_type, Finish, Choice>(
       out.data(), node.shape(), dim, leaf_strides_of(node), evaluator_factory(node));
 }
-template <bool Log, class F, class Node>
+template <bool Log, backend::cuda::kernel_choice Choice = backend::cuda::kernel_choice::fastest,
+          class F, class Node>
 void softmax_kernel(const Tensor<F, cuda>& out, const Node& node, int d, Device device) {
   const auto [row_shape, row_strides] = softmax_rows(node);
   DeviceGuard<cuda> guard(device.index);
-  backend::cuda::softmax<Log, typename Node::value_type>(out.data(), row_shape, d, row_strides,
-                                                         evaluator_factory(node));
+  backend::cuda::softmax<Log, typename Node::value_type, Choice>(
+      out.data(), row_shape, d, row_strides, evaluator_factory(node));
 }
 #endif
 
@@ -247,22 +253,24 @@ auto softmax_of(const Node& node, std::int64_t dim, const char* operation) {
 template <class Op, class Finish, class Out, class V>
 void reduce_all_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
                                const char* operation) {
-  reduce_all_kernel<Op, Finish>(out, leaf, device_of(leaf, operation));
+  reduce_all_kernel<Op, Finish, backend::cuda::kernel_choice::fewest>(out, leaf,
+                                                                      device_of(leaf, operation));
 }
 template <class Op, class Finish, class Out, class V>
 void reduce_dim_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
                                int dim, const char* operation) {
+  constexpr auto fewest = backend::cuda::kernel_choice::fewest;
   if (leaf.shape().size() == 0) {
-    reduce_all_kernel<Op, Finish>(out, leaf, device_of(leaf, operation));
+    reduce_all_kernel<Op, Finish, fewest>(out, leaf, device_of(leaf, operation));
   } else {
-    reduce_dim_kernel<Op, Finish>(out, leaf, dim, device_of(leaf, operation));
+    reduce_dim_kernel<Op, Finish, fewest>(out, leaf, dim, device_of(leaf, operation));
   }
 }
 template <bool Log, class F>
 void softmax_cuda_primitive(const Tensor<F, cuda>& out, const tensor_leaf<F, cuda>& leaf,
                             std::int64_t dim, const char* operation) {
-  softmax_kernel<Log>(out, leaf, reduction_dim(leaf.shape(), dim, operation),
-                      device_of(leaf, operation));
+  softmax_kernel<Log, backend::cuda::kernel_choice::fewest>(
+      out, leaf, reduction_dim(leaf.shape(), dim, operation), device_of(leaf, operation));
 }
 #endif
 

@@ -29,6 +29,15 @@
 
 namespace tessera::backend::cuda {
 
+/// The kernels a launch chooses among. fastest: each layout's own (the vector kernel for a dense
+/// run, the rows kernel for the rest; the reductions' linear row source for contiguous rows): what
+/// a unit's fused expressions and the library's layers compile. fewest: one kernel that covers
+/// every layout (the rows kernel; the reductions' bound rows): the library's primitives, the
+/// hundreds of (functor, dtype) kernels that g++ units evaluate CUDA expressions with, one
+/// operation at a time (expr/detail/op_by_op.hpp), where the second kernel of each layout doubled
+/// the build of tessera::compiled's primitives for a path that is not the fast one anyway.
+enum class kernel_choice { fastest, fewest };
+
 /// Elements per thread a grid is sized for (each thread then has several loads in flight).
 inline constexpr int elements_per_thread = 4;
 inline constexpr int threads_per_block = 256;
@@ -222,10 +231,11 @@ bool execute_dense(T* out, const Evaluator& evaluator, std::int64_t n, stream_re
 
 /// CUDA twin of backend::cpu::execute, on the current device and `stream`. Counts one launch.
 /// One evaluator over the merged layout (merge_elementwise): a dense run takes the vector path
-/// when aligned; everything else, and a dense run that is not, takes the rows kernel over the
-/// same evaluator (a run of unit stride reads the same elements through linear and vector
-/// access as through rows).
-template <class T, std::size_t L, class MakeEvaluator>
+/// when aligned (kernel_choice::fastest); everything else, and a dense run that is not, takes
+/// the rows kernel over the same evaluator (a run of unit stride reads the same elements through
+/// linear and vector access as through rows, 16 bytes at a time when aligned).
+template <kernel_choice Choice = kernel_choice::fastest, class T, std::size_t L,
+          class MakeEvaluator>
 void execute(T* out, const Strides& out_strides, const Shape& shape,
              const std::array<Strides, L>& leaf_strides, MakeEvaluator&& make_evaluator,
              stream_ref stream = tessera::detail::current_cuda_stream()) {
@@ -240,7 +250,9 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   static_assert(sizeof(evaluator) <= 4096,
                 "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
                 "of parameters); split the statement into two assignments");
-  if (layout.dense && execute_dense(out, evaluator, n, stream)) return;
+  if constexpr (Choice == kernel_choice::fastest) {
+    if (layout.dense && execute_dense(out, evaluator, n, stream)) return;
+  }
   constexpr int V = vector_elements<T>;
   const bool vectorisable = V > 1 && layout.rows_allow_vector(V) &&
                             reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * V) == 0 &&

@@ -458,21 +458,24 @@ inline int row_lanes_setting() {
 }
 
 /// Calls launch(rows, kept_is_inner) with the row source that fits the layout: linear when every
-/// leaf is contiguous with the dimension innermost, else bind_row over the merged kept dimensions;
-/// kept_is_inner tells whether the kept dimensions are the contiguous ones (see split_layout).
-template <std::size_t L, class MakeEvaluator, class Launch>
+/// leaf is contiguous with the dimension innermost (kernel_choice::fastest), else bind_row over
+/// the merged kept dimensions; kept_is_inner tells whether the kept dimensions are the contiguous
+/// ones (see split_layout).
+template <kernel_choice Choice, std::size_t L, class MakeEvaluator, class Launch>
 void with_rows(const Shape& shape, int dim, const Strides& out_strides,
                const std::array<Strides, L>& leaf_strides, MakeEvaluator& make_evaluator,
                Launch&& launch) {
-  std::int64_t after = 1;
-  for (int d = dim + 1; d < shape.size(); ++d) after *= shape[d];
   row_layout layout;
   layout.extent = shape[dim];
-  if (after == 1 && cpu::all_row_major(shape, leaf_strides)) {
-    layout.out_step = 1;
-    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-    launch(row_source<true, decltype(evaluator)>{evaluator, layout}, false);
-    return;
+  if constexpr (Choice == kernel_choice::fastest) {
+    std::int64_t after = 1;
+    for (int d = dim + 1; d < shape.size(); ++d) after *= shape[d];
+    if (after == 1 && cpu::all_row_major(shape, leaf_strides)) {
+      layout.out_step = 1;
+      auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+      launch(row_source<true, decltype(evaluator)>{evaluator, layout}, false);
+      return;
+    }
   }
   const cpu::split_layout<L> split(shape, dim, out_strides, leaf_strides);
   layout.kept_rank = split.kept.shape.size();
@@ -548,7 +551,8 @@ void launch_reduce_rows(Out* out, const Rows& rows, std::int64_t outputs, std::i
 
 /// CUDA twin of backend::cpu::reduce_all: *out (device memory) = Finish(Op over every element),
 /// on the current device and `stream`. Counts one launch (two kernels when the input is large).
-template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
+template <class Op, class V, class Finish, kernel_choice Choice = kernel_choice::fastest, class Out,
+          std::size_t L, class MakeEvaluator>
 void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
                 MakeEvaluator&& make_evaluator,
                 stream_ref stream = tessera::detail::current_cuda_stream()) {
@@ -564,12 +568,23 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
     // One row of n elements through the row kernel: 16-byte loads when every leaf is aligned
     // (a slice's last elements one at a time), cut over one wave of blocks, the slices merged
     // by a warp.
-    auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
     row_layout layout;
     layout.extent = n;
     layout.out_step = 1;
-    const row_source<true, decltype(evaluator)> rows{evaluator, layout};
-    launch_reduce_rows<Op, V, Finish>(out, rows, 1, n, evaluator.is_aligned(4) ? 4 : 1, 0, stream);
+    if constexpr (Choice == kernel_choice::fastest) {
+      auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
+      const row_source<true, decltype(evaluator)> rows{evaluator, layout};
+      launch_reduce_rows<Op, V, Finish>(out, rows, 1, n, evaluator.is_aligned(4) ? 4 : 1, 0,
+                                        stream);
+    } else {
+      // The same row through the bound-row source, the one reduce_dim's fewest kernels use: no
+      // kept dimension, every leaf one dimension of unit stride.
+      std::array<Strides, L> flat;
+      for (auto& strides : flat) strides = Strides{1};
+      auto evaluator = make_evaluator(flat.data(), 1);
+      const row_source<false, decltype(evaluator)> rows{evaluator, layout};
+      launch_reduce_rows<Op, V, Finish>(out, rows, 1, n, rows.vectorisable(4) ? 4 : 1, 0, stream);
+    }
     return;
   }
   const cpu::strided_layout<static_cast<int>(L)> merged(shape, leaf_strides);
@@ -586,9 +601,11 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
 /// reduce_rows_kernel, with 16-byte loads where every operand allows them; kept dimensions that
 /// are the contiguous ones run reduce_columns_kernel. Either splits long rows over blocks when
 /// the outputs are too few to fill the device (a second kernel merges the partials). One launch.
-template <class Op, class V, class Finish, class Out, std::size_t L, class MakeEvaluator>
+template <class Op, class V, class Finish, kernel_choice Choice = kernel_choice::fastest, class Out,
+          std::size_t L, class MakeEvaluator>
 void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
-                MakeEvaluator&& make_evaluator, stream_ref stream = tessera::detail::current_cuda_stream()) {
+                MakeEvaluator&& make_evaluator,
+                stream_ref stream = tessera::detail::current_cuda_stream()) {
   profiler::count_launch();
   const std::int64_t extent = shape[dim];
   std::int64_t outputs = 1;
@@ -596,7 +613,7 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
     if (d != dim) outputs *= shape[d];
   }
   if (outputs == 0) return;
-  with_rows(
+  with_rows<Choice>(
       shape, dim, Shape::filled(shape.size(), 0), leaf_strides, make_evaluator,
       [&](auto rows, bool kept_is_inner) {
         static_assert(fits_kernel_parameters<decltype(rows)>,
@@ -679,23 +696,25 @@ __global__ void __launch_bounds__(threads_per_block)
 }
 
 /// CUDA twin of backend::cpu::softmax (out contiguous with the input's shape). One launch.
-template <bool Log, class V, class F, std::size_t L, class MakeEvaluator>
+template <bool Log, class V, kernel_choice Choice = kernel_choice::fastest, class F, std::size_t L,
+          class MakeEvaluator>
 void softmax(F* out, const Shape& shape, int dim, const std::array<Strides, L>& leaf_strides,
-             MakeEvaluator&& make_evaluator, stream_ref stream = tessera::detail::current_cuda_stream()) {
+             MakeEvaluator&& make_evaluator,
+             stream_ref stream = tessera::detail::current_cuda_stream()) {
   profiler::count_launch();
   const std::int64_t n = shape.numel();
   if (n == 0) return;
   const std::int64_t rows_count = n / shape[dim];
-  with_rows(shape, dim, shape.contiguous_strides(), leaf_strides, make_evaluator,
-            [&](auto rows, bool) {
-              static_assert(fits_kernel_parameters<decltype(rows)>,
-                            "Tessera: this expression is too large to pass to one CUDA kernel "
-                            "(over 4 KiB of parameters); split the statement into two");
-              softmax_rows_kernel<Log, V>
-                  <<<blocks_for(rows_count, 1), threads_per_block, 0, stream.native()>>>(
-                      out, rows, rows_count);
-              TESSERA_CUDA_CHECK(cudaGetLastError());
-            });
+  with_rows<Choice>(
+      shape, dim, shape.contiguous_strides(), leaf_strides, make_evaluator, [&](auto rows, bool) {
+        static_assert(fits_kernel_parameters<decltype(rows)>,
+                      "Tessera: this expression is too large to pass to one CUDA kernel "
+                      "(over 4 KiB of parameters); split the statement into two");
+        softmax_rows_kernel<Log, V>
+            <<<blocks_for(rows_count, 1), threads_per_block, 0, stream.native()>>>(out, rows,
+                                                                                   rows_count);
+        TESSERA_CUDA_CHECK(cudaGetLastError());
+      });
 }
 
 }  // namespace tessera::backend::cuda
