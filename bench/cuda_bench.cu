@@ -1,8 +1,9 @@
 // CUDA benchmarks (issues 16 and 11), on one GPU, each against its baseline in the same run:
 // - bandwidth: the fused expressions `y = a*2 + b*c` and `sum(a * b)` over 2^26 floats, sums over
 //   the last dimension of [32, 256, 3136] (plain and with a broadcast operand) and a broadcast
-//   subtraction, against a device-to-device copy (cudaMemcpyAsync: the card's bandwidth, bytes
-//   read plus written);
+//   subtraction, and `a + b` and that sum as the library's primitives run them for g++ units,
+//   against a device-to-device copy (cudaMemcpyAsync: the card's bandwidth, bytes read plus
+//   written);
 // - the pool: a tensor created and destroyed (ts::empty on cuda:0) against cudaMalloc/cudaFree
 //   and cudaMallocAsync/cudaFreeAsync of the same size;
 // - matmul: ts::matmul of 4096 x 4096 floats against cublasSgemm on the same buffers;
@@ -192,6 +193,51 @@ BENCHMARK(BM_row_sum_lanes)
     ->ArgsProduct({{0, 2}, {32, 64, 128, 256}})
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
+
+// The library's primitives, which a g++ unit's own expressions run on, one operation at a time
+// (backend::cuda::kernel_choice::fewest: one kernel for every layout): y = a + b through the rows
+// kernel against the fused form's vector kernel (BM_add_tessera), and sum(x, 2) of rows_shape
+// through the bound-row source against BM_row_sum/0's linear one.
+void BM_add_tessera(benchmark::State& state) {
+  auto& x = bandwidth_arrays();
+  const bool primitive = state.range(0) == 1;
+  time_with_events(state, [&] {
+    if (primitive) {
+      ts::detail::run_cuda_primitive(x.y, ts::detail::make_binary<ts::ops::add>(x.a, x.b));
+    } else {
+      x.y = x.a + x.b;
+    }
+  });
+  check_sample(__func__, x.y,
+               [](std::int64_t i) { return double(value_at(i, 1)) + double(value_at(i, 2)); });
+  set_bytes(state, 3.0 * n * sizeof(float));
+  state.SetLabel(primitive ? "primitive (fewest)" : "fused (fastest)");
+}
+BENCHMARK(BM_add_tessera)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+void BM_row_sum_primitive(benchmark::State& state) {
+  auto& r = row_data();
+  auto out = ts::empty<float, ts::cuda>({rows_shape[0], rows_shape[1]}, 0);
+  const ts::detail::tensor_leaf<float, ts::cuda> leaf{r.x};
+  time_with_events(state, [&] {
+    ts::detail::reduce_dim_cuda_primitive<ts::backend::sum_op<float>, ts::backend::finish_value>(
+        out, leaf, 2, "sum");
+  });
+  const auto host = out.cpu().to_vector();
+  const float* x = r.x_host.data();
+  const std::int64_t length = rows_shape[2];
+  for (std::int64_t row = 0; row < rows_shape[0] * rows_shape[1]; row += 997) {
+    double expected = 0;
+    for (std::int64_t i = 0; i < length; ++i) expected += x[row * length + i];
+    const double actual = host[static_cast<std::size_t>(row)];
+    if (!(std::abs(actual - expected) <= 1e-4 * (1 + std::abs(expected)))) {
+      fail("primitive row sum, row " + std::to_string(row) + ": " + std::to_string(actual) +
+           ", expected " + std::to_string(expected));
+    }
+  }
+  set_bytes(state, static_cast<double>(rows_shape.numel()) * sizeof(float));
+}
+BENCHMARK(BM_row_sum_primitive)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 void BM_broadcast_subtract(benchmark::State& state) {
   auto& r = row_data();
@@ -917,9 +963,10 @@ int main(int argc, char** argv) {
   auto& bw = reporter.bandwidth;
   const double copy = bw.count("BM_copy_device_to_device") ? bw["BM_copy_device_to_device"] : 0;
   std::printf("\n");
-  std::vector<std::string> bandwidth_rows = {"BM_mul_add_tessera", "BM_sum_product_tessera",
-                                             "BM_row_sum/0",       "BM_row_sum/1",
-                                             "BM_row_sum/2",       "BM_broadcast_subtract"};
+  std::vector<std::string> bandwidth_rows = {
+      "BM_mul_add_tessera", "BM_sum_product_tessera", "BM_row_sum/0",
+      "BM_row_sum/1",       "BM_row_sum/2",           "BM_broadcast_subtract",
+      "BM_add_tessera/0",   "BM_add_tessera/1",       "BM_row_sum_primitive"};
   for (const char* form : {"0", "2"}) {
     for (const char* lanes : {"32", "64", "128", "256"}) {
       bandwidth_rows.push_back(std::string("BM_row_sum_lanes/") + form + "/" + lanes);
