@@ -131,6 +131,11 @@ std::vector<double> eager_expressions() {
   append(out, ts::mean(c * 2, 0));
   append(out, ts::max(c, 1));
   append(out, ts::mean(c));
+  // Full reductions of a transposed view (the primitives copy it contiguous first): the
+  // flattened index is the view's row-major order.
+  append(out, ts::max(c.t()));
+  append(out, ts::argmax(c.t()));
+  append(out, ts::argmin(c.t() * 3));
   append(out, ts::softmax(c, 1));
   const ts::Tensor<float, K> d = c * 0.5 + 1;
   append(out, d);

@@ -551,6 +551,7 @@ void launch_reduce_rows(Out* out, const Rows& rows, std::int64_t outputs, std::i
 
 /// CUDA twin of backend::cpu::reduce_all: *out (device memory) = Finish(Op over every element),
 /// on the current device and `stream`. Counts one launch (two kernels when the input is large).
+/// kernel_choice::fewest takes row-major operands only (std::logic_error otherwise).
 template <class Op, class V, class Finish, kernel_choice Choice = kernel_choice::fastest, class Out,
           std::size_t L, class MakeEvaluator>
 void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
@@ -587,13 +588,21 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
     }
     return;
   }
-  const cpu::strided_layout<static_cast<int>(L)> merged(shape, leaf_strides);
-  strided_layout_args layout;
-  layout.rank = merged.shape.size();
-  for (int d = 0; d < layout.rank; ++d) layout.sizes[d] = merged.shape[d];
-  auto evaluator = make_evaluator(merged.strides.data(), layout.rank);
-  launch_reduce_all<Op, Finish>(out, strided_element<Op, V, decltype(evaluator)>{evaluator, layout},
-                                n, stream);
+  if constexpr (Choice == kernel_choice::fewest) {
+    // No strided kernel in the fewest set: its callers (the primitives) pass row-major operands.
+    throw std::logic_error(
+        "Tessera: a full reduction with kernel_choice::fewest of operands that are not "
+        "row-major (shape " +
+        shape.str() + "); make them contiguous first");
+  } else {
+    const cpu::strided_layout<static_cast<int>(L)> merged(shape, leaf_strides);
+    strided_layout_args layout;
+    layout.rank = merged.shape.size();
+    for (int d = 0; d < layout.rank; ++d) layout.sizes[d] = merged.shape[d];
+    auto evaluator = make_evaluator(merged.strides.data(), layout.rank);
+    launch_reduce_all<Op, Finish>(
+        out, strided_element<Op, V, decltype(evaluator)>{evaluator, layout}, n, stream);
+  }
 }
 
 /// CUDA twin of backend::cpu::reduce_dim (out is contiguous over the kept dimensions). Rows along
