@@ -253,17 +253,25 @@ auto softmax_of(const Node& node, std::int64_t dim, const char* operation) {
 template <class Op, class Finish, class Out, class V>
 void reduce_all_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
                                const char* operation) {
-  reduce_all_kernel<Op, Finish, backend::cuda::kernel_choice::fewest>(out, leaf,
-                                                                      device_of(leaf, operation));
+  // kernel_choice::fewest compiles no strided full reduction (reduce_all_kernel and its merge): a
+  // tensor that is not row-major is copied contiguous first, then read as one row.
+  constexpr auto fewest = backend::cuda::kernel_choice::fewest;
+  const Device device = device_of(leaf, operation);
+  if (backend::cpu::all_row_major(leaf.shape(), leaf_strides_of(leaf))) {
+    reduce_all_kernel<Op, Finish, fewest>(out, leaf, device);
+  } else {
+    reduce_all_kernel<Op, Finish, fewest>(out, tensor_leaf<V, cuda>{leaf.tensor.contiguous()},
+                                          device);
+  }
 }
 template <class Op, class Finish, class Out, class V>
 void reduce_dim_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
                                int dim, const char* operation) {
-  constexpr auto fewest = backend::cuda::kernel_choice::fewest;
   if (leaf.shape().size() == 0) {
-    reduce_all_kernel<Op, Finish, fewest>(out, leaf, device_of(leaf, operation));
+    reduce_all_cuda_primitive<Op, Finish>(out, leaf, operation);
   } else {
-    reduce_dim_kernel<Op, Finish, fewest>(out, leaf, dim, device_of(leaf, operation));
+    reduce_dim_kernel<Op, Finish, backend::cuda::kernel_choice::fewest>(out, leaf, dim,
+                                                                        device_of(leaf, operation));
   }
 }
 template <bool Log, class F>
