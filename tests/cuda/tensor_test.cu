@@ -12,6 +12,7 @@
 #include <cstdint>
 #include <limits>
 #include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "tessera/data/data_loader.hpp"
@@ -50,6 +51,130 @@ TEST_CASE("kernels fill, convert and scatter on the device", "[cuda][tensor]") {
   CHECK(ts::cat({dst, dst}, 1).to_vector() ==
         std::vector<float>{1, 2, 3, 1, 2, 3, 1, 2, 3, 1, 2, 3});
   CHECK(dst.new_ones({2}).is_cuda());
+}
+
+// Element bytes of `count` elements of T at `data`.
+template <class T>
+std::vector<unsigned char> bytes_at(const T* data, std::int64_t count) {
+  const auto* first = reinterpret_cast<const unsigned char*>(data);
+  return std::vector<unsigned char>(first, first + count * static_cast<std::int64_t>(sizeof(T)));
+}
+
+// The bytes of a tensor's elements in row-major order, read on the host.
+template <class T, class K>
+std::vector<unsigned char> bytes_of(const ts::Tensor<T, K>& t) {
+  const auto host = t.cpu().contiguous();
+  return bytes_at(host.data(), host.numel());
+}
+
+// A CPU tensor of `shape` whose bytes all differ from their neighbours (NaNs with payloads and
+// subnormals among the floating values); bool holds 0 and 1 only.
+template <class T>
+ts::Tensor<T, ts::cpu> patterned(const ts::Shape& shape) {
+  auto t = ts::empty<T>(shape);
+  auto* bytes = reinterpret_cast<unsigned char*>(t.data());
+  const std::int64_t n = t.numel() * static_cast<std::int64_t>(sizeof(T));
+  for (std::int64_t i = 0; i < n; ++i) {
+    bytes[i] = std::is_same_v<T, bool> ? static_cast<unsigned char>(i % 3 == 0)
+                                       : static_cast<unsigned char>(i * 37 + 11);
+  }
+  return t;
+}
+
+// Copies within one dtype move bits on the device (one kernel per element size, or
+// cudaMemcpyAsync for a dense run laid out alike), and fills store the value's bits
+// (cudaMemsetAsync for zero bits over a dense run): each checked byte for byte against the host's
+// bytes moved by index here, for every dtype, dense, transposed, sliced, broadcast and
+// channels_last.
+TEMPLATE_TEST_CASE("copies and fills within one dtype on CUDA keep every bit", "[cuda][tensor]",
+                   float, double, ts::half, ts::bfloat16, std::int64_t, std::int32_t, std::uint8_t,
+                   bool) {
+  using T = TestType;
+  constexpr std::int64_t rows = 6, cols = 10, size = sizeof(T);
+  const auto host = patterned<T>({rows, cols});
+  const auto src = bytes_at(host.data(), rows * cols);
+  const auto element = [&](std::int64_t i, std::int64_t j) {
+    return std::vector<unsigned char>(src.begin() + (i * cols + j) * size,
+                                      src.begin() + (i * cols + j + 1) * size);
+  };
+  const auto g = host.cuda();
+  CHECK(bytes_of(g) == src);
+  CHECK(bytes_of(g.clone()) == src);  // dense, alike: cudaMemcpyAsync
+
+  std::vector<unsigned char> transposed;  // a strided read: the kernel
+  for (std::int64_t j = 0; j < cols; ++j) {
+    for (std::int64_t i = 0; i < rows; ++i) {
+      const auto e = element(i, j);
+      transposed.insert(transposed.end(), e.begin(), e.end());
+    }
+  }
+  CHECK(bytes_of(g.t().contiguous()) == transposed);
+
+  // A slice written from another slice, and a row broadcast over every row.
+  auto sliced = g.clone();
+  sliced.narrow(1, 2, 5).copy_(g.narrow(1, 0, 5));
+  auto broadcast = g.clone();
+  broadcast.copy_(g.narrow(0, 1, 1));
+  std::vector<unsigned char> want_sliced, want_broadcast;
+  for (std::int64_t i = 0; i < rows; ++i) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const auto e = element(i, j >= 2 && j < 7 ? j - 2 : j);
+      want_sliced.insert(want_sliced.end(), e.begin(), e.end());
+      const auto r = element(1, j);
+      want_broadcast.insert(want_broadcast.end(), r.begin(), r.end());
+    }
+  }
+  CHECK(bytes_of(sliced) == want_sliced);
+  CHECK(bytes_of(broadcast) == want_broadcast);
+  auto same = g.clone();
+  same.copy_(same);  // onto itself: nothing changes
+  CHECK(bytes_of(same) == src);
+
+  // channels_last to channels_last (one dense run laid out alike) and back to row-major.
+  const auto nchw = patterned<T>({2, 3, 4, 5});
+  const auto last = nchw.contiguous(ts::memory_format::channels_last).cuda();
+  auto copied = ts::empty<T, ts::cuda>({2, 3, 4, 5}, ts::memory_format::channels_last);
+  REQUIRE(last.is_contiguous(ts::memory_format::channels_last));
+  copied.copy_(last);
+  CHECK(bytes_of(copied) == bytes_at(nchw.data(), nchw.numel()));
+
+  // Fills: zero over a dense run (cudaMemsetAsync), a value over a slice (the other elements
+  // stay), and for floating dtypes -0.0, whose bits are not zero.
+  auto filled = g.clone();
+  filled.fill_(T(0));
+  CHECK(bytes_of(filled) == std::vector<unsigned char>(src.size(), 0));
+  auto part = g.clone();
+  const T one = T(1);
+  part.narrow(1, 3, 4).fill_(one);
+  auto zero_part = g.clone();
+  zero_part.narrow(1, 3, 4).fill_(T(0));
+  std::vector<unsigned char> want_part, want_zero_part;
+  const auto one_bytes = bytes_at(&one, 1);
+  const std::vector<unsigned char> zero_bytes(size, 0);
+  for (std::int64_t i = 0; i < rows; ++i) {
+    for (std::int64_t j = 0; j < cols; ++j) {
+      const bool inside = j >= 3 && j < 7;
+      const auto e = element(i, j);
+      want_part.insert(want_part.end(), inside ? one_bytes.begin() : e.begin(),
+                       inside ? one_bytes.end() : e.end());
+      want_zero_part.insert(want_zero_part.end(), inside ? zero_bytes.begin() : e.begin(),
+                            inside ? zero_bytes.end() : e.end());
+    }
+  }
+  CHECK(bytes_of(part) == want_part);
+  CHECK(bytes_of(zero_part) == want_zero_part);
+  if constexpr (!std::is_integral_v<T>) {
+    const T negative_zero = T(-0.0f);
+    auto signed_zeros = g.clone();
+    signed_zeros.fill_(negative_zero);
+    std::vector<unsigned char> want;
+    for (std::int64_t k = 0; k < rows * cols; ++k) {
+      const auto b = bytes_at(&negative_zero, 1);
+      want.insert(want.end(), b.begin(), b.end());
+    }
+    CHECK(bytes_of(signed_zeros) == want);
+    CHECK(want != std::vector<unsigned char>(src.size(), 0));
+  }
 }
 
 TEST_CASE("cuda accounting uses the CPU's 512-byte policy", "[cuda][memory]") {

@@ -219,6 +219,44 @@ struct scalar_evaluator {
   bool is_row_aligned(int) const { return true; }
 };
 
+/// A tensor of T or a number (in T's compute type), chosen at run time: the operand of the
+/// library's CUDA primitives (expr/detail/op_by_op.hpp), so that x + y, x + 2 and 2 - x on one
+/// dtype share one kernel. A number takes a leaf's place (its strides are all 0); the choice is
+/// the same for every thread, so the branch costs no divergence.
+template <class T>
+struct operand_evaluator {
+  using value_type = T;
+  using result_type = opmath_t<T>;
+  static constexpr int leaf_count = 1;
+  leaf_evaluator<T> leaf;
+  result_type number{};
+  bool is_number = false;
+
+  template <class Access>
+  TESSERA_HOST_DEVICE result_type get(Access a) const {
+    return is_number ? number : leaf.get(a);
+  }
+  TESSERA_HOST_DEVICE void bind_row(const std::int64_t* index) {
+    if (!is_number) leaf.bind_row(index);
+  }
+  void bind_unit_row(const std::int64_t* index, unit_splats& splats) {
+    if (!is_number) leaf.bind_unit_row(index, splats);
+  }
+  void advance_unit(std::int64_t n) {
+    if (!is_number) leaf.advance_unit(n);
+  }
+  template <class VectorAccess, int V>
+  TESSERA_HOST_DEVICE void get_vector(VectorAccess a, result_type (&out)[V]) const {
+    if (is_number) {
+      for (int k = 0; k < V; ++k) out[k] = number;
+    } else {
+      leaf.get_vector(a, out);
+    }
+  }
+  bool is_aligned(int vector) const { return is_number || leaf.is_aligned(vector); }
+  bool is_row_aligned(int vector) const { return is_number || leaf.is_row_aligned(vector); }
+};
+
 /// Converts a child's value to U (rounding through U, so cast<half> really rounds), then to
 /// opmath_t<U> for the parent.
 template <class U, class Child>

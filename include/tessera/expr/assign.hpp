@@ -13,6 +13,7 @@
 #include "tessera/expr/operators.hpp"
 #if TESSERA_CUDA_KERNELS
 #include "tessera/backend/cuda/executor.cuh"
+#include "tessera/expr/detail/merged_operands.hpp"
 #endif
 #if TESSERA_CUDA_OP_BY_OP
 #include "tessera/expr/detail/op_by_op.hpp"
@@ -73,9 +74,13 @@ void run_expression(const Tensor<T, K>& out, const E& node) {
 }
 
 #if TESSERA_CUDA_KERNELS
+/// The library's body of each CUDA primitive (tessera::compiled instantiates them, nvcc compiling
+/// cmake/tessera_cuda_primitives.cpp): the rows kernel only (kernel_choice::fewest), one kernel
+/// for the forms of a functor and dtype (op_by_op::merged_operands).
 template <class T, class E>
 void run_cuda_primitive(const Tensor<T, cuda>& out, const E& p) {
-  run_expression_kernel<backend::cuda::kernel_choice::fewest>(out, p);
+  run_expression_kernel<backend::cuda::kernel_choice::fewest>(out,
+                                                              op_by_op::merged_operands<cuda>(p));
 }
 #endif
 

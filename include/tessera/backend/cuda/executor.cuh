@@ -171,20 +171,20 @@ inline int multiprocessor_count() {
   return counts[device];
 }
 
-/// Threads of `Kernel` (a __global__ function, launched with threads_per_block threads and no
+/// Threads of `kernel` (a __global__ function, launched with threads_per_block threads and no
 /// dynamic shared memory) the current device keeps resident at once: its SMs times the blocks of
 /// the kernel each SM holds for the kernel's registers and shared memory
-/// (cudaOccupancyMaxActiveBlocksPerMultiprocessor), cached per kernel and device without a lock
-/// (it is asked at every launch). The reduction plans size their grids by it, so that a
-/// reduction cut into slices is one wave of blocks (SMs * 2048 assumed 8 blocks an SM where the
-/// kernels' 60-96 registers a thread leave 2-4).
-template <auto Kernel>
-std::int64_t resident_threads_of() {
-  constexpr int cached_devices = 64;
-  static std::atomic<std::int64_t> cached[cached_devices];  // 0: not asked yet
+/// (cudaOccupancyMaxActiveBlocksPerMultiprocessor), cached in `cached` (one slot per device, 0:
+/// not asked yet) without a lock (it is asked at every launch). The reduction plans size their
+/// grids by it, so that a reduction cut into slices is one wave of blocks (SMs * 2048 assumed 8
+/// blocks an SM where the kernels' 60-96 registers a thread leave 2-4). Out of line: one body for
+/// every kernel (resident_threads_of below keeps only the cache per kernel).
+inline constexpr int resident_cached_devices = 64;
+[[gnu::noinline]] inline std::int64_t resident_threads(const void* kernel,
+                                                       std::atomic<std::int64_t>* cached) {
   int device = 0;
   TESSERA_CUDA_CHECK(cudaGetDevice(&device));
-  const bool caches = device >= 0 && device < cached_devices;
+  const bool caches = device >= 0 && device < resident_cached_devices;
   if (caches) {
     if (const std::int64_t threads = cached[device].load(std::memory_order_relaxed); threads > 0) {
       return threads;
@@ -192,7 +192,7 @@ std::int64_t resident_threads_of() {
   }
   int blocks = 0;
   const cudaError_t status =
-      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, Kernel, threads_per_block, 0);
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kernel, threads_per_block, 0);
   if (status != cudaSuccess) {
     // Cleared, so that the next launch's check does not report it against a kernel that ran.
     (void)cudaGetLastError();
@@ -202,6 +202,13 @@ std::int64_t resident_threads_of() {
       static_cast<std::int64_t>(multiprocessor_count()) * std::max(blocks, 1) * threads_per_block;
   if (caches) cached[device].store(threads, std::memory_order_relaxed);
   return threads;
+}
+
+/// resident_threads for `Kernel`, with its own cache.
+template <auto Kernel>
+std::int64_t resident_threads_of() {
+  static std::atomic<std::int64_t> cached[resident_cached_devices];
+  return resident_threads(reinterpret_cast<const void*>(Kernel), cached);
 }
 
 inline unsigned grid_for(std::int64_t n) {

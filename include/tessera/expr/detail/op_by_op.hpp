@@ -14,6 +14,7 @@
 #include <utility>
 
 #include "tessera/backend/cpu/reduce.hpp"
+#include "tessera/expr/detail/merged_operands.hpp"
 #include "tessera/expr/node.hpp"
 #include "tessera/tensor/detail/copy.hpp"
 

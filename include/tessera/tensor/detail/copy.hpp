@@ -125,6 +125,65 @@ inline void copy_from_pinned(void* dst, Device dst_device, const void* src,
 }
 #endif
 
+#if TESSERA_CUDA_KERNELS
+/// The unsigned integer of `Bytes` bytes. A copy or a fill within one dtype moves bits, so the
+/// dtypes of one size share its kernels on CUDA (float and int32; half, bfloat16 and int16; ...):
+/// every nvcc unit compiles the copies and fills that the library's inline functions name, for
+/// every dtype (bench/RESULTS.md, issue 45).
+template <std::size_t Bytes>
+using bits_t = std::conditional_t<
+    Bytes == 1, std::uint8_t,
+    std::conditional_t<Bytes == 2, std::uint16_t,
+                       std::conditional_t<Bytes == 4, std::uint32_t, std::uint64_t>>>;
+
+/// dst = src on the current CUDA device and stream, one dtype: cudaMemcpyAsync when both are one
+/// dense run laid out alike (row-major, or channels_last both: the copy engine's bandwidth is
+/// the reference), else the rows kernel over the bits (one kernel per element size).
+template <class T>
+void copy_within_cuda(T* dst, const Strides& dst_strides, const T* src, const Strides& src_strides,
+                      const Shape& shape) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
+  using U = bits_t<sizeof(T)>;
+  Strides strides[2] = {dst_strides, src_strides};
+  if (backend::cuda::merge_elementwise(shape, strides, 2).dense) {
+    if (dst == src) return;  // the same run: nothing moves
+    profiler::count_launch();
+    TESSERA_CUDA_CHECK(cudaMemcpyAsync(dst, src,
+                                       sizeof(T) * static_cast<std::size_t>(shape.numel()),
+                                       cudaMemcpyDeviceToDevice, current_cuda_stream().native()));
+    return;
+  }
+  const U* bits = reinterpret_cast<const U*>(src);
+  backend::cuda::execute<backend::cuda::kernel_choice::fewest>(
+      reinterpret_cast<U*>(dst), dst_strides, shape, std::array<Strides, 1>{src_strides},
+      [&](const Strides* operand_strides, int rank) {
+        return backend::leaf_evaluator<U, U>(bits, operand_strides[0], rank);
+      });
+}
+
+/// dst = value on the current CUDA device and stream: cudaMemsetAsync for zero bits over one dense
+/// run, else the executor over the bits (one pair of kernels per element size).
+template <class T>
+void fill_within_cuda(T* dst, const Strides& dst_strides, const Shape& shape, T value) {
+  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
+  using U = bits_t<sizeof(T)>;
+  U bits;
+  std::memcpy(&bits, &value, sizeof(U));
+  if (bits == 0) {
+    Strides strides = dst_strides;
+    if (backend::cuda::merge_elementwise(shape, &strides, 1).dense) {
+      profiler::count_launch();
+      TESSERA_CUDA_CHECK(cudaMemsetAsync(dst, 0,
+                                         sizeof(T) * static_cast<std::size_t>(shape.numel()),
+                                         current_cuda_stream().native()));
+      return;
+    }
+  }
+  backend::cuda::execute(reinterpret_cast<U*>(dst), dst_strides, shape, std::array<Strides, 0>{},
+                         [&](const Strides*, int) { return backend::scalar_evaluator<U>{bits}; });
+}
+#endif
+
 /// dst = To(src) over `shape` when both operands are on the same device.
 template <class To, class From>
 void convert_on_device(strided_ref<To> dst, strided_ref<const From> src, const Shape& shape) {
@@ -134,10 +193,14 @@ void convert_on_device(strided_ref<To> dst, strided_ref<const From> src, const S
   }
 #if TESSERA_CUDA_KERNELS
   DeviceGuard<tessera::cuda> guard(dst.device.index);
-  backend::cuda::execute(dst.data, dst.strides, shape, std::array<Strides, 1>{src.strides},
-                         [&](const Strides* strides, int rank) {
-                           return copy_evaluator<To>(src.data, strides[0], rank);
-                         });
+  if constexpr (std::is_same_v<To, From>) {
+    copy_within_cuda(dst.data, dst.strides, src.data, src.strides, shape);
+  } else {
+    backend::cuda::execute(dst.data, dst.strides, shape, std::array<Strides, 1>{src.strides},
+                           [&](const Strides* strides, int rank) {
+                             return copy_evaluator<To>(src.data, strides[0], rank);
+                           });
+  }
 #elif TESSERA_CUDA
   // Not compiled by nvcc: stage both spans through the host and run the CPU loop.
   element_span src_span = span_of(shape, src.strides);
@@ -213,8 +276,7 @@ void fill_strided(strided_ref<T> dst, const Shape& shape, T value) {
   }
 #if TESSERA_CUDA_KERNELS
   DeviceGuard<tessera::cuda> guard(dst.device.index);
-  backend::cuda::execute(dst.data, dst.strides, shape, std::array<Strides, 0>{},
-                         [&](const Strides*, int) { return backend::scalar_evaluator<T>{value}; });
+  fill_within_cuda(dst.data, dst.strides, shape, value);
 #elif TESSERA_CUDA
   // Not compiled by nvcc: fill the span on the host and copy it over.
   element_span span = span_of(shape, dst.strides);
