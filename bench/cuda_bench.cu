@@ -215,6 +215,68 @@ void BM_add_tessera(benchmark::State& state) {
 }
 BENCHMARK(BM_add_tessera)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// Copies and conversions (tensor/detail/copy.hpp), n elements as an 8192 x 8192 matrix:
+// 0: y.copy_(a) within one dtype over a dense run, cudaMemcpyAsync;
+// 1: a transposed float matrix made row-major, the rows kernel over the bits;
+// 2: float to half over a dense run, the vector kernel;
+// 3: float to half from a transposed view, the rows kernel one element at a time
+//    (kernel_choice::compact, what conversions compile besides the vector kernel).
+void BM_copy_tessera(benchmark::State& state) {
+  auto& x = bandwidth_arrays();
+  const int form = static_cast<int>(state.range(0));
+  constexpr std::int64_t side = 8192;
+  static_assert(side * side == n);
+  const auto a = x.a.view({side, side});
+  auto y = x.y.view({side, side});
+  auto h = ts::empty<ts::half, ts::cuda>({side, side}, 0);
+  time_with_events(state, [&] {
+    switch (form) {
+      case 0:
+        y.copy_(a);
+        break;
+      case 1:
+        y.copy_(a.t());
+        break;
+      case 2:
+        h.copy_(a);
+        break;
+      default:
+        h.copy_(a.t());
+        break;
+    }
+  });
+  const bool transposed = form == 1 || form == 3;
+  const auto source = [&](std::int64_t i) {
+    const std::int64_t row = i / side, column = i % side;
+    return value_at(transposed ? column * side + row : i, 1);
+  };
+  if (form < 2) {
+    check_sample(__func__, x.y, [&](std::int64_t i) { return double(source(i)); });
+  } else {
+    const auto host = h.cpu().to_vector();
+    for (std::int64_t i = 0; i < n; i += n / 4096 + 7) {
+      const float expected = static_cast<float>(ts::half(source(i)));
+      if (static_cast<float>(host[static_cast<std::size_t>(i)]) != expected) {
+        fail(std::string(__func__) + ": element " + std::to_string(i) + " is " +
+             std::to_string(static_cast<float>(host[static_cast<std::size_t>(i)])) + ", expected " +
+             std::to_string(expected));
+      }
+    }
+  }
+  set_bytes(state, double(n) * (form < 2 ? 2 * sizeof(float) : sizeof(float) + sizeof(ts::half)));
+  const char* labels[] = {"dense copy (cudaMemcpyAsync)", "transposed copy (rows kernel)",
+                          "dense float->half (vector kernel)",
+                          "transposed float->half (compact rows)"};
+  state.SetLabel(labels[form]);
+}
+BENCHMARK(BM_copy_tessera)
+    ->Arg(0)
+    ->Arg(1)
+    ->Arg(2)
+    ->Arg(3)
+    ->UseManualTime()
+    ->Unit(benchmark::kMillisecond);
+
 void BM_row_sum_primitive(benchmark::State& state) {
   auto& r = row_data();
   auto out = ts::empty<float, ts::cuda>({rows_shape[0], rows_shape[1]}, 0);
@@ -964,9 +1026,10 @@ int main(int argc, char** argv) {
   const double copy = bw.count("BM_copy_device_to_device") ? bw["BM_copy_device_to_device"] : 0;
   std::printf("\n");
   std::vector<std::string> bandwidth_rows = {
-      "BM_mul_add_tessera", "BM_sum_product_tessera", "BM_row_sum/0",
-      "BM_row_sum/1",       "BM_row_sum/2",           "BM_broadcast_subtract",
-      "BM_add_tessera/0",   "BM_add_tessera/1",       "BM_row_sum_primitive"};
+      "BM_mul_add_tessera",   "BM_sum_product_tessera", "BM_row_sum/0",      "BM_row_sum/1",
+      "BM_row_sum/2",         "BM_broadcast_subtract",  "BM_add_tessera/0",  "BM_add_tessera/1",
+      "BM_row_sum_primitive", "BM_copy_tessera/0",      "BM_copy_tessera/1", "BM_copy_tessera/2",
+      "BM_copy_tessera/3"};
   for (const char* form : {"0", "2"}) {
     for (const char* lanes : {"32", "64", "128", "256"}) {
       bandwidth_rows.push_back(std::string("BM_row_sum_lanes/") + form + "/" + lanes);

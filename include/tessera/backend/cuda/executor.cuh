@@ -36,7 +36,11 @@ namespace tessera::backend::cuda {
 /// hundreds of (functor, dtype) kernels that g++ units evaluate CUDA expressions with, one
 /// operation at a time (expr/detail/op_by_op.hpp), where the second kernel of each layout doubled
 /// the build of tessera::compiled's primitives for a path that is not the fast one anyway.
-enum class kernel_choice { fastest, fewest };
+/// compact (elementwise only): the vector kernel for a dense run, else the rows kernel one
+/// element at a time (no 16-byte path: a fifth of its code): conversions between dtypes, whose
+/// strided forms are rare (a transposed half tensor converted to float) and were a fifth of the
+/// library's PTX with the full rows kernel.
+enum class kernel_choice { fastest, fewest, compact };
 
 /// Elements per thread a grid is sized for (each thread then has several loads in flight).
 inline constexpr int elements_per_thread = 4;
@@ -257,10 +261,10 @@ void execute(T* out, const Strides& out_strides, const Shape& shape,
   static_assert(sizeof(evaluator) <= 4096,
                 "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
                 "of parameters); split the statement into two assignments");
-  if constexpr (Choice == kernel_choice::fastest) {
+  if constexpr (Choice != kernel_choice::fewest) {
     if (layout.dense && execute_dense(out, evaluator, n, stream)) return;
   }
-  constexpr int V = vector_elements<T>;
+  constexpr int V = Choice == kernel_choice::compact ? 1 : vector_elements<T>;
   const bool vectorisable = V > 1 && layout.rows_allow_vector(V) &&
                             reinterpret_cast<std::uintptr_t>(out) % (sizeof(T) * V) == 0 &&
                             evaluator.is_row_aligned(V);

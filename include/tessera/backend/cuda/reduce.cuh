@@ -465,6 +465,7 @@ template <kernel_choice Choice, std::size_t L, class MakeEvaluator, class Launch
 void with_rows(const Shape& shape, int dim, const Strides& out_strides,
                const std::array<Strides, L>& leaf_strides, MakeEvaluator& make_evaluator,
                Launch&& launch) {
+  static_assert(Choice != kernel_choice::compact, "kernel_choice::compact is elementwise only");
   row_layout layout;
   layout.extent = shape[dim];
   if constexpr (Choice == kernel_choice::fastest) {
@@ -557,6 +558,7 @@ template <class Op, class V, class Finish, kernel_choice Choice = kernel_choice:
 void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
                 MakeEvaluator&& make_evaluator,
                 stream_ref stream = tessera::detail::current_cuda_stream()) {
+  static_assert(Choice != kernel_choice::compact, "kernel_choice::compact is elementwise only");
   profiler::count_launch();
   const std::int64_t n = shape.numel();
   if (n == 0) {

@@ -196,10 +196,12 @@ void convert_on_device(strided_ref<To> dst, strided_ref<const From> src, const S
   if constexpr (std::is_same_v<To, From>) {
     copy_within_cuda(dst.data, dst.strides, src.data, src.strides, shape);
   } else {
-    backend::cuda::execute(dst.data, dst.strides, shape, std::array<Strides, 1>{src.strides},
-                           [&](const Strides* strides, int rank) {
-                             return copy_evaluator<To>(src.data, strides[0], rank);
-                           });
+    // A conversion: the vector kernel for a dense run, else one element at a time.
+    backend::cuda::execute<backend::cuda::kernel_choice::compact>(
+        dst.data, dst.strides, shape, std::array<Strides, 1>{src.strides},
+        [&](const Strides* strides, int rank) {
+          return copy_evaluator<To>(src.data, strides[0], rank);
+        });
   }
 #elif TESSERA_CUDA
   // Not compiled by nvcc: stage both spans through the host and run the CPU loop.
