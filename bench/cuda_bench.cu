@@ -194,10 +194,12 @@ BENCHMARK(BM_row_sum_lanes)
     ->UseManualTime()
     ->Unit(benchmark::kMillisecond);
 
-// The library's primitives, which a g++ unit's own expressions run on, one operation at a time
-// (backend::cuda::kernel_choice::fewest: one kernel for every layout): y = a + b through the rows
-// kernel against the fused form's vector kernel (BM_add_tessera), and sum(x, 2) of rows_shape
-// through the bound-row source against BM_row_sum/0's linear one.
+// The library's primitives, which a g++ unit's own expressions run on, one operation at a time:
+// y = a + b (elementwise primitives take kernel_choice::compact: the vector kernel for a dense
+// run, as the fused form, and the rows kernel one element at a time for the rest; one kernel for
+// the tensor and number forms of a functor) against the fused form (BM_add_tessera), and sum(x, 2)
+// of rows_shape through the bound-row source (kernel_choice::fewest) against BM_row_sum/0's
+// linear one.
 void BM_add_tessera(benchmark::State& state) {
   auto& x = bandwidth_arrays();
   const bool primitive = state.range(0) == 1;
@@ -211,7 +213,7 @@ void BM_add_tessera(benchmark::State& state) {
   check_sample(__func__, x.y,
                [](std::int64_t i) { return double(value_at(i, 1)) + double(value_at(i, 2)); });
   set_bytes(state, 3.0 * n * sizeof(float));
-  state.SetLabel(primitive ? "primitive (fewest)" : "fused (fastest)");
+  state.SetLabel(primitive ? "primitive (compact)" : "fused (fastest)");
 }
 BENCHMARK(BM_add_tessera)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
@@ -301,9 +303,19 @@ void BM_row_sum_primitive(benchmark::State& state) {
 }
 BENCHMARK(BM_row_sum_primitive)->UseManualTime()->Unit(benchmark::kMillisecond);
 
+// d = x - m with m [1, 256, 1] broadcast: fused (Arg 0), and as the library's primitive (Arg 1:
+// not one dense run, so the compact rows kernel, one element at a time).
 void BM_broadcast_subtract(benchmark::State& state) {
   auto& r = row_data();
-  time_with_events(state, [&] { r.d = r.x - r.m; });
+  const bool primitive = state.range(0) == 1;
+  time_with_events(state, [&] {
+    if (primitive) {
+      ts::detail::run_cuda_primitive(r.d, ts::detail::make_binary<ts::ops::subtract>(r.x, r.m));
+    } else {
+      r.d = r.x - r.m;
+    }
+  });
+  state.SetLabel(primitive ? "primitive (compact)" : "fused (fastest)");
   const auto host = r.d.cpu().to_vector();
   for (std::int64_t i = 0; i < rows_shape.numel(); i += 9973) {
     const double expected =
@@ -315,7 +327,7 @@ void BM_broadcast_subtract(benchmark::State& state) {
   }
   set_bytes(state, 2.0 * static_cast<double>(rows_shape.numel()) * sizeof(float));
 }
-BENCHMARK(BM_broadcast_subtract)->UseManualTime()->Unit(benchmark::kMillisecond);
+BENCHMARK(BM_broadcast_subtract)->Arg(0)->Arg(1)->UseManualTime()->Unit(benchmark::kMillisecond);
 
 // ---- the pool ----------------------------------------------------------------------------------
 
@@ -1025,11 +1037,20 @@ int main(int argc, char** argv) {
   auto& bw = reporter.bandwidth;
   const double copy = bw.count("BM_copy_device_to_device") ? bw["BM_copy_device_to_device"] : 0;
   std::printf("\n");
-  std::vector<std::string> bandwidth_rows = {
-      "BM_mul_add_tessera",   "BM_sum_product_tessera", "BM_row_sum/0",      "BM_row_sum/1",
-      "BM_row_sum/2",         "BM_broadcast_subtract",  "BM_add_tessera/0",  "BM_add_tessera/1",
-      "BM_row_sum_primitive", "BM_copy_tessera/0",      "BM_copy_tessera/1", "BM_copy_tessera/2",
-      "BM_copy_tessera/3"};
+  std::vector<std::string> bandwidth_rows = {"BM_mul_add_tessera",
+                                             "BM_sum_product_tessera",
+                                             "BM_row_sum/0",
+                                             "BM_row_sum/1",
+                                             "BM_row_sum/2",
+                                             "BM_broadcast_subtract/0",
+                                             "BM_broadcast_subtract/1",
+                                             "BM_add_tessera/0",
+                                             "BM_add_tessera/1",
+                                             "BM_row_sum_primitive",
+                                             "BM_copy_tessera/0",
+                                             "BM_copy_tessera/1",
+                                             "BM_copy_tessera/2",
+                                             "BM_copy_tessera/3"};
   for (const char* form : {"0", "2"}) {
     for (const char* lanes : {"32", "64", "128", "256"}) {
       bandwidth_rows.push_back(std::string("BM_row_sum_lanes/") + form + "/" + lanes);

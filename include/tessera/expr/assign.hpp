@@ -40,7 +40,7 @@ void run_cuda_primitive(const Tensor<T, cuda>& out, const E& p);
 /// (g++ with tessera::compiled), and the linker keeps one body per name, so the library's
 /// primitives, which must launch their kernel, never call run_expression (that body would hand
 /// the primitive back to them, forever).
-/// Choice: backend::cuda::kernel_choice (fewest for the primitives).
+/// Choice: backend::cuda::kernel_choice (compact for the primitives).
 template <backend::cuda::kernel_choice Choice = backend::cuda::kernel_choice::fastest, class T,
           class E>
 void run_expression_kernel(const Tensor<T, cuda>& out, const E& node) {
@@ -75,12 +75,13 @@ void run_expression(const Tensor<T, K>& out, const E& node) {
 
 #if TESSERA_CUDA_KERNELS
 /// The library's body of each CUDA primitive (tessera::compiled instantiates them, nvcc compiling
-/// cmake/tessera_cuda_primitives.cpp): the rows kernel only (kernel_choice::fewest), one kernel
-/// for the forms of a functor and dtype (op_by_op::merged_operands).
+/// cmake/tessera_cuda_primitives.cpp): the vector kernel for a dense run, else the rows kernel one
+/// element at a time (kernel_choice::compact), for the forms of a functor and dtype at once
+/// (op_by_op::merged_operands).
 template <class T, class E>
 void run_cuda_primitive(const Tensor<T, cuda>& out, const E& p) {
-  run_expression_kernel<backend::cuda::kernel_choice::fewest>(out,
-                                                              op_by_op::merged_operands<cuda>(p));
+  run_expression_kernel<backend::cuda::kernel_choice::compact>(out,
+                                                               op_by_op::merged_operands<cuda>(p));
 }
 #endif
 

@@ -32,14 +32,16 @@ namespace tessera::backend::cuda {
 /// The kernels a launch chooses among. fastest: each layout's own (the vector kernel for a dense
 /// run, the rows kernel for the rest; the reductions' linear row source for contiguous rows): what
 /// a unit's fused expressions and the library's layers compile. fewest: one kernel that covers
-/// every layout (the rows kernel; the reductions' bound rows): the library's primitives, the
-/// hundreds of (functor, dtype) kernels that g++ units evaluate CUDA expressions with, one
-/// operation at a time (expr/detail/op_by_op.hpp), where the second kernel of each layout doubled
-/// the build of tessera::compiled's primitives for a path that is not the fast one anyway.
-/// compact (elementwise only): the vector kernel for a dense run, else the rows kernel one
-/// element at a time (no 16-byte path: a fifth of its code): conversions between dtypes, whose
-/// strided forms are rare (a transposed half tensor converted to float) and were a fifth of the
-/// library's PTX with the full rows kernel.
+/// every layout (the rows kernel; the reductions' bound rows): copies within one dtype (one per
+/// element size) and the reductions and softmax of the library's primitives, the hundreds of
+/// (functor, dtype) kernels that g++ units evaluate CUDA expressions with, one operation at a time
+/// (expr/detail/op_by_op.hpp), where a second kernel per layout doubled their build for a path
+/// that is not the fast one anyway. compact (elementwise only): the vector kernel for a dense run,
+/// else the rows kernel one element at a time (no 16-byte path and no batch of loads: a quarter of
+/// the full rows kernel's code): conversions between dtypes, whose strided forms are rare (a
+/// transposed half tensor converted to float), and the primitives' elementwise operations (whole
+/// tensors, mostly); with the full rows kernel they were a fifth of the library's main unit's PTX
+/// and two thirds of the primitives'.
 enum class kernel_choice { fastest, fewest, compact };
 
 /// Elements per thread a grid is sized for (each thread then has several loads in flight).
