@@ -221,8 +221,9 @@ struct scalar_evaluator {
 
 /// A tensor of T or a number (in T's compute type), chosen at run time: the operand of the
 /// library's CUDA primitives (expr/detail/op_by_op.hpp), so that x + y, x + 2 and 2 - x on one
-/// dtype share one kernel. A number takes a leaf's place (its strides are all 0); the choice is
-/// the same for every thread, so the branch costs no divergence.
+/// dtype share one kernel. A number takes a leaf's place (it reads no memory, whatever strides
+/// the executor lays out for it); the choice is the same for every thread, so the branch costs no
+/// divergence.
 template <class T>
 struct operand_evaluator {
   using value_type = T;

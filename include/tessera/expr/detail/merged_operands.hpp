@@ -38,10 +38,12 @@ struct operand_leaf {
   void check_device(std::optional<Device>& device, const char* operation) const {
     if (tensor.defined()) merge_device(device, tensor.device(), operation);
   }
+  // A number takes row-major strides (its evaluator never reads them): with stride 0 it would
+  // keep x + 2 on a dense x from being one dense run, the vector kernel's case.
   void collect_strides(const Shape& out, Strides* strides, int& next) const {
     strides[next++] = tensor.defined()
                           ? expand_strides(tensor.shape(), tensor.strides(), out, "expression")
-                          : Shape::filled(out.size(), 0);
+                          : out.contiguous_strides();
   }
   evaluator_type evaluator(const Strides* strides, int rank, int& next) const {
     evaluator_type e;
