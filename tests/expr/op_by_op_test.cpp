@@ -14,6 +14,7 @@
 #include <typeinfo>
 #include <vector>
 
+#include "tessera/backend/cuda/elementwise_plan.hpp"
 #include "tessera/expr/detail/op_by_op.hpp"
 #include "tessera/tessera.hpp"
 
@@ -181,6 +182,38 @@ ts::Tensor<Out> op_by_op_reduce_dim(const E& e, int dim) {
   };
   op_by_op::reduce<Op, Finish, cpu>(out, node, run, reduce);
   return out;
+}
+
+// How the CUDA executor lays out a merged primitive (backend/cuda/elementwise_plan.hpp, host
+// code): a number operand must not keep a dense tensor operand from being one dense run (the
+// vector kernel's case), and a broadcast tensor operand still does.
+TEST_CASE("op by op: a merged number operand leaves a dense run dense", "[op_by_op]") {
+  using leaf = ts::detail::tensor_leaf<float, cpu>;
+  using number = op_by_op::number_of<float>;
+  const auto a = ts::randn<float>({4, 5});
+  const auto row = ts::randn<float>({5});
+  const auto dense = [](const auto& merged, const ts::Shape& shape) {
+    const auto operands = ts::detail::leaf_strides_of(merged, shape);
+    ts::Strides strides[3] = {shape.contiguous_strides(), operands[0], operands[1]};
+    return ts::backend::cuda::merge_elementwise(shape, strides, 3).dense;
+  };
+  const auto times_two = op_by_op::merged_operands<cpu>(
+      ts::binary_expr<ts::ops::multiply, leaf, number>(leaf{a}, number{2.0f}));
+  CHECK(dense(times_two, a.shape()));
+  const auto two_minus = op_by_op::merged_operands<cpu>(
+      ts::binary_expr<ts::ops::subtract, number, leaf>(number{2.0f}, leaf{a}));
+  CHECK(dense(two_minus, a.shape()));
+  const auto plus_row =
+      op_by_op::merged_operands<cpu>(ts::binary_expr<ts::ops::add, leaf, leaf>(leaf{a}, leaf{row}));
+  CHECK_FALSE(dense(plus_row, a.shape()));
+  // The values: each merged form against the same arithmetic in float64.
+  ts::Tensor<float> y = ts::empty<float>(a.shape());
+  ts::detail::run_expression(y, two_minus);
+  const auto got = y.to_vector();
+  const auto x = a.to_vector();
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    CHECK(got[i] == static_cast<float>(2.0 - static_cast<double>(x[i])));
+  }
 }
 
 TEST_CASE("op by op: reductions and softmax of expressions", "[op_by_op]") {
