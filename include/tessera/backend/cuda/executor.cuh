@@ -38,10 +38,10 @@ namespace tessera::backend::cuda {
 /// (expr/detail/op_by_op.hpp), where a second kernel per layout doubled their build for a path
 /// that is not the fast one anyway. compact (elementwise only): the vector kernel for a dense run,
 /// else the rows kernel one element at a time (no 16-byte path and no batch of loads: a quarter of
-/// the full rows kernel's code): conversions between dtypes, whose strided forms are rare (a
-/// transposed half tensor converted to float), and the primitives' elementwise operations (whole
-/// tensors, mostly); with the full rows kernel they were a fifth of the library's main unit's PTX
-/// and two thirds of the primitives'.
+/// the full rows kernel's code): conversions between dtypes and fills, whose strided forms are
+/// rare (a transposed half tensor converted to float, a fill of a slice), and the primitives'
+/// elementwise operations (whole tensors, mostly); with the full rows kernel they were a fifth of
+/// the library's main unit's PTX and two thirds of the primitives'.
 enum class kernel_choice { fastest, fewest, compact };
 
 /// Elements per thread a grid is sized for (each thread then has several loads in flight).

@@ -162,7 +162,8 @@ void copy_within_cuda(T* dst, const Strides& dst_strides, const T* src, const St
 }
 
 /// dst = value on the current CUDA device and stream: cudaMemsetAsync for zero bits over one dense
-/// run, else the executor over the bits (one pair of kernels per element size).
+/// run, else the executor over the bits (one pair of kernels per element size, kernel_choice::
+/// compact: the vector kernel for a dense run, one element at a time into a strided view).
 template <class T>
 void fill_within_cuda(T* dst, const Strides& dst_strides, const Shape& shape, T value) {
   static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
@@ -179,8 +180,9 @@ void fill_within_cuda(T* dst, const Strides& dst_strides, const Shape& shape, T 
       return;
     }
   }
-  backend::cuda::execute(reinterpret_cast<U*>(dst), dst_strides, shape, std::array<Strides, 0>{},
-                         [&](const Strides*, int) { return backend::scalar_evaluator<U>{bits}; });
+  backend::cuda::execute<backend::cuda::kernel_choice::compact>(
+      reinterpret_cast<U*>(dst), dst_strides, shape, std::array<Strides, 0>{},
+      [&](const Strides*, int) { return backend::scalar_evaluator<U>{bits}; });
 }
 #endif
 
