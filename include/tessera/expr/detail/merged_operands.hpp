@@ -14,8 +14,8 @@ namespace tessera::detail::op_by_op {
 //
 // The library runs the forms of a primitive that differ only in which operands are numbers
 // (x + y, x + 2, 2 - x; where(c, x, y), where(c, x, 0)...) with one kernel: each tensor or number
-// operand of dtype P becomes an operand_leaf, whose evaluator chooses at run time (about 145 fewer
-// kernels in tessera::compiled; bench/RESULTS.md, issue 45).
+// operand of dtype P becomes an operand_leaf, whose evaluator chooses at run time (145 fewer
+// (functor, dtype, form) kernels of each family in tessera::compiled; bench/RESULTS.md, issue 45).
 
 /// A tensor of dtype P on device kind K, or a number held as opmath_t<P> (the tensor undefined).
 template <class P, class K>

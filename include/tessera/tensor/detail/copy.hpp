@@ -130,11 +130,27 @@ inline void copy_from_pinned(void* dst, Device dst_device, const void* src,
 /// dtypes of one size share its kernels on CUDA (float and int32; half, bfloat16 and int16; ...):
 /// every nvcc unit compiles the copies and fills that the library's inline functions name, for
 /// every dtype (bench/RESULTS.md, issue 45).
+/// Defined for 1, 2, 4 and 8 bytes only (every dtype's size).
 template <std::size_t Bytes>
-using bits_t = std::conditional_t<
-    Bytes == 1, std::uint8_t,
-    std::conditional_t<Bytes == 2, std::uint16_t,
-                       std::conditional_t<Bytes == 4, std::uint32_t, std::uint64_t>>>;
+struct bits_of;
+template <>
+struct bits_of<1> {
+  using type = std::uint8_t;
+};
+template <>
+struct bits_of<2> {
+  using type = std::uint16_t;
+};
+template <>
+struct bits_of<4> {
+  using type = std::uint32_t;
+};
+template <>
+struct bits_of<8> {
+  using type = std::uint64_t;
+};
+template <std::size_t Bytes>
+using bits_t = typename bits_of<Bytes>::type;
 
 /// dst = src on the current CUDA device and stream, one dtype: cudaMemcpyAsync when both are one
 /// dense run laid out alike (row-major, or channels_last both: the copy engine's bandwidth is
@@ -142,7 +158,6 @@ using bits_t = std::conditional_t<
 template <class T>
 void copy_within_cuda(T* dst, const Strides& dst_strides, const T* src, const Strides& src_strides,
                       const Shape& shape) {
-  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
   using U = bits_t<sizeof(T)>;
   Strides strides[2] = {dst_strides, src_strides};
   if (backend::cuda::merge_elementwise(shape, strides, 2).dense) {
@@ -166,7 +181,6 @@ void copy_within_cuda(T* dst, const Strides& dst_strides, const T* src, const St
 /// compact: the vector kernel for a dense run, one element at a time into a strided view).
 template <class T>
 void fill_within_cuda(T* dst, const Strides& dst_strides, const Shape& shape, T value) {
-  static_assert(sizeof(T) == 1 || sizeof(T) == 2 || sizeof(T) == 4 || sizeof(T) == 8);
   using U = bits_t<sizeof(T)>;
   U bits;
   std::memcpy(&bits, &value, sizeof(U));
