@@ -1,16 +1,17 @@
-// backend/cuda/reduce_plan.hpp on the host: how a full reduction on CUDA cuts its elements into
-// blocks. Every element belongs to exactly one block's slice, slices are whole multiples of the
-// block's width, the block count stays within its cap, and each thread gets at least the minimum
-// number of elements whenever there are enough elements for one block to have them. A reduction
-// done slice by slice in the plan's order equals a float64 sum of the same numbers. The same for
-// reductions along a dimension: the rows plan's lanes, loads and splits (walked as the kernel
-// walks them) and the columns plan's slices read each element of each row exactly once. Batch
+// backend/cuda/reduce_plan.hpp on the host: how a full reduction on CUDA reads its operands as
+// rows. Every element of every operand is read exactly once, each operand's elements in step
+// with the others', contiguous and alike-laid-out operands make one row, and argmax's order keeps
+// each element's row-major position at row * extent + position. For reductions along a
+// dimension: the rows plan's lanes, loads and splits (walked as the kernel walks them) and the
+// columns plan's slices read each element of each row exactly once. Batch
 // norm's channel plan covers each channel once; its one-pass moments (in float, merged as the
 // kernel merges them) match float64 where a sum of squares would not. Each thread's fold
 // (thread_fold: blocks of 16 values in order, the blocks combined pairwise, earlier on the left)
 // gives the hand-computed float results where the order of rounding shows.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -25,84 +26,112 @@ namespace reduce_plan_test {  // one namespace per file: a unity build
 
 using tessera::backend::cuda::channel_reduction_plan;
 using tessera::backend::cuda::column_reduction_plan;
+using tessera::backend::cuda::full_reduction_rows;
 using tessera::backend::cuda::merge_moments;
 using tessera::backend::cuda::moments;
-using tessera::backend::cuda::full_reduction_plan;
 using tessera::backend::cuda::reduce_batch_values;
 using tessera::backend::cuda::row_reduction_plan;
 
-void check_cover(std::int64_t n, std::int64_t width, std::int64_t max_blocks,
-                 std::int64_t min_per_thread) {
-  CAPTURE(n, width, max_blocks, min_per_thread);
-  const full_reduction_plan plan = full_reduction_plan::make(n, width, max_blocks, min_per_thread);
-  CAPTURE(plan.blocks, plan.chunk);
-  REQUIRE(plan.blocks >= 1);
-  REQUIRE(plan.blocks <= max_blocks);
-  REQUIRE(plan.chunk % width == 0);
-  CHECK(plan.first(0) == 0);
-  CHECK(plan.last(plan.blocks - 1, n) == n);
-  for (std::int64_t b = 0; b + 1 < plan.blocks; ++b) {
-    // Consecutive and non-empty: the next slice starts where this one ends.
-    REQUIRE(plan.last(b, n) == plan.first(b + 1));
-    REQUIRE(plan.last(b, n) > plan.first(b));
-  }
-  if (n > 0) REQUIRE(plan.last(plan.blocks - 1, n) > plan.first(plan.blocks - 1));
-  // Several blocks only when each slice gives every thread its minimum.
-  if (plan.blocks > 1) CHECK(plan.chunk >= width * min_per_thread);
-  // Where the cap does not bind, slices stay under twice the minimum (one more block would
-  // not give each thread its minimum).
-  if (n / (width * min_per_thread) < max_blocks) {
-    CHECK(plan.chunk < 2 * width * min_per_thread + width);
-  }
-}
+using tessera::Shape;
+using tessera::Strides;
 
-TEST_CASE("full reduction plan: slices cover the elements once", "[reduce_plan]") {
-  const std::vector<std::int64_t> sizes = {0,
-                                           1,
-                                           2,
-                                           255,
-                                           256,
-                                           257,
-                                           8191,
-                                           8192,
-                                           8193,
-                                           65536,
-                                           1'000'003,
-                                           3 << 20,
-                                           (std::int64_t{1} << 33) + 7};
-  for (const std::int64_t n : sizes) {
-    for (const std::int64_t max_blocks : {std::int64_t{1}, std::int64_t{7}, std::int64_t{1056}}) {
-      check_cover(n, 256, max_blocks, 32);
-      check_cover(n, 128, max_blocks, 1);
+/// The element offsets of each operand, in the order the rows read them: row o's kept index
+/// taken from o as row_source::row takes it (the last kept dimension fastest), then the row's
+/// positions.
+template <std::size_t L>
+std::vector<std::array<std::int64_t, L>> row_offsets(const full_reduction_rows<L>& plan) {
+  std::vector<std::array<std::int64_t, L>> offsets;
+  for (std::int64_t o = 0; o < plan.rows; ++o) {
+    std::int64_t index[tessera::max_dims] = {};
+    std::int64_t rest = o;
+    for (int d = plan.kept_rank - 1; d >= 0; --d) {
+      index[d] = rest % plan.kept[d];
+      rest /= plan.kept[d];
     }
-  }
-}
-
-TEST_CASE("full reduction plan: a sum over the slices equals the float64 sum", "[reduce_plan]") {
-  // Values whose float64 sum is exact: the order of the slices cannot change it, so any element
-  // read twice or missed shows.
-  const std::int64_t n = 100'003;
-  std::vector<double> values(static_cast<std::size_t>(n));
-  for (std::int64_t i = 0; i < n; ++i)
-    values[static_cast<std::size_t>(i)] = static_cast<double>(i % 97);
-  double expected = 0;
-  for (const double v : values) expected += v;
-  const full_reduction_plan plan = full_reduction_plan::make(n, 256, 16, 4);
-  REQUIRE(plan.blocks == 16);
-  std::vector<double> partials;
-  for (std::int64_t b = 0; b < plan.blocks; ++b) {
-    double partial = 0;
-    // Thread t of block b reads first + t, first + t + width, ... below last (the kernel's walk).
-    for (std::int64_t t = 0; t < 256; ++t) {
-      for (std::int64_t i = plan.first(b) + t; i < plan.last(b, n); i += 256) {
-        partial += values[static_cast<std::size_t>(i)];
+    for (std::int64_t p = 0; p < plan.extent; ++p) {
+      std::array<std::int64_t, L> at{};
+      for (std::size_t k = 0; k < L; ++k) {
+        REQUIRE(plan.strides[k].size() == plan.kept_rank + 1);
+        std::int64_t offset = p * plan.strides[k][plan.kept_rank];
+        for (int d = 0; d < plan.kept_rank; ++d) offset += index[d] * plan.strides[k][d];
+        at[k] = offset;
       }
+      offsets.push_back(at);
     }
-    partials.push_back(partial);
   }
-  double total = 0;
-  for (const double p : partials) total += p;
-  CHECK(total == expected);
+  return offsets;
+}
+
+/// The element offsets of each operand in row-major order over `shape` (the reference).
+template <std::size_t L>
+std::vector<std::array<std::int64_t, L>> row_major_offsets(const Shape& shape,
+                                                           const std::array<Strides, L>& strides) {
+  std::vector<std::array<std::int64_t, L>> offsets;
+  const int rank = shape.size();
+  for (std::int64_t i = 0; i < shape.numel(); ++i) {
+    std::array<std::int64_t, L> at{};
+    std::int64_t rest = i;
+    for (int d = rank - 1; d >= 0; --d) {
+      const std::int64_t position = rest % shape[d];
+      rest /= shape[d];
+      for (std::size_t k = 0; k < L; ++k) at[k] += position * strides[k][d];
+    }
+    offsets.push_back(at);
+  }
+  return offsets;
+}
+
+template <std::size_t L>
+void check_full_rows(const Shape& shape, const std::array<Strides, L>& strides,
+                     std::int64_t expected_rows) {
+  std::string layout = "shape " + shape.str() + ", strides";
+  for (std::size_t k = 0; k < L; ++k) layout += " " + strides[k].str();
+  INFO(layout);
+  const auto expected = row_major_offsets(shape, strides);
+  {
+    // argmax's order: element for element the row-major one, so the position the kernel gives
+    // element (o, p), o * extent + p, is its row-major index.
+    const auto plan = full_reduction_rows<L>::make(shape, strides, true);
+    CHECK(plan.rows * plan.extent == shape.numel());
+    CHECK(row_offsets(plan) == expected);
+  }
+  {
+    // Memory order: the same elements, each once, the operands' offsets still in step.
+    const auto plan = full_reduction_rows<L>::make(shape, strides, false);
+    CHECK(plan.rows == expected_rows);
+    CHECK(plan.rows * plan.extent == shape.numel());
+    auto read = row_offsets(plan);
+    auto sorted_expected = expected;
+    std::sort(read.begin(), read.end());
+    std::sort(sorted_expected.begin(), sorted_expected.end());
+    CHECK(read == sorted_expected);
+  }
+}
+
+TEST_CASE("full reduction rows: every element once, argmax's order row-major", "[reduce_plan]") {
+  using S = std::array<Strides, 1>;
+  // Contiguous: one row of every element.
+  check_full_rows(Shape{4, 5, 6}, S{Strides{30, 6, 1}}, 1);
+  check_full_rows(Shape{7}, S{Strides{1}}, 1);
+  // One element, and extents of 1 dropped.
+  check_full_rows(Shape{}, S{Strides{}}, 1);
+  check_full_rows(Shape{1, 1}, S{Strides{5, 1}}, 1);
+  check_full_rows(Shape{3, 1, 4}, S{Strides{4, 9, 1}}, 1);
+  // A transposed matrix: rows along its memory order, one row per column of the view.
+  check_full_rows(Shape{5, 3}, S{Strides{1, 5}}, 1);
+  // A slice: rows of the inner extent.
+  check_full_rows(Shape{4, 3}, S{Strides{8, 1}}, 4);
+  // channels_last [N, C, H, W]: one run in memory order.
+  check_full_rows(Shape{2, 3, 4, 5}, S{Strides{60, 1, 15, 3}}, 1);
+  // A broadcast operand beside a dense one (batch norm's x - mean): rows of H * W.
+  using S2 = std::array<Strides, 2>;
+  check_full_rows(Shape{2, 3, 4, 5}, S2{Strides{60, 20, 5, 1}, Strides{0, 1, 0, 0}}, 6);
+  // A row-major operand beside a transposed one: neither order is one run.
+  check_full_rows(Shape{3, 4}, S2{Strides{4, 1}, Strides{1, 3}}, 3);
+  // An expanded number (stride 0 everywhere) beside a contiguous tensor.
+  check_full_rows(Shape{6, 7}, S2{Strides{7, 1}, Strides{0, 0}}, 1);
+  // No operand at all (a reduction of numbers): one row.
+  check_full_rows(Shape{3, 4}, std::array<Strides, 0>{}, 1);
 }
 
 /// Reads of one row as reduce_rows_kernel makes them: for every split and lane, the positions

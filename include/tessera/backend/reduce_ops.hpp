@@ -27,7 +27,9 @@ namespace tessera::backend {
 //                               element of a (folding a run in order): argmax needs no index
 //                               comparison then;
 //   Op::exact                   true when merge does not round (max, min, integer sums): the
-//                               order of merging then cannot matter and needs no cascade.
+//                               order of merging then cannot matter and needs no cascade;
+//   Op::positional              (argmax, argmin only) true: lift's index matters, so elements
+//                               keep their row-major positions (see positional_op).
 
 template <class T>
 TESSERA_HOST_DEVICE constexpr bool is_nan(T value) {
@@ -122,6 +124,7 @@ template <class T, bool Greatest>
 struct arg_op {
   using acc_type = arg_value<T>;
   static constexpr bool exact = true;
+  static constexpr bool positional = true;
   TESSERA_HOST_DEVICE static constexpr acc_type identity() {
     return {Greatest ? lowest_v<T> : highest_v<T>, no_index};
   }
@@ -146,6 +149,13 @@ struct arg_op {
     const bool take_b = b_better | (is_nan(b.value) & !is_nan(a.value)) | (a.index == no_index);
     return {take_b ? b.value : a.value, take_b ? b.index : a.index};
   }
+};
+
+/// True for the operators whose result depends on the elements' positions (argmax, argmin:
+/// marked `static constexpr bool positional = true`), not only on their values.
+template <class Op>
+concept positional_op = requires {
+  requires Op::positional;
 };
 
 /// The result of a reduction is the accumulator, converted to the output dtype.

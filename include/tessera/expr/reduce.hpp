@@ -253,11 +253,13 @@ auto softmax_of(const Node& node, std::int64_t dim, const char* operation) {
 template <class Op, class Finish, class Out, class V>
 void reduce_all_cuda_primitive(const Tensor<Out, cuda>& out, const tensor_leaf<V, cuda>& leaf,
                                const char* operation) {
-  // kernel_choice::fewest compiles no strided full reduction (reduce_all_kernel and its merge): a
-  // tensor that is not row-major is copied contiguous first, then read as one row.
+  // kernel_choice::fewest compiles no merge of a strided full reduction's rows: a tensor whose
+  // elements are not one dense run is copied contiguous first, then read as one row.
   constexpr auto fewest = backend::cuda::kernel_choice::fewest;
   const Device device = device_of(leaf, operation);
-  if (backend::cpu::all_row_major(leaf.shape(), leaf_strides_of(leaf))) {
+  if (backend::cuda::full_reduction_rows<1>::make(leaf.shape(), leaf_strides_of(leaf),
+                                                  backend::positional_op<Op>)
+          .rows == 1) {
     reduce_all_kernel<Op, Finish, fewest>(out, leaf, device);
   } else {
     reduce_all_kernel<Op, Finish, fewest>(out, tensor_leaf<V, cuda>{leaf.tensor.contiguous()},

@@ -30,9 +30,10 @@
 namespace tessera::backend::cuda {
 
 /// The kernels a launch chooses among. fastest: each layout's own (the vector kernel for a dense
-/// run, the rows kernel for the rest; the reductions' linear row source for contiguous rows): what
-/// a unit's fused expressions and the library's layers compile. fewest: one kernel that covers
-/// every layout (the rows kernel; the reductions' bound rows): copies within one dtype (one per
+/// run, the rows kernel for the rest; a full reduction of strided operands merges its rows'
+/// partials in a second kernel): what a unit's fused expressions and the library's layers
+/// compile. fewest: one kernel that covers every layout (the rows kernel; a full reduction only
+/// of operands that make one dense run): copies within one dtype (one per
 /// element size) and the reductions and softmax of the library's primitives, the hundreds of
 /// (functor, dtype) kernels that g++ units evaluate CUDA expressions with, one operation at a time
 /// (expr/detail/op_by_op.hpp), where a second kernel per layout doubled their build for a path
@@ -108,12 +109,11 @@ __global__ void __launch_bounds__(threads_per_block)
     const std::int64_t row =
         tile / plan.splits * plan.rows_per_block + static_cast<int>(threadIdx.x) / plan.group;
     if (row >= plan.outputs) continue;
-    // Constant bounds (see leaf_evaluator): the index stays in registers.
     std::int64_t index[max_dims] = {};
     std::int64_t out_offset = 0;
     std::int64_t rest = row;
-    for (int d = max_dims - 2; d >= 0; --d) {
-      if (d >= kept_rank) continue;
+#pragma unroll 1
+    for (int d = kept_rank - 1; d >= 0; --d) {
       index[d] = rest % layout.sizes[d];
       rest /= layout.sizes[d];
       out_offset += index[d] * layout.out_strides[d];

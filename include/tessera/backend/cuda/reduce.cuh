@@ -1,9 +1,10 @@
 // Reductions on CUDA devices, reading the expression through its evaluator (nothing stored):
-// a full reduction of contiguous operands is one row of n elements for the row kernel below
-// (16-byte loads, cut over one wave of blocks, the slices merged by a warp); of strided ones,
-// each block folds a slice of the elements and a second, one-block launch merges the blocks'
-// partials (small kernels, where cub::DeviceReduce compiled a policy's tile kernels for each:
-// most of a unit's ptxas time); reductions along a dimension fold
+// a full reduction runs the row kernel below, the one reductions along a dimension run, so each
+// expression compiles one kernel for it: contiguous operands (or operands laid out alike in
+// another order) are one row of n elements (16-byte loads, cut over one wave of blocks, the
+// slices merged by a warp); strided ones are rows along their innermost merged dimension, whose
+// partials a one-block launch merges (small kernels, where cub::DeviceReduce compiled a policy's
+// tile kernels for each: most of a unit's ptxas time); reductions along a dimension fold
 // each row with a group of lanes sized to the row (16-byte loads where every operand allows them,
 // a batch of loads in flight per lane), or, when the kept dimensions are the contiguous ones,
 // give neighbouring lanes neighbouring outputs; either cuts long rows over several blocks when
@@ -45,24 +46,7 @@ inline memory::detail::scratch_buffer stream_scratch(std::size_t bytes, stream_r
   return {Device{DeviceType::cuda, tessera::cuda::current_device()}, bytes, stream};
 }
 
-// ---- full reductions: blocks over slices, then one block over their partials ---------------
-
-/// Element i (row-major over the merged layout) of any expression.
-template <class Op, class V, class Evaluator>
-struct strided_element {
-  Evaluator evaluator;
-  strided_layout_args layout;
-  __device__ typename Op::acc_type operator()(std::int64_t i) const {
-    std::int64_t index[max_dims] = {};
-    std::int64_t rest = i;
-    for (int d = max_dims - 1; d >= 0; --d) {  // constant bounds: see leaf_evaluator
-      if (d >= layout.rank) continue;
-      index[d] = rest % layout.sizes[d];
-      rest /= layout.sizes[d];
-    }
-    return Op::lift(read_as<V>(evaluator, index_access{index}), i);
-  }
-};
+// ---- merging partials ------------------------------------------------------------------------
 
 template <class Op>
 struct merge_fn {
@@ -74,34 +58,9 @@ struct merge_fn {
 
 // device_cascade and thread_fold, what each thread's fold computes: reduce_plan.hpp.
 
-/// Block b merges its slice of the elements; with one block it writes the result itself, else
-/// its partial.
-template <class Op, class Finish, class Out, class Element>
-__global__ void __launch_bounds__(threads_per_block)
-    reduce_all_kernel(Out* out, typename Op::acc_type* partials, Element element, std::int64_t n,
-                      full_reduction_plan plan) {
-  using acc_type = typename Op::acc_type;
-  using block_reduce = cub::BlockReduce<acc_type, threads_per_block>;
-  __shared__ typename block_reduce::TempStorage temporary;
-  const std::int64_t last = plan.last(blockIdx.x, n);
-  const std::int64_t stride = blockDim.x;
-  std::int64_t i = plan.first(blockIdx.x) + threadIdx.x;
-  thread_fold<Op> fold;
-  // One at a time: a strided element's index takes divisions per dimension, so the loop is bound
-  // by them rather than by loads, and unrolled copies of it would multiply ptxas's work.
-  for (; i < last; i += stride) fold.add(element(i));
-  const acc_type total = block_reduce(temporary).Reduce(fold.result(), merge_fn<Op>{});
-  if (threadIdx.x == 0) {
-    if (gridDim.x == 1) {
-      *out = Finish::template apply<Out>(total, n);
-    } else {
-      partials[blockIdx.x] = total;
-    }
-  }
-}
-
-/// One block merges the partials of reduce_all_kernel's blocks (in block order per thread) and
-/// writes the result. It depends on the operator and the output only, not on the expression.
+/// One block merges `count` partials (a strided full reduction's rows and slices; in order per
+/// thread) and writes the result. It depends on the operator and the output only, not on the
+/// expression.
 template <class Op, class Finish, class Out>
 __global__ void __launch_bounds__(threads_per_block)
     reduce_partials_kernel(Out* out, const typename Op::acc_type* partials, std::int64_t count,
@@ -130,35 +89,6 @@ void merge_block_partials(Out* out, const typename Op::acc_type* partials, std::
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 
-/// Launches reduce_all_kernel over `element` (and reduce_partials_kernel when it takes several
-/// blocks; the partials come from the device's pool, freed on `stream`).
-template <class Op, class Finish, class Out, class Element>
-void launch_reduce_all(Out* out, const Element& element, std::int64_t n, stream_ref stream) {
-  using acc_type = typename Op::acc_type;
-  static_assert(fits_kernel_parameters<Element>,
-                "Tessera: this expression is too large to pass to one CUDA kernel (over 4 KiB "
-                "of parameters); split the statement into two");
-  // Blocks resident on the device at once (the kernel's occupancy: one wave).
-  const std::int64_t max_blocks =
-      resident_threads_of<&reduce_all_kernel<Op, Finish, Out, Element>>() / threads_per_block;
-  const full_reduction_plan plan =
-      full_reduction_plan::make(n, threads_per_block, max_blocks, full_reduction_min_per_thread);
-  if (plan.blocks == 1) {
-    reduce_all_kernel<Op, Finish, Out><<<1, threads_per_block, 0, stream.native()>>>(
-        out, nullptr, element, n, plan);
-    TESSERA_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
-  const auto scratch =
-      stream_scratch(static_cast<std::size_t>(plan.blocks) * sizeof(acc_type), stream);
-  auto* partials = static_cast<acc_type*>(scratch.data);
-  reduce_all_kernel<Op, Finish, Out>
-      <<<static_cast<unsigned>(plan.blocks), threads_per_block, 0, stream.native()>>>(
-          out, partials, element, n, plan);
-  TESSERA_CUDA_CHECK(cudaGetLastError());
-  merge_block_partials<Op, Finish, Out>(out, partials, plan.blocks, n, stream);
-}
-
 // ---- rows: one output (or one softmax row) per position of the kept dimensions
 // -------------------
 
@@ -169,6 +99,9 @@ struct row_layout {
   std::int64_t out_strides[max_dims] = {};
   std::int64_t extent = 0;
   std::int64_t out_step = 0;  // the output's stride along the reduced dimension
+  // Row o's positions (Op::lift's index: argmax's answer) start at o * position_step: 0 along a
+  // dimension, the row's extent for a full reduction's rows (row-major positions).
+  std::int64_t position_step = 0;
 };
 
 /// The value an expression's evaluator gives, as read_as<V> makes it (rounded to V, in V's
@@ -186,68 +119,51 @@ __device__ opmath_t<V> as_read(const R& value) {
   }
 }
 
-/// Where row o's elements are: at linear index o * extent + r (every leaf contiguous, the
-/// dimension innermost), or through row_access after bind_row of o's kept index.
-template <bool Linear, class Evaluator>
+/// Where row o's elements are: through row_access after bind_row of o's kept index (the kept
+/// dimensions in row-major order). One source for every layout, contiguous or not, so each
+/// expression compiles one kernel per kind of reduction. The kept index is taken apart by a
+/// loop to kept_rank, not unrolled to max_dims (the index goes to local memory, the evaluator
+/// stays in registers): once per row, and the unrolled divisions were a sixth of each kernel.
+template <class Evaluator>
 struct row_source {
-  static constexpr bool linear = Linear;
   Evaluator evaluator;
   row_layout layout;
 
   __device__ Evaluator row(std::int64_t o) const {
     Evaluator placed = evaluator;
-    if constexpr (!Linear) {
-      std::int64_t index[max_dims] = {};
-      for (int d = max_dims - 1; d >= 0; --d) {  // constant bounds: see leaf_evaluator
-        if (d >= layout.kept_rank) continue;
-        index[d] = o % layout.kept[d];
-        o /= layout.kept[d];
-      }
-      placed.bind_row(index);
+    std::int64_t index[max_dims] = {};
+#pragma unroll 1
+    for (int d = layout.kept_rank - 1; d >= 0; --d) {
+      index[d] = o % layout.kept[d];
+      o /= layout.kept[d];
     }
+    placed.bind_row(index);
     return placed;
   }
   template <class V>
-  __device__ opmath_t<V> get(const Evaluator& placed, std::int64_t o, std::int64_t r) const {
-    if constexpr (Linear) {
-      return read_as<V>(placed, linear_access{o * layout.extent + r});
-    } else {
-      return read_as<V>(placed, row_access{r});
-    }
+  __device__ opmath_t<V> get(const Evaluator& placed, std::int64_t, std::int64_t r) const {
+    return read_as<V>(placed, row_access{r});
   }
   /// W consecutive elements of row o from position r (16-byte loads; vectorisable(W) holds).
   template <class V, int W>
-  __device__ void get_vector(const Evaluator& placed, std::int64_t o, std::int64_t r,
+  __device__ void get_vector(const Evaluator& placed, std::int64_t, std::int64_t r,
                              opmath_t<V> (&out)[W]) const {
     typename Evaluator::result_type raw[W];
-    if constexpr (Linear) {
-      placed.get_vector(vector_access<W>{o * layout.extent + r}, raw);
-    } else {
-      placed.get_vector(row_vector_access<W>{r}, raw);
-    }
+    placed.get_vector(row_vector_access<W>{r}, raw);
 #pragma unroll
     for (int k = 0; k < W; ++k) out[k] = as_read<V, Evaluator>(raw[k]);
   }
   /// Whether every row allows loads of `vector` elements at positions that are multiples of it.
-  bool vectorisable(int vector) const {
-    if constexpr (Linear) {
-      return layout.extent % vector == 0 && evaluator.is_aligned(vector);
-    } else {
-      return evaluator.is_row_aligned(vector);
-    }
-  }
+  bool vectorisable(int vector) const { return evaluator.is_row_aligned(vector); }
   /// Offset of row o's first element in a contiguous output of the input's shape (softmax).
   __device__ std::int64_t out_offset(std::int64_t o) const {
-    if constexpr (Linear) {
-      return o * layout.extent;
-    } else {
-      std::int64_t offset = 0;
-      for (int d = layout.kept_rank - 1; d >= 0; --d) {
-        offset += (o % layout.kept[d]) * layout.out_strides[d];
-        o /= layout.kept[d];
-      }
-      return offset;
+    std::int64_t offset = 0;
+#pragma unroll 1
+    for (int d = layout.kept_rank - 1; d >= 0; --d) {
+      offset += (o % layout.kept[d]) * layout.out_strides[d];
+      o /= layout.kept[d];
     }
+    return offset;
   }
 };
 
@@ -266,8 +182,9 @@ __device__ typename Op::acc_type merge_across_lanes(typename Op::acc_type value,
 
 /// Rows along the reduced dimension (row_reduction_plan): a group of plan.group lanes folds one
 /// row, or one slice of it, reading plan.vector elements per load and a batch of loads at a
-/// time; a group of more than a warp merges its warps through shared memory. With one split the
-/// group's first lane writes the result, else its partial (merged by reduce_split_partials_kernel).
+/// time; a group of more than a warp merges its warps through shared memory. Without `partials`
+/// the group's first lane writes the result, else its partial (merged by
+/// reduce_split_partials_kernel, or for a strided full reduction's rows by reduce_partials_kernel).
 template <class Op, class V, class Finish, class Out, class Rows>
 __global__ void __launch_bounds__(threads_per_block)
     reduce_rows_kernel(Out* out, typename Op::acc_type* partials, Rows rows,
@@ -284,6 +201,7 @@ __global__ void __launch_bounds__(threads_per_block)
     acc_type total = Op::identity();
     if (o < plan.outputs) {
       const auto placed = rows.row(o);
+      const std::int64_t base = o * rows.layout.position_step;
       thread_fold<Op> fold;
       if (plan.vector == 4) {
         plan.walk(
@@ -293,11 +211,13 @@ __global__ void __launch_bounds__(threads_per_block)
               acc_type values[reduce_batch_values];
               opmath_t<V> loaded[loads][4];
 #pragma unroll
-              for (int k = 0; k < loads; ++k) rows.template get_vector<V, 4>(placed, o, p + k * step, loaded[k]);
+              for (int k = 0; k < loads; ++k)
+                rows.template get_vector<V, 4>(placed, o, p + k * step, loaded[k]);
 #pragma unroll
               for (int k = 0; k < loads; ++k) {
 #pragma unroll
-                for (int j = 0; j < 4; ++j) values[k * 4 + j] = Op::lift(loaded[k][j], p + k * step + j);
+                for (int j = 0; j < 4; ++j)
+                  values[k * 4 + j] = Op::lift(loaded[k][j], base + p + k * step + j);
               }
               // Lane order: positions increase within a load, then from load to load.
               fold.add_run(values);
@@ -307,10 +227,12 @@ __global__ void __launch_bounds__(threads_per_block)
               rows.template get_vector<V, 4>(placed, o, p, loaded);
               acc_type values[4];
 #pragma unroll
-              for (int j = 0; j < 4; ++j) values[j] = Op::lift(loaded[j], p + j);
+              for (int j = 0; j < 4; ++j) values[j] = Op::lift(loaded[j], base + p + j);
               fold.add_run(values);
             },
-            [&](std::int64_t p) { fold.add(Op::lift(rows.template get<V>(placed, o, p), p)); });
+            [&](std::int64_t p) {
+              fold.add(Op::lift(rows.template get<V>(placed, o, p), base + p));
+            });
       } else {
         plan.walk(
             split, lane,
@@ -318,12 +240,17 @@ __global__ void __launch_bounds__(threads_per_block)
               acc_type values[reduce_batch_values];
 #pragma unroll
               for (int k = 0; k < reduce_batch_values; ++k) {
-                values[k] = Op::lift(rows.template get<V>(placed, o, p + k * step), p + k * step);
+                values[k] =
+                    Op::lift(rows.template get<V>(placed, o, p + k * step), base + p + k * step);
               }
               fold.add_run(values);
             },
-            [&](std::int64_t p) { fold.add(Op::lift(rows.template get<V>(placed, o, p), p)); },
-            [&](std::int64_t p) { fold.add(Op::lift(rows.template get<V>(placed, o, p), p)); });
+            [&](std::int64_t p) {
+              fold.add(Op::lift(rows.template get<V>(placed, o, p), base + p));
+            },
+            [&](std::int64_t p) {
+              fold.add(Op::lift(rows.template get<V>(placed, o, p), base + p));
+            });
       }
       total = fold.result();
     }
@@ -339,7 +266,7 @@ __global__ void __launch_bounds__(threads_per_block)
       __syncthreads();  // warp_results is reused by the next tile
     }
     if (lane == 0 && o < plan.outputs) {
-      if (plan.splits == 1) {
+      if (partials == nullptr) {
         out[o] = Finish::template apply<Out>(total, plan.extent);
       } else {
         partials[o * plan.splits + split] = total;
@@ -457,10 +384,9 @@ inline int row_lanes_setting() {
   return lanes;
 }
 
-/// Calls launch(rows, kept_is_inner) with the row source that fits the layout: linear when every
-/// leaf is contiguous with the dimension innermost (kernel_choice::fastest), else bind_row over
-/// the merged kept dimensions; kept_is_inner tells whether the kept dimensions are the contiguous
-/// ones (see split_layout).
+/// Calls launch(rows, kept_is_inner) with the rows along dimension `dim`: bind_row over the
+/// merged kept dimensions; kept_is_inner tells whether the kept dimensions are the contiguous
+/// ones (see split_layout). Every kernel_choice takes the same source.
 template <kernel_choice Choice, std::size_t L, class MakeEvaluator, class Launch>
 void with_rows(const Shape& shape, int dim, const Strides& out_strides,
                const std::array<Strides, L>& leaf_strides, MakeEvaluator& make_evaluator,
@@ -468,16 +394,6 @@ void with_rows(const Shape& shape, int dim, const Strides& out_strides,
   static_assert(Choice != kernel_choice::compact, "kernel_choice::compact is elementwise only");
   row_layout layout;
   layout.extent = shape[dim];
-  if constexpr (Choice == kernel_choice::fastest) {
-    std::int64_t after = 1;
-    for (int d = dim + 1; d < shape.size(); ++d) after *= shape[d];
-    if (after == 1 && cpu::all_row_major(shape, leaf_strides)) {
-      layout.out_step = 1;
-      auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-      launch(row_source<true, decltype(evaluator)>{evaluator, layout}, false);
-      return;
-    }
-  }
   const cpu::split_layout<L> split(shape, dim, out_strides, leaf_strides);
   layout.kept_rank = split.kept.shape.size();
   for (int d = 0; d < layout.kept_rank; ++d) {
@@ -487,7 +403,7 @@ void with_rows(const Shape& shape, int dim, const Strides& out_strides,
   layout.out_step = split.stride[0];
   const auto strides = split.dim_innermost();
   auto evaluator = make_evaluator(strides.data(), layout.kept_rank + 1);
-  launch(row_source<false, decltype(evaluator)>{evaluator, layout}, split.kept_is_inner());
+  launch(row_source<decltype(evaluator)>{evaluator, layout}, split.kept_is_inner());
 }
 
 /// The second pass of a split reduction over `partials` (outputs * splits accumulators): a warp
@@ -550,9 +466,33 @@ void launch_reduce_rows(Out* out, const Rows& rows, std::int64_t outputs, std::i
       });
 }
 
+/// reduce_rows_kernel over `outputs` rows of `extent` elements that make one result: each row's
+/// partials (row_reduction_plan's slices of it), merged by one block (reduce_partials_kernel;
+/// Finish gets the element count n).
+template <class Op, class V, class Finish, class Out, class Rows>
+void launch_reduce_rows_to_one(Out* out, const Rows& rows, std::int64_t outputs,
+                               std::int64_t extent, std::int64_t n, int vector, stream_ref stream) {
+  using acc_type = typename Op::acc_type;
+  const row_reduction_plan plan = row_reduction_plan::make(
+      outputs, extent, vector, threads_per_block,
+      resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, Rows>>(), 32);
+  const std::int64_t count = outputs * plan.splits;
+  const auto scratch = stream_scratch(static_cast<std::size_t>(count) * sizeof(acc_type), stream);
+  auto* partials = static_cast<acc_type*>(scratch.data);
+  reduce_rows_kernel<Op, V, Finish>
+      <<<blocks_for(plan.tiles(), 1), threads_per_block, 0, stream.native()>>>(out, partials, rows,
+                                                                               plan);
+  TESSERA_CUDA_CHECK(cudaGetLastError());
+  merge_block_partials<Op, Finish, Out>(out, partials, count, n, stream);
+}
+
 /// CUDA twin of backend::cpu::reduce_all: *out (device memory) = Finish(Op over every element),
-/// on the current device and `stream`. Counts one launch (two kernels when the input is large).
-/// kernel_choice::fewest takes row-major operands only (std::logic_error otherwise).
+/// on the current device and `stream`. Counts one launch (two kernels when the input is large
+/// or strided). Every layout runs the expression's one reduce_rows_kernel (full_reduction_rows):
+/// operands that merge into one run of unit stride are one row; others are rows along their
+/// innermost merged dimension, merged by a second launch. kernel_choice::fewest takes only
+/// operands that make one row (std::logic_error otherwise), so that no merge kernel of block
+/// partials is compiled for it.
 template <class Op, class V, class Finish, kernel_choice Choice = kernel_choice::fastest, class Out,
           std::size_t L, class MakeEvaluator>
 void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf_strides,
@@ -567,43 +507,29 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
     TESSERA_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  if (cpu::all_row_major(shape, leaf_strides)) {
-    // One row of n elements through the row kernel: 16-byte loads when every leaf is aligned
-    // (a slice's last elements one at a time), cut over one wave of blocks, the slices merged
-    // by a warp.
-    row_layout layout;
-    layout.extent = n;
-    layout.out_step = 1;
-    if constexpr (Choice == kernel_choice::fastest) {
-      auto evaluator = make_evaluator(leaf_strides.data(), shape.size());
-      const row_source<true, decltype(evaluator)> rows{evaluator, layout};
-      launch_reduce_rows<Op, V, Finish>(out, rows, 1, n, evaluator.is_aligned(4) ? 4 : 1, 0,
-                                        stream);
-    } else {
-      // The same row through the bound-row source, the one reduce_dim's fewest kernels use: no
-      // kept dimension, every leaf one dimension of unit stride.
-      std::array<Strides, L> flat;
-      for (auto& strides : flat) strides = Strides{1};
-      auto evaluator = make_evaluator(flat.data(), 1);
-      const row_source<false, decltype(evaluator)> rows{evaluator, layout};
-      launch_reduce_rows<Op, V, Finish>(out, rows, 1, n, rows.vectorisable(4) ? 4 : 1, 0, stream);
-    }
+  const auto plan = full_reduction_rows<L>::make(shape, leaf_strides, positional_op<Op>);
+  row_layout layout;
+  layout.kept_rank = plan.kept_rank;
+  for (int d = 0; d < plan.kept_rank; ++d) layout.kept[d] = plan.kept[d];
+  layout.extent = plan.extent;
+  layout.out_step = 1;
+  layout.position_step = plan.extent;
+  auto evaluator = make_evaluator(plan.strides.data(), plan.kept_rank + 1);
+  const row_source<decltype(evaluator)> rows{evaluator, layout};
+  const int vector = rows.vectorisable(4) ? 4 : 1;
+  if (plan.rows == 1) {
+    launch_reduce_rows<Op, V, Finish>(out, rows, 1, plan.extent, vector, 0, stream);
     return;
   }
   if constexpr (Choice == kernel_choice::fewest) {
-    // No strided kernel in the fewest set: its callers (the primitives) pass row-major operands.
+    // No merge of block partials in the fewest set: its callers (the primitives) pass operands
+    // that make one row.
     throw std::logic_error(
-        "Tessera: a full reduction with kernel_choice::fewest of operands that are not "
-        "row-major (shape " +
+        "Tessera: a full reduction with kernel_choice::fewest of operands that do not make one "
+        "dense run (shape " +
         shape.str() + "); make them contiguous first");
   } else {
-    const cpu::strided_layout<static_cast<int>(L)> merged(shape, leaf_strides);
-    strided_layout_args layout;
-    layout.rank = merged.shape.size();
-    for (int d = 0; d < layout.rank; ++d) layout.sizes[d] = merged.shape[d];
-    auto evaluator = make_evaluator(merged.strides.data(), layout.rank);
-    launch_reduce_all<Op, Finish>(
-        out, strided_element<Op, V, decltype(evaluator)>{evaluator, layout}, n, stream);
+    launch_reduce_rows_to_one<Op, V, Finish>(out, rows, plan.rows, plan.extent, n, vector, stream);
   }
 }
 
@@ -630,22 +556,18 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
         static_assert(fits_kernel_parameters<decltype(rows)>,
                       "Tessera: this expression is too large to pass to one CUDA kernel "
                       "(over 4 KiB of parameters); split the statement into two");
-        // A linear source reduces its innermost dimension (kept_is_inner is false): no column
-        // kernel is compiled for it.
-        if constexpr (!decltype(rows)::linear) {
-          if (kept_is_inner) {
-            using acc_type = typename Op::acc_type;
-            const column_reduction_plan plan = column_reduction_plan::make(
-                outputs, extent, threads_per_block,
-                resident_threads_of<&reduce_columns_kernel<Op, V, Finish, Out, decltype(rows)>>());
-            with_split_partials<Op, Finish>(
-                out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
-                  reduce_columns_kernel<Op, V, Finish>
-                      <<<blocks_for(plan.tiles(), 1), threads_per_block, 0, stream.native()>>>(
-                          out, partials, rows, plan);
-                });
-            return;
-          }
+        if (kept_is_inner) {
+          using acc_type = typename Op::acc_type;
+          const column_reduction_plan plan = column_reduction_plan::make(
+              outputs, extent, threads_per_block,
+              resident_threads_of<&reduce_columns_kernel<Op, V, Finish, Out, decltype(rows)>>());
+          with_split_partials<Op, Finish>(
+              out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
+                reduce_columns_kernel<Op, V, Finish>
+                    <<<blocks_for(plan.tiles(), 1), threads_per_block, 0, stream.native()>>>(
+                        out, partials, rows, plan);
+              });
+          return;
         }
         launch_reduce_rows<Op, V, Finish>(out, rows, outputs, extent, rows.vectorisable(4) ? 4 : 1,
                                           row_lanes_setting(), stream);

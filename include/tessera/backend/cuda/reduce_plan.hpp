@@ -4,9 +4,13 @@
 // fold it, and what the fold gives.
 #pragma once
 
+#include <array>
+#include <cstddef>
 #include <cstdint>
 
+#include "tessera/backend/cpu/strided_loop.hpp"
 #include "tessera/core/config.hpp"
+#include "tessera/core/shape.hpp"
 
 namespace tessera::backend::cuda {
 
@@ -90,37 +94,42 @@ struct thread_fold {
 
 // ---- how the work is cut ----------------------------------------------------------------------
 
-/// Elements per thread below which a full reduction uses fewer blocks: enough that a thread's
-/// loads are in flight together and its block's merge is a small part of its work.
-inline constexpr std::int64_t full_reduction_min_per_thread = 32;
+/// A full reduction read as rows by reduce_rows_kernel, the kernel that reductions along a
+/// dimension use: the operands' dimensions merged (first put in memory order, so that operands
+/// laid out alike in any order, all channels_last, make one run; unless `keep_order`: argmax and
+/// argmin need each element's row-major position, which is then row * extent + position), the
+/// last merged dimension along the rows and the others kept. Row o's kept index is o in
+/// row-major order over `kept`; `strides` holds each operand's strides over the kept dimensions
+/// then the row's (rank kept_rank + 1). Contiguous operands make one row of every element.
+template <std::size_t L>
+struct full_reduction_rows {
+  int kept_rank = 0;
+  std::int64_t kept[max_dims] = {};
+  std::int64_t extent = 1;
+  std::int64_t rows = 1;
+  std::array<Strides, L> strides;
 
-/// A full reduction of n elements: `blocks` blocks of `width` threads, block b folding elements
-/// [first(b), last(b, n)); with more than one block, a second, one-block launch merges their
-/// partials.
-struct full_reduction_plan {
-  std::int64_t blocks = 1;
-  std::int64_t chunk = 0;
-
-  /// At most max_blocks blocks, and with several blocks at least min_per_thread elements per
-  /// thread (width, max_blocks and min_per_thread positive). Each slice is a whole multiple of the
-  /// block's width, so every thread's elements follow one pattern; the last slice takes the rest.
-  TESSERA_HOST_DEVICE static full_reduction_plan make(std::int64_t n, std::int64_t width,
-                                                      std::int64_t max_blocks,
-                                                      std::int64_t min_per_thread) {
-    full_reduction_plan plan;
-    const std::int64_t per_block = min_per_thread * width;
-    std::int64_t blocks = n / per_block;
-    if (blocks > max_blocks) blocks = max_blocks;
-    if (blocks < 1) blocks = 1;
-    const std::int64_t chunk = ((n + blocks - 1) / blocks + width - 1) / width * width;
-    plan.chunk = chunk;
-    plan.blocks = chunk > 0 ? (n + chunk - 1) / chunk : 1;
+  /// For `shape` (at least one element) and the operands' strides over it (0 where broadcast).
+  static full_reduction_rows make(const Shape& shape, const std::array<Strides, L>& leaf_strides,
+                                  bool keep_order) {
+    constexpr int N = static_cast<int>(L);
+    const cpu::strided_layout<N> merged =
+        keep_order || N == 0 ? cpu::strided_layout<N>(shape, leaf_strides)
+                             : cpu::strided_layout<N>::in_memory_order(shape, leaf_strides);
+    full_reduction_rows plan;
+    const int rank = merged.shape.size();
+    if (rank == 0) {  // one element: a row of one, read at offset 0
+      for (Strides& strides : plan.strides) strides = Strides{0};
+      return plan;
+    }
+    plan.kept_rank = rank - 1;
+    plan.extent = merged.shape[rank - 1];
+    for (int d = 0; d < plan.kept_rank; ++d) {
+      plan.kept[d] = merged.shape[d];
+      plan.rows *= merged.shape[d];
+    }
+    plan.strides = merged.strides;
     return plan;
-  }
-  TESSERA_HOST_DEVICE std::int64_t first(std::int64_t block) const { return block * chunk; }
-  TESSERA_HOST_DEVICE std::int64_t last(std::int64_t block, std::int64_t n) const {
-    const std::int64_t end = (block + 1) * chunk;
-    return end < n ? end : n;
   }
 };
 
