@@ -326,39 +326,28 @@ __global__ void __launch_bounds__(threads_per_block)
   }
 }
 
-/// The second pass of a split reduction: one thread per output merges its splits' partials, in
-/// split order, and writes the result. Depends on the operator and the output only.
+/// The second pass of a split reduction: a group of `group` lanes per output (1, or 32 for many
+/// splits: a full reduction's or a long row's few outputs, each cut into hundreds of slices)
+/// merges its splits' partials and writes the result. Lane l folds splits l, l + group, ... in
+/// order and the group's lanes merge by a butterfly (merge_across_lanes), so no thread reads
+/// hundreds of partials one after another; with a group of one a thread folds every split in
+/// order. One kernel per (Op, Finish, Out), whatever the expression (it was two, a thread and a
+/// warp per output, with the same results).
 template <class Op, class Finish, class Out>
 __global__ void __launch_bounds__(threads_per_block)
     reduce_split_partials_kernel(Out* out, const typename Op::acc_type* partials,
-                                 std::int64_t outputs, std::int64_t splits, std::int64_t extent) {
-  const std::int64_t stride = static_cast<std::int64_t>(gridDim.x) * blockDim.x;
-  for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-       o < outputs; o += stride) {
+                                 std::int64_t outputs, std::int64_t splits, std::int64_t extent,
+                                 int group) {
+  const int groups_per_block = threads_per_block / group;
+  const int lane = static_cast<int>(threadIdx.x) % group;
+  const std::int64_t groups = static_cast<std::int64_t>(gridDim.x) * groups_per_block;
+  // o depends on the group alone: every lane of a warp takes the same trips (the shuffles).
+  for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * groups_per_block +
+                        static_cast<int>(threadIdx.x) / group;
+       o < outputs; o += groups) {
     thread_fold<Op> fold;
-    for (std::int64_t s = 0; s < splits; ++s) fold.add(partials[o * splits + s]);
-    out[o] = Finish::template apply<Out>(fold.result(), extent);
-  }
-}
-
-/// The same with a warp per output, for many splits (a full reduction's or a long row's few
-/// outputs, each cut into hundreds of slices): lane l folds splits l, l + 32, ... in order, and
-/// the lanes merge by a butterfly (merge_across_lanes), so no thread reads hundreds of partials
-/// one after another.
-template <class Op, class Finish, class Out>
-__global__ void __launch_bounds__(threads_per_block)
-    reduce_split_partials_warps_kernel(Out* out, const typename Op::acc_type* partials,
-                                       std::int64_t outputs, std::int64_t splits,
-                                       std::int64_t extent) {
-  constexpr int warps_per_block = threads_per_block / 32;
-  const int lane = static_cast<int>(threadIdx.x % 32);
-  const std::int64_t warps = static_cast<std::int64_t>(gridDim.x) * warps_per_block;
-  // o depends on the warp alone: every lane of a warp takes the same trips (the shuffles).
-  for (std::int64_t o = static_cast<std::int64_t>(blockIdx.x) * warps_per_block + threadIdx.x / 32;
-       o < outputs; o += warps) {
-    thread_fold<Op> fold;
-    for (std::int64_t s = lane; s < splits; s += 32) fold.add(partials[o * splits + s]);
-    const typename Op::acc_type total = merge_across_lanes<Op>(fold.result(), 32);
+    for (std::int64_t s = lane; s < splits; s += group) fold.add(partials[o * splits + s]);
+    const typename Op::acc_type total = merge_across_lanes<Op>(fold.result(), group);
     if (lane == 0) out[o] = Finish::template apply<Out>(total, extent);
   }
 }
@@ -412,15 +401,10 @@ void with_rows(const Shape& shape, int dim, const Strides& out_strides,
 template <class Op, class Finish, class Out>
 void merge_split_partials(Out* out, const typename Op::acc_type* partials, std::int64_t outputs,
                           std::int64_t splits, std::int64_t extent, stream_ref stream) {
-  if (splits >= warp_merge_splits) {
-    reduce_split_partials_warps_kernel<Op, Finish, Out>
-        <<<blocks_for(outputs, threads_per_block / 32), threads_per_block, 0, stream.native()>>>(
-            out, partials, outputs, splits, extent);
-  } else {
-    reduce_split_partials_kernel<Op, Finish, Out>
-        <<<blocks_for(outputs, threads_per_block), threads_per_block, 0, stream.native()>>>(
-            out, partials, outputs, splits, extent);
-  }
+  const int group = splits >= warp_merge_splits ? 32 : 1;
+  reduce_split_partials_kernel<Op, Finish, Out>
+      <<<blocks_for(outputs, threads_per_block / group), threads_per_block, 0, stream.native()>>>(
+          out, partials, outputs, splits, extent, group);
   TESSERA_CUDA_CHECK(cudaGetLastError());
 }
 
