@@ -373,6 +373,70 @@ inline int row_lanes_setting() {
   return lanes;
 }
 
+/// The rows of a reduction as reduce_rows_kernel reads them: the row layout, each leaf's strides
+/// over the kept dimensions then the row's, and for a full reduction how many rows make its
+/// result (see full_reduction_rows); for one along a dimension whether the kept dimensions are
+/// the contiguous ones (see split_layout).
+template <std::size_t L>
+struct bound_rows {
+  row_layout layout;
+  std::array<Strides, L> strides;
+  std::int64_t rows = 1;
+  bool kept_is_inner = false;
+};
+
+// The layout work below is out of line: one body per operand count, shared by every expression
+// (the templates that take an evaluator keep only it and their launches).
+
+/// The rows along dimension `dim` (the output's strides `out_strides`).
+template <std::size_t L>
+[[gnu::noinline]] bound_rows<L> rows_along(const Shape& shape, int dim, const Strides& out_strides,
+                                           const std::array<Strides, L>& leaf_strides) {
+  bound_rows<L> rows;
+  rows.layout.extent = shape[dim];
+  const cpu::split_layout<L> split(shape, dim, out_strides, leaf_strides);
+  rows.layout.kept_rank = split.kept.shape.size();
+  for (int d = 0; d < rows.layout.kept_rank; ++d) {
+    rows.layout.kept[d] = split.kept.shape[d];
+    rows.layout.out_strides[d] = split.kept.strides[0][d];
+  }
+  rows.layout.out_step = split.stride[0];
+  rows.strides = split.dim_innermost();
+  rows.kept_is_inner = split.kept_is_inner();
+  return rows;
+}
+
+/// The rows of a full reduction (full_reduction_rows; row-major positions when `positional`).
+template <std::size_t L>
+[[gnu::noinline]] bound_rows<L> rows_of_all(const Shape& shape,
+                                            const std::array<Strides, L>& leaf_strides,
+                                            bool positional) {
+  const auto plan = full_reduction_rows<L>::make(shape, leaf_strides, positional);
+  bound_rows<L> rows;
+  rows.layout.kept_rank = plan.kept_rank;
+  for (int d = 0; d < plan.kept_rank; ++d) rows.layout.kept[d] = plan.kept[d];
+  rows.layout.extent = plan.extent;
+  rows.layout.out_step = 1;
+  rows.layout.position_step = plan.extent;
+  rows.strides = plan.strides;
+  rows.rows = plan.rows;
+  return rows;
+}
+
+[[gnu::noinline]] inline row_reduction_plan plan_reduce_rows(std::int64_t outputs,
+                                                             std::int64_t extent, int vector,
+                                                             std::int64_t resident_threads,
+                                                             int lanes) {
+  return row_reduction_plan::make(outputs, extent, vector, threads_per_block, resident_threads, 32,
+                                  lanes);
+}
+
+[[gnu::noinline]] inline column_reduction_plan plan_reduce_columns(std::int64_t outputs,
+                                                                   std::int64_t extent,
+                                                                   std::int64_t resident_threads) {
+  return column_reduction_plan::make(outputs, extent, threads_per_block, resident_threads);
+}
+
 /// Calls launch(rows, kept_is_inner) with the rows along dimension `dim`: bind_row over the
 /// merged kept dimensions; kept_is_inner tells whether the kept dimensions are the contiguous
 /// ones (see split_layout). Every kernel_choice takes the same source.
@@ -381,18 +445,9 @@ void with_rows(const Shape& shape, int dim, const Strides& out_strides,
                const std::array<Strides, L>& leaf_strides, MakeEvaluator& make_evaluator,
                Launch&& launch) {
   static_assert(Choice != kernel_choice::compact, "kernel_choice::compact is elementwise only");
-  row_layout layout;
-  layout.extent = shape[dim];
-  const cpu::split_layout<L> split(shape, dim, out_strides, leaf_strides);
-  layout.kept_rank = split.kept.shape.size();
-  for (int d = 0; d < layout.kept_rank; ++d) {
-    layout.kept[d] = split.kept.shape[d];
-    layout.out_strides[d] = split.kept.strides[0][d];
-  }
-  layout.out_step = split.stride[0];
-  const auto strides = split.dim_innermost();
-  auto evaluator = make_evaluator(strides.data(), layout.kept_rank + 1);
-  launch(row_source<decltype(evaluator)>{evaluator, layout}, split.kept_is_inner());
+  const bound_rows<L> rows = rows_along(shape, dim, out_strides, leaf_strides);
+  auto evaluator = make_evaluator(rows.strides.data(), rows.layout.kept_rank + 1);
+  launch(row_source<decltype(evaluator)>{evaluator, rows.layout}, rows.kept_is_inner);
 }
 
 /// The second pass of a split reduction over `partials` (outputs * splits accumulators): a warp
@@ -439,9 +494,9 @@ void launch_reduce_rows(Out* out, const Rows& rows, std::int64_t outputs, std::i
                 "Tessera: this expression is too large to pass to one CUDA kernel "
                 "(over 4 KiB of parameters); split the statement into two");
   using acc_type = typename Op::acc_type;
-  const row_reduction_plan plan = row_reduction_plan::make(
-      outputs, extent, vector, threads_per_block,
-      resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, Rows>>(), 32, lanes);
+  const row_reduction_plan plan =
+      plan_reduce_rows(outputs, extent, vector,
+                       resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, Rows>>(), lanes);
   with_split_partials<Op, Finish>(
       out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
         reduce_rows_kernel<Op, V, Finish>
@@ -457,9 +512,9 @@ template <class Op, class V, class Finish, class Out, class Rows>
 void launch_reduce_rows_to_one(Out* out, const Rows& rows, std::int64_t outputs,
                                std::int64_t extent, std::int64_t n, int vector, stream_ref stream) {
   using acc_type = typename Op::acc_type;
-  const row_reduction_plan plan = row_reduction_plan::make(
-      outputs, extent, vector, threads_per_block,
-      resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, Rows>>(), 32);
+  const row_reduction_plan plan =
+      plan_reduce_rows(outputs, extent, vector,
+                       resident_threads_of<&reduce_rows_kernel<Op, V, Finish, Out, Rows>>(), 0);
   const std::int64_t count = outputs * plan.splits;
   const auto scratch = stream_scratch(static_cast<std::size_t>(count) * sizeof(acc_type), stream);
   auto* partials = static_cast<acc_type*>(scratch.data);
@@ -491,18 +546,12 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
     TESSERA_CUDA_CHECK(cudaGetLastError());
     return;
   }
-  const auto plan = full_reduction_rows<L>::make(shape, leaf_strides, positional_op<Op>);
-  row_layout layout;
-  layout.kept_rank = plan.kept_rank;
-  for (int d = 0; d < plan.kept_rank; ++d) layout.kept[d] = plan.kept[d];
-  layout.extent = plan.extent;
-  layout.out_step = 1;
-  layout.position_step = plan.extent;
-  auto evaluator = make_evaluator(plan.strides.data(), plan.kept_rank + 1);
-  const row_source<decltype(evaluator)> rows{evaluator, layout};
+  const bound_rows<L> bound = rows_of_all(shape, leaf_strides, positional_op<Op>);
+  auto evaluator = make_evaluator(bound.strides.data(), bound.layout.kept_rank + 1);
+  const row_source<decltype(evaluator)> rows{evaluator, bound.layout};
   const int vector = rows.vectorisable(4) ? 4 : 1;
-  if (plan.rows == 1) {
-    launch_reduce_rows<Op, V, Finish>(out, rows, 1, plan.extent, vector, 0, stream);
+  if (bound.rows == 1) {
+    launch_reduce_rows<Op, V, Finish>(out, rows, 1, bound.layout.extent, vector, 0, stream);
     return;
   }
   if constexpr (Choice == kernel_choice::fewest) {
@@ -513,7 +562,8 @@ void reduce_all(Out* out, const Shape& shape, const std::array<Strides, L>& leaf
         "dense run (shape " +
         shape.str() + "); make them contiguous first");
   } else {
-    launch_reduce_rows_to_one<Op, V, Finish>(out, rows, plan.rows, plan.extent, n, vector, stream);
+    launch_reduce_rows_to_one<Op, V, Finish>(out, rows, bound.rows, bound.layout.extent, n, vector,
+                                             stream);
   }
 }
 
@@ -542,8 +592,8 @@ void reduce_dim(Out* out, const Shape& shape, int dim, const std::array<Strides,
                       "(over 4 KiB of parameters); split the statement into two");
         if (kept_is_inner) {
           using acc_type = typename Op::acc_type;
-          const column_reduction_plan plan = column_reduction_plan::make(
-              outputs, extent, threads_per_block,
+          const column_reduction_plan plan = plan_reduce_columns(
+              outputs, extent,
               resident_threads_of<&reduce_columns_kernel<Op, V, Finish, Out, decltype(rows)>>());
           with_split_partials<Op, Finish>(
               out, outputs, plan.splits, extent, stream, [&](acc_type* partials) {
