@@ -123,7 +123,7 @@ __device__ opmath_t<V> as_read(const R& value) {
 /// dimensions in row-major order). One source for every layout, contiguous or not, so each
 /// expression compiles one kernel per kind of reduction. The kept index is taken apart by a
 /// loop to kept_rank, not unrolled to max_dims (the index goes to local memory, the evaluator
-/// stays in registers): once per row, and the unrolled divisions were a sixth of each kernel.
+/// stays in registers): once per row, and the unrolled divisions were an eighth of each kernel.
 template <class Evaluator>
 struct row_source {
   Evaluator evaluator;
