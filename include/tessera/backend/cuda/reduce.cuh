@@ -140,14 +140,15 @@ struct row_source {
     placed.bind_row(index);
     return placed;
   }
+  /// Element r of the row `placed` (what row() gave).
   template <class V>
-  __device__ opmath_t<V> get(const Evaluator& placed, std::int64_t, std::int64_t r) const {
+  __device__ opmath_t<V> get(const Evaluator& placed, std::int64_t r) const {
     return read_as<V>(placed, row_access{r});
   }
-  /// W consecutive elements of row o from position r (16-byte loads; vectorisable(W) holds).
+  /// W consecutive elements of the row `placed` from position r (16-byte loads; vectorisable(W)
+  /// holds).
   template <class V, int W>
-  __device__ void get_vector(const Evaluator& placed, std::int64_t, std::int64_t r,
-                             opmath_t<V> (&out)[W]) const {
+  __device__ void get_vector(const Evaluator& placed, std::int64_t r, opmath_t<V> (&out)[W]) const {
     typename Evaluator::result_type raw[W];
     placed.get_vector(row_vector_access<W>{r}, raw);
 #pragma unroll
@@ -212,7 +213,7 @@ __global__ void __launch_bounds__(threads_per_block)
               opmath_t<V> loaded[loads][4];
 #pragma unroll
               for (int k = 0; k < loads; ++k)
-                rows.template get_vector<V, 4>(placed, o, p + k * step, loaded[k]);
+                rows.template get_vector<V, 4>(placed, p + k * step, loaded[k]);
 #pragma unroll
               for (int k = 0; k < loads; ++k) {
 #pragma unroll
@@ -224,15 +225,13 @@ __global__ void __launch_bounds__(threads_per_block)
             },
             [&](std::int64_t p) {
               opmath_t<V> loaded[4];
-              rows.template get_vector<V, 4>(placed, o, p, loaded);
+              rows.template get_vector<V, 4>(placed, p, loaded);
               acc_type values[4];
 #pragma unroll
               for (int j = 0; j < 4; ++j) values[j] = Op::lift(loaded[j], base + p + j);
               fold.add_run(values);
             },
-            [&](std::int64_t p) {
-              fold.add(Op::lift(rows.template get<V>(placed, o, p), base + p));
-            });
+            [&](std::int64_t p) { fold.add(Op::lift(rows.template get<V>(placed, p), base + p)); });
       } else {
         plan.walk(
             split, lane,
@@ -241,16 +240,12 @@ __global__ void __launch_bounds__(threads_per_block)
 #pragma unroll
               for (int k = 0; k < reduce_batch_values; ++k) {
                 values[k] =
-                    Op::lift(rows.template get<V>(placed, o, p + k * step), base + p + k * step);
+                    Op::lift(rows.template get<V>(placed, p + k * step), base + p + k * step);
               }
               fold.add_run(values);
             },
-            [&](std::int64_t p) {
-              fold.add(Op::lift(rows.template get<V>(placed, o, p), base + p));
-            },
-            [&](std::int64_t p) {
-              fold.add(Op::lift(rows.template get<V>(placed, o, p), base + p));
-            });
+            [&](std::int64_t p) { fold.add(Op::lift(rows.template get<V>(placed, p), base + p)); },
+            [&](std::int64_t p) { fold.add(Op::lift(rows.template get<V>(placed, p), base + p)); });
       }
       total = fold.result();
     }
@@ -301,11 +296,11 @@ __global__ void __launch_bounds__(threads_per_block)
         acc_type values[reduce_batch_values];
 #pragma unroll
         for (int k = 0; k < reduce_batch_values; ++k) {
-          values[k] = Op::lift(rows.template get<V>(placed, o, r + k * step), r + k * step);
+          values[k] = Op::lift(rows.template get<V>(placed, r + k * step), r + k * step);
         }
         fold.add_run(values);
       }
-      for (; r < end; r += step) fold.add(Op::lift(rows.template get<V>(placed, o, r), r));
+      for (; r < end; r += step) fold.add(Op::lift(rows.template get<V>(placed, r), r));
       total = fold.result();
     }
     column_results[threadIdx.x] = total;
@@ -623,7 +618,7 @@ __global__ void __launch_bounds__(threads_per_block)
   const std::int64_t extent = rows.layout.extent;
   for (std::int64_t o = blockIdx.x; o < count; o += gridDim.x) {
     const auto placed = rows.row(o);
-    auto x = [&](std::int64_t r) { return static_cast<A>(rows.template get<V>(placed, o, r)); };
+    auto x = [&](std::int64_t r) { return static_cast<A>(rows.template get<V>(placed, r)); };
     A m = max_op<A>::identity();
     for (std::int64_t r = threadIdx.x; r < extent; r += blockDim.x) m = max_op<A>::merge(m, x(r));
     const A block_max = block_reduce(temporary).Reduce(m, merge_fn<max_op<A>>{});
