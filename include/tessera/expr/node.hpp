@@ -153,6 +153,19 @@ auto as_node(const X& x) {
 template <class X>
 using node_of = decltype(as_node(std::declval<const X&>()));
 
+/// Node type N made from the operand `x` as a node's member is: a node of type N copied or moved
+/// once, anything else through as_node. Returned as a prvalue, so that a member initialised from
+/// it is constructed in place (one copy of each tensor handle a node holds, not a copy and a move
+/// through a parameter: expression building is much of a unit's host code).
+template <class N, class X>
+N node_from(X&& x) {
+  if constexpr (std::is_same_v<std::remove_cvref_t<X>, N>) {
+    return std::forward<X>(x);
+  } else {
+    return as_node(x);
+  }
+}
+
 // ---- type rules -----------------------------------------------------------------------------
 
 /// The dtype two operands compute in: tensor-tensor promotion, or the tensor's dtype when a
@@ -357,7 +370,8 @@ struct unary_expr {
 
   A operand;
 
-  explicit unary_expr(A a) : operand(std::move(a)) {}
+  template <class X>
+  explicit unary_expr(X&& a) : operand(detail::node_from<A>(std::forward<X>(a))) {}
   const Shape& shape() const noexcept { return operand.shape(); }
   void check_device(std::optional<Device>& device, const char* operation) const {
     operand.check_device(device, operation);
@@ -395,9 +409,10 @@ struct binary_expr {
 
   /// Throws shape_error (both shapes) when the operands do not broadcast, and
   /// device_mismatch_error (both devices) when they are on different ordinals.
-  binary_expr(A a, B b)
-      : left(std::move(a)),
-        right(std::move(b)),
+  template <class X, class Y>
+  binary_expr(X&& a, Y&& b)
+      : left(detail::node_from<A>(std::forward<X>(a))),
+        right(detail::node_from<B>(std::forward<Y>(b))),
         shape_(broadcast_shapes(left.shape(), right.shape(), Op::name)) {
     std::optional<Device> device;
     check_device(device, Op::name);
@@ -443,10 +458,11 @@ struct where_expr {
   B right;
   Shape shape_;
 
-  where_expr(C c, A a, B b)
-      : condition(std::move(c)),
-        left(std::move(a)),
-        right(std::move(b)),
+  template <class X, class Y, class Z>
+  where_expr(X&& c, Y&& a, Z&& b)
+      : condition(detail::node_from<C>(std::forward<X>(c))),
+        left(detail::node_from<A>(std::forward<Y>(a))),
+        right(detail::node_from<B>(std::forward<Z>(b))),
         shape_(broadcast_shapes(condition.shape(),
                                 broadcast_shapes(left.shape(), right.shape(), "where"), "where")) {
     std::optional<Device> device;

@@ -17,11 +17,11 @@ concept binary_operands = operand<A> && operand<B> && (any_expression<A> || any_
 
 template <class Op, class A, class B>
 auto make_binary(const A& a, const B& b) {
-  return binary_expr<Op, node_of<A>, node_of<B>>(as_node(a), as_node(b));
+  return binary_expr<Op, node_of<A>, node_of<B>>(a, b);
 }
 template <class Op, class A>
 auto make_unary(const A& a) {
-  return unary_expr<Op, node_of<A>>(as_node(a));
+  return unary_expr<Op, node_of<A>>(a);
 }
 }  // namespace detail
 
@@ -102,15 +102,12 @@ TESSERA_UNARY_FUNCTION(relu)
 template <class C, class A, class B>
   requires detail::any_expression<C> && detail::operand<A> && detail::operand<B>
 auto where(const C& condition, const A& a, const B& b) {
-  return where_expr<detail::node_of<C>, detail::node_of<A>, detail::node_of<B>>(
-      detail::as_node(condition), detail::as_node(a), detail::as_node(b));
+  return where_expr<detail::node_of<C>, detail::node_of<A>, detail::node_of<B>>(condition, a, b);
 }
 
 /// cast<U>(e): e converted to dtype U (half/bfloat16 round to nearest even; bool is non-zero).
 template <Dtype U, class A>
   requires detail::any_expression<A>
-auto cast(const A& a) {
-  return cast_expr<U, detail::node_of<A>>(detail::as_node(a));
-}
+  auto cast(const A& a) { return cast_expr<U, detail::node_of<A>>(a); }
 
 }  // namespace tessera

@@ -63,20 +63,168 @@ TESSERA_HOST_DEVICE auto copy_evaluator(const From* src, const Strides& strides,
   }
 }
 
-/// dst = To(src) over `shape` on the CPU executor (one pass).
+/// The unsigned integer of `Bytes` bytes. A copy or a fill within one dtype moves bits, so the
+/// dtypes of one size share their code (float and int32; half, bfloat16 and int16; ...): on the
+/// CPU one loop per element size, on CUDA one kernel (every nvcc unit compiles the copies and
+/// fills that the library's inline functions name, for every dtype: bench/RESULTS.md, issue 45).
+/// Defined for 1, 2, 4 and 8 bytes only (every dtype's size).
+template <std::size_t Bytes>
+struct bits_of;
+template <>
+struct bits_of<1> {
+  using type = std::uint8_t;
+};
+template <>
+struct bits_of<2> {
+  using type = std::uint16_t;
+};
+template <>
+struct bits_of<4> {
+  using type = std::uint32_t;
+};
+template <>
+struct bits_of<8> {
+  using type = std::uint64_t;
+};
+template <std::size_t Bytes>
+using bits_t = typename bits_of<Bytes>::type;
+
+/// dst = To(src) over `shape` on the CPU in one threaded pass (counted as one launch), the
+/// dimensions in the output's memory order and merged as the executor's: one run (split over its
+/// elements), or rows. Elements that step by one on both sides are a loop the compiler vectorises
+/// (memcpy within one dtype), others are copied one by one. Copies and conversions are this loop
+/// rather than the executor's general one (its unit-stride blocks and splats, built for
+/// expressions of several operands): the library names a conversion for every pair of dtypes.
+/// The values are copy_evaluator's: bits within one dtype, the executor's conversion between two.
+template <class To, class From>
+void cpu_copy_elements(To* dst, const Strides& dst_strides, const From* src,
+                       const Strides& src_strides, const Shape& shape) {
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  // `count` elements that step by one on both sides.
+  const auto run = [](To* to, const From* from, std::int64_t count) {
+    if constexpr (std::is_same_v<To, From>) {
+      std::memcpy(to, from, sizeof(To) * static_cast<std::size_t>(count));
+    } else {
+      const auto source = copy_evaluator<To>(from, Strides{}, 0);
+      for (std::int64_t i = 0; i < count; ++i) {
+        to[i] = backend::store_cast<To>(source.get(backend::linear_access{i}));
+      }
+    }
+  };
+  // `count` elements `step` apart in `from` (0: one value for all, a fill), `stride` apart in `to`.
+  const auto strided = [](To* to, std::int64_t stride, const From* from, std::int64_t step,
+                          std::int64_t count) {
+    const auto source = copy_evaluator<To>(from, Strides{step}, 1);
+    if (step == 0 && stride == 1) {
+      std::fill_n(to, count, backend::store_cast<To>(source.get(backend::row_access{0})));
+      return;
+    }
+    for (std::int64_t i = 0; i < count; ++i) {
+      to[i * stride] = backend::store_cast<To>(source.get(backend::row_access{i}));
+    }
+  };
+  using layout_type = backend::cpu::strided_layout<2>;
+  const auto layout = layout_type::in_memory_order(shape, {dst_strides, src_strides});
+  const int rank = layout.shape.size();
+  if (rank == 0) {  // one element (extents of 1 only)
+    strided(dst, 0, src, 0, 1);
+    return;
+  }
+  const std::int64_t inner = layout.shape[rank - 1];
+  const std::int64_t dst_inner = layout.strides[0][rank - 1];
+  const std::int64_t src_inner = layout.strides[1][rank - 1];
+  if (rank == 1) {  // one run, dense or not: split over its elements
+    backend::cpu::execute_loop(0, n, backend::cpu::grain_size,
+                               [&](std::int64_t first, std::int64_t last) {
+                                 if (dst_inner == 1 && src_inner == 1) {
+                                   run(dst + first, src + first, last - first);
+                                 } else {
+                                   strided(dst + first * dst_inner, dst_inner,
+                                           src + first * src_inner, src_inner, last - first);
+                                 }
+                               });
+    return;
+  }
+  backend::cpu::execute_loop(
+      0, n / inner, std::max<std::int64_t>(1, backend::cpu::grain_size / inner),
+      [&](std::int64_t first_row, std::int64_t last_row) {
+        std::int64_t index[max_dims] = {};
+        backend::cpu::first_row_index(layout.shape, first_row, index);
+        for (std::int64_t row = first_row; row < last_row; ++row) {
+          To* to = dst + backend::cpu::row_offset(layout.strides[0], rank, index);
+          const From* from = src + backend::cpu::row_offset(layout.strides[1], rank, index);
+          if (dst_inner == 1 && src_inner == 1) {
+            run(to, from, inner);
+          } else {
+            strided(to, dst_inner, from, src_inner, inner);
+          }
+          backend::cpu::next_row_index(layout.shape, index);
+        }
+      });
+}
+
+/// dst = To(src) over `shape` on the CPU (one pass); within one dtype the bits of its size.
 template <class To, class From>
 void cpu_convert(To* dst, const Strides& dst_strides, const From* src, const Strides& src_strides,
                  const Shape& shape) {
-  backend::cpu::execute(
-      dst, dst_strides, shape, std::array<Strides, 1>{src_strides},
-      [&](const Strides* strides, int rank) { return copy_evaluator<To>(src, strides[0], rank); });
+  if constexpr (std::is_same_v<To, From>) {
+    using U = bits_t<sizeof(To)>;
+    cpu_copy_elements(reinterpret_cast<U*>(dst), dst_strides, reinterpret_cast<const U*>(src),
+                      src_strides, shape);
+  } else {
+    cpu_copy_elements(dst, dst_strides, src, src_strides, shape);
+  }
 }
 
-/// dst = value over `shape` on the CPU executor (one pass).
+/// dst = the bits `value` over `shape` on the CPU (one threaded pass, counted as one launch): the
+/// dimensions of dst merged in its memory order, one run split over its elements or rows.
+template <class U>
+void cpu_fill_bits(U* dst, const Strides& dst_strides, const Shape& shape, U value) {
+  profiler::count_launch();
+  const std::int64_t n = shape.numel();
+  if (n == 0) return;
+  const auto layout = backend::cpu::strided_layout<1>::in_memory_order(shape, {dst_strides});
+  const int rank = layout.shape.size();
+  if (rank == 0) {
+    dst[0] = value;
+    return;
+  }
+  const std::int64_t inner = layout.shape[rank - 1];
+  const std::int64_t step = layout.strides[0][rank - 1];
+  const auto fill = [step, value](U* to, std::int64_t count) {
+    if (step == 1) {
+      std::fill_n(to, count, value);
+    } else {
+      for (std::int64_t i = 0; i < count; ++i) to[i * step] = value;
+    }
+  };
+  if (rank == 1) {  // one run: split over its elements
+    backend::cpu::execute_loop(
+        0, n, backend::cpu::grain_size,
+        [&](std::int64_t first, std::int64_t last) { fill(dst + first * step, last - first); });
+    return;
+  }
+  backend::cpu::execute_loop(
+      0, n / inner, std::max<std::int64_t>(1, backend::cpu::grain_size / inner),
+      [&](std::int64_t first_row, std::int64_t last_row) {
+        std::int64_t index[max_dims] = {};
+        backend::cpu::first_row_index(layout.shape, first_row, index);
+        for (std::int64_t row = first_row; row < last_row; ++row) {
+          fill(dst + backend::cpu::row_offset(layout.strides[0], rank, index), inner);
+          backend::cpu::next_row_index(layout.shape, index);
+        }
+      });
+}
+
+/// dst = value over `shape` on the CPU (one pass): the bits of value, one loop per element size.
 template <class T>
 void cpu_fill(T* dst, const Strides& dst_strides, const Shape& shape, T value) {
-  backend::cpu::execute(dst, dst_strides, shape, std::array<Strides, 0>{},
-                        [&](const Strides*, int) { return backend::scalar_evaluator<T>{value}; });
+  using U = bits_t<sizeof(T)>;
+  U bits;
+  std::memcpy(&bits, &value, sizeof(U));
+  cpu_fill_bits(reinterpret_cast<U*>(dst), dst_strides, shape, bits);
 }
 
 #if TESSERA_CUDA
@@ -126,32 +274,6 @@ inline void copy_from_pinned(void* dst, Device dst_device, const void* src,
 #endif
 
 #if TESSERA_CUDA_KERNELS
-/// The unsigned integer of `Bytes` bytes. A copy or a fill within one dtype moves bits, so the
-/// dtypes of one size share its kernels on CUDA (float and int32; half, bfloat16 and int16; ...):
-/// every nvcc unit compiles the copies and fills that the library's inline functions name, for
-/// every dtype (bench/RESULTS.md, issue 45).
-/// Defined for 1, 2, 4 and 8 bytes only (every dtype's size).
-template <std::size_t Bytes>
-struct bits_of;
-template <>
-struct bits_of<1> {
-  using type = std::uint8_t;
-};
-template <>
-struct bits_of<2> {
-  using type = std::uint16_t;
-};
-template <>
-struct bits_of<4> {
-  using type = std::uint32_t;
-};
-template <>
-struct bits_of<8> {
-  using type = std::uint64_t;
-};
-template <std::size_t Bytes>
-using bits_t = typename bits_of<Bytes>::type;
-
 /// dst = src on the current CUDA device and stream, one dtype: cudaMemcpyAsync when both are one
 /// dense run laid out alike (row-major, or channels_last both: the copy engine's bandwidth is
 /// the reference), else the rows kernel over the bits (one kernel per element size).
