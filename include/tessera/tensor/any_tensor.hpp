@@ -4,6 +4,8 @@
 #pragma once
 
 #include <concepts>
+#include <cstdint>
+#include <cstring>
 #include <ostream>
 #include <string>
 #include <utility>
@@ -27,6 +29,18 @@ class AnyTensor {
         offset_(tensor.storage_offset()),
         dtype_(scalar_type_of<T>),
         device_(tensor.device()) {}
+
+  /// A view of dtype `type` over `storage`, on its device: the type-erased form of Tensor's
+  /// (storage, shape, strides, offset) constructor. The caller makes sure that the elements lie
+  /// inside the storage.
+  AnyTensor(ScalarType type, Storage storage, const Shape& shape, const Strides& strides,
+            std::int64_t storage_offset)
+      : storage_(std::move(storage)),
+        shape_(shape),
+        strides_(strides),
+        offset_(storage_offset),
+        dtype_(type),
+        device_(storage_.device()) {}
 
   bool defined() const noexcept { return storage_.defined(); }
   ScalarType dtype() const noexcept { return dtype_; }
@@ -86,17 +100,52 @@ class AnyTensor {
     });
   }
 
-  /// Copies `src`'s elements into this tensor's (the same dtype and element layout, checked by
-  /// the caller; any two devices, of either kind): the type-erased form of Tensor::copy_.
+  /// Copies `src`'s elements into this tensor's (the same dtype, else dtype_error naming both,
+  /// and a shape that broadcasts to this one's; any two devices, of either kind): the type-erased
+  /// form of Tensor::copy_. The bits of each element move (a copy within one dtype), so it is
+  /// compiled once per element size, not per dtype.
   template <std::same_as<AnyTensor> A>
   void copy_(const A& src) const {
-    visit([&](auto typed) {
-      using T = typename decltype(typed)::value_type;
+    if (!src.defined()) throw error("AnyTensor::copy_: the source is undefined");
+    if (src.dtype() != dtype_) {
+      throw dtype_error(std::string("AnyTensor::copy_: the source has dtype ") + name(src.dtype()) +
+                        ", this tensor " + name(dtype_));
+    }
+    visit_bits([&](auto typed) {
+      using B = typename decltype(typed)::value_type;
       if (src.device().is_cuda()) {
-        typed.copy_(src.template as<T, cuda>());
+        typed.copy_(Tensor<B, cuda>(src.storage_, src.shape_, src.strides_, src.offset_));
       } else {
-        typed.copy_(src.template as<T, cpu>());
+        typed.copy_(Tensor<B, cpu>(src.storage_, src.shape_, src.strides_, src.offset_));
       }
+    });
+  }
+
+  /// A copy with storage of its own on the same device, laid out as Tensor::clone lays it out
+  /// (channels_last kept, every other layout contiguous). Copies bits, as copy_.
+  template <int = 0>
+  AnyTensor clone() const {
+    if (!defined()) throw error("AnyTensor::clone: the tensor is undefined");
+    return visit_bits([&](const auto& typed) -> AnyTensor {
+      const auto copy = typed.clone();
+      return AnyTensor(dtype_, copy.storage(), copy.shape(), copy.strides(), copy.storage_offset());
+    });
+  }
+
+  /// Writes `value` converted to this tensor's dtype (as static_cast does) into every element.
+  /// Converts once per dtype on the host and fills bits, compiled once per element size.
+  template <std::same_as<double> D>
+  void fill_(D value) const {
+    if (!defined()) throw error("AnyTensor::fill_: the tensor is undefined");
+    std::uint64_t bits = 0;
+    visit_dtype(dtype_, [&](auto tag) {
+      using T = typename decltype(tag)::type;
+      const T converted = static_cast<T>(value);
+      std::memcpy(&bits, static_cast<const void*>(&converted), sizeof(T));
+    });
+    visit_bits([&](auto typed) {
+      using B = typename decltype(typed)::value_type;
+      typed.fill_(static_cast<B>(bits));
     });
   }
 
@@ -119,6 +168,27 @@ class AnyTensor {
   }
 
  private:
+  /// Calls fn(Tensor<B, K>) over this tensor's elements read as B, the integer dtype of their size
+  /// (uint8, int16, int32, int64): what copies and fills within one dtype need (they move bits).
+  template <class Fn>
+  decltype(auto) visit_bits(Fn&& fn) const {
+    switch (element_size(dtype_)) {
+      case 1:
+        return visit_kind<std::uint8_t>(fn);
+      case 2:
+        return visit_kind<std::int16_t>(fn);
+      case 4:
+        return visit_kind<std::int32_t>(fn);
+      default:
+        return visit_kind<std::int64_t>(fn);
+    }
+  }
+  template <class B, class Fn>
+  decltype(auto) visit_kind(Fn& fn) const {
+    if (device_.is_cuda()) return fn(Tensor<B, cuda>(storage_, shape_, strides_, offset_));
+    return fn(Tensor<B, cpu>(storage_, shape_, strides_, offset_));
+  }
+
   Storage storage_;
   Shape shape_;
   Strides strides_;

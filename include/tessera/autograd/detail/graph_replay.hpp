@@ -194,8 +194,7 @@ TESSERA_API void program_state::run_forward_graphed() {
     if (r.static_inputs.empty()) {
       for (int id : input_ids) {
         const AnyTensor& x = table.tensors[static_cast<std::size_t>(id)];
-        r.static_inputs.push_back(
-            x.visit([](const auto& t) -> AnyTensor { return t.clone(); }));
+        r.static_inputs.push_back(x.clone());
       }
     } else {
       for (std::size_t i = 0; i < input_ids.size(); ++i) {
@@ -269,7 +268,7 @@ TESSERA_API void program_state::run_backward_graphed(const AnyTensor* seed, doub
     const AnyTensor* seed_used = seed;
     if (seed != nullptr) {  // into the program's own buffer, as the inputs
       if (!r->static_seed.defined()) {
-        r->static_seed = seed->visit([](const auto& t) -> AnyTensor { return t.clone(); });
+        r->static_seed = seed->clone();
       } else {
         r->static_seed.copy_(*seed);
       }

@@ -43,13 +43,9 @@ TESSERA_API void program_state::allocate() {
     const buffer& buf = buffers[static_cast<std::size_t>(inst.buffer)];
     const value_info& info = g->values[static_cast<std::size_t>(inst.value)];
     const Storage& arena = arenas[arena_index(buf.device)];
-    instance_tensors[i] = visit_dtype(info.dtype, [&](auto tag) -> AnyTensor {
-      using T = typename decltype(tag)::type;
-      const auto offset = static_cast<std::int64_t>(buf.offset / sizeof(T));
-      // A value's strides are dense (contiguous or channels_last): the same bytes either way.
-      if (info.device.is_cuda()) return Tensor<T, cuda>(arena, info.shape, info.strides, offset);
-      return Tensor<T, cpu>(arena, info.shape, info.strides, offset);
-    });
+    // A value's strides are dense (contiguous or channels_last): the same bytes either way.
+    const auto offset = static_cast<std::int64_t>(buf.offset / element_size(info.dtype));
+    instance_tensors[i] = AnyTensor(info.dtype, arena, info.shape, info.strides, offset);
   }
   // Gradients have one instance each: bind them for good.
   for (std::size_t i = 0; i < instances.size(); ++i) {
@@ -99,13 +95,7 @@ TESSERA_API AnyTensor program_state::hand_out(const AnyTensor& value, std::vecto
         value.storage(),
         static_cast<std::size_t>(first - static_cast<const char*>(value.storage().data())), bytes);
   }
-  return visit_dtype(value.dtype(), [&](auto tag) -> AnyTensor {
-    using T = typename decltype(tag)::type;
-    if (value.device().is_cuda()) {
-      return Tensor<T, cuda>(block, value.shape(), value.strides(), -span.first);
-    }
-    return Tensor<T, cpu>(block, value.shape(), value.strides(), -span.first);
-  });
+  return AnyTensor(value.dtype(), block, value.shape(), value.strides(), -span.first);
 }
 
 namespace runtime_detail {
@@ -231,7 +221,7 @@ TESSERA_API std::pair<AnyTensor, bool> program_state::record_gradient(std::size_
     AnyTensor& copy = grad_copies_[p];
     if (!copy.defined() || copy.shape() != grad.shape() || copy.dtype() != grad.dtype() ||
         copy.device() != grad.device()) {
-      copy = grad.visit([](const auto& t) -> AnyTensor { return t.clone(); });
+      copy = grad.clone();
     } else {
       copy.copy_(grad);
     }
@@ -335,16 +325,7 @@ TESSERA_API void program_state::run_node_forward(const step& s) {
 }
 
 TESSERA_API void program_state::fill_value(const AnyTensor& t, double value) {
-  visit_dtype(t.dtype(), [&](auto tag) {
-    using T = typename decltype(tag)::type;
-    if constexpr (is_floating_point_v<T>) {
-      if (t.device().is_cuda()) {
-        Tensor<T, cuda>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(value));
-      } else {
-        Tensor<T, cpu>(t.storage(), t.shape(), t.strides(), t.storage_offset()).fill_(T(value));
-      }
-    }
-  });
+  if (is_floating_point(t.dtype())) t.fill_(value);
 }
 
 TESSERA_API void program_state::bind(const AnyTensor* inputs, std::size_t count) {

@@ -36,7 +36,7 @@ void visit_slot(const nn::ParameterRef& parameter, Fn&& fn) {
 inline void keep_copy(AnyTensor& kept, const AnyTensor& from) {
   if (!kept.defined() || kept.dtype() != from.dtype() || kept.shape() != from.shape() ||
       kept.device() != from.device() || !kept.is_contiguous()) {
-    kept = from.visit([](const auto& t) -> AnyTensor { return t.clone(); });
+    kept = from.clone();
   } else {
     kept.copy_(from);
   }
