@@ -108,6 +108,8 @@ auto where(const C& condition, const A& a, const B& b) {
 /// cast<U>(e): e converted to dtype U (half/bfloat16 round to nearest even; bool is non-zero).
 template <Dtype U, class A>
   requires detail::any_expression<A>
-  auto cast(const A& a) { return cast_expr<U, detail::node_of<A>>(a); }
+auto cast(const A& a) {
+  return cast_expr<U, detail::node_of<A>>(a);
+}
 
 }  // namespace tessera

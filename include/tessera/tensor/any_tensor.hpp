@@ -137,15 +137,16 @@ class AnyTensor {
   template <std::same_as<double> D>
   void fill_(D value) const {
     if (!defined()) throw error("AnyTensor::fill_: the tensor is undefined");
-    std::uint64_t bits = 0;
+    unsigned char bytes[8] = {};
     visit_dtype(dtype_, [&](auto tag) {
       using T = typename decltype(tag)::type;
       const T converted = static_cast<T>(value);
-      std::memcpy(&bits, static_cast<const void*>(&converted), sizeof(T));
+      std::memcpy(bytes, static_cast<const void*>(&converted), sizeof(T));
     });
     visit_bits([&](auto typed) {
-      using B = typename decltype(typed)::value_type;
-      typed.fill_(static_cast<B>(bits));
+      typename decltype(typed)::value_type bits;
+      std::memcpy(&bits, bytes, sizeof(bits));
+      typed.fill_(bits);
     });
   }
 
