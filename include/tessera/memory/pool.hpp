@@ -30,6 +30,22 @@
 
 namespace tessera::memory {
 
+namespace detail {
+/// The start of a pool's out-of-memory message: the request and the device. With oom_pool_state,
+/// one body for every pool type (the upstream's part of the message is the pool's own).
+inline std::string oom_request(std::size_t bytes, Device device) {
+  return "Out of memory. Tried to allocate " + format_bytes(bytes) + " (device " + device.str();
+}
+/// The end of a pool's out-of-memory message: what the pool holds.
+inline std::string oom_pool_state(const MemoryStats& stats) {
+  const auto reserved = static_cast<std::size_t>(stats.reserved_bytes.current);
+  const auto active = static_cast<std::size_t>(stats.active_bytes.current);
+  return "; " + format_bytes(static_cast<std::size_t>(stats.allocated_bytes.current)) +
+         " allocated; " + format_bytes(reserved) + " reserved in total by Tessera; " +
+         format_bytes(reserved - active) + " free in reserved segments)";
+}
+}  // namespace detail
+
 /// A caching pool over `Upstream`.
 ///
 /// - Requests are rounded by `SizePolicy` (default: PyTorch's 512-byte granularity) and served
@@ -496,8 +512,7 @@ class pool_resource {
   }
 
   std::string oom_message(std::size_t bytes) const {
-    std::string message =
-        "Out of memory. Tried to allocate " + format_bytes(bytes) + " (device " + device_.str();
+    std::string message = detail::oom_request(bytes, device_);
     if constexpr (requires { upstream_.capacity(); }) {
       try {
         if (std::size_t capacity = upstream_.capacity(); capacity > 0) {
@@ -517,11 +532,7 @@ class pool_resource {
         message += "; " + format_bytes(cap) + " limit";
       }
     }
-    const auto reserved = static_cast<std::size_t>(stats_.reserved_bytes.current);
-    const auto active = static_cast<std::size_t>(stats_.active_bytes.current);
-    message += "; " + format_bytes(static_cast<std::size_t>(stats_.allocated_bytes.current)) +
-               " allocated; " + format_bytes(reserved) + " reserved in total by Tessera; " +
-               format_bytes(reserved - active) + " free in reserved segments)";
+    message += detail::oom_pool_state(stats_);
     return message;
   }
 
