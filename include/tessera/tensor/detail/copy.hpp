@@ -89,6 +89,23 @@ struct bits_of<8> {
 template <std::size_t Bytes>
 using bits_t = typename bits_of<Bytes>::type;
 
+/// Calls fn(index) for each row of `shape` (every dimension but the last; `index` holds the row's
+/// outer indices), the rows cut over the CPU device's threads as the executor cuts them.
+template <class Fn>
+void for_each_row(const Shape& shape, Fn&& fn) {
+  const std::int64_t inner = shape[shape.size() - 1];
+  backend::cpu::execute_loop(0, shape.numel() / inner,
+                             std::max<std::int64_t>(1, backend::cpu::grain_size / inner),
+                             [&](std::int64_t first_row, std::int64_t last_row) {
+                               std::int64_t index[max_dims] = {};
+                               backend::cpu::first_row_index(shape, first_row, index);
+                               for (std::int64_t row = first_row; row < last_row; ++row) {
+                                 fn(static_cast<const std::int64_t*>(index));
+                                 backend::cpu::next_row_index(shape, index);
+                               }
+                             });
+}
+
 /// dst = To(src) over `shape` on the CPU in one threaded pass (counted as one launch), the
 /// dimensions in the output's memory order and merged as the executor's: one run (split over its
 /// elements), or rows. Elements that step by one on both sides are a loop the compiler vectorises
@@ -147,22 +164,15 @@ void cpu_copy_elements(To* dst, const Strides& dst_strides, const From* src,
                                });
     return;
   }
-  backend::cpu::execute_loop(
-      0, n / inner, std::max<std::int64_t>(1, backend::cpu::grain_size / inner),
-      [&](std::int64_t first_row, std::int64_t last_row) {
-        std::int64_t index[max_dims] = {};
-        backend::cpu::first_row_index(layout.shape, first_row, index);
-        for (std::int64_t row = first_row; row < last_row; ++row) {
-          To* to = dst + backend::cpu::row_offset(layout.strides[0], rank, index);
-          const From* from = src + backend::cpu::row_offset(layout.strides[1], rank, index);
-          if (dst_inner == 1 && src_inner == 1) {
-            run(to, from, inner);
-          } else {
-            strided(to, dst_inner, from, src_inner, inner);
-          }
-          backend::cpu::next_row_index(layout.shape, index);
-        }
-      });
+  for_each_row(layout.shape, [&](const std::int64_t* index) {
+    To* to = dst + backend::cpu::row_offset(layout.strides[0], rank, index);
+    const From* from = src + backend::cpu::row_offset(layout.strides[1], rank, index);
+    if (dst_inner == 1 && src_inner == 1) {
+      run(to, from, inner);
+    } else {
+      strided(to, dst_inner, from, src_inner, inner);
+    }
+  });
 }
 
 /// dst = To(src) over `shape` on the CPU (one pass); within one dtype the bits of its size.
@@ -206,16 +216,9 @@ void cpu_fill_bits(U* dst, const Strides& dst_strides, const Shape& shape, U val
         [&](std::int64_t first, std::int64_t last) { fill(dst + first * step, last - first); });
     return;
   }
-  backend::cpu::execute_loop(
-      0, n / inner, std::max<std::int64_t>(1, backend::cpu::grain_size / inner),
-      [&](std::int64_t first_row, std::int64_t last_row) {
-        std::int64_t index[max_dims] = {};
-        backend::cpu::first_row_index(layout.shape, first_row, index);
-        for (std::int64_t row = first_row; row < last_row; ++row) {
-          fill(dst + backend::cpu::row_offset(layout.strides[0], rank, index), inner);
-          backend::cpu::next_row_index(layout.shape, index);
-        }
-      });
+  for_each_row(layout.shape, [&](const std::int64_t* index) {
+    fill(dst + backend::cpu::row_offset(layout.strides[0], rank, index), inner);
+  });
 }
 
 /// dst = value over `shape` on the CPU (one pass): the bits of value, one loop per element size.
