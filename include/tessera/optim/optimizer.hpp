@@ -402,8 +402,19 @@ class Optimizer {
   }
   template <Dtype L, DeviceKind K, class Fn>
   void typed_master(std::size_t i, const AnyTensor& value, const AnyTensor& grad, Fn& fn) {
-    const Tensor<L, K> low = value.as<L, K>();
     const memory_format format = detail::parameter_format(value.shape(), value.strides());
+    const Tensor<float, K> master = master_of<L, K>(i, value, format);
+    if constexpr (std::is_same_v<K, tessera::cuda>) {  // a queued CUDA rule points into it
+      fn(master, detail::kept_until_flush(grad.as<L, K>().contiguous(format)), value.as<L, K>());
+    } else {
+      fn(master, grad.as<L, K>().contiguous(format), value.as<L, K>());
+    }
+  }
+  /// The fp32 master of 16-bit parameter i (`value`), made, moved or laid out as `format` here:
+  /// one body per dtype and device kind, whatever the update.
+  template <Dtype L, DeviceKind K>
+  Tensor<float, K> master_of(std::size_t i, const AnyTensor& value, memory_format format) {
+    const Tensor<L, K> low = value.as<L, K>();
     AnyTensor& master = masters_[i];
     if (!master.defined() || master.shape() != value.shape() ||
         master.device().type != value.device().type) {
@@ -416,11 +427,7 @@ class Optimizer {
     if (!master.as<float, K>().is_contiguous(format)) {
       master = master.as<float, K>().contiguous(format);
     }
-    if constexpr (std::is_same_v<K, tessera::cuda>) {  // a queued CUDA rule points into it
-      fn(master.as<float, K>(), detail::kept_until_flush(grad.as<L, K>().contiguous(format)), low);
-    } else {
-      fn(master.as<float, K>(), grad.as<L, K>().contiguous(format), low);
-    }
+    return master.as<float, K>();
   }
 
   template <Dtype T, class Fn>
