@@ -152,26 +152,24 @@ void cpu_copy_elements(To* dst, const Strides& dst_strides, const From* src,
   const std::int64_t inner = layout.shape[rank - 1];
   const std::int64_t dst_inner = layout.strides[0][rank - 1];
   const std::int64_t src_inner = layout.strides[1][rank - 1];
+  // `count` elements along the innermost merged dimension from `to` and `from`.
+  const auto segment = [&](To* to, const From* from, std::int64_t count) {
+    if (dst_inner == 1 && src_inner == 1) {
+      run(to, from, count);
+    } else {
+      strided(to, dst_inner, from, src_inner, count);
+    }
+  };
   if (rank == 1) {  // one run, dense or not: split over its elements
-    backend::cpu::execute_loop(0, n, backend::cpu::grain_size,
-                               [&](std::int64_t first, std::int64_t last) {
-                                 if (dst_inner == 1 && src_inner == 1) {
-                                   run(dst + first, src + first, last - first);
-                                 } else {
-                                   strided(dst + first * dst_inner, dst_inner,
-                                           src + first * src_inner, src_inner, last - first);
-                                 }
-                               });
+    backend::cpu::execute_loop(
+        0, n, backend::cpu::grain_size, [&](std::int64_t first, std::int64_t last) {
+          segment(dst + first * dst_inner, src + first * src_inner, last - first);
+        });
     return;
   }
   for_each_row(layout.shape, [&](const std::int64_t* index) {
-    To* to = dst + backend::cpu::row_offset(layout.strides[0], rank, index);
-    const From* from = src + backend::cpu::row_offset(layout.strides[1], rank, index);
-    if (dst_inner == 1 && src_inner == 1) {
-      run(to, from, inner);
-    } else {
-      strided(to, dst_inner, from, src_inner, inner);
-    }
+    segment(dst + backend::cpu::row_offset(layout.strides[0], rank, index),
+            src + backend::cpu::row_offset(layout.strides[1], rank, index), inner);
   });
 }
 
